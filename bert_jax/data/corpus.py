@@ -1,0 +1,367 @@
+"""Reads text into documents: a document is a list of sentences (`list[list[str]]`).
+
+Sources: text files ('bert' = one sentence per line, blank line between documents; 'prose' = raw
+text, with wikiextractor `<doc>` tags, Project Gutenberg markers and WikiText headings understood),
+plain or `.xz`/`.gz`; or 'builtin', the docstrings of the Python standard library.
+"""
+
+import ast
+import glob
+import gzip
+import itertools
+import lzma
+import os
+import re
+import sysconfig
+
+CORPUS_FORMATS = ('auto', 'bert', 'prose')
+
+# Lines read from the start of a file to choose its format under 'auto'.
+_SNIFF_LINES = 2000
+# A blank-line block whose lines are all this short is one hard-wrapped paragraph.
+_WRAP_WIDTH = 100
+
+_GUTENBERG_START = re.compile(r'^\*{3}\s*START OF\b', re.IGNORECASE)
+# The END marker, or the 'End of the Project Gutenberg EBook of ...' line just before it.
+_GUTENBERG_END = re.compile(r'^(?:\*{3}\s*END OF\b|End of (?:the )?Project Gutenberg)',
+                            re.IGNORECASE)
+_DOC_OPEN = re.compile(r'^<doc[\s>]')
+# WikiText headings: ` = Title = ` starts an article, ` = = Section = = ` does not.
+_WIKITEXT_HEADING = re.compile(r'^((?:= )+)\S.*?(?: =)+$')  # Matched on stripped lines.
+# WikiText's tokenised `3 @.@ 5`, `well @-@ known`, `1 @,@ 000`.
+_WIKITEXT_JOINER = re.compile(r' @([-,.])@ ')
+
+# Words that end in a period without ending a sentence (compared lowercased, period removed).
+_ABBREVIATIONS = frozenset("""
+    mr mrs ms dr prof sr jr st mt messrs mme mlle rev hon gov gen col capt lt sgt cmdr adm
+    vs cf al approx ca fig figs no nos vol vols pp ch sec eq dept est inc ltd co corp bros
+    jan feb apr jun jul aug sep sept oct nov dec
+    """.split())
+# A sentence-ending run, with closing quotes and brackets, before whitespace.
+_TERMINATOR = re.compile(r'[.!?]+["\'\u201d\u2019)\]]*(?=\s)')
+_OPENERS = '"\'\u201c\u2018(['
+_ENDS_SENTENCE = re.compile(r'[.!?]["\'\u201d\u2019)\]]*$')
+
+
+def read_corpus(spec: str, corpus_format: str = 'auto',
+                max_documents: int = 0) -> list[list[str]]:
+  """Returns the documents of `spec`: 'builtin' or comma-separated files and globs."""
+  if corpus_format not in CORPUS_FORMATS:
+    raise ValueError(f'Unknown corpus_format {corpus_format!r}; valid formats are '
+                     f'{", ".join(CORPUS_FORMATS)}.')
+  if max_documents < 0:
+    raise ValueError(f'max_documents={max_documents} must be >= 0 (0 reads all).')
+  if spec.strip() == 'builtin':
+    documents = builtin_corpus()
+  else:
+    paths = corpus_files(spec)
+    for path in paths:
+      _check_readable(path)
+    documents = itertools.chain.from_iterable(
+        _read_file(path, corpus_format) for path in paths)
+  documents = list(itertools.islice(documents, max_documents or None))
+  if not documents:
+    raise ValueError(f'Corpus {spec!r} yielded no documents (format {corpus_format!r}); '
+                     'is it empty, or only headers and markup?')
+  return documents
+
+
+def corpus_files(spec: str) -> list[str]:
+  """Expands comma-separated paths and globs, each sorted, in the order given."""
+  patterns = [pattern.strip() for pattern in spec.split(',') if pattern.strip()]
+  if not patterns:
+    raise ValueError(f'Corpus spec {spec!r} is empty; give "builtin" or comma-separated '
+                     'file paths or globs.')
+  paths, seen = [], set()
+  for pattern in patterns:
+    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+    files = [path for path in matches if os.path.isfile(path)]
+    if not files:
+      what = 'only directories' if matches else 'no file'
+      raise FileNotFoundError(f'Corpus pattern {pattern!r} matches {what}; give files or '
+                              'a glob such as "dir/*.txt".')
+    paths += [path for path in files if path not in seen]  # Overlapping globs read once.
+    seen.update(files)
+  return paths
+
+
+def _open_text(path):
+  """Opens plain, .xz or .gz text; 'utf-8-sig' because Gutenberg books start with a BOM."""
+  opener = {'.xz': lzma.open, '.gz': gzip.open}.get(os.path.splitext(path)[1], open)
+  return opener(path, 'rt', encoding='utf-8-sig', errors='replace')
+
+
+def _check_readable(path):
+  """Raises ValueError naming `path` unless its first characters decode."""
+  try:
+    with _open_text(path) as f:
+      f.read(1)
+  except (OSError, EOFError, lzma.LZMAError) as error:
+    raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
+
+
+def _read_file(path, corpus_format):
+  """Yields the documents of one file, choosing its format from its head under 'auto'."""
+  try:
+    with _open_text(path) as f:
+      lines = (line.rstrip('\r\n') for line in f)
+      head = list(itertools.islice(lines, _SNIFF_LINES))
+      if corpus_format == 'auto':
+        corpus_format = detect_format(head)
+      parse = parse_bert if corpus_format == 'bert' else parse_prose
+      yield from parse(itertools.chain(head, lines))
+  except (OSError, EOFError, lzma.LZMAError) as error:
+    raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
+
+
+def detect_format(lines: list[str]) -> str:
+  """Returns 'bert' when the lines look like one sentence each, else 'prose'."""
+  texts = [line.strip() for line in lines if line.strip()]
+  if any(_GUTENBERG_START.match(text) or _is_document_boundary(text) for text in texts):
+    return 'prose'
+  if not texts:
+    return 'bert'
+  median_length = sorted(len(text) for text in texts)[len(texts) // 2]
+  ended = sum(bool(_ENDS_SENTENCE.search(text)) for text in texts) / len(texts)
+  several = sum(len(split_sentences(text)) > 1 for text in texts) / len(texts)
+  return 'bert' if median_length < 300 and ended >= 0.5 and several <= 0.3 else 'prose'
+
+
+def parse_bert(lines):
+  """Yields documents from sentence-per-line text with blank lines between documents."""
+  document = []
+  for line in lines:
+    sentence = ' '.join(line.split())
+    if sentence:
+      document.append(sentence)
+    elif document:
+      yield document
+      document = []
+  if document:
+    yield document
+
+
+def parse_prose(lines):
+  """Yields documents from raw text; `<doc>`, Gutenberg and WikiText boundaries respected."""
+  document, block = [], []
+  book = ''  # Gutenberg: '' before any START marker, 'in' a book, 'out' after its END.
+  marker_open = False  # Some START markers wrap onto the next line, up to the closing '***'.
+  title_pending = False  # Wikiextractor repeats the title as the first line of a <doc>.
+  for line in lines:
+    text = line.strip()
+    if _GUTENBERG_START.match(text):
+      document, block, book = [], [], 'in'  # What came before is the PG header.
+      marker_open = not text.endswith('***')
+      continue
+    if marker_open:
+      marker_open = False
+      if text.endswith('***'):
+        continue
+    if book == 'out':  # License text, until another book starts.
+      continue
+    # END only counts inside a book: elsewhere such a line must not drop the rest of a file.
+    book_ends = book == 'in' and _GUTENBERG_END.match(text)
+    if book_ends or _is_document_boundary(text):
+      yield from _nonempty(document + _block_sentences(block))
+      document, block = [], []
+      book = 'out' if book_ends else book
+      title_pending = bool(_DOC_OPEN.match(text))
+    elif not text or _WIKITEXT_HEADING.match(text):
+      document += _block_sentences(block)
+      block = []
+    elif title_pending:
+      title_pending = False
+    else:
+      block.append(_WIKITEXT_JOINER.sub(r'\1', text))
+  yield from _nonempty(document + _block_sentences(block))
+
+
+def _is_document_boundary(text):
+  """Whether a stripped line is `<doc ...>`, `</doc>` or a WikiText title '= Title ='."""
+  heading = _WIKITEXT_HEADING.match(text)
+  return (bool(_DOC_OPEN.match(text)) or text == '</doc>' or
+          (heading is not None and heading.group(1) == '= '))
+
+
+def _nonempty(document):
+  """Yields `document` unless it has no sentences."""
+  if document:
+    yield document
+
+
+def _block_sentences(block):
+  """Splits a blank-line block: short lines are one wrapped paragraph, long lines one each."""
+  if not block:
+    return []
+  if max(len(line) for line in block) <= _WRAP_WIDTH:
+    paragraphs = [' '.join(block)]
+  else:
+    paragraphs = block
+  return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits text into sentences at . ! ? before a capital or digit, skipping abbreviations."""
+  text = ' '.join(text.split())
+  sentences, start = [], 0
+  for match in _TERMINATOR.finditer(text):
+    following = text[match.end() + 1:].lstrip(_OPENERS)
+    if not following or not (following[0].isupper() or following[0].isdigit()):
+      continue
+    if match.group().startswith('.') and _is_abbreviation(text[start:match.start()]):
+      continue
+    sentences.append(text[start:match.end()])
+    start = match.end() + 1
+  if start < len(text):
+    sentences.append(text[start:])
+  return sentences
+
+
+def _is_abbreviation(before):
+  """Whether the word a period follows is an abbreviation, an initial ('H.') or like 'U.S'."""
+  word = before.rsplit(' ', 1)[-1].lstrip(_OPENERS)
+  return (word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isupper()) or
+          re.fullmatch(r'(?:[^\W\d_]\.)+[^\W\d_]', word) is not None)
+
+
+def write_bert_format(documents: list[list[str]], path: str) -> None:
+  """Writes one sentence per line, a blank line between documents (.xz/.gz by extension)."""
+  path = os.path.expanduser(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  opener = {'.xz': lzma.open, '.gz': gzip.open}.get(os.path.splitext(path)[1], open)
+  # Written beside the target and renamed, so a crash never leaves a half-written cache.
+  temporary = f'{path}.{os.getpid()}.tmp'
+  try:
+    with opener(temporary, 'wt', encoding='utf-8') as f:
+      separator = ''
+      for document in documents:
+        sentences = [' '.join(sentence.split()) for sentence in document]
+        sentences = [sentence for sentence in sentences if sentence]
+        if sentences:
+          f.write(separator + '\n'.join(sentences) + '\n')
+          separator = '\n'
+    os.replace(temporary, path)
+  except BaseException:
+    if os.path.exists(temporary):
+      os.unlink(temporary)
+    raise
+
+
+# ---- The built-in corpus: documentation that ships with Python itself. ----
+
+# Standard-library folders that hold tests, GUIs, vendored or third-party code.
+_STDLIB_SKIP = frozenset({'test', 'tests', 'idle_test', 'idlelib', 'tkinter', 'lib2to3',
+                          'site-packages', 'dist-packages', '__pycache__', 'ensurepip'})
+_MIN_SENTENCE_WORDS = 3
+_MIN_PARAGRAPH_WORDS = 4
+_UNDERLINE = re.compile(r'^([=\-~^*#+"\'`])\1{2,}$')
+_SIGNATURE = re.compile(r'^[\w.]+\(.*\)\s*(->.*)?$')
+_MARKUP = (
+    (re.compile(r':[\w:+-]+:`~?([^`<]*?)\s*(?:<[^`]*>)?`'), r'\1'),  # :func:`~a.b` -> a.b
+    (re.compile(r'``([^`]*)``'), r'\1'),
+    (re.compile(r'`([^`]*)`_{0,2}'), r'\1'),
+    (re.compile(r'\*{1,2}(\w[^*\s]*)\*{1,2}'), r'\1'),  # *s*, **bold**; not *args.
+    (re.compile(r'\s?\[\d+\]_?'), ''),  # Footnote references.
+)
+_BULLET = re.compile(r'^(?:[-*\u2022]|\d+[.)]|\(\d+\))\s+')
+_PROSE_CHARS = re.compile(r'[A-Za-z ,.;:\'"()-]')
+
+
+def builtin_corpus() -> list[list[str]]:
+  """Returns the stdlib's docstrings (a document per module) and pydoc topics (one each)."""
+  documents = []
+  for path in stdlib_files():
+    document = [sentence for docstring in _docstrings_of(path)
+                for sentence in _doc_sentences(docstring)]
+    if document:
+      documents.append(document)
+  for name, text in sorted(_pydoc_topics().items()):
+    document = _doc_sentences(text)
+    if document:
+      documents.append(document)
+  return documents
+
+
+def _pydoc_topics():
+  """Returns the language reference texts that `help()` shows, or {} where not shipped."""
+  try:
+    from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+  except ImportError:  # Some distributions strip pydoc_data; the docstrings still suffice.
+    return {}
+  return topics.topics
+
+
+def stdlib_files() -> list[str]:
+  """Returns the standard library's own .py files, sorted, tests and GUIs excluded."""
+  root = sysconfig.get_paths()['stdlib']
+  paths = []
+  for directory, subdirectories, filenames in os.walk(root):
+    subdirectories[:] = [name for name in subdirectories if name not in _STDLIB_SKIP]
+    paths.extend(os.path.join(directory, name) for name in filenames if name.endswith('.py'))
+  return sorted(paths)
+
+
+def _docstrings_of(path):
+  """Returns the module, class and function docstrings of a source file, in source order."""
+  try:
+    with open(path, 'rb') as f:
+      tree = ast.parse(f.read(), filename=path)
+  except (SyntaxError, ValueError, OSError):  # Never imported, so a bad file just yields nothing.
+    return []
+  docstrings = []
+  nodes = [tree]
+  while nodes:
+    node = nodes.pop()
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      docstring = ast.get_docstring(node, clean=True)
+      if docstring:
+        docstrings.append(docstring)
+    children = [child for child in ast.iter_child_nodes(node)
+                if isinstance(child, (ast.stmt, ast.excepthandler))]
+    nodes.extend(reversed(children))
+  return docstrings
+
+
+def _doc_sentences(text):
+  """Returns the prose sentences of a docstring or pydoc topic, code and markup removed."""
+  sentences = []
+  for block in re.split(r'\n\s*\n', text):
+    lines = block.splitlines()
+    indented = lines[0][:1].isspace()
+    for paragraph in _paragraphs(lines):
+      for pattern, replacement in _MARKUP:
+        paragraph = pattern.sub(replacement, paragraph)
+      if len(paragraph.split()) < _MIN_PARAGRAPH_WORDS:
+        continue
+      # Indented blocks are either code or described prose (pydoc indents method docs).
+      if indented and not _looks_like_prose(paragraph):
+        continue
+      sentences += [sentence for sentence in split_sentences(paragraph)
+                    if len(sentence.split()) >= _MIN_SENTENCE_WORDS]
+  return sentences
+
+
+def _paragraphs(lines):
+  """Joins a block's lines into paragraphs; drops doctest, heading, table and signature lines."""
+  paragraphs = [[]]
+  for line in lines:
+    text = line.strip()
+    if _UNDERLINE.match(text):
+      if paragraphs[-1]:
+        paragraphs[-1].pop()  # The heading this line underlines.
+      continue
+    if (not text or text.startswith(('>>>', '...', '.. ', '+', '|')) or
+        _SIGNATURE.match(text)):
+      continue
+    bullet = _BULLET.match(text)
+    if bullet:  # A list item is a paragraph of its own.
+      paragraphs.append([])
+      text = text[bullet.end():]
+    paragraphs[-1].append(text)
+  return [' '.join(paragraph) for paragraph in paragraphs if paragraph]
+
+
+def _looks_like_prose(paragraph):
+  """Whether a paragraph ends like a sentence and is mostly letters, not code symbols."""
+  letters = len(_PROSE_CHARS.findall(paragraph))
+  return bool(_ENDS_SENTENCE.search(paragraph)) and letters >= 0.95 * len(paragraph)

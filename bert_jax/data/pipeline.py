@@ -1,0 +1,151 @@
+"""In-memory pretraining data: epochs of pairs and fresh masks, resumable to the exact batch.
+
+Epoch e of the training stream is a pure function of (documents, seed, e): pairs are built and
+masked with a generator seeded by (seed, e) (dynamic masking: every epoch sees fresh pairs and
+masks), then cut into batches. The position is (epoch, batch index), saved in checkpoints, so a
+resumed run sees exactly the batches an uninterrupted one would. The paper-scale streaming
+pipeline reuses the same pure functions from data/pretraining.py.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from bert_jax.data import pretraining
+
+_TRAIN_STREAM, _EVAL_STREAM, _SPLIT_STREAM = 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSettings:
+  """The per-example settings make_features needs."""
+  special: pretraining.SpecialIds
+  vocab_size: int  # Random replacements are drawn from [0, vocab_size).
+  max_seq_length: int
+  max_predictions: int
+  nsp: bool
+  short_seq_prob: float
+  mask_rate: float
+  mask_token_fraction: float
+  random_token_fraction: float
+  keep_fraction: float
+  is_continuation: np.ndarray | None  # Whole-word masking when set.
+
+  @classmethod
+  def from_config(cls, config, special, tokenizer_vocab_size, is_continuation):
+    return cls(
+        special=special, vocab_size=tokenizer_vocab_size,
+        max_seq_length=config.data.max_seq_length,
+        max_predictions=config.data.max_predictions_per_seq, nsp=config.data.nsp,
+        short_seq_prob=config.data.short_seq_prob, mask_rate=config.masking.rate,
+        mask_token_fraction=config.masking.mask_token_fraction,
+        random_token_fraction=config.masking.random_token_fraction,
+        keep_fraction=config.masking.keep_fraction,
+        is_continuation=is_continuation if config.masking.whole_word else None)
+
+
+def split_documents(documents, eval_fraction: float, seed: int):
+  """Deterministic (train, eval) split of documents; eval gets at least 2 when it can."""
+  order = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(len(documents))
+  num_eval = int(round(eval_fraction * len(documents)))
+  if eval_fraction > 0:
+    num_eval = min(max(num_eval, 2), len(documents) - 1)
+  eval_ids = set(order[:num_eval].tolist())
+  train = [d for i, d in enumerate(documents) if i not in eval_ids]
+  held_out = [d for i, d in enumerate(documents) if i in eval_ids]
+  return train, held_out
+
+
+def build_examples(documents, rng: np.random.Generator, settings: MaskingSettings):
+  """One pass over `documents`: shuffled pairs -> masked fixed-shape features, stacked."""
+  instances = pretraining.create_instances(
+      documents, rng, max_seq_length=settings.max_seq_length,
+      short_seq_prob=settings.short_seq_prob, nsp=settings.nsp)
+  features = [
+      pretraining.make_features(
+          instance, rng, special=settings.special, vocab_size=settings.vocab_size,
+          max_seq_length=settings.max_seq_length, max_predictions=settings.max_predictions,
+          mask_rate=settings.mask_rate, mask_token_fraction=settings.mask_token_fraction,
+          random_token_fraction=settings.random_token_fraction,
+          keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation)
+      for instance in instances]
+  if not features:
+    return None
+  return pretraining.stack_features(features)
+
+
+class PretrainingStream:
+  """The training stream: batches of epoch e come from pairs and masks seeded by (seed, e)."""
+
+  def __init__(self, documents, settings: MaskingSettings, batch_size: int, seed: int):
+    self.documents = documents
+    self.settings = settings
+    self.batch_size = batch_size
+    self.seed = seed
+    self._epoch = None
+    self._examples = None
+
+  def epoch_examples(self, epoch: int):
+    """All examples of `epoch` (cached for the current epoch)."""
+    if self._epoch != epoch:
+      rng = np.random.default_rng([self.seed, _TRAIN_STREAM, epoch])
+      self._examples = build_examples(self.documents, rng, self.settings)
+      self._epoch = epoch
+    return self._examples
+
+  def batches_per_epoch(self, epoch: int) -> int:
+    examples = self.epoch_examples(epoch)
+    return 0 if examples is None else len(examples['input_ids']) // self.batch_size
+
+  def batches(self, position: dict):
+    """Yields (batch, position after it) from `position` = {'epoch', 'batch'} on, forever."""
+    epoch, index = int(position['epoch']), int(position['batch'])
+    while True:
+      num_batches = self.batches_per_epoch(epoch)
+      if num_batches == 0:
+        raise ValueError(
+            f'The training documents yield fewer than batch_size={self.batch_size} examples '
+            'per epoch; use a larger corpus or a smaller train.batch_size.')
+      while index < num_batches:
+        examples = self.epoch_examples(epoch)
+        window = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        index += 1
+        yield ({k: v[window] for k, v in examples.items()}, {'epoch': epoch, 'batch': index})
+      epoch, index = epoch + 1, 0
+
+
+def eval_batches(documents, settings: MaskingSettings, batch_size: int, num_batches: int,
+                 seed: int) -> list[dict]:
+  """A fixed held-out set: the same pairs and masks at every evaluation."""
+  rng = np.random.default_rng([seed, _EVAL_STREAM])
+  parts, count = [], 0
+  for _ in range(1000):  # Passes over the held-out documents until there are enough examples.
+    examples = build_examples(documents, rng, settings)
+    if examples is None:
+      break
+    parts.append(examples)
+    count += len(examples['input_ids'])
+    if count >= batch_size * num_batches:
+      break
+  if count < batch_size:
+    raise ValueError(
+        f'The held-out documents ({len(documents)}) yield {count} examples, fewer than '
+        f'train.batch_size={batch_size}; raise data.eval_fraction or use a larger corpus.')
+  merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  usable = min(num_batches, count // batch_size)
+  return [{k: v[i * batch_size:(i + 1) * batch_size] for k, v in merged.items()}
+          for i in range(usable)]
+
+
+def most_frequent_label(examples) -> int:
+  """The token most often masked in `examples`: the always-predict-it baseline's guess."""
+  labels = examples['masked_lm_ids'][examples['masked_lm_weights'] > 0]
+  return int(np.bincount(labels).argmax())
+
+
+def baseline_accuracy(batches, token: int) -> float:
+  """MLM accuracy of always predicting `token` on `batches`."""
+  hits = sum(float(((b['masked_lm_ids'] == token) * b['masked_lm_weights']).sum())
+             for b in batches)
+  total = sum(float(b['masked_lm_weights'].sum()) for b in batches)
+  return hits / max(total, 1.0)

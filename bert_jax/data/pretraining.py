@@ -1,0 +1,283 @@
+"""Pretraining examples with the semantics of BERT's create_pretraining_data.py.
+
+Pure numpy functions of (tokens, rng, settings): sentence pairs with
+next-sentence labels (or single segments when NSP is off), truncation, the
+`[CLS] A [SEP] B [SEP]` layout, masked-LM corruption and fixed-shape features.
+A corpus is `documents: list[list[np.ndarray]]`, each document a list of
+sentences, each sentence a 1-D int32 array of WordPiece ids.
+"""
+
+import dataclasses
+
+import numpy as np
+
+# Draws at finding a document other than the current one, as the original.
+_RANDOM_DOCUMENT_TRIES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """Ids of the special WordPiece tokens."""
+  pad: int  # [PAD]: fills sequences up to max_seq_length.
+  unk: int  # [UNK]
+  cls: int  # [CLS]: first token of every example.
+  sep: int  # [SEP]: ends each segment.
+  mask: int  # [MASK]: replaces most tokens chosen for prediction.
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+  """One example before masking: segments A and B and the NSP label."""
+  tokens_a: np.ndarray  # [len_a] int32
+  tokens_b: np.ndarray  # [len_b] int32; empty when NSP is off.
+  is_random_next: bool  # True: B comes from another document (NotNext).
+
+
+def create_instances(documents, rng, *, max_seq_length, short_seq_prob, nsp):
+  """Returns one pass of instances over all documents, shuffled."""
+  instances = []
+  for doc_index in range(len(documents)):
+    instances.extend(create_instances_from_document(
+        documents, doc_index, rng, max_seq_length=max_seq_length,
+        short_seq_prob=short_seq_prob, nsp=nsp))
+  return [instances[k] for k in rng.permutation(len(instances))]
+
+
+def create_instances_from_document(
+    documents, doc_index, rng, *, max_seq_length, short_seq_prob, nsp):
+  """Returns the instances one pass makes from documents[doc_index]."""
+  document = documents[doc_index]
+  # Room left for text after [CLS] A [SEP] B [SEP], or [CLS] A [SEP].
+  max_num_tokens = max_seq_length - (3 if nsp else 2)
+  # Drawn once per document, as the original does.
+  target_length = _target_length(rng, max_num_tokens, short_seq_prob)
+  instances = []
+  chunk, chunk_length = [], 0
+  i = 0
+  while i < len(document):
+    chunk.append(document[i])
+    chunk_length += len(document[i])
+    if i == len(document) - 1 or chunk_length >= target_length:
+      if nsp:
+        instance, num_unused = _sentence_pair(
+            documents, doc_index, chunk, target_length, max_num_tokens, rng)
+        # A NotNext pair leaves the chunk's tail unused: revisit, not waste it.
+        i -= num_unused
+      else:
+        instance = _single_segment(chunk, max_num_tokens, rng)
+      if instance is not None:
+        instances.append(instance)
+      chunk, chunk_length = [], 0
+    i += 1
+  return instances
+
+
+def _target_length(rng, max_num_tokens, short_seq_prob):
+  """Draws the length that a document's chunks fill up to."""
+  # Mostly full sequences, since padding is wasted compute; sometimes short
+  # ones, so that short fine-tuning inputs are not out of distribution.
+  if rng.random() < short_seq_prob:
+    return int(rng.integers(2, max_num_tokens, endpoint=True))
+  return max_num_tokens
+
+
+def _sentence_pair(documents, doc_index, chunk, target_length, max_num_tokens,
+                   rng):
+  """Returns (instance or None, sentences of the chunk left unused)."""
+  a_end = 1
+  if len(chunk) >= 2:
+    a_end = int(rng.integers(1, len(chunk) - 1, endpoint=True))
+  tokens_a = _concat(chunk[:a_end])
+  tokens_b = None
+  if len(chunk) == 1 or rng.random() < 0.5:
+    tokens_b = _random_document_text(
+        documents, doc_index, target_length - len(tokens_a), rng)
+  if tokens_b is not None:
+    is_random_next, num_unused = True, len(chunk) - a_end
+  elif len(chunk) >= 2:
+    # IsNext; also when NotNext finds no other document (a one-document corpus).
+    tokens_b, is_random_next, num_unused = _concat(chunk[a_end:]), False, 0
+  else:
+    return None, 0
+  tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+  # The original asserts here; empty sentences in the corpus could trip it.
+  if len(tokens_a) == 0 or len(tokens_b) == 0:
+    return None, num_unused
+  return Instance(tokens_a, tokens_b, is_random_next), num_unused
+
+
+def _random_document_text(documents, doc_index, target_b_length, rng):
+  """Returns sentences of another document, from a random start up to target_b_length tokens."""
+  for _ in range(_RANDOM_DOCUMENT_TRIES):
+    random_index = int(rng.integers(len(documents)))
+    if random_index != doc_index and documents[random_index]:
+      break
+  else:
+    # The original would then use the current document and still say NotNext.
+    return None
+  document = documents[random_index]
+  sentences, length = [], 0
+  for sentence in document[int(rng.integers(len(document))):]:
+    sentences.append(sentence)
+    length += len(sentence)
+    if length >= target_b_length:
+      break
+  return _concat(sentences)
+
+
+def _single_segment(chunk, max_num_tokens, rng):
+  """Returns the chunk as segment A alone (no NSP), or None when empty."""
+  tokens_a, _ = truncate_seq_pair(
+      _concat(chunk), np.zeros(0, np.int32), max_num_tokens, rng)
+  if len(tokens_a) == 0:
+    return None
+  return Instance(tokens_a, np.zeros(0, np.int32), False)
+
+
+def _concat(sentences):
+  """Joins sentences into one int32 array."""
+  if not sentences:
+    return np.zeros(0, np.int32)
+  return np.concatenate(sentences).astype(np.int32, copy=False)
+
+
+def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+  """Trims the longer of A and B a token at a time, front or back at random."""
+  cut_a, cut_b = _truncation_counts(len(tokens_a), len(tokens_b), max_num_tokens)
+  return _trim(tokens_a, cut_a, rng), _trim(tokens_b, cut_b, rng)
+
+
+def _truncation_counts(len_a, len_b, max_num_tokens):
+  """Returns how many tokens the original's one-at-a-time loop cuts from A and B."""
+  excess = max(0, len_a + len_b - max_num_tokens)
+  # The longer one shrinks until the two are level...
+  level = min(excess, abs(len_a - len_b))
+  rest = excess - level
+  # ...then a tie cuts B, so the cuts alternate B, A, B, ...
+  cut_a = (level if len_a > len_b else 0) + rest // 2
+  cut_b = (0 if len_a > len_b else level) + rest - rest // 2
+  return cut_a, cut_b
+
+
+def _trim(tokens, num_cut, rng):
+  """Returns a copy without num_cut tokens, each cut from the front or back at p=1/2."""
+  # The side of each cut is an independent coin, so the front cuts are binomial.
+  num_front = int(rng.binomial(num_cut, 0.5)) if num_cut else 0
+  return np.array(tokens[num_front:len(tokens) - (num_cut - num_front)],
+                  dtype=np.int32)
+
+
+def assemble(instance, special):
+  """Returns (input_ids, segment_ids) of [CLS] A [SEP] B [SEP] ([CLS] A [SEP] if B is empty)."""
+  first = np.concatenate(
+      [[special.cls], instance.tokens_a, [special.sep]]).astype(np.int32)
+  second = np.zeros(0, np.int32)
+  if len(instance.tokens_b):
+    second = np.concatenate([instance.tokens_b, [special.sep]]).astype(np.int32)
+  input_ids = np.concatenate([first, second])
+  segment_ids = np.repeat(np.array([0, 1], np.int32), [len(first), len(second)])
+  return input_ids, segment_ids
+
+
+def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
+                max_predictions, mask_token_fraction, random_token_fraction,
+                keep_fraction, is_continuation=None):
+  """Chooses positions to predict and corrupts them: (masked_ids, positions, labels)."""
+  del keep_fraction  # The remainder of the other two; the config validates it.
+  input_ids = np.asarray(input_ids, np.int32)
+  # Counts the special tokens too, as the original does.
+  num_to_predict = min(max_predictions,
+                       max(1, int(round(len(input_ids) * mask_rate))))
+  is_candidate = ~np.isin(input_ids, [special.cls, special.sep, special.pad])
+  if is_continuation is None:
+    positions = rng.permutation(np.flatnonzero(is_candidate))[:num_to_predict]
+  else:
+    positions = _choose_whole_words(
+        input_ids, is_candidate, is_continuation, num_to_predict, rng)
+  positions = np.sort(positions).astype(np.int32)
+  labels = input_ids[positions]
+  masked_ids = input_ids.copy()
+  masked_ids[positions] = _corrupt(
+      labels, rng, special.mask, vocab_size, mask_token_fraction,
+      random_token_fraction)
+  return masked_ids, positions, labels
+
+
+def _choose_whole_words(input_ids, is_candidate, is_continuation,
+                        num_to_predict, rng):
+  """Returns the positions of random whole words, num_to_predict pieces at most."""
+  words = _words(input_ids, is_candidate, is_continuation)
+  chosen, num_chosen = [], 0
+  for k in rng.permutation(len(words)):
+    if num_chosen >= num_to_predict:
+      break
+    # A word that would overshoot is skipped, as in the original; a shorter
+    # one later may still fit.
+    if num_chosen + len(words[k]) > num_to_predict:
+      continue
+    chosen.append(words[k])
+    num_chosen += len(words[k])
+  if not chosen:
+    return np.zeros(0, np.int64)
+  return np.concatenate(chosen)
+
+
+def _words(input_ids, is_candidate, is_continuation):
+  """Splits candidate positions into words: a piece and the '##' pieces after it."""
+  positions = np.flatnonzero(is_candidate)
+  if not len(positions):
+    return []
+  continues = np.asarray(is_continuation)[input_ids[positions]]
+  # Unlike the original, a '##' piece right after [SEP] does not join the
+  # last word of A: that piece lost its head to truncation.
+  follows_candidate = np.diff(positions, prepend=-2) == 1
+  starts = np.flatnonzero(~(continues & follows_candidate))
+  return np.split(positions, starts[1:])
+
+
+def _corrupt(labels, rng, mask_id, vocab_size, mask_token_fraction,
+             random_token_fraction):
+  """Returns the replacement of each chosen token: [MASK], a random id, or itself."""
+  u = rng.random(len(labels))
+  random_ids = rng.integers(0, vocab_size, size=len(labels), dtype=np.int32)
+  replacements = np.where(
+      u < mask_token_fraction + random_token_fraction, random_ids, labels)
+  return np.where(u < mask_token_fraction, mask_id, replacements).astype(np.int32)
+
+
+def make_features(instance, rng, *, special, vocab_size, max_seq_length,
+                  max_predictions, mask_rate, mask_token_fraction,
+                  random_token_fraction, keep_fraction, is_continuation=None):
+  """Returns the padded, fixed-shape model inputs and targets of one instance."""
+  input_ids, segment_ids = assemble(instance, special)
+  if len(input_ids) > max_seq_length:
+    raise ValueError(f'Instance of {len(input_ids)} tokens exceeds '
+                     f'max_seq_length={max_seq_length}.')
+  masked_ids, positions, labels = mask_tokens(
+      input_ids, rng, special=special, vocab_size=vocab_size,
+      mask_rate=mask_rate, max_predictions=max_predictions,
+      mask_token_fraction=mask_token_fraction,
+      random_token_fraction=random_token_fraction, keep_fraction=keep_fraction,
+      is_continuation=is_continuation)
+  return {
+      'input_ids': _pad(masked_ids, max_seq_length, special.pad),  # [S]
+      'input_mask': _pad(np.ones(len(input_ids), np.int32), max_seq_length, 0),
+      'segment_ids': _pad(segment_ids, max_seq_length, 0),  # [S]
+      'masked_lm_positions': _pad(positions, max_predictions, 0),  # [P]
+      'masked_lm_ids': _pad(labels, max_predictions, special.pad),  # [P]
+      'masked_lm_weights': _pad(
+          np.ones(len(positions), np.float32), max_predictions, 0.0),  # [P]
+      'next_sentence_labels': np.array(int(instance.is_random_next), np.int32),
+  }
+
+
+def _pad(values, length, value):
+  """Returns values padded with value to length."""
+  padded = np.full(length, value, dtype=values.dtype)
+  padded[:len(values)] = values
+  return padded
+
+
+def stack_features(features):
+  """Stacks per-example feature dicts along a new leading batch axis."""
+  return {key: np.stack([f[key] for f in features]) for key in features[0]}

@@ -1,0 +1,172 @@
+"""WordPiece tokenization (BERT's), through Hugging Face `tokenizers`."""
+
+import dataclasses
+import hashlib
+import os
+
+from absl import logging
+import numpy as np
+import tokenizers
+from tokenizers import decoders
+from tokenizers import models
+from tokenizers import normalizers
+from tokenizers import pre_tokenizers
+from tokenizers import trainers
+
+# BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.
+SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+VOCAB_FILENAME = 'vocab.txt'
+# Sentences per encode call: bounds the memory of Encoding objects on large corpora.
+_ENCODE_CHUNK = 50_000
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """Ids of BERT's special tokens."""
+  pad: int  # [PAD]: fills sequences up to their length.
+  unk: int  # [UNK]: words the vocab cannot spell.
+  cls: int  # [CLS]: first token of every example.
+  sep: int  # [SEP]: ends each segment.
+  mask: int  # [MASK]: replaces tokens chosen for prediction.
+
+
+class WordPieceTokenizer:
+  """BERT's tokenizer: BertNormalizer, BertPreTokenizer and WordPiece over a vocab.txt."""
+
+  def __init__(self, vocab_file: str, lowercase: bool):
+    vocab_file = os.path.expanduser(vocab_file)
+    if not os.path.isfile(vocab_file):
+      raise FileNotFoundError(f'Vocab file {vocab_file!r} does not exist.')
+    self._vocab_file = vocab_file
+    self._tokens = _read_vocab(vocab_file)
+    vocab = {token: index for index, token in enumerate(self._tokens)}
+    if len(vocab) != len(self._tokens):
+      raise ValueError(f'Vocab file {vocab_file!r} lists a token twice; ids would be ambiguous.')
+    missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+    if missing:
+      raise ValueError(f'Vocab file {vocab_file!r} lacks the special tokens {missing}; '
+                       f'BERT needs all of {list(SPECIAL_TOKENS)}.')
+    self._special = SpecialIds(*(vocab[token] for token in SPECIAL_TOKENS))
+    self._tokenizer = _bert_tokenizer(models.WordPiece(vocab, unk_token='[UNK]'), lowercase)
+    self.lowercase = lowercase
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of entries in the vocab."""
+    return len(self._tokens)
+
+  @property
+  def vocab_file(self) -> str:
+    """Path of the vocab.txt this tokenizer reads."""
+    return self._vocab_file
+
+  @property
+  def special(self) -> SpecialIds:
+    """Ids of [PAD], [UNK], [CLS], [SEP] and [MASK]."""
+    return self._special
+
+  def encode_sentences(self, sentences: list[str]) -> list[np.ndarray]:
+    """Returns int32 WordPiece ids per sentence, without special tokens."""
+    ids = []
+    for start in range(0, len(sentences), _ENCODE_CHUNK):
+      encodings = self._tokenizer.encode_batch_fast(
+          sentences[start:start + _ENCODE_CHUNK], add_special_tokens=False)
+      ids += [np.asarray(encoding.ids, dtype=np.int32) for encoding in encodings]
+    return ids
+
+  def decode(self, ids) -> str:
+    """Returns the text of `ids`, '##' pieces joined; special tokens are shown as such."""
+    return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+  def is_continuation(self) -> np.ndarray:
+    """Returns a bool per vocab id: True for '##' pieces that continue a word."""
+    return np.array([token.startswith('##') for token in self._tokens], dtype=bool)
+
+  def vocab_hash(self) -> str:
+    """Returns the sha256 (hex) of the vocab file, to tie caches and checkpoints to it."""
+    with open(self._vocab_file, 'rb') as f:
+      return hashlib.sha256(f.read()).hexdigest()
+
+
+def _read_vocab(vocab_file):
+  """Returns the tokens of a vocab.txt, one per line; the line number is the id."""
+  with open(vocab_file, encoding='utf-8') as f:
+    return [line.rstrip('\r\n') for line in f]
+
+
+def _bert_tokenizer(model, lowercase):
+  """Wraps a WordPiece model in BERT's normalizer, pre-tokenizer and decoder."""
+  tokenizer = tokenizers.Tokenizer(model)
+  # Uncased BERT also strips accents; the cased model keeps both.
+  tokenizer.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=True, strip_accents=lowercase,
+      lowercase=lowercase)
+  tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tokenizer.decoder = decoders.WordPiece(prefix='##')
+  return tokenizer
+
+
+def train_tokenizer(documents: list[list[str]], vocab_size: int, lowercase: bool,
+                    output_dir: str) -> WordPieceTokenizer:
+  """Trains a WordPiece vocab on the sentences, writes output_dir/vocab.txt, loads it."""
+  if vocab_size <= len(SPECIAL_TOKENS):
+    raise ValueError(f'vocab_size={vocab_size} must exceed the {len(SPECIAL_TOKENS)} '
+                     'special tokens.')
+  tokenizer = _bert_tokenizer(models.WordPiece(unk_token='[UNK]'), lowercase)
+  trainer = trainers.WordPieceTrainer(
+      vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+      continuing_subword_prefix='##', show_progress=False)
+  sentences = [sentence for document in documents for sentence in document]
+  if not sentences:
+    raise ValueError('Cannot train a tokenizer on a corpus without sentences.')
+  tokenizer.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+  vocab = tokenizer.get_vocab()
+  tokens = sorted(vocab, key=vocab.get)
+  vocab_file = os.path.join(os.path.expanduser(output_dir), VOCAB_FILENAME)
+  _write_lines(tokens, vocab_file)
+  logging.info('Trained a WordPiece vocab of %d tokens on %d sentences: %s',
+               len(tokens), len(sentences), vocab_file)
+  return WordPieceTokenizer(vocab_file, lowercase)
+
+
+def _write_lines(lines, path):
+  """Writes one line each, through a renamed temporary so readers never see half a file."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  temporary = f'{path}.{os.getpid()}.tmp'
+  try:
+    with open(temporary, 'w', encoding='utf-8') as f:
+      f.writelines(line + '\n' for line in lines)
+    os.replace(temporary, path)
+  except BaseException:
+    if os.path.exists(temporary):
+      os.unlink(temporary)
+    raise
+
+
+def load_or_train_tokenizer(vocab_file: str, documents: list[list[str]], vocab_size: int,
+                            lowercase: bool, workdir: str) -> WordPieceTokenizer:
+  """Loads `vocab_file`, else the workdir's cached vocab, else trains and caches one."""
+  if vocab_file:
+    return WordPieceTokenizer(vocab_file, lowercase)
+  if not workdir:
+    raise ValueError('Give a vocab_file or a workdir to train and cache a vocab in.')
+  cached = os.path.join(os.path.expanduser(workdir), VOCAB_FILENAME)
+  if os.path.isfile(cached):
+    # A resumed run must see the ids its checkpoint was trained with, so never retrain.
+    logging.info('Loading the vocab cached in the workdir: %s', cached)
+    return WordPieceTokenizer(cached, lowercase)
+  return train_tokenizer(documents, vocab_size, lowercase, workdir)
+
+
+def encode_documents(tokenizer: WordPieceTokenizer,
+                     documents: list[list[str]]) -> list[list[np.ndarray]]:
+  """Encodes every sentence in one batched call; empty sentences and documents are dropped."""
+  sentences = [sentence for document in documents for sentence in document if sentence.strip()]
+  ids = iter(tokenizer.encode_sentences(sentences))
+  encoded = []
+  for document in documents:
+    pieces = [next(ids) for sentence in document if sentence.strip()]
+    pieces = [piece for piece in pieces if piece.size]
+    if pieces:
+      encoded.append(pieces)
+  return encoded

@@ -1,0 +1,81 @@
+"""Building blocks with logical axis names on every parameter."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Dtype = Any
+Initializer = Any
+
+
+def truncated_normal(stddev: float) -> Initializer:
+  """The original BERT initialiser: normal(stddev) truncated at two stddevs."""
+  return nn.initializers.truncated_normal(stddev=stddev)
+
+
+class DenseGeneral(nn.Module):
+  """Dense over one or more input axes; annotates the full n-d kernel."""
+  features: int | Sequence[int]  # Output dims, e.g. (heads, head_dim).
+  kernel_axes: tuple[str, ...]  # One logical name per kernel dim: inputs then outputs.
+  axis: int | Sequence[int] = -1  # Input axes contracted.
+  use_bias: bool = True
+  dtype: Dtype = jnp.float32  # Compute dtype.
+  param_dtype: Dtype = jnp.float32  # Storage dtype.
+  kernel_init: Initializer = truncated_normal(0.02)
+
+  @nn.compact
+  def __call__(self, x):
+    features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+    axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
+    axis = tuple(a % x.ndim for a in axis)
+    in_shape = tuple(x.shape[a] for a in axis)
+    if len(self.kernel_axes) != len(in_shape) + len(features):
+      raise ValueError(f'kernel_axes {self.kernel_axes} do not match kernel shape '
+                       f'{in_shape + features}.')
+    kernel = self.param(
+        'kernel', nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
+        in_shape + features, self.param_dtype)
+    kernel = jnp.asarray(kernel, self.dtype)
+    x = jnp.asarray(x, self.dtype)
+    contract = (axis, tuple(range(len(axis))))
+    y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
+    if self.use_bias:
+      bias = self.param(
+          'bias', nn.with_logical_partitioning(nn.initializers.zeros,
+                                               self.kernel_axes[len(axis):]),
+          features, self.param_dtype)
+      y = y + jnp.asarray(bias, self.dtype)
+    return y
+
+
+def layer_norm(eps: float, dtype: Dtype, param_dtype: Dtype, axis_name: str = 'embed',
+               name: str = 'LayerNorm') -> nn.LayerNorm:
+  """LayerNorm whose scale and bias carry a logical axis name."""
+  return nn.LayerNorm(
+      epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
+
+
+def attention_bias(input_mask: jax.Array, dtype: Dtype) -> jax.Array:
+  """[batch, length] 1/0 mask -> additive bias [batch, 1, 1, length]."""
+  big_negative = jnp.finfo(dtype).min
+  return jnp.where(input_mask[:, None, None, :] > 0, 0.0, big_negative).astype(dtype)
+
+
+def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,
+                          dtype):
+  """Softmax(q k^T / sqrt(d) + bias) v, softmax in float32, dropout on the probabilities."""
+  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1, length].
+  depth = query.shape[-1]
+  scores = jnp.einsum('bqhd,bkhd->bhqk', query, key) / np.sqrt(depth).astype(dtype)
+  scores = scores.astype(jnp.float32) + bias.astype(jnp.float32)
+  probs = jax.nn.softmax(scores, axis=-1)  # [batch, heads, q_length, k_length]
+  if not deterministic and dropout_rate > 0.0:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum('bhqk,bkhd->bqhd', probs.astype(dtype), value)

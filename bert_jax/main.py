@@ -1,0 +1,43 @@
+"""Entry point: `python -m bert_jax.main --config=configs/tiny.py --workdir=/tmp/bert`."""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+# Config files import `configs.base`: make the repository root importable from anywhere.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/tiny.py.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; resumes when it has checkpoints.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def _quiet_libraries(record) -> bool:
+  """Keeps orbax's per-save INFO chatter out of the run log; its warnings still show."""
+  return record.levelno >= logging.WARNING or '/orbax/' not in record.pathname
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
+  import jax  # pylint: disable=g-import-not-at-top
+  if 'JAX_COORDINATOR_ADDRESS' in os.environ or os.environ.get('CLOUD_TPU_TASK_ID'):
+    jax.distributed.initialize()
+  from bert_jax import config_lib, pretrain  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),
+               jax.devices()[0].platform)
+  try:
+    pretrain.train_and_evaluate(config, _WORKDIR.value)
+  except config_lib.ConfigError as e:
+    logging.error('Invalid config: %s', e)
+    sys.exit(f'Invalid config: {e}')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,103 @@
+"""Metrics out of a run: metrics.jsonl, TensorBoard events, the log line, MFU."""
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+
+def model_flops_per_sequence(config) -> float:
+  """DESIGN.md's formula: training FLOPs of one sequence (3x forward, attention in full)."""
+  m, d = config.model, config.data
+  s, p = d.max_seq_length, d.max_predictions_per_seq
+  h, f, v, layers = m.hidden_size, m.intermediate_size, m.vocab_size, m.num_layers
+  encoder = layers * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h)
+  return 3.0 * (encoder + p * (2 * h * h + 2 * h * v) + 2 * h * h)
+
+
+def measure_peak_flops(device=None) -> float:
+  """Dense matmul FLOP/s measured on `device`: 8192^3 bf16 on accelerators, 1024^3 fp32 on CPU."""
+  device = device or jax.devices()[0]
+  on_cpu = device.platform == 'cpu'
+  n, dtype = (1024, jnp.float32) if on_cpu else (8192, jnp.bfloat16)
+  a = jax.device_put(jnp.ones((n, n), dtype), device)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  repeats = 3 if on_cpu else 20
+  start = time.perf_counter()
+  for _ in range(repeats):
+    out = matmul(a)
+  out.block_until_ready()
+  return 2.0 * n**3 * repeats / (time.perf_counter() - start)
+
+
+class MetricWriter:
+  """Appends records to workdir/metrics.jsonl and TensorBoard; drops records past a resume."""
+
+  def __init__(self, workdir: str, resume_step: int = 0):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    _truncate_after(self.path, resume_step)
+    self._file = open(self.path, 'a', encoding='utf-8')
+    self._tb = None
+    if jax.process_index() == 0:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                                            purge_step=resume_step + 1 if resume_step else None)
+
+  def write(self, step: int, split: str, values: dict) -> None:
+    record = {'step': int(step), 'split': split, **{k: _plain(v) for k, v in values.items()}}
+    self._file.write(json.dumps(record) + '\n')
+    self._file.flush()
+    if self._tb is not None:
+      for key, value in record.items():
+        if key not in ('step', 'split') and isinstance(value, (int, float)):
+          self._tb.add_scalar(f'{split}/{key}', value, step)
+      self._tb.flush()
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _plain(value):
+  return value if isinstance(value, (str, int, bool)) else float(value)
+
+
+def _truncate_after(path: str, step: int) -> None:
+  """Keeps the records up to `step`: a resumed run re-logs what came after its checkpoint."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    lines = f.readlines()
+  kept = []
+  for line in lines:
+    try:
+      if json.loads(line)['step'] <= step:
+        kept.append(line)
+    except (ValueError, KeyError):
+      pass  # A line cut short by a crash.
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
+
+
+def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float) -> None:
+  parts = [f'step {step}/{num_steps}', f'loss {values["loss"]:.4f}',
+           f'mlm {values["mlm_loss"]:.4f} (acc {values["mlm_accuracy"]:.3f})']
+  if 'nsp_loss' in values:
+    parts.append(f'nsp {values["nsp_loss"]:.4f} (acc {values["nsp_accuracy"]:.3f})')
+  parts += [f'lr {values["learning_rate"]:.2e}', f'{values["seq_per_s"]:.1f} seq/s',
+            f'mfu {100 * values["mfu"]:.1f}%', f'ETA {format_duration(eta_seconds)}']
+  logging.info(' | '.join(parts))

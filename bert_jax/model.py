@@ -1,0 +1,281 @@
+"""BERT in flax.linen: embeddings, post-LN encoder, pooler, MLM and NSP heads.
+
+Parameter names follow the original TF BERT (`bert/embeddings/word_embeddings`,
+`bert/encoder/layer_N/attention/self/query/kernel`, `cls/predictions/output_bias`, ...), with
+flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import layers
+
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_saveable,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Model hyperparameters; see configs/base.py for what each means."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  scan_layers: bool = True
+  remat_policy: str = 'none'
+  nsp: bool = True  # Whether the NSP head exists.
+
+  @classmethod
+  def from_config(cls, config) -> 'BertConfig':
+    """Builds from a full ConfigDict (reads config.model and config.data.nsp)."""
+    fields = dict(config.model)
+    fields['dtype'] = DTYPES[fields['dtype']]
+    fields['param_dtype'] = DTYPES[fields['param_dtype']]
+    return cls(nsp=config.data.nsp, **fields)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def init(self):
+    return layers.truncated_normal(self.initializer_range)
+
+
+class BertEmbeddings(nn.Module):
+  """Token + segment + position embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = lambda name, rows: self.param(  # pylint: disable=g-long-lambda
+        name, nn.with_logical_partitioning(cfg.init, (name_axis(name), 'embed')),
+        (rows, cfg.hidden_size), cfg.param_dtype)
+    self.word_embeddings = embed('word_embeddings', cfg.vocab_size)
+    self.token_type_embeddings = embed('token_type_embeddings', cfg.type_vocab_size)
+    self.position_embeddings = embed('position_embeddings', cfg.max_position_embeddings)
+    self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+
+  def __call__(self, input_ids, segment_ids, deterministic):
+    # input_ids, segment_ids: [batch, length]
+    length = input_ids.shape[1]
+    x = (jnp.take(self.word_embeddings, input_ids, axis=0)
+         + jnp.take(self.token_type_embeddings, segment_ids, axis=0)
+         + self.position_embeddings[None, :length])  # [batch, length, embed]
+    x = self.layer_norm(x.astype(self.config.dtype))
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, x):
+    """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
+    table = jnp.asarray(self.word_embeddings, self.config.dtype)
+    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+
+
+def name_axis(embedding_name: str) -> str:
+  """Logical name of an embedding table's row axis."""
+  return 'vocab' if embedding_name == 'word_embeddings' else None
+
+
+class BertSelfAttention(nn.Module):
+  """Multi-head self-attention with a padding mask; returns [batch, length, heads, kv]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic):
+    cfg = self.config
+    project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
+        (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)(x)
+    query, key, value = project('query'), project('key'), project('value')
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    return layers.dot_product_attention(query, key, value, bias, dropout_rng,
+                                        cfg.attention_dropout_rate, deterministic, cfg.dtype)
+
+
+class BertResidualOutput(nn.Module):
+  """Dense back to embed, dropout, residual add, LayerNorm (post-LN)."""
+  config: BertConfig
+  in_axes: tuple[str, ...]  # Logical names of the contracted input axes.
+
+  @nn.compact
+  def __call__(self, x, residual, deterministic):
+    cfg = self.config
+    contracted = tuple(range(-len(self.in_axes), 0))
+    y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
+                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                            kernel_init=cfg.init, name='dense')(x)
+    y = nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)
+    y = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)(y + residual)
+    return nn.with_logical_constraint(y, ('batch', 'length', 'embed'))
+
+
+class BertAttention(nn.Module):
+  """Self-attention block: `self` then `output` (dense, dropout, residual, LayerNorm)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic):
+    context = BertSelfAttention(self.config, name='self')(x, bias, deterministic)
+    return BertResidualOutput(self.config, ('heads', 'kv'), name='output')(
+        context, x, deterministic)
+
+
+class BertLayer(nn.Module):
+  """One post-LN Transformer encoder layer."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic):
+    cfg = self.config
+    # x: [batch, length, embed]
+    x = BertAttention(cfg, name='attention')(x, bias, deterministic)
+    h = BertIntermediate(cfg, name='intermediate')(x)  # [batch, length, mlp]
+    return BertResidualOutput(cfg, ('mlp',), name='output')(h, x, deterministic)
+
+
+class BertIntermediate(nn.Module):
+  """Dense to the feed-forward width, then exact (erf) GELU."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype, kernel_init=cfg.init,
+                            name='dense')(x)
+    h = nn.gelu(h, approximate=False)
+    return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
+
+
+class ScannedBertLayer(BertLayer):
+  """BertLayer with the (carry, output) signature nn.scan needs."""
+
+  def __call__(self, x, bias, deterministic):
+    return super().__call__(x, bias, deterministic), None
+
+
+class BertEncoder(nn.Module):
+  """num_layers BertLayers, stacked under nn.scan (+ nn.remat) or unrolled."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic):
+    cfg = self.config
+    policy = REMAT_POLICIES[cfg.remat_policy]
+    if cfg.scan_layers:
+      layer_cls = ScannedBertLayer
+      if cfg.remat_policy != 'none':
+        layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=False,
+                             static_argnums=(3,))
+      stack = nn.scan(
+          layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: 'layers'})
+      x, _ = stack(cfg, name='layer')(x, bias, deterministic)
+      return x
+    layer_cls = BertLayer
+    if cfg.remat_policy != 'none':
+      layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
+    for i in range(cfg.num_layers):
+      x = layer_cls(cfg, name=f'layer_{i}')(x, bias, deterministic)
+    return x
+
+
+class BertPooler(nn.Module):
+  """tanh Dense on the final hidden state of [CLS]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    cls_state = x[:, 0]  # [batch, embed]
+    return jnp.tanh(layers.DenseGeneral(
+        cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=cfg.init, name='dense')(cls_state))
+
+
+class BertModel(nn.Module):
+  """Embeddings, encoder and pooler: (sequence_output, pooled_output)."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = BertEmbeddings(cfg)
+    self.encoder = BertEncoder(cfg)
+    self.pooler = BertPooler(cfg)
+
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
+    # input_ids, segment_ids, input_mask: [batch, length]
+    x = self.embeddings(input_ids, segment_ids, deterministic)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    x = self.encoder(x, layers.attention_bias(input_mask, self.config.dtype), deterministic)
+    return x, self.pooler(x)
+
+  def attend(self, x):
+    return self.embeddings.attend(x)
+
+
+class MaskedLmHead(nn.Module):
+  """`cls/predictions`: Dense(gelu) -> LayerNorm -> tied-embedding logits + output bias."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, attend):
+    cfg = self.config
+    # x: [batch, predictions, embed], already gathered at the masked positions.
+    x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype, kernel_init=cfg.init,
+                            name='transform_dense')(x)
+    x = nn.gelu(x, approximate=False)
+    x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
+                          name='transform_LayerNorm')(x)
+    bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                   ('vocab',)),
+                      (cfg.vocab_size,), cfg.param_dtype)
+    logits = attend(x).astype(jnp.float32) + bias.astype(jnp.float32)
+    return logits  # [batch, predictions, vocab]
+
+
+class BertForPreTraining(nn.Module):
+  """BERT with the MLM head and (when config.nsp) the NSP head."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.bert = BertModel(cfg)
+    self.predictions = MaskedLmHead(cfg)
+    if cfg.nsp:
+      self.seq_relationship = layers.DenseGeneral(
+          2, ('embed', 'classes'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          kernel_init=cfg.init)
+
+  def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
+               deterministic=True):
+    """Returns {'mlm_logits': [batch, predictions, vocab], 'nsp_logits': [batch, 2]}."""
+    sequence, pooled = self.bert(input_ids, segment_ids, input_mask, deterministic)
+    gathered = jnp.take_along_axis(sequence, masked_lm_positions[..., None], axis=1)
+    outputs = {'mlm_logits': self.predictions(gathered, self.bert.attend)}
+    if self.config.nsp:
+      outputs['nsp_logits'] = self.seq_relationship(pooled).astype(jnp.float32)
+    return outputs

@@ -1,0 +1,157 @@
+"""Pretraining: data, state, the step loop, evaluation, checkpoints and metrics."""
+
+import functools
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from absl import logging
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import config_lib
+from bert_jax import metrics as metrics_lib
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import steps
+from bert_jax.data import corpus as corpus_lib
+from bert_jax.data import pipeline
+from bert_jax.data import tokenizer as tokenizer_lib
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss became NaN or inf."""
+
+
+def prepare_data(config, workdir: str):
+  """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
+  try:
+    documents = corpus_lib.read_corpus(config.data.corpus, config.data.corpus_format,
+                                       config.data.max_documents)
+  except (ValueError, OSError) as e:
+    raise config_lib.ConfigError(f'config.data.corpus={config.data.corpus!r}: {e}') from e
+  try:
+    tokenizer = tokenizer_lib.load_or_train_tokenizer(
+        config.data.vocab_file, documents, config.data.tokenizer_vocab_size,
+        config.data.lowercase, workdir)
+  except (ValueError, OSError) as e:
+    raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r}: {e}') from e
+  encoded = tokenizer_lib.encode_documents(tokenizer, documents)
+  if len(encoded) < 2:
+    raise config_lib.ConfigError(
+        f'config.data.corpus={config.data.corpus!r} yields {len(encoded)} non-empty document(s); '
+        'pretraining needs at least 2 (one is held out for evaluation).')
+  train_docs, eval_docs = pipeline.split_documents(encoded, config.data.eval_fraction,
+                                                   config.seed)
+  settings = pipeline.MaskingSettings.from_config(config, tokenizer.special,
+                                                  tokenizer.vocab_size,
+                                                  tokenizer.is_continuation())
+  stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed)
+  held_out = pipeline.eval_batches(eval_docs, settings, config.train.batch_size,
+                                   config.train.eval_batches, config.seed)
+  logging.info('Corpus: %d documents (%d train, %d held out), %d sentences; vocab %d.',
+               len(encoded), len(train_docs), len(eval_docs),
+               sum(len(d) for d in encoded), tokenizer.vocab_size)
+  return stream, held_out, tokenizer
+
+
+def write_config(config, workdir: str) -> None:
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
+  config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  stream, held_out, tokenizer = prepare_data(config, workdir)
+  config_lib.validate_runtime(config, tokenizer.vocab_size, jax.device_count())
+  write_config(config, workdir)
+
+  mesh = sharding.create_mesh()
+  rules = sharding.logical_axis_rules('data')
+  model = steps.build_model(config)
+  tx = optim.create_optimizer(config.train)
+  state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
+  batch_shardings = sharding.batch_sharding(mesh)
+
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                             config.train.checkpoint_every,
+                                             config.train.keep_checkpoints)
+  position = {'epoch': 0, 'batch': 0}
+  restored = checkpointer.restore(checkpoint_lib.abstract_like(state, state_shardings))
+  if restored is not None:
+    state, position = restored
+    logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
+                 position['epoch'], position['batch'])
+  start_step = int(state.step)
+
+  train_step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx),
+                       in_shardings=(state_shardings, batch_shardings),
+                       out_shardings=(state_shardings, None), donate_argnums=0)
+  eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
+                      in_shardings=(state_shardings.params, batch_shardings))
+  schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
+                                          config.train.num_steps)
+  baseline_token = pipeline.most_frequent_label(stream.epoch_examples(0))
+  baseline = pipeline.baseline_accuracy(held_out, baseline_token)
+
+  def evaluate(step):
+    totals = None
+    for batch in held_out:
+      stats = eval_step(state.params, jax.device_put(batch, batch_shardings))
+      totals = stats if totals is None else jax.tree.map(np.add, totals, stats)
+    values = steps.summarize(totals)
+    values['mlm_baseline_accuracy'] = baseline
+    writer.write(step, 'eval', values)
+    logging.info('eval step %d | loss %.4f | mlm %.4f (acc %.3f; most-frequent-token baseline '
+                 '%.3f)%s', step, values['loss'], values['mlm_loss'], values['mlm_accuracy'],
+                 baseline, (f' | nsp {values["nsp_loss"]:.4f} (acc {values["nsp_accuracy"]:.3f})'
+                            if 'nsp_loss' in values else ''))
+    return values
+
+  peak_flops = config.train.peak_flops or metrics_lib.measure_peak_flops()
+  flops_per_seq = metrics_lib.model_flops_per_sequence(config)
+  writer = metrics_lib.MetricWriter(workdir, start_step)
+  num_steps = config.train.num_steps
+  last_eval = {}
+  if start_step == 0:
+    last_eval = evaluate(0)
+
+  batches = stream.batches(position)
+  accumulated, interval_start, interval_steps = None, time.perf_counter(), 0
+  run_start, run_start_step = time.perf_counter(), start_step
+  for step in range(start_step + 1, num_steps + 1):
+    batch, position = next(batches)
+    state, stats = train_step(state, jax.device_put(batch, batch_shardings))
+    accumulated = stats if accumulated is None else jax.tree.map(
+        lambda a, b: a + b, accumulated, stats)
+    interval_steps += 1
+    final = step == num_steps
+    save = checkpointer.should_save(step, final)
+    if step % config.train.log_every == 0 or final or save:
+      stats = jax.device_get(accumulated)
+      if stats['finite'] < interval_steps:
+        raise NonFiniteLossError(
+            f'The loss became NaN or inf between steps {step - interval_steps + 1} and {step}; '
+            f'{checkpointer.describe_latest()}. Lower train.learning_rate or check the data.')
+      elapsed = time.perf_counter() - interval_start
+      values = steps.summarize(stats)
+      seq_per_s = interval_steps * config.train.batch_size / elapsed
+      values.update(learning_rate=float(schedule(step - 1)),
+                    grad_norm=float(stats['grad_norm']) / interval_steps,
+                    seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
+      writer.write(step, 'train', values)
+      rate = (step - run_start_step) / (time.perf_counter() - run_start)
+      metrics_lib.log_train_line(step, num_steps, values, (num_steps - step) / rate)
+      accumulated, interval_start, interval_steps = None, time.perf_counter(), 0
+    if step % config.train.eval_every == 0 or final:
+      last_eval = evaluate(step)
+    if save:
+      checkpointer.save(step, state, position)
+  checkpointer.close()
+  writer.close()
+  with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
+    json.dump(last_eval, f, indent=2)
+  return last_eval

@@ -1,0 +1,140 @@
+"""Train state, its sharded creation, and the pure train and eval steps."""
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax import model as model_lib
+from bert_jax import sharding
+
+# Keys of a pretraining batch, and their per-example trailing shape (see data/pretraining.py).
+BATCH_KEYS = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',
+              'masked_lm_ids', 'masked_lm_weights', 'next_sentence_labels')
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a step changes; saved whole in checkpoints."""
+  step: jax.Array  # [] int32
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # [2] uint32; dropout key of step s is fold_in(rng, s)
+
+
+def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int):
+  """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation."""
+  s, p = max_seq_length, max_predictions
+  spec = {'input_ids': (s,), 'input_mask': (s,), 'segment_ids': (s,),
+          'masked_lm_positions': (p,), 'masked_lm_ids': (p,), 'masked_lm_weights': (p,),
+          'next_sentence_labels': ()}
+  return {k: jax.ShapeDtypeStruct((batch_size,) + shape,
+                                  jnp.float32 if k == 'masked_lm_weights' else jnp.int32)
+          for k, shape in spec.items()}
+
+
+def _init_variables(model, rng, max_seq_length, max_predictions):
+  ids = jnp.zeros((1, max_seq_length), jnp.int32)
+  positions = jnp.zeros((1, max_predictions), jnp.int32)
+  return model.init({'params': rng}, ids, ids, ids, positions, deterministic=True)
+
+
+def create_train_state(config, model, tx, mesh, rules):
+  """Builds the state abstractly, derives its shardings, then materialises it sharded.
+
+  Returns (state, state_shardings).
+  """
+  s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+
+  def init_boxed(rng):
+    params_rng, dropout_rng = jax.random.split(rng)
+    params = _init_variables(model, params_rng, s, p)['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), rng=dropout_rng)
+
+  def init(rng):
+    return nn.meta.unbox(init_boxed(rng))
+
+  rng = jax.random.PRNGKey(config.seed)
+  logical_specs = nn.get_partition_spec(jax.eval_shape(init_boxed, rng))
+  state_shardings = sharding.logical_to_sharding(logical_specs, mesh, rules)
+  state = jax.jit(init, out_shardings=state_shardings)(rng)
+  return state, state_shardings
+
+
+def pretraining_losses(outputs, batch):
+  """Sums and counts for MLM and NSP, so batches and devices can be pooled exactly."""
+  logits = outputs['mlm_logits']  # [batch, predictions, vocab] float32
+  labels = batch['masked_lm_ids']
+  weights = batch['masked_lm_weights']
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  stats = {
+      'mlm_loss_sum': jnp.sum(ce * weights),
+      'mlm_weight': jnp.sum(weights),
+      'mlm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
+  }
+  if 'nsp_logits' in outputs:
+    nsp_logits = outputs['nsp_logits']  # [batch, 2]
+    nsp_labels = batch['next_sentence_labels']
+    stats['nsp_loss_sum'] = jnp.sum(
+        optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels))
+    stats['nsp_count'] = jnp.asarray(nsp_labels.shape[0], jnp.float32)
+    stats['nsp_correct'] = jnp.sum(jnp.argmax(nsp_logits, -1) == nsp_labels).astype(jnp.float32)
+  return stats
+
+
+def total_loss(stats):
+  """Mean MLM cross-entropy over real masked positions + mean NSP cross-entropy."""
+  loss = stats['mlm_loss_sum'] / (stats['mlm_weight'] + 1e-5)
+  if 'nsp_loss_sum' in stats:
+    loss = loss + stats['nsp_loss_sum'] / stats['nsp_count']
+  return loss
+
+
+def summarize(stats) -> dict[str, float]:
+  """Pooled sums/counts -> the metrics.jsonl fields (loss, mlm_*, nsp_*)."""
+  stats = {k: float(v) for k, v in stats.items()}
+  out = {'mlm_loss': stats['mlm_loss_sum'] / max(stats['mlm_weight'], 1e-5),
+         'mlm_accuracy': stats['mlm_correct'] / max(stats['mlm_weight'], 1e-5)}
+  out['loss'] = out['mlm_loss']
+  if 'nsp_loss_sum' in stats:
+    out['nsp_loss'] = stats['nsp_loss_sum'] / stats['nsp_count']
+    out['nsp_accuracy'] = stats['nsp_correct'] / stats['nsp_count']
+    out['loss'] += out['nsp_loss']
+  return out
+
+
+def _apply(model, params, batch, deterministic, rngs=None):
+  return model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
+                     batch['input_mask'], batch['masked_lm_positions'],
+                     deterministic=deterministic, rngs=rngs)
+
+
+def train_step(state: TrainState, batch, *, model, tx):
+  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats)."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    outputs = _apply(model, params, batch, False, {'dropout': dropout_rng})
+    stats = pretraining_losses(outputs, batch)
+    return total_loss(stats), stats
+
+  grads, stats = jax.grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  stats['grad_norm'] = optax.global_norm(grads)
+  stats['finite'] = jnp.isfinite(stats['mlm_loss_sum']).astype(jnp.float32)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, stats
+
+
+def eval_step(params, batch, *, model):
+  """Sums and counts of the eval metrics on one batch (no dropout)."""
+  return pretraining_losses(_apply(model, params, batch, True), batch)
+
+
+def build_model(config) -> model_lib.BertForPreTraining:
+  return model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config))

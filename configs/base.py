@@ -1,0 +1,122 @@
+"""BERT-Base pretraining with the paper's recipe (Devlin et al., 2018).
+
+Arguments (comma separated, `configs/base.py:layers=6,nsp=False,mask_rate=0.3`):
+  layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, corpus, vocab.
+Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`.
+"""
+
+import ml_collections
+
+# Arguments accepted after the colon, and the config key each one sets.
+ARGUMENTS = {
+    'layers': 'model.num_layers',
+    'hidden': 'model.hidden_size',
+    'heads': 'model.num_heads',
+    'nsp': 'data.nsp',
+    'mask_rate': 'masking.rate',
+    'wwm': 'masking.whole_word',
+    'seq': 'data.max_seq_length',
+    'batch': 'train.batch_size',
+    'steps': 'train.num_steps',
+    'corpus': 'data.corpus',
+    'vocab': 'data.vocab_file',
+}
+
+
+def get_config(arg=None):
+  """Returns the BERT-Base config; `arg` holds ablation overrides."""
+  config = ml_collections.ConfigDict()
+  config.mode = 'pretrain'  # What main runs: 'pretrain'.
+  config.seed = 0  # Seeds parameters, dropout and the data order.
+
+  config.model = model = ml_collections.ConfigDict()
+  model.vocab_size = 30522  # Rows of the word embedding; >= the tokenizer's vocab.
+  model.hidden_size = 768  # H.
+  model.num_layers = 12  # L.
+  model.num_heads = 12  # A; must divide hidden_size.
+  model.intermediate_size = 3072  # Feed-forward width, 4H.
+  model.max_position_embeddings = 512  # Learned positions; 512 from the start.
+  model.type_vocab_size = 2  # Segment (token type) embeddings.
+  model.hidden_dropout_rate = 0.1  # Dropout on embeddings and hidden states.
+  model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
+  model.initializer_range = 0.02  # Stddev of the truncated-normal init.
+  model.layer_norm_eps = 1e-12  # As the original BERT.
+  model.dtype = 'float32'  # Compute dtype ('bfloat16' for speed); softmax and loss stay fp32.
+  model.param_dtype = 'float32'  # Storage dtype of parameters and optimizer state.
+  model.scan_layers = True  # Run the layers under nn.scan (one compiled layer).
+  model.remat_policy = 'none'  # 'none', 'full', 'dots', 'dots_no_batch': what the backward recomputes.
+
+  config.data = data = ml_collections.ConfigDict()
+  data.corpus = ''  # Files or globs (comma separated, .xz/.gz ok), or 'builtin'.
+  data.corpus_format = 'auto'  # 'bert' (sentence per line), 'prose', or 'auto' (by content).
+  data.vocab_file = ''  # WordPiece vocab.txt; '' trains one on the corpus, cached in the workdir.
+  data.lowercase = True  # Uncased model: lowercase and strip accents.
+  data.tokenizer_vocab_size = 30522  # Size of a trained tokenizer (when vocab_file is '').
+  data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
+  data.max_predictions_per_seq = 20  # Masked positions per example (80 at 512).
+  data.short_seq_prob = 0.1  # Probability of a shorter target length.
+  data.nsp = True  # Sentence pairs + next-sentence prediction; False: single segments, no NSP head.
+  data.eval_fraction = 0.02  # Share of documents held out for evaluation.
+  data.max_documents = 0  # Use at most this many documents (0: all).
+
+  config.masking = masking = ml_collections.ConfigDict()
+  masking.rate = 0.15  # Share of tokens chosen for prediction.
+  masking.mask_token_fraction = 0.8  # Of the chosen: replaced by [MASK].
+  masking.random_token_fraction = 0.1  # Of the chosen: replaced by a random token.
+  masking.keep_fraction = 0.1  # Of the chosen: left unchanged.
+  masking.whole_word = False  # Mask every piece of a word together.
+
+  config.train = train = ml_collections.ConfigDict()
+  train.batch_size = 256  # Global batch, sequences per step.
+  train.num_steps = 1_000_000  # Optimizer steps.
+  train.learning_rate = 1e-4  # Peak learning rate.
+  train.warmup_steps = 10_000  # Linear warmup, then linear decay to 0 at num_steps.
+  train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
+  train.adam_b1 = 0.9
+  train.adam_b2 = 0.999
+  train.adam_eps = 1e-6
+  train.max_grad_norm = 1.0  # Global-norm clipping.
+  train.log_every = 100  # Steps between train log lines / metrics.jsonl records.
+  train.eval_every = 10_000  # Steps between evaluations (and at the end).
+  train.eval_batches = 20  # Held-out batches per evaluation.
+  train.checkpoint_every = 10_000  # Steps between checkpoints (and at the end).
+  train.keep_checkpoints = 3  # Newest checkpoints kept.
+  train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 measures a matmul at start.
+
+  if arg:
+    apply_arguments(config, arg)
+  return config
+
+
+def apply_arguments(config, arg):
+  """Applies `key=value,...` arguments (names in ARGUMENTS) to `config`."""
+  for item in arg.split(','):
+    if not item.strip():
+      continue
+    name, sep, value = item.partition('=')
+    name = name.strip()
+    if not sep or name not in ARGUMENTS:
+      raise ValueError(
+          f'Unknown config argument {item!r}; valid arguments are '
+          f'{", ".join(sorted(ARGUMENTS))} as name=value.')
+    *parents, leaf = ARGUMENTS[name].split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = _parse_like(node[leaf], value.strip(), name)
+
+
+def _parse_like(current, text, name):
+  """Parses `text` to the type of `current`."""
+  if isinstance(current, bool):
+    if text.lower() in ('true', '1', 'yes'):
+      return True
+    if text.lower() in ('false', '0', 'no'):
+      return False
+    raise ValueError(f'Config argument {name}={text!r}: expected True or False.')
+  try:
+    return type(current)(text)
+  except ValueError:
+    raise ValueError(
+        f'Config argument {name}={text!r}: expected a {type(current).__name__}.'
+    ) from None

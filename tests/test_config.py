@@ -1,0 +1,140 @@
+"""Config arguments, overrides and validation: every bad value fails early with a clear error."""
+
+import subprocess
+import sys
+import os
+
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import pretrain
+from configs import base, large, tiny
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def valid_config():
+  config = tiny.get_config()
+  config_lib.validate(config)
+  return config
+
+
+def test_shipped_configs_are_valid():
+  for get_config in (base.get_config, large.get_config, tiny.get_config):
+    config = get_config()
+    config.data.corpus = config.data.corpus or 'builtin'
+    config_lib.validate(config)
+
+
+def test_large_changes_only_the_model_shape():
+  b, l = config_lib.flatten(base.get_config()), config_lib.flatten(large.get_config())
+  changed = {k for k in b if b[k] != l[k]}
+  assert changed == {'model.num_layers', 'model.hidden_size', 'model.num_heads',
+                     'model.intermediate_size'}
+
+
+def test_ablation_arguments_set_their_keys():
+  config = base.get_config('layers=6,nsp=False,mask_rate=0.3')
+  assert config.model.num_layers == 6
+  assert config.data.nsp is False
+  assert config.masking.rate == 0.3
+  assert large.get_config('layers=3').model.num_layers == 3
+
+
+@pytest.mark.parametrize('arg,match', [
+    ('depth=6', "Unknown config argument 'depth=6'.*layers"),
+    ('layers', "Unknown config argument 'layers'"),
+    ('layers=six', "layers='six'.*int"),
+    ('nsp=maybe', "nsp='maybe'.*True or False"),
+])
+def test_bad_arguments_are_named(arg, match):
+  with pytest.raises(ValueError, match=match):
+    base.get_config(arg)
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('model.num_heads', 5, r'hidden_size=128 is not divisible by config.model.num_heads=5'),
+    ('masking.rate', 1.5, r'config.masking.rate=1.5 is a rate and must lie in \[0, 1\]'),
+    ('model.hidden_dropout_rate', -0.1, r'hidden_dropout_rate=-0.1 is a rate'),
+    ('data.short_seq_prob', 2.0, r'short_seq_prob=2.0 is a rate'),
+    ('masking.mask_token_fraction', 0.7, r'0.7 \+ 0.1 \+ 0.1 = 0.9; they must sum to 1'),
+    ('data.max_predictions_per_seq', 5, r'max_predictions_per_seq=5 is too small.*at least 10'),
+    ('model.dtype', 'float8', r"config.model.dtype='float8' is not valid"),
+    ('model.remat_policy', 'some', r"remat_policy='some' is not valid"),
+    ('train.batch_size', 0, r'config.train.batch_size=0 must be > 0'),
+    ('data.max_seq_length', 512, r'max_seq_length=512 exceeds'),
+    ('data.corpus', '', r'config.data.corpus is empty'),
+])
+def test_bad_values_are_named(key, value, match):
+  config = valid_config()
+  parent, leaf = key.rsplit('.', 1)
+  config[parent][leaf] = value
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(config)
+
+
+def test_unknown_keys_are_named_with_a_suggestion():
+  config = valid_config()
+  config.train.warmup_step = 10
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'config.train.warmup_step \(did you mean config.train.warmup_steps'):
+    config_lib.validate(config)
+
+
+def test_vocab_smaller_than_tokenizer_is_named():
+  config = valid_config()
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'vocab_size=8192 is smaller than the tokenizer.*9000 tokens'):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=9000, num_devices=1)
+
+
+def test_batch_not_divisible_by_devices_is_named():
+  config = valid_config()
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'batch_size=32 is not divisible by the 3 devices'):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, num_devices=3)
+
+
+def test_missing_corpus_is_named(tmp_path):
+  config = valid_config()
+  config.data.corpus = str(tmp_path / 'nothing-*.txt')
+  with pytest.raises(config_lib.ConfigError, match='nothing-'):
+    pretrain.prepare_data(config, str(tmp_path))
+
+
+def test_empty_corpus_is_named(tmp_path):
+  empty = tmp_path / 'empty.txt'
+  empty.write_text('\n\n')
+  config = valid_config()
+  config.data.corpus = str(empty)
+  with pytest.raises(config_lib.ConfigError, match='empty.txt'):
+    pretrain.prepare_data(config, str(tmp_path))
+
+
+def test_unreadable_corpus_is_named(tmp_path):
+  folder = tmp_path / 'a_directory.txt'
+  folder.mkdir()
+  config = valid_config()
+  config.data.corpus = str(folder)
+  with pytest.raises(config_lib.ConfigError, match='a_directory.txt'):
+    pretrain.prepare_data(config, str(tmp_path))
+
+
+def run_main(*flags):
+  return subprocess.run([sys.executable, '-m', 'bert_jax.main', *flags], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_main_rejects_unknown_override_key(tmp_path):
+  result = run_main('--config=configs/tiny.py', f'--workdir={tmp_path}',
+                    '--config.model.num_layer=6')
+  assert result.returncode != 0
+  assert 'num_layer' in result.stderr
+
+
+def test_main_reports_bad_value_before_compiling(tmp_path):
+  result = run_main('--config=configs/tiny.py:heads=3', f'--workdir={tmp_path}')
+  assert result.returncode != 0
+  assert 'config.model.hidden_size=128 is not divisible by config.model.num_heads=3' in (
+      result.stderr)
+  assert not (tmp_path / 'checkpoints').exists()

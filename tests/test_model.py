@@ -1,0 +1,207 @@
+"""The model: parameter counts of the paper's configs, shapes, masking, scan/remat equivalence."""
+
+import functools
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import steps
+from configs import base, large
+
+# transformers' BertModel (no heads) for bert-base-uncased / bert-large-uncased.
+HF_BERT_MODEL_PARAMS = {'base': 109_482_240, 'large': 335_141_888}
+
+
+def count_formula(v, h, layers, f, positions=512, types=2, nsp=True):
+  """Closed-form parameter count of BertForPreTraining."""
+  embeddings = v * h + positions * h + types * h + 2 * h
+  layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+  pooler = h * h + h
+  mlm_head = h * h + h + 2 * h + v
+  nsp_head = 2 * h + 2 if nsp else 0
+  return embeddings + layers * layer + pooler, mlm_head + nsp_head
+
+
+def abstract_params(config):
+  model = steps.build_model(config)
+  s, p = 8, 2
+  ids = jax.ShapeDtypeStruct((1, s), jnp.int32)
+  pos = jax.ShapeDtypeStruct((1, p), jnp.int32)
+  variables = jax.eval_shape(functools.partial(model.init, deterministic=True),
+                             {'params': jax.random.key(0)}, ids, ids, ids, pos)
+  return nn.meta.unbox(variables['params'])
+
+
+def num_params(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize('name,get_config,paper_millions', [
+    ('base', base.get_config, 110), ('large', large.get_config, 340)])
+def test_paper_configs_have_paper_parameter_counts(name, get_config, paper_millions):
+  config = get_config()
+  params = abstract_params(config)
+  m = config.model
+  encoder, heads = count_formula(m.vocab_size, m.hidden_size, m.num_layers, m.intermediate_size)
+  assert num_params(params['bert']) == encoder == HF_BERT_MODEL_PARAMS[name]
+  assert num_params(params) == encoder + heads
+  assert abs(num_params(params) / 1e6 - paper_millions) / paper_millions < 0.02
+
+
+def test_nsp_off_drops_the_nsp_head_only():
+  config = base.get_config('layers=2,nsp=False')
+  params = abstract_params(config)
+  assert 'seq_relationship' not in params
+  m = config.model
+  encoder, heads = count_formula(m.vocab_size, m.hidden_size, 2, m.intermediate_size, nsp=False)
+  assert num_params(params) == encoder + heads
+
+
+def test_every_parameter_has_logical_axis_names():
+  config = base.get_config('layers=2')
+  model = steps.build_model(config)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  variables = jax.eval_shape(functools.partial(model.init, deterministic=True),
+                             {'params': jax.random.key(0)}, ids, ids, ids, ids[:, :2])
+  flat = flax.traverse_util.flatten_dict(variables['params'])
+  for path, leaf in flat.items():
+    assert isinstance(leaf, nn.LogicallyPartitioned), path
+    assert len(leaf.names) == len(leaf.value.shape), path
+    if 'encoder' in path:
+      assert leaf.names[0] == 'layers', path
+
+
+def small_config(**overrides):
+  cfg = model_lib.BertConfig(vocab_size=99, hidden_size=24, num_layers=3, num_heads=4,
+                             intermediate_size=37, max_position_embeddings=16)
+  return model_lib.BertConfig(**{**cfg.__dict__, **overrides})
+
+
+def inputs(batch=3, length=7, predictions=2, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
+  mask = jnp.asarray(np.arange(length)[None] < rng.integers(3, length + 1, (batch, 1)),
+                     jnp.int32)
+  segments = jnp.asarray(np.arange(length)[None] >= 3, jnp.int32) * mask
+  positions = jnp.asarray(rng.integers(1, 3, (batch, predictions)), jnp.int32)
+  return ids, segments, mask, positions
+
+
+def test_padding_does_not_change_real_positions():
+  model = model_lib.BertForPreTraining(small_config())
+  ids, segments, mask, positions = inputs()
+  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+  garbage = jnp.where(mask > 0, ids, 7)  # Different ids at padded positions only.
+  a = model.apply({'params': params}, ids, segments, mask, positions)
+  b = model.apply({'params': params}, garbage, segments, mask, positions)
+  np.testing.assert_allclose(a['mlm_logits'], b['mlm_logits'], atol=1e-5)
+  np.testing.assert_allclose(a['nsp_logits'], b['nsp_logits'], atol=1e-5)
+
+
+def unrolled_params(scanned):
+  """Scanned params (leading layers axis) -> layer_0 ... layer_{L-1}."""
+  encoder = scanned['bert']['encoder']['layer']
+  num_layers = jax.tree.leaves(encoder)[0].shape[0]
+  out = jax.tree.map(lambda x: x, scanned)
+  out['bert']['encoder'] = {f'layer_{i}': jax.tree.map(lambda x, i=i: x[i], encoder)
+                            for i in range(num_layers)}
+  return out
+
+
+@pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
+def test_scan_and_remat_match_unrolled_layers(remat_policy):
+  ids, segments, mask, positions = inputs()
+  scanned = model_lib.BertForPreTraining(small_config(remat_policy=remat_policy))
+  unrolled = model_lib.BertForPreTraining(small_config(scan_layers=False))
+  params = nn.meta.unbox(scanned.init(jax.random.key(0), ids, segments, mask,
+                                      positions)['params'])
+
+  def loss(model, p):
+    out = model.apply({'params': p}, ids, segments, mask, positions)
+    return out['mlm_logits'].sum() + out['nsp_logits'].sum()
+
+  value_a, grads_a = jax.value_and_grad(functools.partial(loss, scanned))(params)
+  value_b, grads_b = jax.value_and_grad(functools.partial(loss, unrolled))(
+      unrolled_params(params))
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(unrolled_params(grads_a)), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_is_active_only_in_training():
+  model = model_lib.BertForPreTraining(small_config())
+  ids, segments, mask, positions = inputs()
+  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+  run = lambda seed: model.apply({'params': params}, ids, segments, mask, positions,  # noqa
+                                 deterministic=False, rngs={'dropout': jax.random.key(seed)})
+  assert not np.allclose(run(1)['mlm_logits'], run(2)['mlm_logits'])
+  eval_a = model.apply({'params': params}, ids, segments, mask, positions)
+  eval_b = model.apply({'params': params}, ids, segments, mask, positions)
+  np.testing.assert_array_equal(eval_a['mlm_logits'], eval_b['mlm_logits'])
+
+
+def test_mlm_logits_use_the_tied_word_embeddings():
+  model = model_lib.BertForPreTraining(small_config())
+  ids, segments, mask, positions = inputs()
+  ids = jnp.where(ids == 50, 51, ids)  # Row 50 is then reached only through the output layer.
+  params = nn.meta.unbox(model.init(jax.random.key(0), ids, segments, mask, positions)['params'])
+  grads = jax.grad(lambda p: model.apply({'params': p}, ids, segments, mask, positions)[
+      'mlm_logits'][..., 50].sum())(params)
+  assert float(jnp.abs(grads['bert']['embeddings']['word_embeddings'][50]).sum()) > 0
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits():
+  model = model_lib.BertForPreTraining(small_config(dtype=jnp.bfloat16))
+  ids, segments, mask, positions = inputs()
+  variables = model.init(jax.random.key(0), ids, segments, mask, positions)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(variables)))
+  out = model.apply(variables, ids, segments, mask, positions)
+  assert out['mlm_logits'].dtype == jnp.float32
+
+
+def test_initialisers_follow_bert():
+  params = nn.meta.unbox(model_lib.BertForPreTraining(small_config(hidden_size=64,
+                                                                   num_heads=4)).init(
+      jax.random.key(0), *inputs())['params'])
+  table = np.asarray(params['bert']['embeddings']['word_embeddings'])
+  assert np.abs(table).max() <= 2 * 0.02 + 1e-7  # Truncated at two stddevs.
+  assert 0.015 < table.std() < 0.02
+  ln = params['bert']['encoder']['layer']['output']['LayerNorm']
+  np.testing.assert_array_equal(ln['scale'], 1.0)
+  np.testing.assert_array_equal(ln['bias'], 0.0)
+  np.testing.assert_array_equal(params['predictions']['output_bias'], 0.0)
+
+
+def test_weight_decay_skips_layer_norm_and_biases():
+  params = nn.meta.unbox(model_lib.BertForPreTraining(small_config()).init(
+      jax.random.key(0), *inputs())['params'])
+  mask = flax.traverse_util.flatten_dict(optim.weight_decay_mask(params))
+  for path, decayed in mask.items():
+    no_decay = path[-1] in ('bias', 'output_bias') or 'LayerNorm' in path[-2]
+    assert decayed == (not no_decay), path
+
+
+@pytest.mark.parametrize('get_config', [base.get_config, large.get_config])
+def test_paper_configs_train_step_compiles(get_config):
+  config = get_config()
+  config.train.batch_size = 2
+  model = steps.build_model(config)
+  tx = optim.create_optimizer(config.train)
+  s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+
+  def init(rng):
+    ids = jnp.zeros((1, s), jnp.int32)
+    params = nn.meta.unbox(model.init({'params': rng}, ids, ids, ids, ids[:, :p])['params'])
+    return steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                            opt_state=tx.init(params), rng=rng)
+
+  abstract_state = jax.eval_shape(init, jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx), donate_argnums=0)
+  compiled = step.lower(abstract_state, steps.dummy_batch(2, s, p)).compile()
+  assert compiled.cost_analysis() is not None

@@ -1,7 +1,6 @@
 """BERT's optimizer: AdamW (eps 1e-6, decay not on LayerNorm or biases), warmup + linear decay."""
 
 import flax
-import jax
 import optax
 
 # Leaves that get no weight decay, as in the original BERT ("LayerNorm", "layer_norm", "bias").
@@ -31,7 +30,3 @@ def create_optimizer(train_config) -> optax.GradientTransformation:
       optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                   eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
                   mask=weight_decay_mask))
-
-
-def global_norm(tree) -> jax.Array:
-  return optax.global_norm(tree)

@@ -34,7 +34,7 @@ def prepare_data(config, workdir: str):
   try:
     tokenizer = tokenizer_lib.load_or_train_tokenizer(
         config.data.vocab_file, documents, config.data.tokenizer_vocab_size,
-        config.data.lowercase, workdir)
+        config.data.lowercase, workdir, config.data.tokenizer_cache_dir)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r}: {e}') from e
   encoded = tokenizer_lib.encode_documents(tokenizer, documents)
@@ -94,8 +94,12 @@ def train_and_evaluate(config, workdir: str) -> dict:
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
                                           config.train.num_steps)
-  baseline_token = pipeline.most_frequent_label(stream.epoch_examples(0))
-  baseline = pipeline.baseline_accuracy(held_out, baseline_token)
+  first_epoch = stream.epoch_examples(0)
+  baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
+  if config.data.nsp:
+    # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
+    logging.info('Epoch 0: %d examples, %.1f%% NotNext.', len(first_epoch['input_ids']),
+                 100 * float(np.mean(first_epoch['next_sentence_labels'])))
 
   def evaluate(step):
     totals = None
@@ -118,6 +122,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   last_eval = {}
   if start_step == 0:
     last_eval = evaluate(0)
+  elif start_step >= num_steps:
+    logging.info('The checkpoint is at step %d of %d: nothing left to train.', start_step,
+                 num_steps)
 
   batches = stream.batches(position)
   accumulated, interval_start, interval_steps = None, time.perf_counter(), 0
@@ -152,6 +159,21 @@ def train_and_evaluate(config, workdir: str) -> dict:
       checkpointer.save(step, state, position)
   checkpointer.close()
   writer.close()
-  with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
-    json.dump(last_eval, f, indent=2)
+  if last_eval:
+    with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
+      json.dump(last_eval, f, indent=2)
+  log_summary(workdir, last_eval)
   return last_eval
+
+
+def log_summary(workdir: str, last_eval: dict) -> None:
+  """One line: how far eval MLM loss fell and how accuracy compares with the baseline."""
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    evals = [r for r in map(json.loads, f) if r['split'] == 'eval']
+  if not evals or not last_eval:
+    return
+  first = evals[0]['mlm_loss']
+  logging.info('Done. Eval MLM loss %.3f -> %.3f (%+.0f%%); MLM accuracy %.3f vs %.3f for '
+               'always predicting the most frequent masked token.', first,
+               last_eval['mlm_loss'], 100 * (last_eval['mlm_loss'] / first - 1),
+               last_eval['mlm_accuracy'], last_eval['mlm_baseline_accuracy'])

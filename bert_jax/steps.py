@@ -125,7 +125,7 @@ def train_step(state: TrainState, batch, *, model, tx):
   grads, stats = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  stats['grad_norm'] = optax.global_norm(grads)
+  stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
   stats['finite'] = jnp.isfinite(stats['mlm_loss_sum']).astype(jnp.float32)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, stats

@@ -52,6 +52,7 @@ def get_config(arg=None):
   data.vocab_file = ''  # WordPiece vocab.txt; '' trains one on the corpus, cached in the workdir.
   data.lowercase = True  # Uncased model: lowercase and strip accents.
   data.tokenizer_vocab_size = 30522  # Size of a trained tokenizer (when vocab_file is '').
+  data.tokenizer_cache_dir = '~/.cache/bert_jax/vocab'  # Trained vocabs by corpus ('' = off).
   data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
   data.max_predictions_per_seq = 20  # Masked positions per example (80 at 512).
   data.short_seq_prob = 0.1  # Probability of a shorter target length.

@@ -131,3 +131,21 @@ def test_shared_uncased_vocab_has_bert_layout():
       pad=0, unk=100, cls=101, sep=102, mask=103)
   [ids] = tokenizer.encode_sentences(['Hello, World!'])
   assert tokenizer.decode(ids) == 'hello, world!'
+
+
+def test_runs_on_the_same_corpus_share_one_trained_vocab(tmp_path):
+  cache = str(tmp_path / 'cache')
+  first = tokenizer_lib.load_or_train_tokenizer('', make_documents(), 200, True,
+                                                str(tmp_path / 'run1'), cache)
+  shared = [p for p in (tmp_path / 'cache').rglob('vocab.txt')]
+  assert len(shared) == 1
+  mtime = os.stat(shared[0]).st_mtime_ns
+  second = tokenizer_lib.load_or_train_tokenizer('', make_documents(), 200, True,
+                                                 str(tmp_path / 'run2'), cache)
+  assert second.vocab_file != first.vocab_file
+  assert second.vocab_hash() == first.vocab_hash()
+  assert os.stat(shared[0]).st_mtime_ns == mtime  # Not trained again.
+  other = tokenizer_lib.load_or_train_tokenizer('', make_documents()[:3], 200, True,
+                                                str(tmp_path / 'run3'), cache)
+  assert other.vocab_file.endswith('run3/vocab.txt')
+  assert len(list((tmp_path / 'cache').rglob('vocab.txt'))) == 2  # Another corpus, another key.

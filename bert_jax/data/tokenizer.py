@@ -144,8 +144,14 @@ def _write_lines(lines, path):
 
 
 def load_or_train_tokenizer(vocab_file: str, documents: list[list[str]], vocab_size: int,
-                            lowercase: bool, workdir: str) -> WordPieceTokenizer:
-  """Loads `vocab_file`, else the workdir's cached vocab, else trains and caches one."""
+                            lowercase: bool, workdir: str,
+                            cache_dir: str = '') -> WordPieceTokenizer:
+  """Loads `vocab_file`, else the workdir's vocab, else a cached or newly trained one.
+
+  HF's WordPiece trainer is not deterministic (its tie-breaking follows hash-map order), so a
+  vocab trained for a corpus is cached under `cache_dir` by a fingerprint of (corpus, size,
+  casing): every run on the same corpus, an ablation arm or a rerun, gets the identical vocab.
+  """
   if vocab_file:
     return WordPieceTokenizer(vocab_file, lowercase)
   if not workdir:
@@ -155,7 +161,28 @@ def load_or_train_tokenizer(vocab_file: str, documents: list[list[str]], vocab_s
     # A resumed run must see the ids its checkpoint was trained with, so never retrain.
     logging.info('Loading the vocab cached in the workdir: %s', cached)
     return WordPieceTokenizer(cached, lowercase)
-  return train_tokenizer(documents, vocab_size, lowercase, workdir)
+  if not cache_dir:
+    return train_tokenizer(documents, vocab_size, lowercase, workdir)
+  shared_dir = os.path.join(os.path.expanduser(cache_dir),
+                            corpus_fingerprint(documents, vocab_size, lowercase))
+  shared = os.path.join(shared_dir, VOCAB_FILENAME)
+  if os.path.isfile(shared):
+    logging.info('Using the vocab trained earlier for this corpus: %s', shared)
+  else:
+    train_tokenizer(documents, vocab_size, lowercase, shared_dir)
+  with open(shared, encoding='utf-8') as f:
+    _write_lines(f.read().splitlines(), cached)
+  return WordPieceTokenizer(cached, lowercase)
+
+
+def corpus_fingerprint(documents: list[list[str]], vocab_size: int, lowercase: bool) -> str:
+  """sha256 of the sentences and the tokenizer settings: names a trained vocab."""
+  digest = hashlib.sha256(f'wordpiece:{vocab_size}:{lowercase}\n'.encode())
+  for document in documents:
+    for sentence in document:
+      digest.update(sentence.encode('utf-8', 'replace') + b'\n')
+    digest.update(b'\n')
+  return digest.hexdigest()[:32]
 
 
 def encode_documents(tokenizer: WordPieceTokenizer,

@@ -1,0 +1,93 @@
+"""The in-memory stream: deterministic epochs, exact resume from a position, a fixed eval set."""
+
+import numpy as np
+import pytest
+
+from bert_jax.data import pipeline
+from bert_jax.data import pretraining
+
+SPECIAL = pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+
+
+def synthetic_documents(num_docs=40, seed=0):
+  rng = np.random.default_rng(seed)
+  return [[rng.integers(5, 99, rng.integers(3, 12)).astype(np.int32)
+           for _ in range(rng.integers(2, 9))] for _ in range(num_docs)]
+
+
+def settings(**overrides):
+  values = dict(special=SPECIAL, vocab_size=99, max_seq_length=23, max_predictions=4, nsp=True,
+                short_seq_prob=0.1, mask_rate=0.15, mask_token_fraction=0.8,
+                random_token_fraction=0.1, keep_fraction=0.1, is_continuation=None)
+  values.update(overrides)
+  return pipeline.MaskingSettings(**values)
+
+
+def take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+  assert len(a) == len(b)
+  for (batch_a, _), (batch_b, _) in zip(a, b):
+    for key in batch_a:
+      np.testing.assert_array_equal(batch_a[key], batch_b[key])
+
+
+def test_batches_have_fixed_shapes_and_dtypes():
+  stream = pipeline.PretrainingStream(synthetic_documents(), settings(), batch_size=5, seed=0)
+  batch, _ = next(stream.batches({'epoch': 0, 'batch': 0}))
+  assert batch['input_ids'].shape == (5, 23) and batch['input_ids'].dtype == np.int32
+  assert batch['masked_lm_positions'].shape == (5, 4)
+  assert batch['masked_lm_weights'].dtype == np.float32
+  assert batch['next_sentence_labels'].shape == (5,)
+
+
+def test_resume_from_a_position_gives_the_uninterrupted_batches():
+  docs = synthetic_documents()
+  uninterrupted = take(pipeline.PretrainingStream(docs, settings(), 7, seed=3).batches(
+      {'epoch': 0, 'batch': 0}), 40)  # Crosses several epochs.
+  stop = 17
+  position = uninterrupted[stop - 1][1]
+  resumed = take(pipeline.PretrainingStream(docs, settings(), 7, seed=3).batches(position),
+                 40 - stop)
+  assert_same_batches(uninterrupted[stop:], resumed)
+
+
+def test_epochs_differ_and_seeds_differ_but_each_is_reproducible():
+  docs = synthetic_documents()
+  stream = pipeline.PretrainingStream(docs, settings(), 5, seed=0)
+  again = pipeline.PretrainingStream(docs, settings(), 5, seed=0)
+  other = pipeline.PretrainingStream(docs, settings(), 5, seed=1)
+  np.testing.assert_array_equal(stream.epoch_examples(0)['input_ids'],
+                                again.epoch_examples(0)['input_ids'])
+  first = stream.epoch_examples(0)['input_ids'].copy()
+  assert not np.array_equal(first[:5], stream.epoch_examples(1)['input_ids'][:5])
+  assert not np.array_equal(first[:5], other.epoch_examples(0)['input_ids'][:5])
+
+
+def test_eval_set_is_fixed_and_held_out():
+  docs = synthetic_documents(num_docs=50)
+  train, held_out = pipeline.split_documents(docs, eval_fraction=0.1, seed=0)
+  assert len(held_out) == 5 and len(train) == 45
+  train_ids = {id(d) for d in train}
+  assert not any(id(d) in train_ids for d in held_out)
+  a = pipeline.eval_batches(held_out, settings(), 4, 3, seed=0)
+  b = pipeline.eval_batches(held_out, settings(), 4, 3, seed=0)
+  assert len(a) == 3
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x['input_ids'], y['input_ids'])
+
+
+def test_too_small_corpus_is_a_clear_error():
+  docs = synthetic_documents(num_docs=2)
+  stream = pipeline.PretrainingStream(docs, settings(), batch_size=500, seed=0)
+  with pytest.raises(ValueError, match='fewer than batch_size=500'):
+    next(stream.batches({'epoch': 0, 'batch': 0}))
+
+
+def test_most_frequent_label_baseline():
+  batch = {'masked_lm_ids': np.array([[7, 7, 9], [7, 5, 0]]),
+           'masked_lm_weights': np.array([[1., 1., 1.], [1., 1., 0.]], np.float32)}
+  assert pipeline.most_frequent_label(batch) == 7
+  assert pipeline.baseline_accuracy([batch], 7) == pytest.approx(3 / 5)

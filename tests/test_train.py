@@ -1,0 +1,155 @@
+"""End to end on CPU: a tiny run writes the workdir contract and resumes exactly, even after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A micro model on a slice of the built-in corpus: seconds per run.
+OVERRIDES = {
+    'model.vocab_size': 1024, 'model.hidden_size': 32, 'model.num_layers': 2,
+    'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_position_embeddings': 32,
+    'data.tokenizer_vocab_size': 1024, 'data.max_seq_length': 32,
+    'data.max_predictions_per_seq': 5, 'data.max_documents': 150, 'data.eval_fraction': 0.1,
+    'train.batch_size': 8, 'train.learning_rate': 1e-3, 'train.warmup_steps': 5,
+    'train.eval_batches': 2, 'train.keep_checkpoints': 2, 'train.peak_flops': 1e11,
+}
+TRAIN_FIELDS = {'step', 'split', 'loss', 'mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy',
+                'learning_rate', 'seq_per_s', 'mfu', 'grad_norm'}
+TIMING_FIELDS = ('seq_per_s', 'mfu')
+
+
+_VOCAB_CACHE = []
+
+
+@pytest.fixture(scope='module', autouse=True)
+def vocab_cache(tmp_path_factory):
+  """Every run of this module shares one trained vocab, as runs on one machine do."""
+  _VOCAB_CACHE.append(str(tmp_path_factory.mktemp('vocab-cache')))
+  yield
+  _VOCAB_CACHE.pop()
+
+
+def command(workdir, **extra):
+  flags = {**OVERRIDES, 'data.tokenizer_cache_dir': _VOCAB_CACHE[-1], **extra}
+  return [sys.executable, '-m', 'bert_jax.main', '--config=configs/tiny.py',
+          f'--workdir={workdir}'] + [f'--config.{k}={v}' for k, v in flags.items()]
+
+
+def run(workdir, **extra):
+  result = subprocess.run(command(workdir, **extra), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def without_timing(records):
+  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
+
+
+def final_params(workdir, step):
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  return ocp.StandardCheckpointer().restore(path)['params']
+
+
+def assert_trees_equal(a, b):
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b) > 0
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+SHORT = {'train.num_steps': 12, 'train.log_every': 2, 'train.eval_every': 6,
+         'train.checkpoint_every': 4}
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  run(workdir, **SHORT)
+  return workdir
+
+
+def test_run_writes_the_workdir_contract(uninterrupted):
+  names = set(os.listdir(uninterrupted))
+  assert {'config.json', 'metrics.jsonl', 'checkpoints', 'tensorboard', 'vocab.txt',
+          'eval_results.json'} <= names
+  assert sorted(os.listdir(os.path.join(uninterrupted, 'checkpoints'))) == ['12', '8']
+  assert os.listdir(os.path.join(uninterrupted, 'tensorboard'))
+  records = read_metrics(uninterrupted)
+  train = [r for r in records if r['split'] == 'train']
+  evals = [r for r in records if r['split'] == 'eval']
+  assert [r['step'] for r in train] == [2, 4, 6, 8, 10, 12]
+  assert [r['step'] for r in evals] == [0, 6, 12]
+  for record in train:
+    assert TRAIN_FIELDS <= set(record)
+    assert np.isfinite(record['loss']) and record['seq_per_s'] > 0 and record['mfu'] > 0
+  assert {'mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy',
+          'mlm_baseline_accuracy'} <= set(evals[-1])
+  with open(os.path.join(uninterrupted, 'config.json'), encoding='utf-8') as f:
+    assert json.load(f)['model']['hidden_size'] == 32
+
+
+def test_restart_from_an_earlier_checkpoint_ends_identically(uninterrupted, tmp_path):
+  workdir = str(tmp_path / 'restarted')
+  run(workdir, **SHORT)
+  # Forget everything after step 8, as if the run had died there; the same command resumes.
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '12'))
+  result = run(workdir, **SHORT)
+  assert 'Resumed from step 8' in result.stderr
+  assert_trees_equal(final_params(workdir, 12), final_params(uninterrupted, 12))
+  assert without_timing(read_metrics(workdir)) == without_timing(read_metrics(uninterrupted))
+
+
+LONG = {'train.num_steps': 300, 'train.log_every': 10, 'train.eval_every': 100,
+        'train.checkpoint_every': 10}
+
+
+@pytest.fixture(scope='module')
+def long_reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('long'))
+  run(workdir, **LONG)
+  return workdir
+
+
+def test_sigkill_after_a_checkpoint_then_the_same_command_ends_identically(
+    long_reference, tmp_path):
+  long_run, reference = LONG, long_reference
+  workdir = str(tmp_path / 'killed')
+  process = subprocess.Popen(command(workdir, **long_run), cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  first_checkpoint = os.path.join(workdir, 'checkpoints', '10')
+  deadline = time.time() + 240
+  while not os.path.isdir(first_checkpoint) and time.time() < deadline:
+    time.sleep(0.01)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert process.returncode == -signal.SIGKILL
+  steps_saved = sorted(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints'))
+                       if s.isdigit())
+  assert steps_saved and steps_saved[-1] < 300, 'the run was not interrupted'
+  result = run(workdir, **long_run)
+  assert 'Resumed from step' in result.stderr
+  assert_trees_equal(final_params(workdir, 300), final_params(reference, 300))
+  assert without_timing(read_metrics(workdir)) == without_timing(read_metrics(reference))
+
+
+def test_losses_fall_on_the_builtin_corpus(long_reference):
+  evals = [r for r in read_metrics(long_reference) if r['split'] == 'eval']
+  assert evals[-1]['mlm_loss'] < 0.9 * evals[0]['mlm_loss']
+  assert evals[-1]['nsp_loss'] < evals[0]['nsp_loss']

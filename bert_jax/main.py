@@ -1,5 +1,6 @@
 """Entry point: `python -m bert_jax.main --config=configs/tiny.py --workdir=/tmp/bert`."""
 
+import logging as python_logging
 import os
 import sys
 
@@ -18,13 +19,13 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 def _quiet_libraries(record) -> bool:
   """Keeps orbax's per-save INFO chatter out of the run log; its warnings still show."""
-  return record.levelno >= logging.WARNING or '/orbax/' not in record.pathname
+  return record.levelno >= python_logging.WARNING or '/orbax/' not in record.pathname
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  logging.get_absl_handler().python_handler.addFilter(_quiet_libraries)
+  logging.get_absl_logger().addFilter(_quiet_libraries)
   import jax  # pylint: disable=g-import-not-at-top
   if 'JAX_COORDINATOR_ADDRESS' in os.environ or os.environ.get('CLOUD_TPU_TASK_ID'):
     jax.distributed.initialize()
@@ -39,5 +40,18 @@ def main(argv):
     sys.exit(f'Invalid config: {e}')
 
 
+def parse_flags(argv):
+  """absl flag parsing, with a bad config argument or override reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    last_line = [line for line in str(e).splitlines() if line.strip()][-1].strip()
+    sys.exit(f'Invalid flags: {last_line}\nPass --helpshort for the flags.')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    # ml_collections wraps a KeyError's repr in an AttributeError: unwrap it to plain text.
+    message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
+    sys.exit(f'Invalid config override: {message}')
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -127,11 +127,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
                  num_steps)
 
   batches = stream.batches(position)
-  accumulated, interval_start, interval_steps = None, time.perf_counter(), 0
-  run_start, run_start_step = time.perf_counter(), start_step
+  # Throughput counts train steps only: the first step's compilation, evals and saves are
+  # excluded from the interval's time.
+  accumulated, interval_steps, timed_steps = None, 0, 0
+  interval_start, excluded = time.perf_counter(), 0.0
   for step in range(start_step + 1, num_steps + 1):
     batch, position = next(batches)
+    step_start = time.perf_counter()
     state, stats = train_step(state, jax.device_put(batch, batch_shardings))
+    if step == start_step + 1:
+      jax.block_until_ready(stats)
+      excluded += time.perf_counter() - step_start
+    else:
+      timed_steps += 1
     accumulated = stats if accumulated is None else jax.tree.map(
         lambda a, b: a + b, accumulated, stats)
     interval_steps += 1
@@ -143,20 +151,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
         raise NonFiniteLossError(
             f'The loss became NaN or inf between steps {step - interval_steps + 1} and {step}; '
             f'{checkpointer.describe_latest()}. Lower train.learning_rate or check the data.')
-      elapsed = time.perf_counter() - interval_start
+      elapsed = time.perf_counter() - interval_start - excluded
+      seq_per_s = timed_steps * config.train.batch_size / elapsed if timed_steps else 0.0
       values = steps.summarize(stats)
-      seq_per_s = interval_steps * config.train.batch_size / elapsed
       values.update(learning_rate=float(schedule(step - 1)),
                     grad_norm=float(stats['grad_norm']) / interval_steps,
                     seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
       writer.write(step, 'train', values)
-      rate = (step - run_start_step) / (time.perf_counter() - run_start)
-      metrics_lib.log_train_line(step, num_steps, values, (num_steps - step) / rate)
-      accumulated, interval_start, interval_steps = None, time.perf_counter(), 0
+      eta = (num_steps - step) * config.train.batch_size / seq_per_s if seq_per_s else 0.0
+      metrics_lib.log_train_line(step, num_steps, values, eta)
+      accumulated, interval_steps, timed_steps = None, 0, 0
+      interval_start, excluded = time.perf_counter(), 0.0
+    pause_start = time.perf_counter()
     if step % config.train.eval_every == 0 or final:
       last_eval = evaluate(step)
     if save:
       checkpointer.save(step, state, position)
+    excluded += time.perf_counter() - pause_start
   checkpointer.close()
   writer.close()
   if last_eval:

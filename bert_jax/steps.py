@@ -42,26 +42,33 @@ def _init_variables(model, rng, max_seq_length, max_predictions):
   return model.init({'params': rng}, ids, ids, ids, positions, deterministic=True)
 
 
+def state_initializer(config, model, tx):
+  """init(rng) -> TrainState with logically annotated (boxed) parameters."""
+  s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+
+  def init(rng):
+    params_rng, dropout_rng = jax.random.split(rng)
+    params = _init_variables(model, params_rng, s, p)['params']
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), rng=dropout_rng)
+  return init
+
+
+def abstract_train_state(config, model, tx):
+  """The state's shapes and dtypes (boxed with logical names); nothing is materialised."""
+  return jax.eval_shape(state_initializer(config, model, tx), jax.random.PRNGKey(config.seed))
+
+
 def create_train_state(config, model, tx, mesh, rules):
   """Builds the state abstractly, derives its shardings, then materialises it sharded.
 
   Returns (state, state_shardings).
   """
-  s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
-
-  def init_boxed(rng):
-    params_rng, dropout_rng = jax.random.split(rng)
-    params = _init_variables(model, params_rng, s, p)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng)
-
-  def init(rng):
-    return nn.meta.unbox(init_boxed(rng))
-
-  rng = jax.random.PRNGKey(config.seed)
-  logical_specs = nn.get_partition_spec(jax.eval_shape(init_boxed, rng))
+  init_boxed = state_initializer(config, model, tx)
+  logical_specs = nn.get_partition_spec(abstract_train_state(config, model, tx))
   state_shardings = sharding.logical_to_sharding(logical_specs, mesh, rules)
-  state = jax.jit(init, out_shardings=state_shardings)(rng)
+  init = lambda rng: nn.meta.unbox(init_boxed(rng))  # noqa: E731
+  state = jax.jit(init, out_shardings=state_shardings)(jax.random.PRNGKey(config.seed))
   return state, state_shardings
 
 

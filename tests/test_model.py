@@ -194,14 +194,7 @@ def test_paper_configs_train_step_compiles(get_config):
   model = steps.build_model(config)
   tx = optim.create_optimizer(config.train)
   s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
-
-  def init(rng):
-    ids = jnp.zeros((1, s), jnp.int32)
-    params = nn.meta.unbox(model.init({'params': rng}, ids, ids, ids, ids[:, :p])['params'])
-    return steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                            opt_state=tx.init(params), rng=rng)
-
-  abstract_state = jax.eval_shape(init, jax.random.PRNGKey(0))
+  abstract_state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
   step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx), donate_argnums=0)
   compiled = step.lower(abstract_state, steps.dummy_batch(2, s, p)).compile()
   assert compiled.cost_analysis() is not None

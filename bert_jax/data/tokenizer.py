@@ -1,6 +1,5 @@
 """WordPiece tokenization (BERT's), through Hugging Face `tokenizers`."""
 
-import dataclasses
 import hashlib
 import os
 
@@ -13,21 +12,13 @@ from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 from tokenizers import trainers
 
+from bert_jax.data.pretraining import SpecialIds
+
 # BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 VOCAB_FILENAME = 'vocab.txt'
 # Sentences per encode call: bounds the memory of Encoding objects on large corpora.
 _ENCODE_CHUNK = 50_000
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecialIds:
-  """Ids of BERT's special tokens."""
-  pad: int  # [PAD]: fills sequences up to their length.
-  unk: int  # [UNK]: words the vocab cannot spell.
-  cls: int  # [CLS]: first token of every example.
-  sep: int  # [SEP]: ends each segment.
-  mask: int  # [MASK]: replaces tokens chosen for prediction.
 
 
 class WordPieceTokenizer:

@@ -59,6 +59,12 @@ def validate(config) -> None:
       raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
   _check_model(config.model)
   _check_data(config)
+  if config.init_from:
+    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    try:
+      init_from.check_exists(config.init_from)
+    except init_from.InitFromError as e:
+      raise ConfigError(str(e)) from e
 
 
 def _check_known_keys(flat) -> None:

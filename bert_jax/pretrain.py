@@ -11,6 +11,7 @@ from absl import logging
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import config_lib
+from bert_jax import init_from
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
@@ -64,6 +65,12 @@ def write_config(config, workdir: str) -> None:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
   config_lib.validate(config)
+  if config.init_from:
+    try:
+      init_from.adopt_source(config)
+    except init_from.InitFromError as e:
+      raise config_lib.ConfigError(str(e)) from e
+    config_lib.validate(config)
   os.makedirs(workdir, exist_ok=True)
   stream, held_out, tokenizer = prepare_data(config, workdir)
   config_lib.validate_runtime(config, tokenizer.vocab_size, jax.device_count())
@@ -85,6 +92,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     state, position = restored
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
                  position['epoch'], position['batch'])
+  elif config.init_from:
+    params = init_from.load_params(config, state.params)
+    state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
 
   train_step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx),

@@ -28,6 +28,10 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.mode = 'pretrain'  # What main runs: 'pretrain'.
   config.seed = 0  # Seeds parameters, dropout and the data order.
+  # Start from these weights (fresh optimizer, step 0): 'hf:DIR', 'tf:PREFIX' or a bert_jax
+  # workdir. The model's shape and, unless data.vocab_file is set, the vocab come from it.
+  config.init_from = ''
+  config.init_resize_vocab = False  # Resize the source's vocab rows to model.vocab_size.
 
   config.model = model = ml_collections.ConfigDict()
   model.vocab_size = 30522  # Rows of the word embedding; >= the tokenizer's vocab.

@@ -1,0 +1,141 @@
+"""Initial weights from elsewhere: `--config.init_from=hf:DIR | tf:PREFIX | WORKDIR`.
+
+The weights replace the fresh parameters; the optimizer starts fresh and the step is 0. The
+model's shape is taken from the source, so `configs/base.py` can start from any BERT checkpoint.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+# config.model keys that describe the architecture (taken from the source checkpoint).
+ARCHITECTURE_KEYS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
+                     'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps')
+
+
+class InitFromError(ValueError):
+  """config.init_from names something that cannot be loaded."""
+
+
+def parse(spec: str) -> tuple[str, str]:
+  """'hf:DIR' -> ('hf', DIR); 'tf:PREFIX' -> ('tf', PREFIX); a workdir -> ('workdir', DIR)."""
+  kind, sep, path = spec.partition(':')
+  if sep and kind in ('hf', 'tf'):
+    return kind, os.path.expanduser(path)
+  return 'workdir', os.path.expanduser(spec)
+
+
+def check_exists(spec: str) -> None:
+  """Fails before anything compiles when the source is not there."""
+  kind, path = parse(spec)
+  if kind == 'hf' and not os.path.isdir(path):
+    raise InitFromError(f'config.init_from={spec!r}: {path!r} is not a directory; hf:DIR names '
+                        'a HuggingFace model directory (config.json + model.safetensors).')
+  if kind == 'tf' and not os.path.isfile(path + '.index'):
+    raise InitFromError(f'config.init_from={spec!r}: {path + ".index"!r} does not exist; '
+                        'tf:PREFIX names an original BERT checkpoint (PREFIX.index, '
+                        'PREFIX.data-*, bert_config.json beside it).')
+  if kind == 'workdir' and _latest_step(path) is None:
+    raise InitFromError(
+        f'config.init_from={spec!r} is neither hf:DIR, tf:PREFIX nor a bert_jax workdir with '
+        'checkpoints.')
+
+
+def _latest_step(workdir: str) -> int | None:
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return None
+  steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+  return max(steps) if steps else None
+
+
+def source_architecture(spec: str) -> dict:
+  """config.model values of the source checkpoint."""
+  kind, path = parse(spec)
+  if kind == 'workdir':
+    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+      model = json.load(f)['model']
+    return {k: model[k] for k in ARCHITECTURE_KEYS}
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  if kind == 'hf':
+    _, hf_config = convert.load_hf_state_dict(path, config_only=True)
+  else:
+    from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
+    hf_config = tf_checkpoint.read_bert_config(path)
+  if hf_config is None:
+    raise InitFromError(f'config.init_from={spec!r}: no config.json next to the weights.')
+  overrides = convert.hf_config_to_model_overrides(hf_config)
+  return {k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides}
+
+
+def source_vocab(spec: str) -> str | None:
+  """The vocab.txt that belongs to the source's weights, when it has one."""
+  kind, path = parse(spec)
+  folder = os.path.dirname(path) if kind == 'tf' else path
+  candidate = os.path.join(folder, 'vocab.txt')
+  return candidate if os.path.isfile(candidate) else None
+
+
+def adopt_source(config) -> None:
+  """Takes the model's shape (and, unless given, the vocab) from the source checkpoint."""
+  for key, value in source_architecture(config.init_from).items():
+    if config.model[key] != value:
+      logging.info('init_from: config.model.%s = %s (was %s), from the checkpoint.', key, value,
+                   config.model[key])
+      config.model[key] = type(config.model[key])(value)
+  if not config.data.vocab_file:
+    vocab = source_vocab(config.init_from)
+    if vocab is None:
+      raise InitFromError(
+          f'config.init_from={config.init_from!r} has no vocab.txt beside its weights; its '
+          'token ids need their own vocab: set config.data.vocab_file.')
+    logging.info('init_from: config.data.vocab_file = %s, the checkpoint\'s vocab.', vocab)
+    config.data.vocab_file = vocab
+
+
+def load_params(config, fresh_params):
+  """The source's parameters in our layout; heads it lacks come from `fresh_params`."""
+  kind, path = parse(config.init_from)
+  if kind == 'workdir':
+    return _load_workdir_params(path, fresh_params)
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  if kind == 'hf':
+    state_dict, _ = convert.load_hf_state_dict(path)
+  else:
+    from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
+    state_dict, _ = tf_checkpoint.load_tf_bert(path)
+  params, report = convert.import_hf(state_dict, config,
+                                     resize_vocab=config.init_resize_vocab)
+  logging.info('init_from %s: %s', config.init_from, report)
+  return convert.merge_missing(params, jax.device_get(fresh_params))
+
+
+def _load_workdir_params(workdir: str, fresh_params):
+  step = _latest_step(workdir)
+  target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(fresh_params))
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  try:
+    state = ocp.StandardCheckpointer().restore(path)
+  except (ValueError, FileNotFoundError) as e:
+    raise InitFromError(f'Cannot read the checkpoint in {path!r}: {e}') from e
+  params = jax.tree.map(np.asarray, state['params'])
+  _check_same_structure(params, target, path)
+  logging.info('init_from: parameters of step %d of %s.', step, workdir)
+  return params
+
+
+def _check_same_structure(params, target, source) -> None:
+  """Every parameter path and shape must agree; lists all differences at once."""
+  flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}
+  problems = [f'missing {k}' for k in sorted(set(want) - set(flat))]
+  problems += [f'unexpected {k}' for k in sorted(set(flat) - set(want))]
+  problems += [f'{k}: shape {tuple(flat[k].shape)}, expected {tuple(want[k].shape)}'
+               for k in sorted(set(flat) & set(want)) if flat[k].shape != want[k].shape]
+  if problems:
+    raise InitFromError(f'The parameters in {source!r} do not fit this config: '
+                        + '; '.join(problems))

@@ -1,0 +1,67 @@
+"""--config.init_from: weights from another workdir (or HF / TF checkpoints) with a fresh start."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import pretrain
+from configs import tiny
+
+MICRO = {
+    'model': dict(vocab_size=1024, hidden_size=32, num_layers=2, num_heads=2,
+                  intermediate_size=64, max_position_embeddings=32),
+    'data': dict(tokenizer_vocab_size=1024, max_seq_length=32, max_predictions_per_seq=5,
+                 max_documents=120, eval_fraction=0.1),
+    'train': dict(batch_size=8, num_steps=3, eval_batches=1, log_every=1, eval_every=100,
+                  checkpoint_every=100, peak_flops=1e11),
+}
+
+
+def micro_config(tmp_path, **top):
+  config = tiny.get_config()
+  for section, values in MICRO.items():
+    config[section].update(values)
+  config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
+  config.update(top)
+  return config
+
+
+def params_at(workdir, step):
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  return ocp.StandardCheckpointer().restore(path)
+
+
+def test_init_from_a_workdir_starts_at_step_0_from_its_weights(tmp_path):
+  source = str(tmp_path / 'source')
+  pretrain.train_and_evaluate(micro_config(tmp_path), source)
+  # The new run differs in shape keys on purpose: they are taken from the source.
+  config = micro_config(tmp_path, init_from=source)
+  config.model.num_layers = 4
+  config.train.num_steps = 1
+  config.train.learning_rate = 0.0  # The weights after one step are then the source's.
+  target = str(tmp_path / 'target')
+  pretrain.train_and_evaluate(config, target)
+  src, dst = params_at(source, 3), params_at(target, 1)
+  assert int(dst['step']) == 1
+  for a, b in zip(jax.tree.leaves(src['params']), jax.tree.leaves(dst['params'])):
+    np.testing.assert_array_equal(a, b)
+  # Fresh optimizer: Adam's moments are built from one step, not carried over.
+  assert int(jax.tree.leaves(dst['opt_state'])[0]) == 1
+  with open(os.path.join(target, 'config.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  assert written['model']['num_layers'] == 2
+  assert written['data']['vocab_file'] == os.path.join(source, 'vocab.txt')
+
+
+def test_init_from_nothing_is_a_clear_error(tmp_path):
+  for spec, match in [(str(tmp_path / 'nowhere'), 'neither hf:DIR, tf:PREFIX nor a bert_jax'),
+                      ('hf:' + str(tmp_path / 'no-model'), 'is not a directory'),
+                      ('tf:' + str(tmp_path / 'bert_model.ckpt'), r'ckpt.index.*does not exist')]:
+    config = micro_config(tmp_path, init_from=spec)
+    with pytest.raises(config_lib.ConfigError, match=match):
+      config_lib.validate(config)

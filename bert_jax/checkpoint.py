@@ -54,6 +54,16 @@ class Checkpointer:
     self._manager.close()
 
 
+def latest_step(workdir: str) -> int | None:
+  """Newest complete checkpoint step in workdir/checkpoints, or None (complete ones are renamed
+  from a temporary name, so a half-written save never counts)."""
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    return None
+  steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
+  return max(steps) if steps else None
+
+
 def abstract_like(state, shardings):
   """ShapeDtypeStructs with the given shardings: what restore fills in."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

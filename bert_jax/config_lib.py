@@ -11,6 +11,7 @@ VALID_CHOICES = {
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
+    'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
 }
 RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
          'data.eval_fraction', 'masking.rate', 'masking.mask_token_fraction',
@@ -117,14 +118,18 @@ def _check_data(config) -> None:
                       "separated, .xz/.gz ok), or 'builtin' for the built-in corpus.")
 
 
-def validate_runtime(config, tokenizer_vocab_size: int, num_devices: int) -> None:
-  """Checks that need the tokenizer and the devices; still before compilation."""
+def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:
+  """Checks that need the tokenizer and the mesh; still before compilation.
+
+  batch_divisor: devices the batch is split over (data x fsdp mesh axes).
+  """
   if config.model.vocab_size < tokenizer_vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
-  if config.train.batch_size % num_devices:
+  if config.train.batch_size % batch_divisor:
     raise ConfigError(
         f'config.train.batch_size={config.train.batch_size} is not divisible by the '
-        f'{num_devices} devices; use a multiple of {num_devices}.')
+        f'{batch_divisor} devices the batch is split over (mesh data x fsdp); use a multiple of '
+        f'{batch_divisor}.')

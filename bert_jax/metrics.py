@@ -39,15 +39,18 @@ class MetricWriter:
 
   def __init__(self, workdir: str, resume_step: int = 0):
     self.path = os.path.join(workdir, 'metrics.jsonl')
+    self._file = self._tb = None
+    if jax.process_index() != 0:  # One writer per run: the first process.
+      return
     _truncate_after(self.path, resume_step)
     self._file = open(self.path, 'a', encoding='utf-8')
-    self._tb = None
-    if jax.process_index() == 0:
-      import tensorboardX  # pylint: disable=g-import-not-at-top
-      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
-                                            purge_step=resume_step + 1 if resume_step else None)
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                                          purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, values: dict) -> None:
+    if self._file is None:
+      return
     record = {'step': int(step), 'split': split, **{k: _plain(v) for k, v in values.items()}}
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
@@ -58,7 +61,8 @@ class MetricWriter:
       self._tb.flush()
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is not None:
+      self._file.close()
     if self._tb is not None:
       self._tb.close()
 

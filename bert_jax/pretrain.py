@@ -32,6 +32,12 @@ def prepare_data(config, workdir: str):
                                        config.data.max_documents)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.corpus={config.data.corpus!r}: {e}') from e
+  if (jax.process_count() > 1 and not config.data.vocab_file
+      and not os.path.isfile(os.path.join(workdir, 'vocab.txt'))):
+    # Each host would train its own vocab, and HF's trainer does not give identical ones.
+    raise config_lib.ConfigError(
+        f'config.data.vocab_file is empty in a run of {jax.process_count()} processes; give a '
+        'vocab.txt every host reads (train one with a single-process run first).')
   try:
     tokenizer = tokenizer_lib.load_or_train_tokenizer(
         config.data.vocab_file, documents, config.data.tokenizer_vocab_size,
@@ -71,13 +77,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
     except init_from.InitFromError as e:
       raise config_lib.ConfigError(str(e)) from e
     config_lib.validate(config)
+  try:
+    mesh = sharding.create_mesh(config.mesh)
+  except sharding.MeshError as e:
+    raise config_lib.ConfigError(str(e)) from e
+  rules = sharding.logical_axis_rules(config.mesh.preset)
   os.makedirs(workdir, exist_ok=True)
   stream, held_out, tokenizer = prepare_data(config, workdir)
-  config_lib.validate_runtime(config, tokenizer.vocab_size, jax.device_count())
-  write_config(config, workdir)
+  config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
+  if jax.process_index() == 0:
+    write_config(config, workdir)
+  logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
+  with sharding.activation_rules(mesh, rules):
+    return _train(config, workdir, stream, held_out, mesh, rules)
 
-  mesh = sharding.create_mesh()
-  rules = sharding.logical_axis_rules('data')
+
+def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
+  """The step loop under the mesh and rules; see train_and_evaluate."""
   model = steps.build_model(config)
   tx = optim.create_optimizer(config.train)
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
@@ -114,7 +130,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   def evaluate(step):
     totals = None
     for batch in held_out:
-      stats = eval_step(state.params, jax.device_put(batch, batch_shardings))
+      stats = eval_step(state.params, sharding.global_batch(batch, batch_shardings))
       totals = stats if totals is None else jax.tree.map(np.add, totals, stats)
     values = steps.summarize(totals)
     values['mlm_baseline_accuracy'] = baseline
@@ -144,7 +160,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   for step in range(start_step + 1, num_steps + 1):
     batch, position = next(batches)
     step_start = time.perf_counter()
-    state, stats = train_step(state, jax.device_put(batch, batch_shardings))
+    state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
     if step == start_step + 1:
       jax.block_until_ready(stats)
       excluded += time.perf_counter() - step_start
@@ -180,10 +196,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
     excluded += time.perf_counter() - pause_start
   checkpointer.close()
   writer.close()
-  if last_eval:
+  if last_eval and jax.process_index() == 0:
     with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
       json.dump(last_eval, f, indent=2)
-  log_summary(workdir, last_eval)
+  if jax.process_index() == 0:
+    log_summary(workdir, last_eval)
   return last_eval
 
 

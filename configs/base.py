@@ -50,6 +50,13 @@ def get_config(arg=None):
   model.scan_layers = True  # Run the layers under nn.scan (one compiled layer).
   model.remat_policy = 'none'  # 'none', 'full', 'dots', 'dots_no_batch': what the backward recomputes.
 
+  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).
+  mesh.data = -1  # Data-parallel axis size; -1 takes the devices the other axes leave.
+  mesh.fsdp = 1  # Parameter-sharding axis (also splits the batch).
+  mesh.tensor = 1  # Tensor-parallel axis: heads, MLP and vocab (preset fsdp_tensor).
+  mesh.dcn_data = 1  # TPU slices the data axis spans over DCN (multi-slice).
+
   config.data = data = ml_collections.ConfigDict()
   data.corpus = ''  # Files or globs (comma separated, .xz/.gz ok), or 'builtin'.
   data.corpus_format = 'auto'  # 'bert' (sentence per line), 'prose', or 'auto' (by content).

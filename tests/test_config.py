@@ -85,14 +85,14 @@ def test_vocab_smaller_than_tokenizer_is_named():
   config = valid_config()
   with pytest.raises(config_lib.ConfigError,
                      match=r'vocab_size=8192 is smaller than the tokenizer.*9000 tokens'):
-    config_lib.validate_runtime(config, tokenizer_vocab_size=9000, num_devices=1)
+    config_lib.validate_runtime(config, tokenizer_vocab_size=9000, batch_divisor=1)
 
 
 def test_batch_not_divisible_by_devices_is_named():
   config = valid_config()
   with pytest.raises(config_lib.ConfigError,
                      match=r'batch_size=32 is not divisible by the 3 devices'):
-    config_lib.validate_runtime(config, tokenizer_vocab_size=100, num_devices=3)
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=3)
 
 
 def test_missing_corpus_is_named(tmp_path):

@@ -28,7 +28,11 @@ def main(argv):
   logging.get_absl_logger().addFilter(_quiet_libraries)
   import jax  # pylint: disable=g-import-not-at-top
   if 'JAX_COORDINATOR_ADDRESS' in os.environ or os.environ.get('CLOUD_TPU_TASK_ID'):
-    jax.distributed.initialize()
+    # Cloud TPU (and SLURM, Open MPI, k8s) detect the process count and id; JAX reads no
+    # variable for them, so elsewhere JAX_NUM_PROCESSES and JAX_PROCESS_ID give them.
+    count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')
+    jax.distributed.initialize(num_processes=int(count) if count else None,
+                               process_id=int(index) if index else None)
   from bert_jax import config_lib, pretrain  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),

@@ -70,6 +70,12 @@ def write_config(config, workdir: str) -> None:
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
+  if '://' in workdir:
+    # Metrics and config are written with open(), so an object-store URL would become a local
+    # directory named 'gs:'; refuse it instead of losing the run there.
+    raise config_lib.ConfigError(
+        f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. gcsfuse) and '
+        'pass the mounted path.')
   config_lib.validate(config)
   if config.init_from:
     try:
@@ -113,9 +119,7 @@ def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
     state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
 
-  train_step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx),
-                       in_shardings=(state_shardings, batch_shardings),
-                       out_shardings=(state_shardings, None), donate_argnums=0)
+  train_step = steps.jit_train_step(model, tx, state_shardings, batch_shardings)
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,

@@ -1,5 +1,6 @@
 """Train state, its sharded creation, and the pure train and eval steps."""
 
+import functools
 from typing import Any
 
 import flax
@@ -59,14 +60,19 @@ def abstract_train_state(config, model, tx):
   return jax.eval_shape(state_initializer(config, model, tx), jax.random.PRNGKey(config.seed))
 
 
+def train_state_shardings(config, model, tx, mesh, rules):
+  """The state's NamedShardings, from its logical axis names under `rules`."""
+  logical_specs = nn.get_partition_spec(abstract_train_state(config, model, tx))
+  return sharding.logical_to_sharding(logical_specs, mesh, rules)
+
+
 def create_train_state(config, model, tx, mesh, rules):
   """Builds the state abstractly, derives its shardings, then materialises it sharded.
 
   Returns (state, state_shardings).
   """
   init_boxed = state_initializer(config, model, tx)
-  logical_specs = nn.get_partition_spec(abstract_train_state(config, model, tx))
-  state_shardings = sharding.logical_to_sharding(logical_specs, mesh, rules)
+  state_shardings = train_state_shardings(config, model, tx, mesh, rules)
   init = lambda rng: nn.meta.unbox(init_boxed(rng))  # noqa: E731
   state = jax.jit(init, out_shardings=state_shardings)(jax.random.PRNGKey(config.seed))
   return state, state_shardings
@@ -136,6 +142,13 @@ def train_step(state: TrainState, batch, *, model, tx):
   stats['finite'] = jnp.isfinite(stats['mlm_loss_sum']).astype(jnp.float32)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, stats
+
+
+def jit_train_step(model, tx, state_shardings, batch_shardings):
+  """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state."""
+  return jax.jit(functools.partial(train_step, model=model, tx=tx),
+                 in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, None), donate_argnums=0)
 
 
 def eval_step(params, batch, *, model):

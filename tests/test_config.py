@@ -138,3 +138,8 @@ def test_main_reports_bad_value_before_compiling(tmp_path):
   assert 'config.model.hidden_size=128 is not divisible by config.model.num_heads=3' in (
       result.stderr)
   assert not (tmp_path / 'checkpoints').exists()
+
+
+def test_url_workdir_is_refused_before_anything_runs(tmp_path):
+  with pytest.raises(config_lib.ConfigError, match=r"gs://bucket/run.*mount the bucket"):
+    pretrain.train_and_evaluate(valid_config(), 'gs://bucket/run')

@@ -78,9 +78,12 @@ class BertEmbeddings(nn.Module):
   def __call__(self, input_ids, segment_ids, deterministic):
     # input_ids, segment_ids: [batch, length]
     length = input_ids.shape[1]
-    x = (jnp.take(self.word_embeddings, input_ids, axis=0)
-         + jnp.take(self.token_type_embeddings, segment_ids, axis=0)
-         + self.position_embeddings[None, :length])  # [batch, length, embed]
+    # Gather the tables' embed dim (sharded under fsdp) before the lookups: rows looked up in
+    # an embed-split table would have to be fully rematerialised to be split by batch instead.
+    whole = lambda table, rows: nn.with_logical_constraint(table, (rows, None))  # noqa: E731
+    x = (jnp.take(whole(self.word_embeddings, 'vocab'), input_ids, axis=0)
+         + jnp.take(whole(self.token_type_embeddings, None), segment_ids, axis=0)
+         + whole(self.position_embeddings, None)[None, :length])  # [batch, length, embed]
     x = self.layer_norm(x.astype(self.config.dtype))
     return self.dropout(x, deterministic=deterministic)
 

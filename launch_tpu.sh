@@ -314,15 +314,15 @@ bucket (setup --gcs-bucket=BUCKET) and give /mnt/gcs/BUCKET/... instead."
   if ((${#RUN_ENV[@]})); then
     command="env $(quote_all "${RUN_ENV[@]}") $main"
   fi
-  # bert_jax/main.py calls jax.distributed.initialize() when CLOUD_TPU_TASK_ID is set (here: the
-  # worker's number); JAX reads the rest of the slice from the TPU VM's metadata.
+  # bert_jax/main.py calls jax.distributed.initialize() when BERT_JAX_MULTIHOST=1; CLOUD_TPU_TASK_ID
+  # is the worker's number, and JAX reads the rest of the slice from the TPU VM's metadata.
   # shellcheck disable=SC2016  # $(...) and $worker expand on the worker, not here.
   local steps=(
     'set -eu' "cd $DIR" 'mkdir -p logs'
     "if $ALIVE; then echo \"\$(hostname): a run is still going (pid \$(cat logs/run.pid)); stop it first.\" >&2; exit 1; fi"
     'worker="$(curl -sf -m 10 -H Metadata-Flavor:Google http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)"'
     "printf '=== %s worker %s: %s\\n' \"\$(date -u)\" \"\$worker\" $(quote "$command") >> logs/run.log"
-    "CLOUD_TPU_TASK_ID=\"\$worker\" setsid nohup $command >> logs/run.log 2>&1 < /dev/null & echo \$! > logs/run.pid"
+    "BERT_JAX_MULTIHOST=1 CLOUD_TPU_TASK_ID=\"\$worker\" setsid nohup $command >> logs/run.log 2>&1 < /dev/null & echo \$! > logs/run.pid"
     "echo \"worker \$worker: started pid \$(cat logs/run.pid), log ~/$DIR/logs/run.log\""
   )
   local script

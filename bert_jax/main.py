@@ -27,7 +27,8 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.get_absl_logger().addFilter(_quiet_libraries)
   import jax  # pylint: disable=g-import-not-at-top
-  if 'JAX_COORDINATOR_ADDRESS' in os.environ or os.environ.get('CLOUD_TPU_TASK_ID'):
+  # Explicit signals only: libtpu itself sets CLOUD_TPU_* variables in any process that loads it.
+  if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('BERT_JAX_MULTIHOST') == '1':
     # Cloud TPU (and SLURM, Open MPI, k8s) detect the process count and id; JAX reads no
     # variable for them, so elsewhere JAX_NUM_PROCESSES and JAX_PROCESS_ID give them.
     count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')

@@ -115,7 +115,8 @@ def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
                  position['epoch'], position['batch'])
   elif config.init_from:
-    params = init_from.load_params(config, state.params)
+    with jax.set_mesh(None):  # Host-side conversion; its shape checks trace no sharded code.
+      params = init_from.load_params(config, state.params)
     state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
 

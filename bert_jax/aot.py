@@ -147,8 +147,8 @@ def compile_train_step(config, mesh):
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model = steps.build_model(config)
   tx = optim.create_optimizer(config.train)
-  # Shapes first, outside the mesh: eval_shape's PRNGKey runs eagerly, and the topology's
-  # devices cannot run anything. The shardings do not depend on the context (rules are explicit).
+  # Shapes only (the topology's devices cannot run anything); the shardings do not depend on
+  # the context (rules are explicit).
   state_shardings = steps.train_state_shardings(config, model, tx, mesh, rules)
   state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
   batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
@@ -258,12 +258,15 @@ def _describe(topology: str, num_slices: int, spec: TpuSpec, num_devices: int) -
 
 def analyze(config, topology: str, num_slices: int = 1, probes: bool = True) -> dict:
   """Validates, compiles and summarises; raises ConfigError/MeshError/TopologyError first."""
-  from bert_jax import config_lib, metrics, sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_lib, metrics, optim, sharding, steps  # pylint: disable=g-import-not-at-top
   config = prepare_config(config, num_slices)
   spec = tpu_spec(topology)
   devices = topology_devices(topology, num_slices)
   try:
     mesh = sharding.create_mesh(config.mesh, devices)
+    steps.check_state_divides(config, steps.build_model(config),
+                              optim.create_optimizer(config.train), mesh,
+                              sharding.logical_axis_rules(config.mesh.preset))
   except sharding.MeshError as e:
     raise sharding.MeshError(f'{_describe(topology, num_slices, spec, len(devices))}: {e}') from e
   config_lib.validate_runtime(config, config.model.vocab_size, sharding.batch_divisor(mesh))

@@ -50,6 +50,8 @@ def run(config, num_steps: int, warmup: int) -> dict:
   mesh = sharding.create_mesh(config.mesh)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   config_lib.validate_runtime(config, 0, sharding.batch_divisor(mesh))
+  steps.check_state_divides(config, steps.build_model(config),
+                            optim.create_optimizer(config.train), mesh, rules)
   peak = metrics.measure_peak_flops()
   with sharding.activation_rules(mesh, rules):
     model = steps.build_model(config)
@@ -89,7 +91,12 @@ def run(config, num_steps: int, warmup: int) -> dict:
 
 def main(argv):
   del argv
-  print(json.dumps(run(_CONFIG.value, _STEPS.value, _WARMUP.value)), flush=True)
+  from bert_jax import config_lib, sharding  # pylint: disable=g-import-not-at-top
+  try:
+    record = run(_CONFIG.value, _STEPS.value, _WARMUP.value)
+  except (config_lib.ConfigError, sharding.MeshError) as e:
+    sys.exit(f'Invalid benchmark setup: {e}')
+  print(json.dumps(record), flush=True)
 
 
 if __name__ == '__main__':

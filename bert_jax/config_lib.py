@@ -12,6 +12,7 @@ VALID_CHOICES = {
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
+    'train.optimizer': ('adamw', 'lamb'),
 }
 RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
          'data.eval_fraction', 'masking.rate', 'masking.mask_token_fraction',

@@ -1,4 +1,11 @@
-"""BERT's optimizer: AdamW (eps 1e-6, decay not on LayerNorm or biases), warmup + linear decay."""
+"""BERT's optimizers: AdamW (the paper's) or LAMB (You et al.), warmup + linear decay.
+
+AdamW: eps 1e-6, decoupled weight decay 0.01 not on LayerNorm or biases, as the original BERT
+(optax's has bias correction; the original AdamWeightDecayOptimizer had none).
+LAMB: the same Adam update and decay, then each parameter's update is scaled by the trust ratio
+||w|| / ||update|| (layer-wise adaptation); LayerNorm parameters and biases are left out of the
+adaptation and the decay, as in You et al.'s BERT recipe.
+"""
 
 import flax
 import optax
@@ -15,18 +22,30 @@ def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int) -> op
 
 
 def weight_decay_mask(params):
-  """True for parameters that are decayed: kernels and embeddings."""
+  """True for parameters that are decayed (and, under LAMB, adapted): kernels and embeddings."""
   flat = flax.traverse_util.flatten_dict(params)
   mask = {path: path[-1] not in NO_DECAY_LEAVES for path in flat}
   return flax.traverse_util.unflatten_dict(mask)
 
 
+def lamb(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformation:
+  """LAMB with decay and trust ratio on weight_decay_mask's parameters only."""
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      optax.masked(optax.scale_by_trust_ratio(), weight_decay_mask),
+      optax.scale_by_learning_rate(learning_rate))
+
+
 def create_optimizer(train_config) -> optax.GradientTransformation:
-  """Global-norm clipping then AdamW, as config.train describes."""
+  """Global-norm clipping then AdamW or LAMB, as config.train describes."""
   schedule = learning_rate_schedule(train_config.learning_rate, train_config.warmup_steps,
                                     train_config.num_steps)
-  return optax.chain(
-      optax.clip_by_global_norm(train_config.max_grad_norm),
-      optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                  eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
-                  mask=weight_decay_mask))
+  if train_config.optimizer == 'lamb':
+    update = lamb(schedule, train_config.adam_b1, train_config.adam_b2, train_config.adam_eps,
+                  train_config.weight_decay)
+  else:
+    update = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                         eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
+                         mask=weight_decay_mask)
+  return optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)

@@ -83,11 +83,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
     except init_from.InitFromError as e:
       raise config_lib.ConfigError(str(e)) from e
     config_lib.validate(config)
+  rules = sharding.logical_axis_rules(config.mesh.preset)
   try:
     mesh = sharding.create_mesh(config.mesh)
+    steps.check_state_divides(config, steps.build_model(config),
+                              optim.create_optimizer(config.train), mesh, rules)
   except sharding.MeshError as e:
     raise config_lib.ConfigError(str(e)) from e
-  rules = sharding.logical_axis_rules(config.mesh.preset)
   os.makedirs(workdir, exist_ok=True)
   stream, held_out, tokenizer = prepare_data(config, workdir)
   config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))

@@ -57,13 +57,42 @@ def state_initializer(config, model, tx):
 
 def abstract_train_state(config, model, tx):
   """The state's shapes and dtypes (boxed with logical names); nothing is materialised."""
-  return jax.eval_shape(state_initializer(config, model, tx), jax.random.PRNGKey(config.seed))
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # A raw PRNGKey's shape: nothing runs eagerly.
+  return jax.eval_shape(state_initializer(config, model, tx), key)
 
 
 def train_state_shardings(config, model, tx, mesh, rules):
   """The state's NamedShardings, from its logical axis names under `rules`."""
   logical_specs = nn.get_partition_spec(abstract_train_state(config, model, tx))
   return sharding.logical_to_sharding(logical_specs, mesh, rules)
+
+
+# Model sizes whose multiples a mesh axis may need, and the config key that sets each.
+_SIZE_KEYS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_heads', 'type_vocab_size',
+              'max_position_embeddings')
+
+
+def check_state_divides(config, model, tx, mesh, rules) -> None:
+  """Raises sharding.MeshError, naming a parameter and a fix, when the mesh cannot split the state.
+
+  E.g. the paper's vocab of 30522 rows cannot be split 4 ways over tensor=4. Runs before anything
+  compiles (shapes only).
+  """
+  abstract = nn.meta.unbox(abstract_train_state(config, model, tx))
+  problems = sharding.indivisible(abstract.params, train_state_shardings(
+      config, model, tx, mesh, rules).params)
+  if not problems:
+    return
+  path, shape, dim, ways, axes = problems[0]
+  size = shape[dim]
+  keys = [f'config.model.{k}={size}' for k in _SIZE_KEYS if config.model[k] == size]
+  fix = (f'set {keys[0].split("=")[0]} to a multiple of {ways} (e.g. {-(-size // ways) * ways})'
+         if keys else f'make that size a multiple of {ways}')
+  raise sharding.MeshError(
+      f'mesh {dict(mesh.shape)} with preset {config.mesh.preset!r} cannot split parameter '
+      f'{path} {tuple(shape)}: dimension {dim} ({size}{", " + keys[0] if keys else ""}) '
+      f'over {axes} ({ways} ways); {fix}, or use a mesh whose {axes} size divides it '
+      f'({len(problems)} parameter(s) affected).')
 
 
 def create_train_state(config, model, tx, mesh, rules):

@@ -81,10 +81,11 @@ def get_config(arg=None):
   config.train = train = ml_collections.ConfigDict()
   train.batch_size = 256  # Global batch, sequences per step.
   train.num_steps = 1_000_000  # Optimizer steps.
+  train.optimizer = 'adamw'  # 'adamw' (the paper's) or 'lamb' (You et al., large batches).
   train.learning_rate = 1e-4  # Peak learning rate.
   train.warmup_steps = 10_000  # Linear warmup, then linear decay to 0 at num_steps.
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
-  train.adam_b1 = 0.9
+  train.adam_b1 = 0.9  # Adam moments (LAMB uses the same three).
   train.adam_b2 = 0.999
   train.adam_eps = 1e-6
   train.max_grad_norm = 1.0  # Global-norm clipping.

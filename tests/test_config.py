@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax import pretrain
-from configs import base, large, tiny
+from configs import base, large, large_lamb, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +20,7 @@ def valid_config():
 
 
 def test_shipped_configs_are_valid():
-  for get_config in (base.get_config, large.get_config, tiny.get_config):
+  for get_config in (base.get_config, large.get_config, large_lamb.get_config, tiny.get_config):
     config = get_config()
     config.data.corpus = config.data.corpus or 'builtin'
     config_lib.validate(config)
@@ -61,6 +61,7 @@ def test_bad_arguments_are_named(arg, match):
     ('data.max_predictions_per_seq', 5, r'max_predictions_per_seq=5 is too small.*at least 10'),
     ('model.dtype', 'float8', r"config.model.dtype='float8' is not valid"),
     ('model.remat_policy', 'some', r"remat_policy='some' is not valid"),
+    ('train.optimizer', 'sgd', r"config.train.optimizer='sgd' is not valid.*'lamb'"),
     ('train.batch_size', 0, r'config.train.batch_size=0 must be > 0'),
     ('data.max_seq_length', 512, r'max_seq_length=512 exceeds'),
     ('data.corpus', '', r'config.data.corpus is empty'),

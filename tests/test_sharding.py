@@ -109,6 +109,16 @@ def test_mesh_that_does_not_fit_fails_before_compiling(multi_device):
   assert not error['workdir_created']
 
 
+def test_vocab_the_tensor_axis_cannot_split_fails_before_compiling(multi_device):
+  error = multi_device['indivisible_vocab']
+  assert error['is_config_error'], error
+  message = error['message']
+  assert 'word_embeddings (30522, 32)' in message, message
+  assert 'config.model.vocab_size=30522' in message and 'multiple of 4 (e.g. 30524)' in message
+  assert error['compile_events'] == 0
+  assert not error['workdir_created']
+
+
 def mesh_config(data, fsdp, tensor):
   config = base.get_config().mesh
   config.update(data=data, fsdp=fsdp, tensor=tensor)

@@ -1,0 +1,164 @@
+"""The paper-scale TPU table: compiles each setup with `python -m bert_jax.aot`, projects run times.
+
+  python experiments/aot_table.py [--results=experiments/aot_results.jsonl] [--only=NAME,...]
+
+Each setup is tried with the presets of its `tries` in order until one fits in HBM (the first
+that fits is the one we recommend); every attempt's JSON is appended to the results file, and
+setups already there are skipped, so an interrupted table resumes. Then the markdown table and
+the projections are printed (and written next to the results, as .md).
+
+Projections multiply the compiled step's estimated time (libtpu's cost model, per aot.py) by the
+step count of the recipe: the paper's 1M steps at 256 x 512 (its stated batch) and its actual
+schedule, 90% of the steps at 128 and 10% at 512; You et al.'s LAMB run, 7,038 steps of 65,536 x
+128 and 1,561 of 32,768 x 512, against their 76 minutes. Estimates are idealised (no input
+pipeline, no host overhead, perfect overlap), so they are lower bounds on wall time.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ_512 = ['--config.data.max_seq_length=512', '--config.data.max_predictions_per_seq=80']
+BF16 = ['--config.model.dtype=bfloat16']
+# Presets tried in order; the first that fits is recommended.
+DATA_THEN_FSDP = [
+    ('data', ['--config.mesh.preset=data']),
+    ('fsdp', ['--config.mesh.preset=fsdp', '--config.mesh.data=1', '--config.mesh.fsdp=-1']),
+    ('fsdp+remat', ['--config.mesh.preset=fsdp', '--config.mesh.data=1', '--config.mesh.fsdp=-1',
+                    '--config.model.remat_policy=dots']),
+]
+
+# name: (config, topology, overrides, presets)
+SETUPS = {
+    'base-v3:4x4-512': ('configs/base.py', 'v3:4x4', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'base-v3:4x4-128': ('configs/base.py', 'v3:4x4', BF16, DATA_THEN_FSDP),
+    'large-v3:8x8-512': ('configs/large.py', 'v3:8x8', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'large-v3:8x8-128': ('configs/large.py', 'v3:8x8', BF16, DATA_THEN_FSDP),
+    'large-v4:2x2x4-512': ('configs/large.py', 'v4:2x2x4', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'large-v5e:8x8-512': ('configs/large.py', 'v5e:8x8', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'large-v5p:4x4x4-512': ('configs/large.py', 'v5p:4x4x4', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'large-v6e:4x4-512': ('configs/large.py', 'v6e:4x4', SEQ_512 + BF16, DATA_THEN_FSDP),
+    'lamb-phase1-v3:32x32': ('configs/large_lamb.py', 'v3:32x32', [], DATA_THEN_FSDP),
+    'lamb-phase2-v3:32x32': ('configs/large_lamb.py:phase=2', 'v3:32x32', [], DATA_THEN_FSDP),
+}
+PAPER_STEPS = 1_000_000
+LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}
+LAMB_MINUTES = 76
+
+
+def run_setup(name, results_path):
+  config, topology, overrides, presets = SETUPS[name]
+  for preset, preset_flags in presets:
+    command = [sys.executable, '-m', 'bert_jax.aot', f'--config={config}',
+               f'--topology={topology}', *overrides, *preset_flags]
+    print(f'[{time.strftime("%H:%M:%S")}] {name} ({preset}): {" ".join(command[1:])}',
+          flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
+    if not lines:
+      record = {'error': proc.stderr.strip().splitlines()[-1:], 'returncode': proc.returncode}
+    else:
+      record = json.loads(lines[-1])
+    record.update(setup=name, tried_preset=preset, wall_s=round(time.perf_counter() - start, 1),
+                  command='python ' + ' '.join(command[1:]))
+    with open(results_path, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+    print(f'  fits={record.get("fits")} needed_gib={record.get("needed_gib")} '
+          f'step_s={record.get("step_time_s")} wall={record["wall_s"]}s', flush=True)
+    if record.get('fits'):
+      return
+
+
+def load(results_path):
+  records = []
+  if os.path.exists(results_path):
+    with open(results_path, encoding='utf-8') as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  return records
+
+
+def recommended(records):
+  """setup name -> the first attempt that fit."""
+  out = {}
+  for record in records:
+    if record.get('fits') and record['setup'] not in out:
+      out[record['setup']] = record
+  return out
+
+
+def hours(seconds):
+  return f'{seconds / 3600:.1f} h' if seconds >= 3600 else f'{seconds / 60:.1f} min'
+
+
+def markdown(records) -> str:
+  fits = recommended(records)
+  rows = ['| setup | chips | preset (mesh) | batch x seq | GiB needed / HBM per device | '
+          'step time | MFU | compile |',
+          '|---|---|---|---|---|---|---|---|']
+  for name in SETUPS:
+    attempts = [r for r in records if r['setup'] == name]
+    if not attempts:
+      continue
+    r = fits.get(name)
+    if r is None:
+      last = attempts[-1]
+      rows.append(f'| {name} | | none fits ({", ".join(a["tried_preset"] for a in attempts)}) '
+                  f'| | {last.get("needed_gib", last.get("out_of_memory", last.get("error")))} '
+                  '| | | |')
+      continue
+    mesh = 'x'.join(str(v) for v in r['mesh'].values())
+    rows.append(
+        f'| {name} | {r["num_chips"]} {r["device_kind"]} | {r["tried_preset"]} ({mesh}) '
+        f'| {r["batch"]} x {r["seq"]} | {r["needed_gib"]:.1f} / {r["hbm_per_device_gib"]} '
+        f'| {1000 * r["step_time_s"]:.0f} ms | {100 * r["mfu"]:.0f}% | {r["compile_s"]:.0f} s |')
+  out = ['\n'.join(rows), '']
+  proj = []
+  for model, short, long in (('BERT-Base', 'base-v3:4x4-128', 'base-v3:4x4-512'),
+                             ('BERT-Large', 'large-v3:8x8-128', 'large-v3:8x8-512')):
+    if short in fits and long in fits:
+      t128, t512 = fits[short]['step_time_s'], fits[long]['step_time_s']
+      proj.append(f'- {model} on {fits[long]["num_chips"]} TPU v3 chips: 1M steps at 256 x 512 '
+                  f'{hours(PAPER_STEPS * t512)}; the paper\'s schedule (900k steps at 128, '
+                  f'100k at 512) {hours(0.9 * PAPER_STEPS * t128 + 0.1 * PAPER_STEPS * t512)} '
+                  '(paper: 4 days).')
+  for name in ('large-v4:2x2x4-512', 'large-v5e:8x8-512', 'large-v5p:4x4x4-512',
+               'large-v6e:4x4-512'):
+    if name in fits:
+      r = fits[name]
+      proj.append(f'- BERT-Large, 1M steps at 256 x 512 on {r["num_chips"]} chips of '
+                  f'{r["topology"]}: {hours(PAPER_STEPS * r["step_time_s"])}.')
+  if all(name in fits for name in LAMB_STEPS):
+    total = sum(steps * fits[name]['step_time_s'] for name, steps in LAMB_STEPS.items())
+    proj.append(f'- LAMB recipe (You et al.) on 1,024 TPU v3 chips: {hours(total)} projected '
+                f'against their {LAMB_MINUTES} min.')
+  out.append('\n'.join(proj))
+  return '\n'.join(out) + '\n'
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--results', default=os.path.join(REPO, 'experiments',
+                                                        'aot_results.jsonl'))
+  parser.add_argument('--only', default='', help='Comma-separated setup names.')
+  args = parser.parse_args()
+  names = [n for n in args.only.split(',') if n] or list(SETUPS)
+  unknown = [n for n in names if n not in SETUPS]
+  if unknown:
+    sys.exit(f'Unknown setups {unknown}; valid: {", ".join(SETUPS)}.')
+  done = {r['setup'] for r in load(args.results)}
+  for name in names:
+    if name not in done:
+      run_setup(name, args.results)
+  table = markdown(load(args.results))
+  with open(os.path.splitext(args.results)[0] + '.md', 'w', encoding='utf-8') as f:
+    f.write(table)
+  print(table)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,65 @@
+"""Optimizers: the schedule, the decay mask, and LAMB's layer-wise trust ratio."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from bert_jax import optim
+from configs import large_lamb
+
+
+def train_config(optimizer, lr=1e-2, weight_decay=0.01):
+  return ml_collections.ConfigDict(dict(
+      optimizer=optimizer, learning_rate=lr, warmup_steps=0, num_steps=100,
+      weight_decay=weight_decay, adam_b1=0.9, adam_b2=0.999, adam_eps=1e-6, max_grad_norm=1e9))
+
+
+def params_and_grads():
+  rng = np.random.default_rng(0)
+  params = {'dense': {'kernel': jnp.asarray(rng.normal(size=(8, 4)) * 3, jnp.float32),
+                      'bias': jnp.asarray(rng.normal(size=(4,)), jnp.float32)},
+            'LayerNorm': {'scale': jnp.ones((4,), jnp.float32)}}
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape) * 1e-3, jnp.float32),
+                       params)
+  return params, grads
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+  schedule = optim.learning_rate_schedule(1.0, 10, 110)
+  np.testing.assert_allclose([schedule(s) for s in (0, 5, 10, 60, 110)],
+                             [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
+
+
+def test_lamb_scales_each_decayed_update_to_lr_times_weight_norm():
+  params, grads = params_and_grads()
+  lr = 1e-2
+  # The schedule is lr * (1 - step / num_steps): the first step sees the peak.
+  tx = optim.create_optimizer(train_config('lamb', lr))
+  updates, _ = tx.update(grads, tx.init(params), params)
+  kernel = params['dense']['kernel']
+  np.testing.assert_allclose(jnp.linalg.norm(updates['dense']['kernel']),
+                             lr * jnp.linalg.norm(kernel), rtol=1e-5)
+  # Biases and LayerNorm: neither decayed nor adapted, so plain Adam (first step: ~lr * sign(g)).
+  adam = optax.adam(lr, b1=0.9, b2=0.999, eps=1e-6)
+  expected, _ = adam.update(grads, adam.init(params))
+  for path in (('dense', 'bias'), ('LayerNorm', 'scale')):
+    np.testing.assert_allclose(updates[path[0]][path[1]], expected[path[0]][path[1]], rtol=1e-5)
+
+
+def test_adamw_update_is_not_layer_adapted():
+  params, grads = params_and_grads()
+  tx = optim.create_optimizer(train_config('adamw', 1e-2))
+  updates, _ = tx.update(grads, tx.init(params), params)
+  ratio = jnp.linalg.norm(updates['dense']['kernel']) / jnp.linalg.norm(params['dense']['kernel'])
+  assert abs(float(ratio) - 1e-2) > 1e-3  # Adam's step is ~lr per element, not lr * ||w||.
+
+
+def test_lamb_recipe_config_phases():
+  one, two = large_lamb.get_config(), large_lamb.get_config('phase=2,steps=10')
+  assert (one.train.batch_size, one.data.max_seq_length, one.train.optimizer) == (65536, 128, 'lamb')
+  assert (two.train.batch_size, two.data.max_seq_length, two.train.num_steps) == (32768, 512, 10)
+  with pytest.raises(ValueError, match='phase=3'):
+    large_lamb.get_config('phase=3')

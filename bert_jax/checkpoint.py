@@ -2,14 +2,25 @@
 
 A step's checkpoint is written to a temporary directory and renamed when complete, so a run
 killed mid-save leaves the previous checkpoints intact; old ones are deleted only after a newer
-one is complete.
+one is complete. A newest checkpoint that cannot be read (truncated or corrupted files) while an
+older one can is moved aside to `<step>.unreadable-<time>` (never deleted), and the older one is
+restored instead.
+A save that fails (disk full, permissions) is an error that names the step and the newest good
+checkpoint; the good ones stay.
 """
 
 import os
+import shutil
+import time
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written, or none of the existing ones can be read."""
 
 
 class Checkpointer:
@@ -22,36 +33,154 @@ class Checkpointer:
         self.directory, item_names=('state', 'data'),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                              cleanup_tmp_directories=True))
+    self._pending_step = None  # Step of the save in flight (async), if any.
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def restore(self, abstract_state) -> tuple[Any, dict] | None:
-    """(state, data position) of the newest checkpoint, or None when there is none."""
-    step = self._manager.latest_step()
-    if step is None:
-      return None
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-    return restored['state'], dict(restored['data'])
+    """(state, data position) of the newest readable checkpoint, or None when there is none.
+
+    When the newest cannot be read, older ones are tried; once an older one restores with the
+    same target (so the config is not the problem), the unreadable newer ones are moved aside
+    with a warning. CheckpointError when checkpoints exist but none can be read (then nothing
+    is moved), or when a checkpoint holds a model of another shape.
+    """
+    failures = []
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        position = dict(restored['data'])
+        if not {'epoch', 'batch'} <= set(position):
+          raise ValueError(f'data position {position} lacks epoch/batch')
+      except Exception as e:  # pylint: disable=broad-except
+        if _is_shape_mismatch(e):
+          raise CheckpointError(
+              f'The checkpoint at step {step} in {self.directory} holds a state of another '
+              f'shape or structure than this config builds (model size, NSP head, optimizer: '
+              f'{_first_line(e)}); use the config that wrote it (its config.json), or another '
+              '--workdir.') from e
+        failures.append((step, _first_line(e)))
+        logging.warning('Checkpoint step %d in %s cannot be read (%s); trying the previous '
+                        'one.', step, self.directory, _first_line(e))
+        continue
+      for bad_step, error in failures:
+        aside = self._move_aside(bad_step)
+        logging.warning('Checkpoint step %d was unreadable (%s); moved it to %s (not deleted).',
+                        bad_step, error, aside)
+      if failures:
+        logging.warning('Restored the previous good checkpoint, step %d, after %d unreadable '
+                        'newer one(s).', step, len(failures))
+      return restored['state'], position
+    if failures:
+      raise CheckpointError(
+          f'No checkpoint in {self.directory} can be read ('
+          + '; '.join(f'step {step}: {error}' for step, error in failures) + '); nothing was '
+          'moved or deleted. If the config changed since they were written, use the original '
+          'one; else start over with another --workdir.')
+    return None
+
+  def _move_aside(self, step: int) -> str:
+    """Renames step's directory out of orbax's sight (kept for inspection) and rescans."""
+    source = os.path.join(self.directory, str(step))
+    target = f'{source}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
+    if jax.process_index() == 0 and os.path.exists(source):
+      os.replace(source, target)
+    self._manager.reload()
+    return target
 
   def should_save(self, step: int, final: bool) -> bool:
     return final or (self.every > 0 and step % self.every == 0)
 
   def save(self, step: int, state, data_position: dict) -> None:
-    """Starts an (async) save; the previous save is finished first."""
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position)), force=True)
+    """Starts an (async) save; the previous one is finished (and its errors raised) first."""
+    self.wait()
+    try:
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position)),
+                         force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(step, e) from e
+    self._pending_step = step
+
+  def wait(self) -> None:
+    """Blocks until the save in flight is complete; CheckpointError if it failed."""
+    step, self._pending_step = self._pending_step, None
+    try:
+      self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._save_error(step, e) from e
+
+  def _save_error(self, step, error) -> CheckpointError:
+    self._manager.reload()
+    return CheckpointError(
+        f'Saving the checkpoint of step {step} in {self.directory} failed '
+        f'({_first_line(error)}); {self.describe_latest()}, intact. Free disk space or fix the '
+        'directory, then rerun the same command to resume from it.')
+
+  def finish_quietly(self) -> None:
+    """Completes the save in flight, logging (not raising) its failure: for error paths."""
+    try:
+      self.wait()
+    except CheckpointError as e:
+      logging.error('%s', e)
 
   def describe_latest(self) -> str:
+    """'last good checkpoint: step N in DIR', once the save in flight is complete."""
+    self.finish_quietly()
     step = self._manager.latest_step()
     if step is None:
       return 'no checkpoint was saved yet'
     return f'last good checkpoint: step {step} in {self.directory}'
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self.wait()
     self._manager.close()
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip() or type(error).__name__
+  return f'{type(error).__name__}: {text.splitlines()[0][:300]}'
+
+
+def _is_shape_mismatch(error: BaseException) -> bool:
+  text = str(error)
+  return any(s in text for s in ('shape mismatch', 'Shape mismatch', 'incompatible shape',
+                                 'Requested shape', 'tree structures do not match',
+                                 'Structure mismatch'))
+
+
+def check_writable(workdir: str, bytes_needed: int) -> None:
+  """Before training: the workdir accepts files and has room for a checkpoint.
+
+  Raises CheckpointError naming the directory, what failed and how much space is needed.
+  """
+  os.makedirs(os.path.join(workdir, 'checkpoints'), exist_ok=True)
+  probe = os.path.join(workdir, 'checkpoints', f'.write-test-{os.getpid()}')
+  try:
+    with open(probe, 'wb') as f:
+      f.write(b'\0' * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise CheckpointError(f'--workdir={workdir!r} is not writable ({e.strerror}: '
+                          f'{e.filename}); choose a writable directory.') from e
+  finally:
+    if os.path.exists(probe):
+      os.remove(probe)
+  free = shutil.disk_usage(workdir).free
+  if free < bytes_needed:
+    raise CheckpointError(
+        f'--workdir={workdir!r} has {free / 2**30:.2f} GiB free, less than one checkpoint of '
+        f'this model needs ({bytes_needed / 2**30:.2f} GiB: parameters, optimizer state); free '
+        'space or choose another directory.')
+
+
+def state_bytes(abstract_state) -> int:
+  """Bytes of one checkpoint of the state (uncompressed)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
 
 
 def latest_step(workdir: str) -> int | None:

@@ -24,7 +24,7 @@ POSITIVE = ('model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.
             'train.log_every', 'train.eval_batches', 'train.keep_checkpoints')
 NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_every',
                 'train.learning_rate', 'train.weight_decay', 'train.max_grad_norm',
-                'data.max_documents', 'train.peak_flops')
+                'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips')
 
 
 class ConfigError(ValueError):

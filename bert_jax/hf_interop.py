@@ -127,6 +127,10 @@ class CheckpointMismatchError(ValueError):
                      + '\n'.join(f'  - {p}' for p in self.problems))
 
 
+class UnsafeCheckpointError(ValueError):
+  """A weights file that would need unpickling arbitrary objects; never loaded."""
+
+
 class UnsupportedConfigError(ValueError):
   """An HF config uses a feature our model does not implement."""
 
@@ -562,7 +566,18 @@ def _read_torch(path):
   except ImportError as e:
     raise ImportError(f'Reading {path} needs torch (pip install torch); model.safetensors '
                       'files need only safetensors.') from e
-  loaded = torch.load(path, weights_only=True, map_location='cpu')
+  import pickle  # pylint: disable=g-import-not-at-top
+  try:
+    # weights_only: torch's restricted unpickler, which builds tensors and plain containers only
+    # and refuses any other object (a pickle can run code when it is loaded).
+    loaded = torch.load(path, weights_only=True, map_location='cpu')
+  except pickle.UnpicklingError as e:
+    raise UnsafeCheckpointError(
+        f'Refusing to load {path}: it holds Python objects other than tensors, and unpickling '
+        f'them could run code ({str(e).splitlines()[0][:200]}). Convert it to '
+        'model.safetensors with a trusted tool, or use a safetensors copy.') from e
+  if not isinstance(loaded, dict) or not all(hasattr(v, 'numpy') for v in loaded.values()):
+    raise UnsafeCheckpointError(f'{path} is not a state dict of tensors.')
   return {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in loaded.items()}
 
 

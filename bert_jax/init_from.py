@@ -115,11 +115,14 @@ def load_params(config, fresh_params):
   if kind == 'workdir':
     return _load_workdir_params(path, fresh_params)
   from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  if kind == 'hf':
-    state_dict, hf_config = convert.load_hf_state_dict(path)
-  else:
-    from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
-    state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+  try:
+    if kind == 'hf':
+      state_dict, hf_config = convert.load_hf_state_dict(path)
+    else:
+      from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
+      state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+  except (ValueError, OSError) as e:
+    raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   params, report = convert.import_hf(state_dict, config, hf_config=hf_config,
                                      resize_vocab=config.init_resize_vocab, seed=config.seed)
   logging.info('init_from %s: %s', config.init_from, report.summary())

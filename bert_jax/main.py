@@ -34,7 +34,7 @@ def main(argv):
     count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')
     jax.distributed.initialize(num_processes=int(count) if count else None,
                                process_id=int(index) if index else None)
-  from bert_jax import config_lib, pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint, config_lib, pretrain  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),
                jax.devices()[0].platform)
@@ -43,6 +43,12 @@ def main(argv):
   except config_lib.ConfigError as e:
     logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')
+  except checkpoint.CheckpointError as e:
+    logging.error('Checkpoint error: %s', e)
+    sys.exit(f'Checkpoint error: {e}')
+  except pretrain.NonFiniteLossError as e:
+    logging.error('Stopped: %s', e)
+    sys.exit(f'Stopped: {e}')
 
 
 def parse_flags(argv):

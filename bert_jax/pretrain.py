@@ -1,8 +1,11 @@
 """Pretraining: data, state, the step loop, evaluation, checkpoints and metrics."""
 
+import contextlib
 import functools
 import json
 import os
+import signal
+import threading
 import time
 
 import jax
@@ -22,7 +25,39 @@ from bert_jax.data import tokenizer as tokenizer_lib
 
 
 class NonFiniteLossError(FloatingPointError):
-  """The loss became NaN or inf."""
+  """The loss or the gradients became NaN or inf (more often than config allows)."""
+
+
+class Preemption:
+  """SIGTERM (what a TPU VM gets before maintenance or preemption) asks for a checkpoint + exit.
+
+  One process: a handler sets a flag that the loop reads after each step. Several processes:
+  JAX's coordination service catches SIGTERM and all processes agree on the step to stop at
+  (orbax's reached_preemption), so no handler is installed.
+  """
+
+  def __init__(self):
+    self.requested = False
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+    logging.warning('SIGTERM received: saving a checkpoint after this step, then exiting.')
+
+  @contextlib.contextmanager
+  def handling(self):
+    install = jax.process_count() == 1 and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, self._handle) if install else None
+    try:
+      yield self
+    finally:
+      if install:
+        signal.signal(signal.SIGTERM, previous)
+
+  def reached(self, step: int, checkpointer) -> bool:
+    if jax.process_count() > 1:
+      return checkpointer.reached_preemption(step)
+    return self.requested
 
 
 def prepare_data(config, workdir: str):
@@ -84,23 +119,56 @@ def train_and_evaluate(config, workdir: str) -> dict:
       raise config_lib.ConfigError(str(e)) from e
     config_lib.validate(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
+  model, tx = steps.build_model(config), optim.create_optimizer(config.train)
   try:
     mesh = sharding.create_mesh(config.mesh)
-    steps.check_state_divides(config, steps.build_model(config),
-                              optim.create_optimizer(config.train), mesh, rules)
+    steps.check_state_divides(config, model, tx, mesh, rules)
   except sharding.MeshError as e:
     raise config_lib.ConfigError(str(e)) from e
-  os.makedirs(workdir, exist_ok=True)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise checkpoint_lib.CheckpointError(
+        f'--workdir={workdir!r} cannot be created ({e.strerror}); choose a writable '
+        'directory.') from e
+  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(
+      steps.abstract_train_state(config, model, tx)))
   stream, held_out, tokenizer = prepare_data(config, workdir)
   config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
   if jax.process_index() == 0:
     write_config(config, workdir)
   logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
   with sharding.activation_rules(mesh, rules):
-    return _train(config, workdir, stream, held_out, mesh, rules)
+    return _train(config, workdir, stream, held_out, tokenizer, mesh, rules)
 
 
-def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
+def _check_vocab(saved: dict, tokenizer, step: int, workdir: str) -> None:
+  """The vocab a checkpoint was trained with must be the one this run tokenizes with."""
+  saved_hash = saved.get('vocab_sha256')
+  if saved_hash and saved_hash != tokenizer.vocab_hash():
+    raise config_lib.ConfigError(
+        f'The checkpoint at step {step} in {workdir} was trained with the vocab of sha256 '
+        f'{saved_hash[:12]} ({saved.get("vocab_file", "?")}), but this run tokenizes with '
+        f'{tokenizer.vocab_file} (sha256 {tokenizer.vocab_hash()[:12]}); its token ids would '
+        'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
+
+
+@contextlib.contextmanager
+def _finishing_saves_on_error(checkpointer):
+  """On any exception, the checkpoint being written is completed before the error propagates."""
+  try:
+    yield
+  except BaseException:
+    checkpointer.finish_quietly()
+    raise
+
+
+def _nonfinite_steps(flags, first_step: int) -> list[int]:
+  """Steps of an interval whose loss or gradients were not finite (flags: per-step 0/1)."""
+  return [first_step + i for i, ok in enumerate(jax.device_get(flags)) if not ok]
+
+
+def _train(config, workdir, stream, held_out, tokenizer, mesh, rules) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
   model = steps.build_model(config)
   tx = optim.create_optimizer(config.train)
@@ -112,17 +180,26 @@ def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
                                              config.train.keep_checkpoints)
   position = {'epoch': 0, 'batch': 0}
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, state_shardings))
+  skipped = 0  # Steps whose update was skipped for a non-finite loss or gradient.
   if restored is not None:
-    state, position = restored
+    state, saved = restored
+    _check_vocab(saved, tokenizer, int(state.step), workdir)
+    position = {'epoch': int(saved['epoch']), 'batch': int(saved['batch'])}
+    skipped = int(saved.get('nonfinite_skips', 0))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
                  position['epoch'], position['batch'])
   elif config.init_from:
     with jax.set_mesh(None):  # Host-side conversion; its shape checks trace no sharded code.
-      params = init_from.load_params(config, state.params)
+      try:
+        params = init_from.load_params(config, state.params)
+      except init_from.InitFromError as e:
+        raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
 
-  train_step = steps.jit_train_step(model, tx, state_shardings, batch_shardings)
+  max_skips = config.train.max_nonfinite_skips
+  train_step = steps.jit_train_step(model, tx, state_shardings, batch_shardings,
+                                    skip_nonfinite=max_skips > 0)
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
@@ -160,49 +237,76 @@ def _train(config, workdir, stream, held_out, mesh, rules) -> dict:
                  num_steps)
 
   batches = stream.batches(position)
+  preemption = Preemption()
+  stopped_at = None
+  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   # Throughput counts train steps only: the first step's compilation, evals and saves are
   # excluded from the interval's time.
-  accumulated, interval_steps, timed_steps = None, 0, 0
+  accumulated, finite_flags, timed_steps = None, [], 0
   interval_start, excluded = time.perf_counter(), 0.0
-  for step in range(start_step + 1, num_steps + 1):
-    batch, position = next(batches)
-    step_start = time.perf_counter()
-    state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
-    if step == start_step + 1:
-      jax.block_until_ready(stats)
-      excluded += time.perf_counter() - step_start
-    else:
-      timed_steps += 1
-    accumulated = stats if accumulated is None else jax.tree.map(
-        lambda a, b: a + b, accumulated, stats)
-    interval_steps += 1
-    final = step == num_steps
-    save = checkpointer.should_save(step, final)
-    if step % config.train.log_every == 0 or final or save:
-      stats = jax.device_get(accumulated)
-      if stats['finite'] < interval_steps:
-        raise NonFiniteLossError(
-            f'The loss became NaN or inf between steps {step - interval_steps + 1} and {step}; '
-            f'{checkpointer.describe_latest()}. Lower train.learning_rate or check the data.')
-      elapsed = time.perf_counter() - interval_start - excluded
-      seq_per_s = timed_steps * config.train.batch_size / elapsed if timed_steps else 0.0
-      values = steps.summarize(stats)
-      values.update(learning_rate=float(schedule(step - 1)),
-                    grad_norm=float(stats['grad_norm']) / interval_steps,
-                    seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
-      writer.write(step, 'train', values)
-      eta = (num_steps - step) * config.train.batch_size / seq_per_s if seq_per_s else 0.0
-      metrics_lib.log_train_line(step, num_steps, values, eta)
-      accumulated, interval_steps, timed_steps = None, 0, 0
-      interval_start, excluded = time.perf_counter(), 0.0
-    pause_start = time.perf_counter()
-    if step % config.train.eval_every == 0 or final:
-      last_eval = evaluate(step)
-    if save:
-      checkpointer.save(step, state, position)
-    excluded += time.perf_counter() - pause_start
+  with preemption.handling(), _finishing_saves_on_error(checkpointer):
+    for step in range(start_step + 1, num_steps + 1):
+      batch, position = next(batches)
+      step_start = time.perf_counter()
+      state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
+      if step == start_step + 1:
+        jax.block_until_ready(stats)
+        excluded += time.perf_counter() - step_start
+      else:
+        timed_steps += 1
+      finite_flags.append(stats['finite'])
+      accumulated = stats if accumulated is None else jax.tree.map(
+          lambda a, b: a + b, accumulated, stats)
+      final = step == num_steps
+      preempted = preemption.reached(step, checkpointer)
+      save = checkpointer.should_save(step, final) or preempted
+      if step % config.train.log_every == 0 or final or save:
+        # Every save is preceded by this check: a non-finite step is never checkpointed.
+        bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)
+        if bad and (skipped + len(bad) > max_skips):
+          raise NonFiniteLossError(
+              f'The loss or the gradients were NaN or inf at step {bad[0]}'
+              + (f' (and {len(bad) - 1} more up to step {step})' if len(bad) > 1 else '')
+              + (f', beyond config.train.max_nonfinite_skips={max_skips} ({skipped} skipped '
+                 'before)' if max_skips else '')
+              + f'; {checkpointer.describe_latest()}. Lower train.learning_rate, check the data, '
+              'or set train.max_nonfinite_skips to skip such steps.')
+        if bad:
+          skipped += len(bad)
+          logging.warning('Skipped the update of step(s) %s: loss or gradients not finite '
+                          '(%d skipped in all, at most %d allowed).', bad, skipped, max_skips)
+        stats = jax.device_get(accumulated)
+        elapsed = time.perf_counter() - interval_start - excluded
+        seq_per_s = timed_steps * config.train.batch_size / elapsed if timed_steps else 0.0
+        values = steps.summarize(stats)
+        values.update(learning_rate=float(schedule(step - 1)),
+                      grad_norm=float(stats['grad_norm']) / max(len(finite_flags) - len(bad), 1),
+                      seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
+        if max_skips:
+          values['nonfinite_skips'] = skipped
+        writer.write(step, 'train', values)
+        eta = (num_steps - step) * config.train.batch_size / seq_per_s if seq_per_s else 0.0
+        metrics_lib.log_train_line(step, num_steps, values, eta)
+        accumulated, finite_flags, timed_steps = None, [], 0
+        interval_start, excluded = time.perf_counter(), 0.0
+      pause_start = time.perf_counter()
+      if (step % config.train.eval_every == 0 or final) and not preempted:
+        last_eval = evaluate(step)
+      if save:
+        checkpointer.save(step, state, {**position, 'nonfinite_skips': skipped,
+                                        'vocab_sha256': vocab_sha256,
+                                        'vocab_file': tokenizer.vocab_file})
+      excluded += time.perf_counter() - pause_start
+      if preempted:
+        stopped_at = step
+        break
   checkpointer.close()
   writer.close()
+  if stopped_at is not None:
+    logging.warning('Preempted: stopped after step %d of %d with its checkpoint saved in %s; '
+                    'rerun the same command to resume.', stopped_at, num_steps,
+                    checkpointer.directory)
+    return last_eval
   if last_eval and jax.process_index() == 0:
     with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
       json.dump(last_eval, f, indent=2)

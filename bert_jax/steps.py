@@ -155,8 +155,13 @@ def _apply(model, params, batch, deterministic, rngs=None):
                      deterministic=deterministic, rngs=rngs)
 
 
-def train_step(state: TrainState, batch, *, model, tx):
-  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats)."""
+def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = False):
+  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats).
+
+  stats['finite'] is 1.0 when the loss and the gradient norm are finite. With skip_nonfinite,
+  a step where they are not keeps the old parameters and optimizer state (the step counter still
+  advances) and its stats are zeroed, so the interval's means cover the applied steps only.
+  """
   dropout_rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params):
@@ -168,14 +173,21 @@ def train_step(state: TrainState, batch, *, model, tx):
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
-  stats['finite'] = jnp.isfinite(stats['mlm_loss_sum']).astype(jnp.float32)
+  finite = jnp.isfinite(total_loss(stats)) & jnp.isfinite(stats['grad_norm'])
+  if skip_nonfinite:
+    keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params = jax.tree.map(keep_old, params, state.params)
+    opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
+    stats = jax.tree.map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), stats)
+  stats['finite'] = finite.astype(jnp.float32)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, stats
 
 
-def jit_train_step(model, tx, state_shardings, batch_shardings):
+def jit_train_step(model, tx, state_shardings, batch_shardings, skip_nonfinite=False):
   """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state."""
-  return jax.jit(functools.partial(train_step, model=model, tx=tx),
+  return jax.jit(functools.partial(train_step, model=model, tx=tx,
+                                   skip_nonfinite=skip_nonfinite),
                  in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, None), donate_argnums=0)
 

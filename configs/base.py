@@ -89,6 +89,7 @@ def get_config(arg=None):
   train.adam_b2 = 0.999
   train.adam_eps = 1e-6
   train.max_grad_norm = 1.0  # Global-norm clipping.
+  train.max_nonfinite_skips = 0  # NaN/inf steps skipped before stopping (0: stop at the first).
   train.log_every = 100  # Steps between train log lines / metrics.jsonl records.
   train.eval_every = 10_000  # Steps between evaluations (and at the end).
   train.eval_batches = 20  # Held-out batches per evaluation.

@@ -221,6 +221,26 @@ def test_unreadable_file_is_named(tmp_path):
     corpus.read_corpus(str(path))
 
 
+def test_a_few_non_utf8_bytes_are_read_as_replacement_and_reported(tmp_path, caplog):
+  path = tmp_path / 'latin1.txt'
+  lines = [f'Sentence number {i} is plain.' for i in range(40)]
+  lines[7] = 'The caf\xe9 opened at noon.'  # Latin-1 e-acute: not UTF-8.
+  path.write_bytes(('\n'.join(lines) + '\n').encode('latin-1'))
+  with caplog.at_level('WARNING'):
+    documents = corpus.read_corpus(str(path), 'bert')
+  assert documents[0][7] == 'The caf\ufffd opened at noon.'
+  assert len(documents[0]) == 40
+  assert any(str(path) in r.getMessage() and '1 of 40 lines' in r.getMessage()
+             and 'line 8' in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_file_in_another_encoding_is_named(tmp_path):
+  path = tmp_path / 'utf16.txt'
+  path.write_bytes('One sentence here.\nAnother one there.\n'.encode('utf-16'))
+  with pytest.raises(ValueError, match=re.escape(str(path)) + '.* is not UTF-8 text'):
+    corpus.read_corpus(str(path))
+
+
 def test_unknown_format_lists_valid_ones(tmp_path):
   path = write(tmp_path, 'c.txt', BERT_TEXT)
   with pytest.raises(ValueError, match=r"'markdown'.*auto, bert, prose"):

@@ -14,10 +14,14 @@ import os
 import re
 import sysconfig
 
+from absl import logging
+
 CORPUS_FORMATS = ('auto', 'bert', 'prose')
 
 # Lines read from the start of a file to choose its format under 'auto'.
 _SNIFF_LINES = 2000
+# More lines than this share with undecodable bytes: the file is not UTF-8 (binary, UTF-16...).
+_MAX_UNDECODABLE_SHARE = 0.1
 # A blank-line block whose lines are all this short is one hard-wrapped paragraph.
 _WRAP_WIDTH = 100
 
@@ -100,18 +104,51 @@ def _check_readable(path):
     raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
 
 
+class _UndecodableCounter:
+  """Counts lines where bytes were not UTF-8 (decoded as U+FFFD) while passing them through."""
+
+  def __init__(self):
+    self.lines = 0
+    self.bad_lines = 0
+    self.first_bad = 0
+
+  def count(self, lines):
+    for line in lines:
+      self.lines += 1
+      if '\ufffd' in line or '\x00' in line:
+        self.bad_lines += 1
+        self.first_bad = self.first_bad or self.lines
+      yield line
+
+
+def _check_encoding(path, counter, whole_file: bool):
+  """Raises ValueError if the file does not look like UTF-8 text; warns of a few bad bytes."""
+  if counter.bad_lines and counter.bad_lines > _MAX_UNDECODABLE_SHARE * counter.lines:
+    raise ValueError(
+        f'Corpus file {path!r} is not UTF-8 text: {counter.bad_lines} of its first '
+        f'{counter.lines} lines hold undecodable bytes or NULs (first at line '
+        f'{counter.first_bad}). Convert it (e.g. iconv -f LATIN1 -t UTF-8) or leave it out.')
+  if whole_file and counter.bad_lines:
+    logging.warning('Corpus file %s: %d of %d lines hold bytes that are not UTF-8 (first at line '
+                    '%d); they were read as U+FFFD.', path, counter.bad_lines, counter.lines,
+                    counter.first_bad)
+
+
 def _read_file(path, corpus_format):
   """Yields the documents of one file, choosing its format from its head under 'auto'."""
+  counter = _UndecodableCounter()
   try:
     with _open_text(path) as f:
-      lines = (line.rstrip('\r\n') for line in f)
+      lines = counter.count(line.rstrip('\r\n') for line in f)
       head = list(itertools.islice(lines, _SNIFF_LINES))
+      _check_encoding(path, counter, whole_file=False)
       if corpus_format == 'auto':
         corpus_format = detect_format(head)
       parse = parse_bert if corpus_format == 'bert' else parse_prose
       yield from parse(itertools.chain(head, lines))
   except (OSError, EOFError, lzma.LZMAError) as error:
     raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
+  _check_encoding(path, counter, whole_file=True)
 
 
 def detect_format(lines: list[str]) -> str:

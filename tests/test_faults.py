@@ -1,0 +1,412 @@
+"""Fault injection: preemption, crashes, corrupt checkpoints, NaNs, full disks, wrong and untrusted
+inputs. Each test injects one fault and checks that the run either makes progress or stops with a
+clear message, and that no good checkpoint is lost.
+
+End-to-end faults run `python -m bert_jax.main` on the micro config of test_train.py; the
+checkpoint-level ones use Checkpointer directly. experiments/soak.py repeats the crash loop for
+hundreds of cycles (not in CI).
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import config_lib
+from bert_jax import pretrain
+from bert_jax import sharding
+from bert_jax import steps
+import test_train
+from test_train import REPO, assert_trees_equal, command, final_params, read_metrics
+
+vocab_cache = test_train.vocab_cache  # The module-wide shared vocab fixture.
+
+RUN = {'train.num_steps': 120, 'train.log_every': 5, 'train.eval_every': 1000,
+       'train.checkpoint_every': 20}
+
+
+def run(workdir, expect_ok=True, **extra):
+  result = subprocess.run(command(workdir, **{**RUN, **extra}), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  if expect_ok:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def saved_steps(workdir):
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(s) for s in os.listdir(directory) if s.isdigit())
+
+
+def wait_for(predicate, timeout=240):
+  deadline = time.time() + timeout
+  while not predicate():
+    if time.time() > deadline:
+      raise TimeoutError('condition not reached')
+    time.sleep(0.01)
+
+
+def train_records(workdir):
+  path = os.path.join(workdir, 'metrics.jsonl')
+  return [r for r in read_metrics(workdir) if r['split'] == 'train'] if os.path.exists(path) else []
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  """The uninterrupted run every faulted run must end identical to."""
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  run(workdir)
+  return workdir
+
+
+# 1. Preemption ------------------------------------------------------------------------------
+
+def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference, tmp_path):
+  workdir = str(tmp_path / 'preempted')
+  # No periodic checkpoint before the end: what is saved comes from the SIGTERM.
+  flags = {'train.checkpoint_every': 1000, 'train.log_every': 1}
+  process = subprocess.Popen(command(workdir, **{**RUN, **flags}), cwd=REPO, text=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  wait_for(lambda: len(train_records(workdir)) >= 3)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-3000:]
+  stopped = int(re.search(r'Preempted: stopped after step (\d+) of 120', stderr).group(1))
+  assert 3 <= stopped < 120
+  assert saved_steps(workdir) == [stopped]
+  assert not os.path.exists(os.path.join(workdir, 'eval_results.json'))
+  result = run(workdir, **flags)
+  assert f'Resumed from step {stopped}' in result.stderr
+  assert_trees_equal(final_params(workdir, 120), final_params(reference, 120))
+
+
+# 2. Crash at any moment -----------------------------------------------------------------------
+
+def test_sigkill_at_random_moments_then_the_same_command_ends_identically(reference, tmp_path):
+  """SIGKILL in startup, in steps and in checkpoint writes (saved every 2 steps), 5 times."""
+  workdir = str(tmp_path / 'crashing')
+  flags = {'train.checkpoint_every': 2}
+  rng = random.Random(0)
+  resumed_from = []
+  for _ in range(5):
+    before = saved_steps(workdir)[-1] if os.path.isdir(os.path.join(workdir, 'checkpoints')) \
+        else 0
+    process = subprocess.Popen(command(workdir, **{**RUN, **flags}), cwd=REPO, text=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Wait for training to go past the last checkpoint, then kill after a random delay.
+    try:
+      wait_for(lambda b=before: any(s > b for s in saved_steps(workdir))
+               if os.path.isdir(os.path.join(workdir, 'checkpoints')) else False, timeout=120)
+    except TimeoutError:
+      pass
+    time.sleep(rng.uniform(0.0, 0.3))
+    process.kill()
+    _, stderr = process.communicate()
+    match = re.search(r'Resumed from step (\d+)', stderr)
+    resumed_from.append(int(match.group(1)) if match else 0)
+    if saved_steps(workdir) and saved_steps(workdir)[-1] == 120:
+      break
+  assert resumed_from == sorted(resumed_from), resumed_from  # Never goes back.
+  result = run(workdir, **flags)
+  assert 'Resumed from step' in result.stderr
+  assert_trees_equal(final_params(workdir, 120), final_params(reference, 120))
+
+
+# 3. Corrupt or truncated newest checkpoint ----------------------------------------------------
+
+def small_state(value):
+  return {'w': jnp.full((64, 64), value, jnp.float32), 'b': jnp.full((64,), value, jnp.float32)}
+
+
+ABSTRACT = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), small_state(0.0))
+
+
+def saved_checkpointer(directory, values=(1.0, 2.0)):
+  checkpointer = checkpoint_lib.Checkpointer(directory, every=1, keep=5)
+  for step, value in enumerate(values, start=1):
+    checkpointer.save(step, small_state(value), {'epoch': 0, 'batch': step})
+  checkpointer.close()
+  return checkpoint_lib.Checkpointer(directory, every=1, keep=5)
+
+
+def data_files(step_dir):
+  return [os.path.join(root, name) for root, _, names in os.walk(step_dir) for name in names]
+
+
+def truncate_all(step_dir):
+  for path in data_files(step_dir):
+    with open(path, 'r+b') as f:
+      f.truncate(os.path.getsize(path) // 2)
+
+
+def scramble_all(step_dir):
+  for path in data_files(step_dir):
+    size = os.path.getsize(path)
+    with open(path, 'wb') as f:
+      f.write(np.random.default_rng(0).bytes(max(size, 16)))
+
+
+@pytest.mark.parametrize('damage', [truncate_all, scramble_all, shutil.rmtree],
+                         ids=['truncated', 'garbage', 'emptied'])
+def test_unreadable_newest_checkpoint_falls_back_and_is_kept_aside(tmp_path, caplog, damage):
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  newest = os.path.join(directory, '2')
+  if damage is shutil.rmtree:  # Emptied: its directory is there, its files are gone.
+    shutil.rmtree(os.path.join(newest, 'state'))
+  else:
+    damage(os.path.join(newest, 'state'))
+  checkpointer = checkpoint_lib.Checkpointer(directory, every=1, keep=5)
+  with caplog.at_level('WARNING'):
+    state, position = checkpointer.restore(ABSTRACT)
+  np.testing.assert_array_equal(state['w'], 1.0)
+  assert position['batch'] == 1
+  assert 'Restored the previous good checkpoint, step 1' in caplog.text
+  names = os.listdir(directory)
+  assert '1' in names and '2' not in names
+  assert any(name.startswith('2.unreadable-') for name in names), names
+  # The run goes on: step 2 is written again, and the damaged copy stays for inspection.
+  checkpointer.save(2, small_state(3.0), {'epoch': 0, 'batch': 2})
+  checkpointer.close()
+  restored, _ = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  np.testing.assert_array_equal(restored['w'], 3.0)
+  assert any(name.startswith('2.unreadable-') for name in os.listdir(directory))
+
+
+def test_when_no_checkpoint_is_readable_nothing_is_moved(tmp_path):
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory, values=(1.0,)).close()
+  truncate_all(os.path.join(directory, '1', 'state'))
+  with pytest.raises(checkpoint_lib.CheckpointError, match=r'No checkpoint .* can be read.*step 1'):
+    checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  assert os.listdir(directory) == ['1']
+
+
+def test_corrupt_newest_checkpoint_of_a_run_then_the_run_ends_identically(reference, tmp_path):
+  workdir = str(tmp_path / 'corrupted')
+  shutil.copytree(reference, workdir)
+  os.remove(os.path.join(workdir, 'metrics.jsonl'))  # Rewritten from the resumed step on.
+  truncate_all(os.path.join(workdir, 'checkpoints', '120', 'state'))
+  result = run(workdir)
+  assert 'Restored the previous good checkpoint, step 100' in result.stderr
+  assert 'Resumed from step 100' in result.stderr
+  assert_trees_equal(final_params(workdir, 120), final_params(reference, 120))
+
+
+def test_a_checkpoint_of_another_model_shape_is_named(reference, tmp_path):
+  workdir = str(tmp_path / 'reshaped')
+  shutil.copytree(reference, workdir)
+  result = run(workdir, expect_ok=False, **{'model.intermediate_size': 128})
+  assert result.returncode == 1
+  assert 'holds a state of another shape' in result.stderr
+  assert 'step 120' in result.stderr
+  assert saved_steps(workdir) == [100, 120]  # Nothing moved or deleted.
+
+
+# 4. NaN or inf --------------------------------------------------------------------------------
+
+def poison_step(monkeypatch, bad_step):
+  """Makes the masked-LM weights of training batch `bad_step` NaN (so loss and grads are NaN)."""
+  original_batches = pretrain.pipeline.PretrainingStream.batches
+
+  def batches(self, position):
+    for step, (batch, after) in enumerate(original_batches(self, position), start=1):
+      if step == bad_step:
+        batch = {**batch, 'masked_lm_weights': np.full_like(batch['masked_lm_weights'], np.nan)}
+      yield batch, after
+
+  monkeypatch.setattr(pretrain.pipeline.PretrainingStream, 'batches', batches)
+
+
+def micro_config(tmp_path, **train):
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  for key, value in {**test_train.OVERRIDES, **RUN, **train}.items():
+    section, leaf = key.split('.')
+    config[section][leaf] = value
+  config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
+  return config
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path,
+                                                                           monkeypatch):
+  poison_step(monkeypatch, 47)
+  workdir = str(tmp_path / 'nan')
+  config = micro_config(tmp_path)
+  with pytest.raises(pretrain.NonFiniteLossError, match=r'NaN or inf at step 47 \(and 3 more up to step '
+                     r'50\); last good checkpoint: step 40'):
+    pretrain.train_and_evaluate(config, workdir)
+  assert saved_steps(workdir) == [20, 40]
+
+
+def test_nan_steps_are_skipped_and_counted_when_configured(tmp_path, monkeypatch, caplog):
+  poison_step(monkeypatch, 47)
+  workdir = str(tmp_path / 'skip')
+  config = micro_config(tmp_path, **{'train.max_nonfinite_skips': 3})
+  with caplog.at_level('WARNING'):
+    pretrain.train_and_evaluate(config, workdir)
+  assert 'Skipped the update of step(s) [47]' in caplog.text
+  records = train_records(workdir)
+  assert all(np.isfinite(r['loss']) for r in records)
+  assert [r['nonfinite_skips'] for r in records if r['step'] in (45, 50, 120)] == [0, 1, 1]
+  assert saved_steps(workdir)[-1] == 120
+
+
+def test_skipped_step_keeps_parameters_and_optimizer_state():
+  config = micro_config_static()
+  model = steps.build_model(config)
+  tx = pretrain.optim.create_optimizer(config.train)
+  mesh = sharding.create_mesh(config.mesh)
+  rules = sharding.logical_axis_rules(config.mesh.preset)
+  with sharding.activation_rules(mesh, rules):
+    state, _ = steps.create_train_state(config, model, tx, mesh, rules)
+    batch = {k: np.zeros(v.shape, v.dtype) for k, v in steps.dummy_batch(4, 32, 5).items()}
+    batch['masked_lm_weights'] = np.full((4, 5), np.nan, np.float32)
+    step = jax.jit(lambda s, b: steps.train_step(s, b, model=model, tx=tx, skip_nonfinite=True))
+    new_state, stats = step(state, batch)
+  assert float(stats['finite']) == 0.0 and float(stats['mlm_loss_sum']) == 0.0
+  assert int(new_state.step) == 1
+  assert_trees_equal(new_state.params, state.params)
+  assert_trees_equal(new_state.opt_state, state.opt_state)
+
+
+def micro_config_static():
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  for key, value in test_train.OVERRIDES.items():
+    section, leaf = key.split('.')
+    config[section][leaf] = value
+  config.train.batch_size = 4
+  return config
+
+
+# 5. Disk full, unwritable workdir, failed checkpoint write -------------------------------------
+
+def test_too_little_free_space_fails_before_training(tmp_path, monkeypatch):
+  monkeypatch.setattr(checkpoint_lib.shutil, 'disk_usage',
+                      lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))  # pylint: disable=protected-access
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, **kw: compiles.append(event) if 'backend_compile' in event else None)
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r'has 0.00 GiB free, less than one checkpoint .* needs'):
+    pretrain.train_and_evaluate(micro_config(tmp_path), str(tmp_path / 'full'))
+  assert not compiles
+
+
+def test_unwritable_workdir_is_named(tmp_path):
+  blocker = tmp_path / 'a-file'
+  blocker.write_text('not a directory')
+  result = run(str(blocker / 'run'), expect_ok=False)
+  assert result.returncode == 1
+  assert f"--workdir='{blocker / 'run'}' cannot be created" in result.stderr
+
+
+FAILING_SAVE = r'''
+import os, resource, signal, sys
+sys.path.insert(0, {repo!r})
+import jax
+import jax.numpy as jnp
+from bert_jax import checkpoint as checkpoint_lib
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Writes past the limit fail with EFBIG instead.
+checkpointer = checkpoint_lib.Checkpointer({directory!r}, every=1, keep=5)
+checkpointer.save(1, {{'w': jnp.ones((16,))}}, {{'epoch': 0, 'batch': 1}})
+checkpointer.wait()
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # No file over 1 MiB: a full disk.
+try:
+  noise = jax.random.normal(jax.random.key(0), (1 << 20,))  # 4 MiB that do not compress.
+  checkpointer.save(2, {{'w': noise}}, {{'epoch': 0, 'batch': 2}})
+  checkpointer.close()
+except checkpoint_lib.CheckpointError as e:
+  print('ERROR:', e)
+'''
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path):
+  directory = str(tmp_path / 'checkpoints')
+  script = FAILING_SAVE.format(repo=REPO, directory=directory)
+  result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                          timeout=120, check=False)
+  assert 'ERROR: Saving the checkpoint of step 2' in result.stdout, result.stderr[-3000:]
+  assert 'last good checkpoint: step 1' in result.stdout
+  assert saved_steps(str(tmp_path)) == [1]
+  state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(
+      {'w': jax.ShapeDtypeStruct((16,), jnp.float32)})
+  np.testing.assert_array_equal(state['w'], 1.0)
+  assert position['batch'] == 1
+
+
+# 6. Wrong inputs ------------------------------------------------------------------------------
+
+def test_resuming_with_another_vocab_is_named(reference, tmp_path):
+  workdir = str(tmp_path / 'revocab')
+  shutil.copytree(reference, workdir)
+  with open(os.path.join(reference, 'vocab.txt'), encoding='utf-8') as f:
+    words = f.read().splitlines()
+  other = tmp_path / 'other_vocab.txt'
+  other.write_text('\n'.join(words[:-2] + [words[-1], words[-2]]) + '\n', encoding='utf-8')
+  result = run(workdir, expect_ok=False, **{'data.vocab_file': str(other),
+                                            'train.num_steps': 140})
+  assert result.returncode == 1
+  assert 'was trained with the vocab of sha256' in result.stderr
+  assert str(other) in result.stderr
+  assert saved_steps(workdir) == [100, 120]
+
+
+def test_config_key_that_does_not_exist_is_named(tmp_path):
+  result = run(str(tmp_path / 'typo'), expect_ok=False, **{'train.learning_rat': 0.1})
+  assert result.returncode != 0
+  assert 'learning_rat' in result.stderr and 'learning_rate' in result.stderr
+
+
+def test_corpus_path_matching_no_file_is_named(tmp_path):
+  missing = str(tmp_path / 'nowhere' / '*.txt')
+  with pytest.raises(config_lib.ConfigError, match=re.escape(missing) + '.* matches no file'):
+    pretrain.train_and_evaluate(micro_config(tmp_path, **{'data.corpus': missing}),
+                                str(tmp_path / 'run'))
+
+
+def test_non_utf8_corpus_is_named(tmp_path):
+  path = tmp_path / 'utf16.txt'
+  path.write_bytes(('A sentence here.\nAnother one.\n\n' * 50).encode('utf-16'))
+  with pytest.raises(config_lib.ConfigError, match=re.escape(str(path)) + '.*is not UTF-8'):
+    pretrain.train_and_evaluate(micro_config(tmp_path, **{'data.corpus': str(path)}),
+                                str(tmp_path / 'run'))
+
+
+# 7. Untrusted files ---------------------------------------------------------------------------
+
+class _Payload:
+  """Unpickling this runs `touch MARKER`: what a malicious weights file does."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (os.system, (f'touch {self.marker}',))
+
+
+def test_a_pickle_payload_in_imported_weights_is_refused(tmp_path):
+  torch = pytest.importorskip('torch')
+  from bert_jax import hf_interop  # pylint: disable=g-import-not-at-top
+  marker = tmp_path / 'payload-ran'
+  path = tmp_path / 'pytorch_model.bin'
+  torch.save({'bert.embeddings.word_embeddings.weight': torch.zeros(4, 4),
+              'extra': _Payload(marker)}, path)
+  with pytest.raises(hf_interop.UnsafeCheckpointError, match=r'Refusing to load .*pytorch_model'):
+    hf_interop.load_hf_state_dict(str(tmp_path))
+  assert not marker.exists()
+  # A plain state dict of tensors still loads.
+  torch.save({'w': torch.ones(2, 2)}, path)
+  state_dict, _ = hf_interop.load_hf_state_dict(str(path))
+  np.testing.assert_array_equal(state_dict['w'], 1.0)

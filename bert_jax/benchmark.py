@@ -23,17 +23,17 @@ flags.mark_flags_as_required(['config'])
 
 
 def random_batch(config, rng):
-  """A batch of the config's shapes: random ids, real-looking padding and masked positions."""
+  """A batch of the config's shapes: random ids, full-length rows, random masked positions."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   b, s, p = (config.train.batch_size, config.data.max_seq_length,
              config.data.max_predictions_per_seq)
-  lengths = rng.integers(s // 2, s + 1, b)
+  lengths = np.full(b, s)  # Full-length rows, as packed or long-document pretraining feeds.
   input_mask = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
   return {
       'input_ids': rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32) * input_mask,
       'input_mask': input_mask,
       'segment_ids': (np.arange(s)[None] >= lengths[:, None] // 2).astype(np.int32) * input_mask,
-      'masked_lm_positions': np.sort(rng.integers(1, s // 2, (b, p)), axis=1).astype(np.int32),
+      'masked_lm_positions': np.sort(rng.integers(1, s - 1, (b, p)), axis=1).astype(np.int32),
       'masked_lm_ids': rng.integers(5, config.model.vocab_size, (b, p)).astype(np.int32),
       'masked_lm_weights': np.ones((b, p), np.float32),
       'next_sentence_labels': rng.integers(0, 2, b).astype(np.int32),

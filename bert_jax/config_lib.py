@@ -10,6 +10,8 @@ VALID_CHOICES = {
     'model.dtype': ('float32', 'bfloat16', 'float16'),
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
+    'model.attention_impl': ('xla', 'cudnn'),
+    'model.dropout_rng_impl': ('threefry', 'rbg'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -17,7 +19,7 @@ VALID_CHOICES = {
 RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
          'data.eval_fraction', 'masking.rate', 'masking.mask_token_fraction',
          'masking.random_token_fraction', 'masking.keep_fraction')
-POSITIVE = ('model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.num_heads',
+POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.num_heads',
             'model.intermediate_size', 'model.max_position_embeddings',
             'model.type_vocab_size', 'data.max_seq_length', 'data.max_predictions_per_seq',
             'data.tokenizer_vocab_size', 'train.batch_size', 'train.num_steps',
@@ -84,6 +86,11 @@ def _check_known_keys(flat) -> None:
 
 
 def _check_model(model) -> None:
+  if model.attention_impl == 'cudnn' and model.attention_dropout_rate > 0:
+    raise ConfigError(
+        f"config.model.attention_impl='cudnn' has no attention dropout, but "
+        f'config.model.attention_dropout_rate={model.attention_dropout_rate}; set it to 0.0 '
+        "(a documented departure from the paper) or use attention_impl='xla'.")
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '

@@ -67,6 +67,19 @@ def attention_bias(input_mask: jax.Array, dtype: Dtype) -> jax.Array:
   return jnp.where(input_mask[:, None, None, :] > 0, 0.0, big_negative).astype(dtype)
 
 
+def cudnn_attention(query, key, value, bias):
+  """cuDNN's fused (flash) attention, the padding given as key lengths; GPU only, no dropout.
+
+  Rows are right-padded (real tokens first), so a row's key length is its count of unmasked keys.
+  Padded query positions come out as zeros instead of attending; nothing reads them (the MLM head
+  gathers real positions, the pooler reads [CLS]), so the loss equals the einsum path's.
+  """
+  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1, length].
+  lengths = jnp.sum(bias[:, 0, 0, :] == 0, axis=-1).astype(jnp.int32)  # [batch]
+  return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
+                                      key_value_seq_lengths=lengths, implementation='cudnn')
+
+
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,
                           dtype):
   """Softmax(q k^T / sqrt(d) + bias) v, softmax in float32, dropout on the probabilities."""

@@ -40,7 +40,10 @@ class BertConfig:
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   scan_layers: bool = True
+  scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
   remat_policy: str = 'none'
+  attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, no dropout).
+  dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   nsp: bool = True  # Whether the NSP head exists.
 
   @classmethod
@@ -112,6 +115,10 @@ class BertSelfAttention(nn.Module):
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
+    if cfg.attention_impl == 'cudnn':
+      # The fused kernel has no attention-probability dropout (config validation requires
+      # attention_dropout_rate 0 with it).
+      return layers.cudnn_attention(query, key, value, bias)
     return layers.dot_product_attention(query, key, value, bias, dropout_rng,
                                         cfg.attention_dropout_rate, deterministic, cfg.dtype)
 
@@ -193,7 +200,7 @@ class BertEncoder(nn.Module):
                              static_argnums=(3,))
       stack = nn.scan(
           layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers, unroll=cfg.scan_unroll,
           metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = stack(cfg, name='layer')(x, bias, deterministic)
       return x

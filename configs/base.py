@@ -48,7 +48,14 @@ def get_config(arg=None):
   model.dtype = 'float32'  # Compute dtype ('bfloat16' for speed); softmax and loss stay fp32.
   model.param_dtype = 'float32'  # Storage dtype of parameters and optimizer state.
   model.scan_layers = True  # Run the layers under nn.scan (one compiled layer).
+  model.scan_unroll = 1  # Layers per scan iteration; more compiles longer, may run faster.
   model.remat_policy = 'none'  # 'none', 'full', 'dots', 'dots_no_batch': what the backward recomputes.
+  # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
+  # NVIDIA GPUs, without attention dropout (set attention_dropout_rate=0.0 with it).
+  model.attention_impl = 'xla'
+  # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
+  # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
+  model.dropout_rng_impl = 'threefry'
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

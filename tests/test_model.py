@@ -12,7 +12,7 @@ import pytest
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import steps
-from configs import base, large
+from configs import base, large, tiny
 
 # transformers' BertModel (no heads) for bert-base-uncased / bert-large-uncased.
 HF_BERT_MODEL_PARAMS = {'base': 109_482_240, 'large': 335_141_888}
@@ -198,3 +198,30 @@ def test_paper_configs_train_step_compiles(get_config):
   step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx), donate_argnums=0)
   compiled = step.lower(abstract_state, steps.dummy_batch(2, s, p)).compile()
   assert compiled.cost_analysis() is not None
+
+
+def test_scan_unroll_computes_the_same_function():
+  ids, segments, mask, positions = inputs()
+  rngs = {'dropout': jax.random.key(3)}
+  outputs = []
+  for unroll in (1, 3):
+    model = model_lib.BertForPreTraining(small_config(scan_unroll=unroll))
+    params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+    outputs.append(model.apply({'params': params}, ids, segments, mask, positions,
+                               deterministic=False, rngs=rngs)['mlm_logits'])
+  np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_rbg_dropout_masks_are_deterministic_and_differ_by_step():
+  config = tiny.get_config()
+  config.model.update(hidden_size=32, intermediate_size=64, vocab_size=128, num_layers=1,
+                      dropout_rng_impl='rbg')
+  config.data.update(max_seq_length=16, max_predictions_per_seq=3)
+  model = steps.build_model(config)
+  tx = optim.create_optimizer(config.train)
+  state = nn.meta.unbox(steps.state_initializer(config, model, tx)(jax.random.PRNGKey(0)))
+  batch = {k: np.ones(v.shape, v.dtype) for k, v in steps.dummy_batch(2, 16, 3).items()}
+  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx))
+  loss = lambda s: float(steps.total_loss(step(s, batch)[1]))  # noqa: E731
+  assert loss(state) == loss(state)
+  assert loss(state) != loss(state.replace(step=state.step + 1))

@@ -1,0 +1,96 @@
+"""Ours against HF PyTorch on one GPU, back to back: `python experiments/bench_compare.py
+  --shapes=large:128:128,large:512:32,base:128:256 [--variants=paper,rbg,cudnn] [--peer=eager,compile]
+  [--out=results.jsonl]`
+
+Each measurement is its own process (`python -m bert_jax.benchmark` or
+experiments/bench_peer.py), one after another on the same GPU, and appends one JSON line to
+--out; the table at the end gives seq/s, MFU and peak memory, and ours over the peer's
+torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, NSP):
+  paper   dropout 0.1 on hidden states and attention probabilities, threefry masks
+  rbg     the same dropout, masks drawn with XLA's RngBitGenerator
+  cudnn   cuDNN fused attention, attention-probability dropout 0 (hidden dropout 0.1), rbg
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
+VARIANTS = {
+    'paper': [],
+    'rbg': ['--config.model.dropout_rng_impl=rbg'],
+    'cudnn': ['--config.model.dropout_rng_impl=rbg', '--config.model.attention_impl=cudnn',
+              '--config.model.attention_dropout_rate=0.0'],
+}
+
+
+def predictions(seq):
+  return 80 if seq >= 512 else 20
+
+
+def ours(model, seq, batch, variant, steps):
+  return [sys.executable, '-m', 'bert_jax.benchmark', f'--config={CONFIGS[model]}',
+          f'--steps={steps}', '--config.model.dtype=bfloat16',
+          f'--config.data.max_seq_length={seq}',
+          f'--config.data.max_predictions_per_seq={predictions(seq)}',
+          f'--config.train.batch_size={batch}', *VARIANTS[variant]]
+
+
+def peer(model, seq, batch, mode, steps, attention_dropout):
+  command = [sys.executable, os.path.join(REPO, 'experiments', 'bench_peer.py'),
+             f'--model={model}', f'--seq={seq}', f'--batch={batch}', f'--steps={steps}',
+             f'--attention_dropout={attention_dropout}']
+  return command + (['--compile'] if mode == 'compile' else [])
+
+
+def measure(command, label, out):
+  print(f'== {label}', flush=True)
+  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+  lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
+  record = json.loads(lines[-1]) if lines else {
+      'error': (proc.stderr.strip().splitlines() or ['?'])[-1][:500]}
+  record['label'] = label
+  with open(out, 'a', encoding='utf-8') as f:
+    f.write(json.dumps(record) + '\n')
+  print(json.dumps(record), flush=True)
+  return record
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--shapes', default='large:128:128,large:512:32,base:128:256')
+  parser.add_argument('--variants', default='paper,rbg,cudnn')
+  parser.add_argument('--peer', default='eager,compile')
+  parser.add_argument('--steps', type=int, default=20)
+  parser.add_argument('--out', default='bench_compare.jsonl')
+  args = parser.parse_args()
+  rows = []
+  for shape in args.shapes.split(','):
+    model, seq, batch = shape.split(':')
+    seq, batch = int(seq), int(batch)
+    results = {}
+    for mode in filter(None, args.peer.split(',')):
+      results[f'peer-{mode}'] = measure(peer(model, seq, batch, mode, args.steps, 0.1),
+                                        f'{shape} peer {mode}', args.out)
+    for variant in filter(None, args.variants.split(',')):
+      results[variant] = measure(ours(model, seq, batch, variant, args.steps),
+                                 f'{shape} ours {variant}', args.out)
+    rows.append((shape, results))
+  print('\n| shape | run | seq/s | MFU | peak GiB | vs peer compile |\n|---|---|---|---|---|---|')
+  for shape, results in rows:
+    base = results.get('peer-compile', {}).get('seq_per_s')
+    for name, r in results.items():
+      if 'seq_per_s' not in r:
+        print(f'| {shape} | {name} | error: {r.get("error")} | | | |')
+        continue
+      ratio = f'{r["seq_per_s"] / base:.2f}x' if base else ''
+      print(f'| {shape} | {name} | {r["seq_per_s"]:.0f} | {100 * r["mfu"]:.1f}% | '
+            f'{r["peak_memory_bytes"] / 2**30:.1f} | {ratio} |')
+  print(f'device: {next((r.get("device") for _, rs in rows for r in rs.values() if "device" in r), "?")}')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,103 @@
+"""GPU time of one train step by kernel: `python experiments/profile_step.py --config=... [--top=40]`.
+
+Runs bert_jax.benchmark's setup (the real jitted, donated train step on random full-length rows),
+traces --steps steps with jax.profiler, and sums the device's kernel time by kernel name, with the
+XLA op (`hlo_op`) of each. Run with XLA_FLAGS=--xla_gpu_enable_command_buffer= to see every
+kernel's own op rather than its CUDA graph's. Prints one JSON object: milliseconds
+per step in total, by kind (matmul = cuBLAS/cuBLASLt gemms, attention = cuDNN, other = XLA's
+fusions and copies) and the top ops; with --out, the whole table as JSON lines.
+"""
+
+import collections
+import glob
+import json
+import os
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protected-access
+_TOP = flags.DEFINE_integer('top', 40, 'Ops to list.')
+_OUT = flags.DEFINE_string('out', '', 'Write every op as JSON lines here.')
+
+
+def kind_of(name: str) -> str:
+  lowered = name.lower()
+  if any(k in lowered for k in ('gemm', 'cublas', 'sm90_xmma', 'nvjet', 'cutlass')):
+    return 'matmul'
+  if any(k in lowered for k in ('cudnn', 'flash', 'fmha', 'sdpa')):
+    return 'attention'
+  if 'memcpy' in lowered or 'memset' in lowered:
+    return 'copy'
+  return 'other'
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+  from bert_jax import optim, sharding, steps  # pylint: disable=g-import-not-at-top
+  config = _CONFIG.value
+  config.data.corpus = 'builtin'
+  mesh = sharding.create_mesh(config.mesh)
+  rules = sharding.logical_axis_rules(config.mesh.preset)
+  with sharding.activation_rules(mesh, rules):
+    model, tx = steps.build_model(config), optim.create_optimizer(config.train)
+    state, shardings = steps.create_train_state(config, model, tx, mesh, rules)
+    batch_sharding = sharding.batch_sharding(mesh)
+    step = steps.jit_train_step(model, tx, shardings, batch_sharding)
+    batch = sharding.global_batch(benchmark.random_batch(config, np.random.default_rng(0)),
+                                  batch_sharding)
+    for _ in range(3):
+      state, stats = step(state, batch)
+    jax.block_until_ready(stats)
+    trace_dir = tempfile.mkdtemp()
+    with jax.profiler.trace(trace_dir):
+      for _ in range(_STEPS.value):
+        state, stats = step(state, batch)
+      jax.block_until_ready(stats)
+  path = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)[0]
+  profile = ProfileData.from_file(path)
+  by_op = collections.defaultdict(lambda: [0.0, 0, ''])
+  for plane in profile.planes:
+    if not plane.name.startswith('/device:GPU:0'):
+      continue
+    for line in plane.lines:
+      if 'stream' not in line.name.lower():
+        continue
+      for event in line.events:
+        # Kernels inside a CUDA graph (command buffer) all carry the buffer's hlo_op: key by
+        # kernel name, and keep an XLA op name when there is one.
+        op = dict(event.stats).get('hlo_op') or ''
+        entry = by_op[event.name]
+        entry[0] += event.duration_ns / 1e6
+        entry[1] += 1
+        entry[2] = entry[2] or op
+  n = _STEPS.value
+  rows = sorted(((op, ms / n, count / n, kernel) for kernel, (ms, count, op) in by_op.items()),
+                key=lambda r: -r[1])
+  kinds = collections.Counter()
+  for op, ms, _, kernel in rows:
+    kinds[kind_of(kernel + ' ' + op)] += ms
+  summary = {'device': jax.devices()[0].device_kind, 'batch': config.train.batch_size,
+             'seq': config.data.max_seq_length, 'layers': config.model.num_layers,
+             'kernel_ms_per_step': round(sum(r[1] for r in rows), 2),
+             'by_kind_ms': {k: round(v, 2) for k, v in kinds.most_common()},
+             'top': [{'op': op, 'ms': round(ms, 3), 'launches': round(c, 1),
+                      'kernel': kernel[:80]} for op, ms, c, kernel in rows[:_TOP.value]]}
+  print(json.dumps(summary, indent=1), flush=True)
+  if _OUT.value:
+    with open(_OUT.value, 'w', encoding='utf-8') as f:
+      for op, ms, count, kernel in rows:
+        f.write(json.dumps({'op': op, 'ms': ms, 'launches': count, 'kernel': kernel}) + '\n')
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,161 @@
+"""Soak test: hundreds of SIGKILL/restart cycles of one training run, then compare with a clean run.
+
+  python experiments/soak.py --cycles=200 --workdir=/tmp/soak [--config=configs/tiny.py]
+      [-- --config.KEY=VALUE ...]
+
+Each cycle starts `python -m bert_jax.main` on the same workdir and SIGKILLs it after a random
+delay (uniform in [--min_delay, --max_delay] seconds: some kills land in start-up, some in train
+steps, some while a checkpoint is being written). After the cycles, the same command runs to the
+end, and its final parameters are compared with an uninterrupted run in WORKDIR/reference.
+
+Reported per cycle (WORKDIR/soak.jsonl) and in total (printed JSON): the step the run had logged
+before the kill, the step it had resumed from, the progress lost (logged steps beyond the newest
+complete checkpoint: at most checkpoint_every if checkpoints are sound), whether a checkpoint
+write was in flight at the kill (an orbax temporary directory left behind), and any cycle that
+resumed from an earlier step than the one before it (there must be none).
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_FLAGS = ['--config.train.checkpoint_every=10', '--config.train.log_every=10',
+                 '--config.train.keep_checkpoints=2']
+
+
+def main_command(config, workdir, extra):
+  return [sys.executable, '-m', 'bert_jax.main', f'--config={config}', f'--workdir={workdir}',
+          *DEFAULT_FLAGS, *extra]
+
+
+def logged_step(workdir) -> int:
+  """The newest train step in metrics.jsonl (0 if none)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return 0
+  step = 0
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:  # A line cut by the kill.
+        continue
+      if record.get('split') == 'train':
+        step = max(step, record['step'])
+  return step
+
+
+def checkpoint_dirs(workdir):
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.listdir(directory) if os.path.isdir(directory) else []
+
+
+def final_params(workdir, step):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  return ocp.StandardCheckpointer().restore(path)['params']
+
+
+def max_param_diff(a, b) -> float:
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def num_steps_of(workdir) -> int:
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    return json.load(f)['train']['num_steps']
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--cycles', type=int, default=200)
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--config', default='configs/tiny.py')
+  parser.add_argument('--min_delay', type=float, default=4.0)
+  parser.add_argument('--max_delay', type=float, default=16.0)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('extra', nargs='*', help='--config.KEY=VALUE overrides, after --')
+  args = parser.parse_args()
+  rng = random.Random(args.seed)
+  workdir = os.path.abspath(args.workdir)
+  run_dir, reference = os.path.join(workdir, 'run'), os.path.join(workdir, 'reference')
+  os.makedirs(workdir, exist_ok=True)
+  log_path = os.path.join(workdir, 'soak.jsonl')
+
+  if not os.path.exists(os.path.join(reference, 'eval_results.json')):
+    print('Reference run...', flush=True)
+    subprocess.run(main_command(args.config, reference, args.extra), cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  num_steps = num_steps_of(reference)
+
+  cycles, previous_resume = [], 0
+  start = time.time()
+  for cycle in range(args.cycles):
+    delay = rng.uniform(args.min_delay, args.max_delay)
+    stderr_path = os.path.join(workdir, 'cycle.stderr')
+    with open(stderr_path, 'w', encoding='utf-8') as stderr:
+      process = subprocess.Popen(main_command(args.config, run_dir, args.extra), cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=stderr)
+      try:
+        process.wait(timeout=delay)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    with open(stderr_path, encoding='utf-8', errors='replace') as f:
+      log = f.read()
+    match = re.search(r'Resumed from step (\d+)', log)
+    resumed = int(match.group(1)) if match else None  # None: killed before restoring.
+    reached = logged_step(run_dir)
+    saved = [int(name) for name in checkpoint_dirs(run_dir) if name.isdigit()]
+    record = {
+        'cycle': cycle, 'delay_s': round(delay, 2), 'killed': process.returncode == -9,
+        'returncode': process.returncode, 'resumed_from': resumed, 'logged_step': reached,
+        'newest_checkpoint': max(saved, default=0),
+        # Progress logged before the kill that no complete checkpoint holds.
+        'lost_steps': max(0, reached - max(saved, default=0)),
+        'save_in_flight': any('tmp' in name for name in checkpoint_dirs(run_dir)),
+        'went_back': resumed is not None and resumed < previous_resume,
+        'error': None if process.returncode in (0, -9) else log.strip().splitlines()[-1:],
+    }
+    cycles.append(record)
+    previous_resume = resumed if resumed is not None else previous_resume
+    with open(log_path, 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+    print(f'cycle {cycle}: delay {delay:.1f}s resumed {resumed} logged {reached} '
+          f'in-flight {record["save_in_flight"]} rc {process.returncode}', flush=True)
+    if process.returncode == 0:
+      break  # Finished inside a cycle.
+
+  final = subprocess.run(main_command(args.config, run_dir, args.extra), cwd=REPO, text=True,
+                         capture_output=True, check=False)
+  diff = max_param_diff(final_params(run_dir, num_steps), final_params(reference, num_steps))
+  lost = [c['lost_steps'] for c in cycles if c['killed']]
+  summary = {
+      'cycles': len(cycles), 'kills': sum(c['killed'] for c in cycles),
+      'kills_before_restore': sum(c['killed'] and c['resumed_from'] is None for c in cycles),
+      'kills_with_save_in_flight': sum(c['save_in_flight'] for c in cycles),
+      'errors': [c['error'] for c in cycles if c['error']],
+      'went_back': sum(c['went_back'] for c in cycles),
+      'max_lost_steps': max(lost, default=0),
+      'mean_lost_steps': sum(lost) / max(len(lost), 1),
+      'final_run_returncode': final.returncode, 'num_steps': num_steps,
+      'final_params_max_abs_diff': diff, 'identical': diff == 0.0,
+      'wall_minutes': round((time.time() - start) / 60, 1),
+  }
+  print(json.dumps(summary), flush=True)
+  with open(os.path.join(workdir, 'soak_summary.json'), 'w', encoding='utf-8') as f:
+    json.dump(summary, f, indent=2)
+  shutil.copy(stderr_path, os.path.join(workdir, 'last_cycle.stderr'))
+
+
+if __name__ == '__main__':
+  main()

@@ -11,6 +11,7 @@ VALID_CHOICES = {
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
     'model.attention_impl': ('xla', 'cudnn'),
+    'model.gelu': ('erf', 'tanh'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),

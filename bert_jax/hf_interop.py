@@ -194,14 +194,19 @@ class ImportReport:
     return '\n'.join(lines)
 
 
+# HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
+HF_GELU = {'gelu': 'erf', 'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh'}
+
+
 def hf_config_to_model_overrides(hf_config: dict) -> dict:
   """HF BertConfig dict -> our config.model values; UnsupportedConfigError on what we lack."""
   problems = []
   if hf_config.get('model_type', 'bert') != 'bert':
     problems.append(f'model_type={hf_config["model_type"]!r}; only "bert" maps onto our model')
-  if hf_config.get('hidden_act', 'gelu') != 'gelu':
-    # Ours is the exact erf GELU; 'gelu_new' (tanh) or 'relu' would change every activation.
-    problems.append(f'hidden_act={hf_config["hidden_act"]!r}; our model implements "gelu" (erf)')
+  act = hf_config.get('hidden_act', 'gelu')
+  if act not in HF_GELU:
+    # 'relu' or others would change every activation.
+    problems.append(f'hidden_act={act!r}; our model implements {sorted(HF_GELU)}')
   if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
     problems.append(f'position_embedding_type={hf_config["position_embedding_type"]!r}; '
                     'our model has learned absolute positions only')
@@ -220,7 +225,9 @@ def hf_config_to_model_overrides(hf_config: dict) -> dict:
            'initializer_range': 'initializer_range',
            'hidden_dropout_prob': 'hidden_dropout_rate',
            'attention_probs_dropout_prob': 'attention_dropout_rate'}
-  return {ours: hf_config[hf] for hf, ours in names.items() if hf in hf_config}
+  overrides = {ours: hf_config[hf] for hf, ours in names.items() if hf in hf_config}
+  overrides['gelu'] = HF_GELU[act]
+  return overrides
 
 
 def model_to_hf_config(config) -> dict:
@@ -230,7 +237,8 @@ def model_to_hf_config(config) -> dict:
       'architectures': ['BertForPreTraining' if config.data.nsp else 'BertForMaskedLM'],
       'model_type': 'bert', 'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
       'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
-      'intermediate_size': m.intermediate_size, 'hidden_act': 'gelu',
+      'intermediate_size': m.intermediate_size,
+      'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new',
       'hidden_dropout_prob': m.hidden_dropout_rate,
       'attention_probs_dropout_prob': m.attention_dropout_rate,
       'max_position_embeddings': m.max_position_embeddings,

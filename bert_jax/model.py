@@ -42,6 +42,7 @@ class BertConfig:
   scan_layers: bool = True
   scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
   remat_policy: str = 'none'
+  gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, no dropout).
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   nsp: bool = True  # Whether the NSP head exists.
@@ -174,7 +175,7 @@ class BertIntermediate(nn.Module):
     h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
                             name='dense')(x)
-    h = nn.gelu(h, approximate=False)
+    h = nn.gelu(h, approximate=cfg.gelu == 'tanh')
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 
 
@@ -257,7 +258,7 @@ class MaskedLmHead(nn.Module):
     x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
                             name='transform_dense')(x)
-    x = nn.gelu(x, approximate=False)
+    x = nn.gelu(x, approximate=cfg.gelu == 'tanh')
     x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
                           name='transform_LayerNorm')(x)
     bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,

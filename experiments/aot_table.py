@@ -25,11 +25,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_512 = ['--config.data.max_seq_length=512', '--config.data.max_predictions_per_seq=80']
 BF16 = ['--config.model.dtype=bfloat16']
 # Presets tried in order; the first that fits is recommended.
+FSDP = ['--config.mesh.preset=fsdp', '--config.mesh.data=-1', '--config.mesh.fsdp=16']
 DATA_THEN_FSDP = [
     ('data', ['--config.mesh.preset=data']),
-    ('fsdp', ['--config.mesh.preset=fsdp', '--config.mesh.data=1', '--config.mesh.fsdp=-1']),
-    ('fsdp+remat', ['--config.mesh.preset=fsdp', '--config.mesh.data=1', '--config.mesh.fsdp=-1',
-                    '--config.model.remat_policy=dots']),
+    ('data+remat', ['--config.mesh.preset=data', '--config.model.remat_policy=dots']),
+    ('fsdp16', FSDP),
+    ('fsdp16+remat', FSDP + ['--config.model.remat_policy=dots']),
+    ('fsdp16+full remat', FSDP + ['--config.model.remat_policy=full']),
 ]
 
 # name: (config, topology, overrides, presets)

@@ -9,6 +9,7 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
   paper   dropout 0.1 on hidden states and attention probabilities, threefry masks
   rbg     the same dropout, masks drawn with XLA's RngBitGenerator
   cudnn   cuDNN fused attention, attention-probability dropout 0 (hidden dropout 0.1), rbg
+  paper_unrolled, cudnn_unrolled   paper / cuDNN (threefry) with the scan fully unrolled
 """
 
 import argparse
@@ -19,11 +20,17 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
+LAYERS = {'base': 12, 'large': 24}
+UNROLL = '--config.model.scan_unroll={layers}'
+CUDNN = ['--config.model.attention_impl=cudnn', '--config.model.attention_dropout_rate=0.0']
 VARIANTS = {
     'paper': [],
     'rbg': ['--config.model.dropout_rng_impl=rbg'],
-    'cudnn': ['--config.model.dropout_rng_impl=rbg', '--config.model.attention_impl=cudnn',
-              '--config.model.attention_dropout_rate=0.0'],
+    'cudnn': ['--config.model.dropout_rng_impl=rbg', *CUDNN],
+    'paper_unrolled': [UNROLL],
+    'cudnn_unrolled': [UNROLL, *CUDNN],
+    'paper_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh'],
+    'cudnn_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh', *CUDNN],
 }
 
 
@@ -36,7 +43,8 @@ def ours(model, seq, batch, variant, steps):
           f'--steps={steps}', '--config.model.dtype=bfloat16',
           f'--config.data.max_seq_length={seq}',
           f'--config.data.max_predictions_per_seq={predictions(seq)}',
-          f'--config.train.batch_size={batch}', *VARIANTS[variant]]
+          f'--config.train.batch_size={batch}',
+          *(flag.format(layers=LAYERS[model]) for flag in VARIANTS[variant])]
 
 
 def peer(model, seq, batch, mode, steps, attention_dropout):
@@ -62,7 +70,7 @@ def measure(command, label, out):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--shapes', default='large:128:128,large:512:32,base:128:256')
-  parser.add_argument('--variants', default='paper,rbg,cudnn')
+  parser.add_argument('--variants', default='paper,paper_unrolled,cudnn_unrolled')
   parser.add_argument('--peer', default='eager,compile')
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--out', default='bench_compare.jsonl')

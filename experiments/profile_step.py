@@ -25,6 +25,7 @@ from bert_jax import benchmark  # pylint: disable=g-import-not-at-top,wrong-impo
 _CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protected-access
 _TOP = flags.DEFINE_integer('top', 40, 'Ops to list.')
 _OUT = flags.DEFINE_string('out', '', 'Write every op as JSON lines here.')
+_HLO_OUT = flags.DEFINE_string('hlo_out', '', 'Write the optimized HLO of the step here.')
 
 
 def kind_of(name: str) -> str:
@@ -55,6 +56,9 @@ def main(argv):
     step = steps.jit_train_step(model, tx, shardings, batch_sharding)
     batch = sharding.global_batch(benchmark.random_batch(config, np.random.default_rng(0)),
                                   batch_sharding)
+    if _HLO_OUT.value:
+      with open(_HLO_OUT.value, 'w', encoding='utf-8') as f:
+        f.write(step.lower(state, batch).compile().as_text())
     for _ in range(3):
       state, stats = step(state, batch)
     jax.block_until_ready(stats)

@@ -4,9 +4,12 @@
       [-- --config.KEY=VALUE ...]
 
 Each cycle starts `python -m bert_jax.main` on the same workdir and SIGKILLs it after a random
-delay (uniform in [--min_delay, --max_delay] seconds: some kills land in start-up, some in train
-steps, some while a checkpoint is being written). After the cycles, the same command runs to the
-end, and its final parameters are compared with an uninterrupted run in WORKDIR/reference.
+delay, uniform in [--min_delay, --max_delay] seconds, counted from launch for --startup_share of
+the cycles (kills in imports, data preparation, restore, compilation) and from the process's first
+logged train step for the others (kills in train steps, evaluations and checkpoint writes). After the cycles, the same command runs to the
+end, and its final parameters are compared with an uninterrupted run in WORKDIR/reference. A run
+that finishes inside the cycles is compared too, and the cycles go on with a fresh run
+(WORKDIR/run0, run1, ...).
 
 Reported per cycle (WORKDIR/soak.jsonl) and in total (printed JSON): the step the run had logged
 before the kill, the step it had resumed from, the progress lost (logged steps beyond the newest
@@ -52,6 +55,12 @@ def logged_step(workdir) -> int:
   return step
 
 
+def _training(stderr_path) -> bool:
+  """Whether this process has logged a train step (`step N/M | ...`): it is in the step loop."""
+  with open(stderr_path, encoding='utf-8', errors='replace') as f:
+    return re.search(r'\] step \d+/\d+ \|', f.read()) is not None
+
+
 def checkpoint_dirs(workdir):
   directory = os.path.join(workdir, 'checkpoints')
   return os.listdir(directory) if os.path.isdir(directory) else []
@@ -83,11 +92,13 @@ def main():
   parser.add_argument('--min_delay', type=float, default=4.0)
   parser.add_argument('--max_delay', type=float, default=16.0)
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--startup_share', type=float, default=0.2,
+                      help='Share of cycles killed during start-up (delay from launch).')
   parser.add_argument('extra', nargs='*', help='--config.KEY=VALUE overrides, after --')
   args = parser.parse_args()
   rng = random.Random(args.seed)
   workdir = os.path.abspath(args.workdir)
-  run_dir, reference = os.path.join(workdir, 'run'), os.path.join(workdir, 'reference')
+  reference = os.path.join(workdir, 'reference')
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, 'soak.jsonl')
 
@@ -97,14 +108,21 @@ def main():
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   num_steps = num_steps_of(reference)
 
-  cycles, previous_resume = [], 0
+  cycles, previous_resume, finished_runs = [], 0, []
   start = time.time()
   for cycle in range(args.cycles):
+    run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
     delay = rng.uniform(args.min_delay, args.max_delay)
     stderr_path = os.path.join(workdir, 'cycle.stderr')
+    in_startup = rng.random() < args.startup_share
     with open(stderr_path, 'w', encoding='utf-8') as stderr:
       process = subprocess.Popen(main_command(args.config, run_dir, args.extra), cwd=REPO,
                                  stdout=subprocess.DEVNULL, stderr=stderr)
+      if not in_startup:
+        # Start-up (imports, data, compilation) takes seconds that vary with the machine's
+        # load: the delay counts from the first train step (or the restore) on.
+        while process.poll() is None and not _training(stderr_path):
+          time.sleep(0.05)
       try:
         process.wait(timeout=delay)
       except subprocess.TimeoutExpired:
@@ -117,7 +135,8 @@ def main():
     reached = logged_step(run_dir)
     saved = [int(name) for name in checkpoint_dirs(run_dir) if name.isdigit()]
     record = {
-        'cycle': cycle, 'delay_s': round(delay, 2), 'killed': process.returncode == -9,
+        'cycle': cycle, 'delay_s': round(delay, 2), 'in_startup': in_startup,
+        'killed': process.returncode == -9,
         'returncode': process.returncode, 'resumed_from': resumed, 'logged_step': reached,
         'newest_checkpoint': max(saved, default=0),
         # Progress logged before the kill that no complete checkpoint holds.
@@ -132,12 +151,20 @@ def main():
       f.write(json.dumps(record) + '\n')
     print(f'cycle {cycle}: delay {delay:.1f}s resumed {resumed} logged {reached} '
           f'in-flight {record["save_in_flight"]} rc {process.returncode}', flush=True)
-    if process.returncode == 0:
-      break  # Finished inside a cycle.
+    if process.returncode == 0 or record['newest_checkpoint'] == num_steps:
+      # This run finished inside a cycle: compare it, and go on killing a fresh run.
+      finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
+                                          final_params(reference, num_steps)))
+      print(f'run {len(finished_runs) - 1} finished: max |param diff| {finished_runs[-1]}',
+            flush=True)
+      previous_resume = 0
 
+  run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
   final = subprocess.run(main_command(args.config, run_dir, args.extra), cwd=REPO, text=True,
                          capture_output=True, check=False)
-  diff = max_param_diff(final_params(run_dir, num_steps), final_params(reference, num_steps))
+  finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
+                                      final_params(reference, num_steps)))
+  diff = max(finished_runs)
   lost = [c['lost_steps'] for c in cycles if c['killed']]
   summary = {
       'cycles': len(cycles), 'kills': sum(c['killed'] for c in cycles),
@@ -148,7 +175,8 @@ def main():
       'max_lost_steps': max(lost, default=0),
       'mean_lost_steps': sum(lost) / max(len(lost), 1),
       'final_run_returncode': final.returncode, 'num_steps': num_steps,
-      'final_params_max_abs_diff': diff, 'identical': diff == 0.0,
+      'runs_completed': len(finished_runs), 'final_params_max_abs_diff': diff,
+      'identical': diff == 0.0,
       'wall_minutes': round((time.time() - start) / 60, 1),
   }
   print(json.dumps(summary), flush=True)

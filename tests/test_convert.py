@@ -133,6 +133,23 @@ def test_import_matches_transformers(hf_model, checkpoint, inputs, scan_layers):
   assert max(diffs.values()) < TOLERANCE, diffs
 
 
+def test_tanh_gelu_model_matches_transformers_gelu_new(hf_model, inputs, tmp_path):
+  """HF's 'gelu_new' (the original TF BERT's tanh GELU) imports as model.gelu='tanh'."""
+  hf = transformers.BertForPreTraining(transformers.BertConfig(
+      **HF_SIZES, hidden_act='gelu_new')).eval()
+  hf.load_state_dict(hf_model[0].state_dict())
+  hf.save_pretrained(str(tmp_path))
+  state_dict, hf_config = convert.load_hf_state_dict(str(tmp_path))
+  config = our_config(hf_config)
+  assert config.model.gelu == 'tanh'
+  params, _ = convert.import_hf(state_dict, config, hf_config=hf_config)
+  ours, theirs = run_ours(params, config, inputs), run_hf(hf, inputs)
+  assert max(max_diff(a, b) for a, b in zip(ours, theirs)) < TOLERANCE
+  erf = our_config(checkpoint_config := dict(hf_config, hidden_act='gelu'))
+  assert checkpoint_config['hidden_act'] == 'gelu' and erf.model.gelu == 'erf'
+  assert max_diff(run_ours(params, erf, inputs)[2], theirs[2]) > TOLERANCE  # They differ.
+
+
 def test_export_loads_in_transformers_and_round_trips(checkpoint, inputs, tmp_path):
   config = our_config(checkpoint[1])
   params, _ = convert.import_hf(checkpoint[0], config)
@@ -277,16 +294,23 @@ def test_vocab_size_mismatch_needs_resize(checkpoint):
 
 
 def test_unsupported_hf_config_names_every_feature():
-  bad = {'hidden_act': 'gelu_new', 'position_embedding_type': 'relative_key', 'is_decoder': True}
+  bad = {'hidden_act': 'relu', 'position_embedding_type': 'relative_key', 'is_decoder': True}
   with pytest.raises(convert.UnsupportedConfigError,
-                     match='gelu_new.*relative_key.*is_decoder'):
+                     match='relu.*relative_key.*is_decoder'):
     convert.hf_config_to_model_overrides(bad)
+
+
+def test_tanh_gelu_maps_both_ways():
+  assert convert.hf_config_to_model_overrides({'hidden_act': 'gelu_new'})['gelu'] == 'tanh'
+  config = base.get_config()
+  config.model.gelu = 'tanh'
+  assert convert.model_to_hf_config(config)['hidden_act'] == 'gelu_new'
 
 
 def test_hf_config_round_trips():
   config = base.get_config('layers=3,hidden=96,heads=6')
   overrides = convert.hf_config_to_model_overrides(convert.model_to_hf_config(config))
-  assert overrides == {k: config.model[k] for k in overrides} and len(overrides) == 11
+  assert overrides == {k: config.model[k] for k in overrides} and len(overrides) == 12
 
 
 def test_casing_mismatch_is_an_error(tmp_path):

@@ -90,6 +90,11 @@ class Checkpointer:
     self._manager.reload()
     return target
 
+  def reached_preemption(self, step: int) -> bool:
+    """Several processes: whether JAX's preemption sync point says to stop at `step` (all
+    processes get the same answer for the same step)."""
+    return self._manager.reached_preemption(step)
+
   def should_save(self, step: int, final: bool) -> bool:
     return final or (self.every > 0 and step % self.every == 0)
 

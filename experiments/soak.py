@@ -94,6 +94,8 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--startup_share', type=float, default=0.2,
                       help='Share of cycles killed during start-up (delay from launch).')
+  parser.add_argument('--finish', action='store_true',
+                      help='No cycles: finish and summarise a soak whose loop was stopped.')
   parser.add_argument('extra', nargs='*', help='--config.KEY=VALUE overrides, after --')
   args = parser.parse_args()
   rng = random.Random(args.seed)
@@ -107,6 +109,9 @@ def main():
     subprocess.run(main_command(args.config, reference, args.extra), cwd=REPO, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   num_steps = num_steps_of(reference)
+  if args.finish:
+    finish_interrupted(args, workdir, reference, num_steps)
+    return
 
   cycles, previous_resume, finished_runs = [], 0, []
   start = time.time()
@@ -159,6 +164,11 @@ def main():
             flush=True)
       previous_resume = 0
 
+  finish(args, workdir, reference, num_steps, cycles, finished_runs, time.time() - start)
+
+
+def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds):
+  """Runs the last run to its end, compares it with the reference, writes the summary."""
   run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
   final = subprocess.run(main_command(args.config, run_dir, args.extra), cwd=REPO, text=True,
                          capture_output=True, check=False)
@@ -177,12 +187,29 @@ def main():
       'final_run_returncode': final.returncode, 'num_steps': num_steps,
       'runs_completed': len(finished_runs), 'final_params_max_abs_diff': diff,
       'identical': diff == 0.0,
-      'wall_minutes': round((time.time() - start) / 60, 1),
+      'cycle_minutes': round(seconds / 60, 1),
   }
   print(json.dumps(summary), flush=True)
   with open(os.path.join(workdir, 'soak_summary.json'), 'w', encoding='utf-8') as f:
     json.dump(summary, f, indent=2)
-  shutil.copy(stderr_path, os.path.join(workdir, 'last_cycle.stderr'))
+  stderr_path = os.path.join(workdir, 'cycle.stderr')
+  if os.path.exists(stderr_path):
+    shutil.copy(stderr_path, os.path.join(workdir, 'last_cycle.stderr'))
+
+
+def finish_interrupted(args, workdir, reference, num_steps):
+  """--finish: the summary of a soak whose cycle loop was stopped (from WORKDIR/soak.jsonl)."""
+  with open(os.path.join(workdir, 'soak.jsonl'), encoding='utf-8') as f:
+    cycles = [json.loads(line) for line in f if line.strip()]
+  finished_runs = []
+  while os.path.isdir(os.path.join(workdir, f'run{len(finished_runs)}', 'checkpoints',
+                                   str(num_steps))):
+    run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
+    finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
+                                        final_params(reference, num_steps)))
+  seconds = os.path.getmtime(os.path.join(workdir, 'soak.jsonl')) - os.path.getctime(
+      os.path.join(workdir, 'soak.log'))
+  finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds)
 
 
 if __name__ == '__main__':

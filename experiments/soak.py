@@ -140,7 +140,8 @@ def main():
     reached = logged_step(run_dir)
     saved = [int(name) for name in checkpoint_dirs(run_dir) if name.isdigit()]
     record = {
-        'cycle': cycle, 'delay_s': round(delay, 2), 'in_startup': in_startup,
+        'cycle': cycle, 'time': round(time.time(), 1), 'delay_s': round(delay, 2),
+        'in_startup': in_startup,
         'killed': process.returncode == -9,
         'returncode': process.returncode, 'resumed_from': resumed, 'logged_step': reached,
         'newest_checkpoint': max(saved, default=0),
@@ -207,8 +208,8 @@ def finish_interrupted(args, workdir, reference, num_steps):
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
     finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
                                         final_params(reference, num_steps)))
-  seconds = os.path.getmtime(os.path.join(workdir, 'soak.jsonl')) - os.path.getctime(
-      os.path.join(workdir, 'soak.log'))
+  times = [c['time'] for c in cycles if 'time' in c]
+  seconds = times[-1] - times[0] if len(times) > 1 else 0.0
   finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds)
 
 

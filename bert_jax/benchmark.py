@@ -40,26 +40,42 @@ def random_batch(config, rng):
   }
 
 
+class Setup:
+  """What a timing run needs: validated config, mesh and rules, model, optimizer, sharded state,
+  the jitted (donated) train step and one random batch on the devices. Use under `in_mesh()`."""
+
+  def __init__(self, config):
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    from bert_jax import config_lib, optim, sharding, steps  # pylint: disable=g-import-not-at-top
+    config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants a value.
+    config_lib.validate(config)
+    self.config = config
+    self.mesh = sharding.create_mesh(config.mesh)
+    self.rules = sharding.logical_axis_rules(config.mesh.preset)
+    config_lib.validate_runtime(config, 0, sharding.batch_divisor(self.mesh))
+    self.model, self.tx = steps.build_model(config), optim.create_optimizer(config.train)
+    steps.check_state_divides(config, self.model, self.tx, self.mesh, self.rules)
+    with self.in_mesh():
+      self.state, shardings = steps.create_train_state(config, self.model, self.tx, self.mesh,
+                                                       self.rules)
+      batch_sharding = sharding.batch_sharding(self.mesh)
+      self.step = steps.jit_train_step(self.model, self.tx, shardings, batch_sharding)
+      self.batch = sharding.global_batch(random_batch(config, np.random.default_rng(0)),
+                                         batch_sharding)
+
+  def in_mesh(self):
+    from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+    return sharding.activation_rules(self.mesh, self.rules)
+
+
 def run(config, num_steps: int, warmup: int) -> dict:
   """Times `num_steps` train steps after `warmup`; returns the JSON record."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax import config_lib, metrics, optim, sharding, steps  # pylint: disable=g-import-not-at-top
-  config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants a value.
-  config_lib.validate(config)
-  mesh = sharding.create_mesh(config.mesh)
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  config_lib.validate_runtime(config, 0, sharding.batch_divisor(mesh))
-  steps.check_state_divides(config, steps.build_model(config),
-                            optim.create_optimizer(config.train), mesh, rules)
+  from bert_jax import metrics, steps  # pylint: disable=g-import-not-at-top
+  setup = Setup(config)
+  mesh, state, step, batch = setup.mesh, setup.state, setup.step, setup.batch
   peak = metrics.measure_peak_flops()
-  with sharding.activation_rules(mesh, rules):
-    model = steps.build_model(config)
-    tx = optim.create_optimizer(config.train)
-    state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
-    batch_shardings = sharding.batch_sharding(mesh)
-    step = steps.jit_train_step(model, tx, state_shardings, batch_shardings)
-    batch = sharding.global_batch(random_batch(config, np.random.default_rng(0)), batch_shardings)
+  with setup.in_mesh():
     compile_start = time.perf_counter()
     for _ in range(warmup):
       state, stats = step(state, batch)

@@ -122,7 +122,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   model, tx = steps.build_model(config), optim.create_optimizer(config.train)
   try:
     mesh = sharding.create_mesh(config.mesh)
-    steps.check_state_divides(config, model, tx, mesh, rules)
+    abstract_state = steps.check_state_divides(config, model, tx, mesh, rules)
   except sharding.MeshError as e:
     raise config_lib.ConfigError(str(e)) from e
   try:
@@ -131,8 +131,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise checkpoint_lib.CheckpointError(
         f'--workdir={workdir!r} cannot be created ({e.strerror}); choose a writable '
         'directory.') from e
-  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(
-      steps.abstract_train_state(config, model, tx)))
+  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
   stream, held_out, tokenizer = prepare_data(config, workdir)
   config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
   if jax.process_index() == 0:

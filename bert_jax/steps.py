@@ -72,17 +72,19 @@ _SIZE_KEYS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_heads', 'ty
               'max_position_embeddings')
 
 
-def check_state_divides(config, model, tx, mesh, rules) -> None:
-  """Raises sharding.MeshError, naming a parameter and a fix, when the mesh cannot split the state.
+def check_state_divides(config, model, tx, mesh, rules):
+  """The abstract (unboxed) state; sharding.MeshError, naming a parameter and a fix, when the mesh
+  cannot split it.
 
   E.g. the paper's vocab of 30522 rows cannot be split 4 ways over tensor=4. Runs before anything
   compiles (shapes only).
   """
-  abstract = nn.meta.unbox(abstract_train_state(config, model, tx))
-  problems = sharding.indivisible(abstract.params, train_state_shardings(
-      config, model, tx, mesh, rules).params)
+  boxed = abstract_train_state(config, model, tx)
+  shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
+  abstract = nn.meta.unbox(boxed)
+  problems = sharding.indivisible(abstract.params, shardings.params)
   if not problems:
-    return
+    return abstract
   path, shape, dim, ways, axes = problems[0]
   size = shape[dim]
   keys = [f'config.model.{k}={size}' for k in _SIZE_KEYS if config.model[k] == size]

@@ -59,17 +59,10 @@ def timed(fn, *args, steps):
 
 def measure(config, steps):
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax import optim, sharding  # pylint: disable=g-import-not-at-top
   from bert_jax import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  config.data.corpus = 'builtin'
-  mesh = sharding.create_mesh(config.mesh)
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  model, tx = steps_lib.build_model(config), optim.create_optimizer(config.train)
-  with sharding.activation_rules(mesh, rules):
-    state, shardings = steps_lib.create_train_state(config, model, tx, mesh, rules)
-    batch = sharding.global_batch(benchmark.random_batch(config, np.random.default_rng(0)),
-                                  sharding.batch_sharding(mesh))
+  setup = benchmark.Setup(config)
+  model, tx, state, batch = setup.model, setup.tx, setup.state, setup.batch
+  with setup.in_mesh():
     rng = jax.random.key(1)
 
     def loss(params):

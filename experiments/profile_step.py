@@ -42,20 +42,11 @@ def kind_of(name: str) -> str:
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
-  from bert_jax import optim, sharding, steps  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
-  config.data.corpus = 'builtin'
-  mesh = sharding.create_mesh(config.mesh)
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  with sharding.activation_rules(mesh, rules):
-    model, tx = steps.build_model(config), optim.create_optimizer(config.train)
-    state, shardings = steps.create_train_state(config, model, tx, mesh, rules)
-    batch_sharding = sharding.batch_sharding(mesh)
-    step = steps.jit_train_step(model, tx, shardings, batch_sharding)
-    batch = sharding.global_batch(benchmark.random_batch(config, np.random.default_rng(0)),
-                                  batch_sharding)
+  setup = benchmark.Setup(config)
+  state, step, batch = setup.state, setup.step, setup.batch
+  with setup.in_mesh():
     if _HLO_OUT.value:
       with open(_HLO_OUT.value, 'w', encoding='utf-8') as f:
         f.write(step.lower(state, batch).compile().as_text())

@@ -228,13 +228,15 @@ def poison_step(monkeypatch, bad_step):
   monkeypatch.setattr(pretrain.pipeline.PretrainingStream, 'batches', batches)
 
 
-def micro_config(tmp_path, **train):
+def micro_config(tmp_path=None, **overrides):
+  """test_train's micro model with RUN and `overrides` ('section.key': value)."""
   from configs import tiny  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
-  for key, value in {**test_train.OVERRIDES, **RUN, **train}.items():
+  for key, value in {**test_train.OVERRIDES, **RUN, **overrides}.items():
     section, leaf = key.split('.')
     config[section][leaf] = value
-  config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
+  if tmp_path is not None:
+    config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
   return config
 
 
@@ -263,7 +265,7 @@ def test_nan_steps_are_skipped_and_counted_when_configured(tmp_path, monkeypatch
 
 
 def test_skipped_step_keeps_parameters_and_optimizer_state():
-  config = micro_config_static()
+  config = micro_config(**{'train.batch_size': 4})
   model = steps.build_model(config)
   tx = pretrain.optim.create_optimizer(config.train)
   mesh = sharding.create_mesh(config.mesh)
@@ -278,16 +280,6 @@ def test_skipped_step_keeps_parameters_and_optimizer_state():
   assert int(new_state.step) == 1
   assert_trees_equal(new_state.params, state.params)
   assert_trees_equal(new_state.opt_state, state.opt_state)
-
-
-def micro_config_static():
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
-  for key, value in test_train.OVERRIDES.items():
-    section, leaf = key.split('.')
-    config[section][leaf] = value
-  config.train.batch_size = 4
-  return config
 
 
 # 5. Disk full, unwritable workdir, failed checkpoint write -------------------------------------

@@ -138,17 +138,17 @@ def train_and_evaluate(config, workdir: str) -> dict:
     write_config(config, workdir)
   logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
   with sharding.activation_rules(mesh, rules):
-    return _train(config, workdir, stream, held_out, tokenizer, mesh, rules)
+    return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
 
 
-def _check_vocab(saved: dict, tokenizer, step: int, workdir: str) -> None:
+def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: str) -> None:
   """The vocab a checkpoint was trained with must be the one this run tokenizes with."""
   saved_hash = saved.get('vocab_sha256')
-  if saved_hash and saved_hash != tokenizer.vocab_hash():
+  if saved_hash and saved_hash != vocab_sha256:
     raise config_lib.ConfigError(
         f'The checkpoint at step {step} in {workdir} was trained with the vocab of sha256 '
         f'{saved_hash[:12]} ({saved.get("vocab_file", "?")}), but this run tokenizes with '
-        f'{tokenizer.vocab_file} (sha256 {tokenizer.vocab_hash()[:12]}); its token ids would '
+        f'{tokenizer.vocab_file} (sha256 {vocab_sha256[:12]}); its token ids would '
         'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
 
 
@@ -167,10 +167,9 @@ def _nonfinite_steps(flags, first_step: int) -> list[int]:
   return [first_step + i for i, ok in enumerate(jax.device_get(flags)) if not ok]
 
 
-def _train(config, workdir, stream, held_out, tokenizer, mesh, rules) -> dict:
+def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
-  model = steps.build_model(config)
-  tx = optim.create_optimizer(config.train)
+  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
   batch_shardings = sharding.batch_sharding(mesh)
 
@@ -182,7 +181,7 @@ def _train(config, workdir, stream, held_out, tokenizer, mesh, rules) -> dict:
   skipped = 0  # Steps whose update was skipped for a non-finite loss or gradient.
   if restored is not None:
     state, saved = restored
-    _check_vocab(saved, tokenizer, int(state.step), workdir)
+    _check_vocab(saved, tokenizer, vocab_sha256, int(state.step), workdir)
     position = {'epoch': int(saved['epoch']), 'batch': int(saved['batch'])}
     skipped = int(saved.get('nonfinite_skips', 0))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
@@ -238,7 +237,6 @@ def _train(config, workdir, stream, held_out, tokenizer, mesh, rules) -> dict:
   batches = stream.batches(position)
   preemption = Preemption()
   stopped_at = None
-  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   # Throughput counts train steps only: the first step's compilation, evals and saves are
   # excluded from the interval's time.
   accumulated, finite_flags, timed_steps = None, [], 0

@@ -65,6 +65,38 @@ class WordPieceTokenizer:
       ids += [np.asarray(encoding.ids, dtype=np.int32) for encoding in encodings]
     return ids
 
+  def encode_with_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per text: (int32 ids [n], int32 character spans [n, 2] into the original text).
+
+    The spans are of the unnormalised text (lowercasing and accent stripping are tracked), so
+    text[start:end] is the original spelling of each piece; '##' pieces span their part of a word.
+    """
+    out = []
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+      for encoding in self._tokenizer.encode_batch(texts[start:start + _ENCODE_CHUNK],
+                                                   add_special_tokens=False):
+        offsets = np.asarray(encoding.offsets, dtype=np.int32).reshape(-1, 2)
+        out.append((np.asarray(encoding.ids, dtype=np.int32), offsets))
+    return out
+
+  def encode_words(self, sentences: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per pre-split sentence: (int32 ids [n], int32 index of the word each piece belongs to [n]).
+
+    A word that normalises to nothing (e.g. a control character) gets no pieces.
+    """
+    out = []
+    for start in range(0, len(sentences), _ENCODE_CHUNK):
+      for encoding in self._tokenizer.encode_batch(sentences[start:start + _ENCODE_CHUNK],
+                                                   is_pretokenized=True,
+                                                   add_special_tokens=False):
+        words = np.asarray([-1 if w is None else w for w in encoding.word_ids], dtype=np.int32)
+        out.append((np.asarray(encoding.ids, dtype=np.int32), words))
+    return out
+
+  def id_to_token(self, index: int) -> str:
+    """The vocab entry of `index`."""
+    return self._tokens[index]
+
   def decode(self, ids) -> str:
     """Returns the text of `ids`, '##' pieces joined; special tokens are shown as such."""
     return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -1,0 +1,1 @@
+"""Fine-tuning tasks: GLUE, SQuAD v1.1/v2.0, CoNLL-2003 NER (readers, features, decoding, metrics)."""

@@ -1,0 +1,66 @@
+"""The contract between a fine-tuning task and the trainer (bert_jax/finetune.py).
+
+A task reads its files, turns examples into fixed-shape numpy features, and turns the model's
+outputs on those features back into the task's predictions and official metrics. The trainer
+only batches features, runs the model with the head the task names, and hands outputs back.
+
+Heads and the feature keys each needs (all arrays share the leading row axis n; S =
+config.data.max_seq_length):
+  every head:        input_ids, input_mask, segment_ids  [n, S] int32
+  'classification':  label [n] int32 (class index)                     -> outputs 'logits' [n, C]
+  'regression':      label [n] float32                                 -> outputs 'logits' [n, 1]
+  'token':           labels [n, S] int32, label_weights [n, S] float32
+                     (1.0 on the first piece of each word, else 0.0)   -> outputs 'logits' [n, S, C]
+  'span':            start_positions, end_positions [n] int32
+                     (0, the [CLS] position, when the answer is not in the window or there is
+                     none)                                             -> outputs 'start_logits',
+                                                                          'end_logits' [n, S]
+Metrics are percentages (0-100), as the paper reports them.
+"""
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+HEADS = ('classification', 'regression', 'token', 'span')
+
+
+@dataclasses.dataclass
+class EncodedSplit:
+  """One split of a task, encoded."""
+  features: dict[str, np.ndarray]  # Model inputs and targets; leading axis = rows.
+  meta: Any = None  # What score() needs to map rows back to examples (ids, offsets, words, ...).
+  num_examples: int = 0  # Examples before encoding (a SQuAD example may give several rows).
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.features['input_ids'])
+
+
+class TaskError(ValueError):
+  """Task data that cannot be read or used: names the file (and line) and what is wrong."""
+
+
+class Task:
+  """Interface of a task; glue.GlueTask, ner.NerTask and squad.SquadTask implement it."""
+  name: str  # e.g. 'sst2', 'squad1.1', 'conll2003'
+  head: str  # One of HEADS.
+  num_outputs: int  # Classes (1 for regression, 2 for span: start and end).
+  main_metric: str  # The metric results.json leads with, e.g. 'accuracy', 'f1', 'spearman'.
+
+  def train_split(self, tokenizer, max_seq_length: int) -> EncodedSplit:
+    raise NotImplementedError
+
+  def eval_splits(self, tokenizer, max_seq_length: int) -> dict[str, EncodedSplit]:
+    """Evaluation splits by name: usually {'dev': ...}; MNLI {'dev_matched', 'dev_mismatched'}."""
+    raise NotImplementedError
+
+  def score(self, split_name: str, split: EncodedSplit,
+            outputs: dict[str, np.ndarray]) -> tuple[dict[str, float], Any]:
+    """(metrics, predictions) of the model's outputs on every row of `split`, in row order."""
+    raise NotImplementedError
+
+  def write_predictions(self, split_name: str, predictions: Any, directory: str) -> list[str]:
+    """Writes the predictions in the task's submission format; returns the paths written."""
+    raise NotImplementedError

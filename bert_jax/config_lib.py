@@ -2,11 +2,12 @@
 
 import difflib
 import math
+import os
 
 from configs import base
 
 VALID_CHOICES = {
-    'mode': ('pretrain',),
+    'mode': ('pretrain', 'finetune'),
     'model.dtype': ('float32', 'bfloat16', 'float16'),
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
@@ -49,7 +50,7 @@ def flatten(config, prefix='') -> dict:
 def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
-  _check_known_keys(flat)
+  _check_known_keys(flat, base.get_config(), 'configs/base.py')
   for key, choices in VALID_CHOICES.items():
     if flat[key] not in choices:
       raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {choices}.')
@@ -72,8 +73,8 @@ def validate(config) -> None:
       raise ConfigError(str(e)) from e
 
 
-def _check_known_keys(flat) -> None:
-  known = flatten(base.get_config())
+def _check_known_keys(flat, reference, reference_file) -> None:
+  known = flatten(reference)
   unknown = sorted(set(flat) - set(known))
   if unknown:
     hints = []
@@ -83,7 +84,7 @@ def _check_known_keys(flat) -> None:
     raise ConfigError(f'Unknown config keys: {", ".join(hints)}.')
   missing = sorted(set(known) - set(flat))
   if missing:
-    raise ConfigError(f'Config lacks keys: {", ".join(missing)}; start from configs/base.py.')
+    raise ConfigError(f'Config lacks keys: {", ".join(missing)}; start from {reference_file}.')
 
 
 def _check_model(model) -> None:
@@ -142,3 +143,108 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.train.batch_size={config.train.batch_size} is not divisible by the '
         f'{batch_divisor} devices the batch is split over (mesh data x fsdp); use a multiple of '
         f'{batch_divisor}.')
+
+
+# Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
+FINETUNE_CHOICES = {
+    'task.kind': ('glue', 'squad', 'ner'),
+    'task.source': ('files', 'tfds'),
+    'task.version': ('1.1', '2.0'),
+}
+FINETUNE_POSITIVE = ('seeds', 'data.max_seq_length', 'train.batch_size', 'train.num_epochs',
+                     'train.log_every', 'train.keep_checkpoints', 'task.doc_stride',
+                     'task.max_query_length', 'task.n_best_size', 'task.max_answer_length',
+                     'task.feature_lstm_units', 'task.feature_lstm_layers')
+FINETUNE_NON_NEGATIVE = ('train.eval_batch_size', 'train.learning_rate', 'train.weight_decay',
+                         'train.max_grad_norm', 'train.checkpoint_every', 'task.feature_layers',
+                         'task.max_train_examples')
+FINETUNE_RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate',
+                  'train.warmup_proportion', 'task.split_dev_fraction')
+
+
+def validate_finetune(config) -> None:
+  """Static checks of a fine-tuning config (configs/finetune.py's keys); ConfigError on the first
+  problem, before any file is read or anything compiles."""
+  from configs import finetune  # pylint: disable=g-import-not-at-top
+  flat = flatten(config)
+  _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
+  for key, choices in {**VALID_CHOICES, **FINETUNE_CHOICES}.items():
+    if key in flat and flat[key] not in choices:
+      raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {choices}.')
+  for key in FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')):
+    if not flat[key] > 0:
+      raise ConfigError(f'config.{key}={flat[key]!r} must be > 0.')
+  for key in FINETUNE_NON_NEGATIVE:
+    if not flat[key] >= 0:
+      raise ConfigError(f'config.{key}={flat[key]!r} must be >= 0.')
+  for key in FINETUNE_RATES:
+    if not 0.0 <= flat[key] <= 1.0:
+      raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
+  _check_model(config.model)
+  if config.data.max_seq_length > config.model.max_position_embeddings:
+    raise ConfigError(
+        f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
+        f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
+  _check_task(config)
+  if config.init_from:
+    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    try:
+      init_from.check_exists(config.init_from)
+    except init_from.InitFromError as e:
+      raise ConfigError(str(e)) from e
+
+
+def _check_task(config) -> None:
+  """The task's files exist and its settings fit together."""
+  task = config.task
+  if task.kind == 'glue':
+    from configs import glue  # pylint: disable=g-import-not-at-top
+    if task.name not in glue.FOLDERS:
+      raise ConfigError(f'config.task.name={task.name!r} is not a GLUE task; choose one of '
+                        f'{tuple(glue.FOLDERS)}.')
+    if task.source == 'files':
+      _check_path('task.data_dir', task.data_dir, 'the GLUE task folder with train.tsv and '
+                  'dev.tsv (or set config.task.source=tfds)', directory=True)
+    if task.feature_layers:
+      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
+                        'mode tags tokens (NER); GLUE fine-tunes the whole model (set it to 0).')
+  elif task.kind == 'squad':
+    _check_path('task.dev_file', task.dev_file, 'the SQuAD dev JSON (dev-v1.1.json)')
+    if task.train_file:
+      _check_path('task.train_file', task.train_file, 'the SQuAD training JSON')
+    elif not task.split_dev_fraction:
+      raise ConfigError('config.task.train_file is empty and config.task.split_dev_fraction is '
+                        '0: give a SQuAD training JSON, or train on a share of the dev articles '
+                        '(e.g. --config.task.split_dev_fraction=0.5).')
+    if task.max_query_length + 3 >= config.data.max_seq_length:
+      raise ConfigError(f'config.task.max_query_length={task.max_query_length} leaves no room '
+                        f'for the context in config.data.max_seq_length='
+                        f'{config.data.max_seq_length}.')
+    if task.feature_layers:
+      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
+                        'mode tags tokens (NER); set it to 0 for SQuAD.')
+  else:
+    _check_path('task.train_file', task.train_file, 'the CoNLL-2003 training file (eng.train)')
+    _check_path('task.dev_file', task.dev_file, 'the CoNLL-2003 dev file (eng.testa)')
+    if task.test_file:
+      _check_path('task.test_file', task.test_file, 'the CoNLL-2003 test file (eng.testb)')
+    if task.feature_layers > config.model.num_layers:
+      raise ConfigError(f'config.task.feature_layers={task.feature_layers} exceeds the '
+                        f'encoder\'s {config.model.num_layers} layers.')
+
+
+def _check_path(key: str, value: str, what: str, directory: bool = False) -> None:
+  exists = os.path.isdir(value) if directory else os.path.isfile(value)
+  if not value:
+    raise ConfigError(f'config.{key} is empty; set it to {what} (or set BERT_JAX_DATA to the '
+                      'shared data folder before loading the config).')
+  if not exists:
+    raise ConfigError(f'config.{key}={value!r} does not exist; it should be {what}.')
+
+
+def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
+  """Checks that need the tokenizer; still before compilation."""
+  if config.model.vocab_size < tokenizer_vocab_size:
+    raise ConfigError(
+        f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '
+        f'config.data.vocab_file ({tokenizer_vocab_size} tokens); they must belong together.')

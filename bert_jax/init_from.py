@@ -130,20 +130,25 @@ def load_params(config, fresh_params):
 
 
 def _load_workdir_params(workdir: str, fresh_params):
-  step = latest_step(workdir)
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(fresh_params))
+  params = workdir_params(workdir)
+  check_same_structure(params, target, workdir)
+  return params
+
+
+def workdir_params(workdir: str):
+  """The parameters (host numpy) of the newest checkpoint of a bert_jax workdir."""
+  step = latest_step(workdir)
   path = os.path.join(workdir, 'checkpoints', str(step), 'state')
   try:
     state = ocp.StandardCheckpointer().restore(path)
   except (ValueError, FileNotFoundError) as e:
     raise InitFromError(f'Cannot read the checkpoint in {path!r}: {e}') from e
-  params = jax.tree.map(np.asarray, state['params'])
-  _check_same_structure(params, target, path)
   logging.info('init_from: parameters of step %d of %s.', step, workdir)
-  return params
+  return jax.tree.map(np.asarray, state['params'])
 
 
-def _check_same_structure(params, target, source) -> None:
+def check_same_structure(params, target, source) -> None:
   """Every parameter path and shape must agree; lists all differences at once."""
   flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
   want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(target)}

@@ -35,11 +35,19 @@ def main(argv):
     jax.distributed.initialize(num_processes=int(count) if count else None,
                                process_id=int(index) if index else None)
   from bert_jax import checkpoint, config_lib, pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.tasks import base as tasks_base  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),
                jax.devices()[0].platform)
   try:
-    pretrain.train_and_evaluate(config, _WORKDIR.value)
+    if config.get('mode') == 'finetune':
+      from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+      finetune.run(config, _WORKDIR.value)
+    else:
+      pretrain.train_and_evaluate(config, _WORKDIR.value)
+  except tasks_base.TaskError as e:
+    logging.error('Task data error: %s', e)
+    sys.exit(f'Task data error: {e}')
   except config_lib.ConfigError as e:
     logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')

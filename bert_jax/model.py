@@ -53,7 +53,7 @@ class BertConfig:
     fields = dict(config.model)
     fields['dtype'] = DTYPES[fields['dtype']]
     fields['param_dtype'] = DTYPES[fields['param_dtype']]
-    return cls(nsp=config.data.nsp, **fields)
+    return cls(nsp=config.data.get('nsp', False), **fields)
 
   @property
   def head_dim(self) -> int:
@@ -180,15 +180,22 @@ class BertIntermediate(nn.Module):
 
 
 class ScannedBertLayer(BertLayer):
-  """BertLayer with the (carry, output) signature nn.scan needs."""
+  """BertLayer with the (carry, output) signature nn.scan needs; emits its output when asked."""
+  emit: bool = False  # Also return each layer's output (stacked by the scan).
 
   def __call__(self, x, bias, deterministic):
-    return super().__call__(x, bias, deterministic), None
+    x = super().__call__(x, bias, deterministic)
+    return x, (x if self.emit else None)
 
 
 class BertEncoder(nn.Module):
-  """num_layers BertLayers, stacked under nn.scan (+ nn.remat) or unrolled."""
+  """num_layers BertLayers, stacked under nn.scan (+ nn.remat) or unrolled.
+
+  Returns the last layer's output, or with return_all_layers every layer's output stacked:
+  [layers, batch, length, embed] (the feature-based mode reads the last few).
+  """
   config: BertConfig
+  return_all_layers: bool = False
 
   @nn.compact
   def __call__(self, x, bias, deterministic):
@@ -203,14 +210,16 @@ class BertEncoder(nn.Module):
           layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers, unroll=cfg.scan_unroll,
           metadata_params={nn.PARTITION_NAME: 'layers'})
-      x, _ = stack(cfg, name='layer')(x, bias, deterministic)
-      return x
+      x, outputs = stack(cfg, emit=self.return_all_layers, name='layer')(x, bias, deterministic)
+      return outputs if self.return_all_layers else x
     layer_cls = BertLayer
     if cfg.remat_policy != 'none':
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
+    outputs = []
     for i in range(cfg.num_layers):
       x = layer_cls(cfg, name=f'layer_{i}')(x, bias, deterministic)
-    return x
+      outputs.append(x)
+    return jnp.stack(outputs) if self.return_all_layers else x
 
 
 class BertPooler(nn.Module):
@@ -227,13 +236,17 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-  """Embeddings, encoder and pooler: (sequence_output, pooled_output)."""
+  """Embeddings, encoder and pooler: (sequence_output, pooled_output).
+
+  With return_all_layers: (every layer's output [layers, batch, length, embed], pooled_output).
+  """
   config: BertConfig
+  return_all_layers: bool = False
 
   def setup(self):
     cfg = self.config
     self.embeddings = BertEmbeddings(cfg)
-    self.encoder = BertEncoder(cfg)
+    self.encoder = BertEncoder(cfg, self.return_all_layers)
     self.pooler = BertPooler(cfg)
 
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
@@ -241,7 +254,7 @@ class BertModel(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     x = self.encoder(x, layers.attention_bias(input_mask, self.config.dtype), deterministic)
-    return x, self.pooler(x)
+    return x, self.pooler(x[-1] if self.return_all_layers else x)
 
   def attend(self, x):
     return self.embeddings.attend(x)

@@ -112,18 +112,19 @@ def get_config(arg=None):
   return config
 
 
-def apply_arguments(config, arg):
-  """Applies `key=value,...` arguments (names in ARGUMENTS) to `config`."""
+def apply_arguments(config, arg, arguments=None):
+  """Applies `key=value,...` arguments (names in `arguments`, default ARGUMENTS) to `config`."""
+  arguments = ARGUMENTS if arguments is None else arguments
   for item in arg.split(','):
     if not item.strip():
       continue
     name, sep, value = item.partition('=')
     name = name.strip()
-    if not sep or name not in ARGUMENTS:
+    if not sep or name not in arguments:
       raise ValueError(
           f'Unknown config argument {item!r}; valid arguments are '
-          f'{", ".join(sorted(ARGUMENTS))} as name=value.')
-    *parents, leaf = ARGUMENTS[name].split('.')
+          f'{", ".join(sorted(arguments))} as name=value.')
+    *parents, leaf = arguments[name].split('.')
     node = config
     for parent in parents:
       node = node[parent]

@@ -1,0 +1,420 @@
+"""Fine-tuning and evaluation: a task's features -> BERT + head -> the task's official metrics.
+
+One command fine-tunes `config.seeds` seeds in turn (config.seed, config.seed + 1, ...). Seed s
+lives in WORKDIR/seed_<s>/ with its own checkpoints/ (orbax, resumable), metrics.jsonl,
+results.json and predictions; WORKDIR/results.json holds every seed's metrics per eval split and
+their median. A rerun of the same command skips finished seeds and resumes an unfinished one.
+The machinery is pretraining's: the same mesh and sharding presets, sharded state creation,
+checkpoints and metric writer.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import config_lib
+from bert_jax import heads
+from bert_jax import init_from
+from bert_jax import metrics as metrics_lib
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import steps
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.tasks import base
+
+INPUT_KEYS = ('input_ids', 'segment_ids', 'input_mask')
+# Targets each head trains on (see tasks/base.py).
+TARGET_KEYS = {'classification': ('label',), 'regression': ('label',),
+               'token': ('labels', 'label_weights'), 'span': ('start_positions', 'end_positions')}
+_SHUFFLE_STREAM = 5
+
+
+def build_task(config) -> base.Task:
+  """The task config.task names, with its files."""
+  t = config.task
+  if t.kind == 'glue':
+    from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top
+    return glue.GlueTask(t.name, data_dir=t.data_dir, source=t.source,
+                         max_train_examples=t.max_train_examples)
+  if t.kind == 'squad':
+    from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
+    return squad.SquadTask(
+        version=t.version, train_file=t.train_file, dev_file=t.dev_file,
+        split_dev_fraction=t.split_dev_fraction, seed=config.seed, doc_stride=t.doc_stride,
+        max_query_length=t.max_query_length, n_best_size=t.n_best_size,
+        max_answer_length=t.max_answer_length,
+        null_score_diff_threshold=t.null_score_diff_threshold,
+        max_train_examples=t.max_train_examples)
+  from bert_jax.tasks import ner  # pylint: disable=g-import-not-at-top
+  return ner.NerTask(t.train_file, t.dev_file, t.test_file,
+                     max_train_examples=t.max_train_examples)
+
+
+def build_model(config, task: base.Task) -> heads.BertForFineTuning:
+  t = config.task
+  return heads.BertForFineTuning(model_lib.BertConfig.from_config(config), task.head,
+                                 task.num_outputs, feature_layers=t.feature_layers,
+                                 lstm_units=t.feature_lstm_units, lstm_layers=t.feature_lstm_layers)
+
+
+def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
+  """The paper's fine-tuning AdamW: warmup over a share of the steps, then linear decay to 0."""
+  warmup = int(train_config.warmup_proportion * num_steps)
+  schedule = optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
+  tx = optax.chain(
+      optax.clip_by_global_norm(train_config.max_grad_norm),
+      optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
+                  eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
+                  mask=optim.weight_decay_mask))
+  if not frozen_encoder:
+    return tx, schedule
+  # Feature-based: the encoder's weights never change and carry no optimizer state.
+  labels = lambda params: {k: 'frozen' if k == 'bert' else 'train' for k in params}  # noqa: E731
+  return optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels), schedule
+
+
+def task_loss(head: str, outputs, batch):
+  """Mean loss of the head over the batch (token head: over labelled first pieces)."""
+  ce = optax.softmax_cross_entropy_with_integer_labels
+  if head == 'classification':
+    return jnp.mean(ce(outputs['logits'], batch['label']))
+  if head == 'regression':
+    return jnp.mean((outputs['logits'][:, 0] - batch['label']) ** 2)
+  if head == 'token':
+    weights = batch['label_weights']  # [batch, length]
+    return jnp.sum(ce(outputs['logits'], batch['labels']) * weights) / jnp.maximum(
+        jnp.sum(weights), 1.0)
+  return 0.5 * jnp.mean(ce(outputs['start_logits'], batch['start_positions'])
+                        + ce(outputs['end_logits'], batch['end_positions']))
+
+
+def _apply(model, params, batch, deterministic, rngs=None):
+  return model.apply({'params': params}, *(batch[k] for k in INPUT_KEYS),
+                     deterministic=deterministic, rngs=rngs)
+
+
+def train_step(state: steps.TrainState, batch, *, model, tx):
+  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats)."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    return task_loss(model.head, _apply(model, params, batch, False, {'dropout': dropout_rng}),
+                     batch)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  stats = {'loss': loss, 'grad_norm': optax.tree_utils.tree_norm(grads)}
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats
+
+
+def eval_step(params, batch, *, model):
+  """The head's outputs on a batch, without dropout."""
+  return _apply(model, params, batch, True)
+
+
+def state_initializer(model, tx, max_seq_length: int):
+  """init(rng) -> TrainState with logically annotated (boxed) parameters."""
+  def init(rng):
+    params_rng, dropout_rng = jax.random.split(rng)
+    ids = jnp.zeros((1, max_seq_length), jnp.int32)
+    params = model.init({'params': params_rng}, ids, ids, ids, deterministic=True)['params']
+    return steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                            opt_state=tx.init(params), rng=dropout_rng)
+  return init
+
+
+def train_batches(features: dict, batch_size: int, seed: int, epoch: int):
+  """Epoch `epoch`'s shuffled full batches (the remainder is dropped, as the original)."""
+  order = np.random.default_rng([seed, _SHUFFLE_STREAM, epoch]).permutation(
+      len(features['input_ids']))
+  for start in range(0, len(order) - batch_size + 1, batch_size):
+    rows = order[start:start + batch_size]
+    yield {k: v[rows] for k, v in features.items()}
+
+
+def padded_batches(features: dict, batch_size: int):
+  """Every row once, in order; the last batch is padded with copies of row 0. Yields (batch, n)."""
+  total = len(features['input_ids'])
+  for start in range(0, total, batch_size):
+    rows = np.arange(start, min(start + batch_size, total))
+    count = len(rows)
+    rows = np.concatenate([rows, np.zeros(batch_size - count, rows.dtype)])
+    yield {k: v[rows] for k, v in features.items()}, count
+
+
+class SeedRun:
+  """Compiled steps for one task and shape, reused by every seed."""
+
+  def __init__(self, config, task, model, tx, mesh, rules, encoder_params):
+    self.config, self.task, self.model, self.tx = config, task, model, tx
+    self.mesh, self.encoder_params = mesh, encoder_params
+    init_boxed = state_initializer(model, tx, config.data.max_seq_length)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    boxed = jax.eval_shape(init_boxed, key)
+    self.state_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    self.abstract_state = nn.meta.unbox(boxed)
+    self._init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)),
+                         out_shardings=self.state_shardings)
+    self.batch_shardings = sharding.batch_sharding(mesh)
+    self.train_step = jax.jit(functools.partial(train_step, model=model, tx=tx),
+                              in_shardings=(self.state_shardings, self.batch_shardings),
+                              out_shardings=(self.state_shardings, None), donate_argnums=0)
+    self.eval_step = jax.jit(functools.partial(eval_step, model=model),
+                             in_shardings=(self.state_shardings.params, self.batch_shardings))
+
+  def fresh_state(self, seed: int):
+    """A new state for `seed`; the encoder's weights from init_from when given."""
+    state = self._init(jax.random.PRNGKey(seed))
+    if self.encoder_params is None:
+      return state
+    params = dict(state.params)
+    params['bert'] = jax.device_put(self.encoder_params, self.state_shardings.params['bert'])
+    return state.replace(params=params)
+
+  def predict(self, params, split: base.EncodedSplit, batch_size: int) -> dict:
+    """The head's outputs on every row of `split` (host numpy, padding rows dropped)."""
+    inputs = {k: split.features[k] for k in INPUT_KEYS}
+    parts = []
+    for batch, count in padded_batches(inputs, batch_size):
+      outputs = self.eval_step(params, sharding.global_batch(batch, self.batch_shardings))
+      parts.append(jax.tree.map(lambda x, n=count: np.asarray(x)[:n], jax.device_get(outputs)))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def load_encoder_params(config, model):
+  """The encoder (`bert/`) weights of config.init_from in this model's layout, or None."""
+  if not config.init_from:
+    return None
+  kind, path = init_from.parse(config.init_from)
+  if kind == 'workdir':
+    pretrain_params = init_from.workdir_params(path)
+  else:
+    # Converted through the pretraining layout; its heads (MLM, NSP) are not used here.
+    pretrain_model = model_lib.BertForPreTraining(
+        dataclasses.replace(model_lib.BertConfig.from_config(config), nsp=True))
+    fresh = jax.eval_shape(functools.partial(pretrain_model.init, deterministic=True),
+                           jax.random.PRNGKey(0), *([jnp.zeros((1, 2), jnp.int32)] * 3),
+                           jnp.zeros((1, 1), jnp.int32))['params']
+    fresh = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(fresh))
+    pretrain_params = init_from.load_params(config, fresh)
+  ids = jnp.zeros((1, 2), jnp.int32)
+  target = jax.eval_shape(functools.partial(model.init, deterministic=True),
+                          jax.random.PRNGKey(0), ids, ids, ids)['params']['bert']
+  target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(target))
+  encoder = jax.tree.map(np.asarray, pretrain_params['bert'])
+  init_from.check_same_structure(encoder, target, config.init_from)
+  return jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, target)
+
+
+def run(config, workdir: str) -> dict:
+  """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content."""
+  config_lib.validate_finetune(config)
+  if config.init_from:
+    try:
+      init_from.adopt_source(config)
+    except init_from.InitFromError as e:
+      raise config_lib.ConfigError(str(e)) from e
+    config_lib.validate_finetune(config)
+  if not config.data.vocab_file:
+    raise config_lib.ConfigError(
+        'config.data.vocab_file is empty and config.init_from gives no vocab.txt: fine-tuning '
+        'needs the vocab the encoder was trained with.')
+  tokenizer = tokenizer_lib.WordPieceTokenizer(config.data.vocab_file, config.data.lowercase)
+  config_lib.validate_runtime_finetune(config, tokenizer.vocab_size)
+  task = build_task(config)
+  seq = config.data.max_seq_length
+  start = time.perf_counter()
+  train = task.train_split(tokenizer, seq)
+  evals = task.eval_splits(tokenizer, seq)
+  test = task.test_split(tokenizer, seq) if hasattr(task, 'test_split') else None
+  logging.info('%s: %d train rows (%d examples), eval %s; encoded in %.1fs.', task.name,
+               train.num_rows, train.num_examples,
+               {k: v.num_rows for k, v in evals.items()}, time.perf_counter() - start)
+  batch_size = config.train.batch_size
+  steps_per_epoch = train.num_rows // batch_size
+  if steps_per_epoch == 0:
+    raise config_lib.ConfigError(
+        f'The training split has {train.num_rows} rows, fewer than config.train.batch_size='
+        f'{batch_size}; use a smaller batch.')
+  num_steps = max(1, int(round(steps_per_epoch * config.train.num_epochs)))
+  mesh = sharding.create_mesh(config.mesh)
+  for name, value in (('batch_size', batch_size), ('eval_batch_size', _eval_batch(config))):
+    if value % sharding.batch_divisor(mesh):
+      raise config_lib.ConfigError(
+          f'config.train.{name}={value} is not divisible by the {sharding.batch_divisor(mesh)} '
+          'devices the batch is split over (mesh data x fsdp).')
+  model = build_model(config, task)
+  tx, schedule = create_optimizer(config.train, num_steps, config.task.feature_layers > 0)
+  rules = sharding.logical_axis_rules(config.mesh.preset)
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+  with jax.set_mesh(None):
+    encoder_params = load_encoder_params(config, model)
+  with sharding.activation_rules(mesh, rules):
+    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
+    checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
+    per_seed = []
+    for offset in range(config.seeds):
+      seed = config.seed + offset
+      per_seed.append(_run_seed(config, runner, train, evals, test, seed, num_steps,
+                                steps_per_epoch, schedule, os.path.join(workdir, f'seed_{seed}')))
+  results = summarize_seeds(task, config, per_seed, train, num_steps)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
+      json.dump(results, f, indent=2)
+    for split, medians in results['median'].items():
+      logging.info('%s %s, median of %d seed(s): %s', task.name, split, len(per_seed),
+                   ', '.join(f'{k} {v:.2f}' for k, v in medians.items()))
+  return results
+
+
+def _eval_batch(config) -> int:
+  return config.train.eval_batch_size or config.train.batch_size
+
+
+def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, steps_per_epoch,
+              schedule, seed_dir) -> dict:
+  """Trains and evaluates one seed (or reads its finished results); returns them."""
+  results_path = os.path.join(seed_dir, 'results.json')
+  if os.path.isfile(results_path):
+    with open(results_path, encoding='utf-8') as f:
+      logging.info('Seed %d is finished (%s); skipping it.', seed, results_path)
+      return json.load(f)
+  os.makedirs(seed_dir, exist_ok=True)
+  task, batch_size = runner.task, config.train.batch_size
+  checkpointer = checkpoint_lib.Checkpointer(
+      os.path.join(seed_dir, 'checkpoints'),
+      config.train.checkpoint_every or steps_per_epoch, config.train.keep_checkpoints)
+  state = runner.fresh_state(seed)
+  restored = checkpointer.restore(checkpoint_lib.abstract_like(state, runner.state_shardings))
+  if restored is not None:
+    state = restored[0]
+    logging.info('Seed %d: resumed from step %d.', seed, int(state.step))
+  start_step = int(state.step)
+  writer = metrics_lib.MetricWriter(seed_dir, start_step)
+  train_inputs = {k: train.features[k] for k in INPUT_KEYS + TARGET_KEYS[task.head]}
+
+  def evaluate(step, epoch):
+    out = {}
+    for name, split in evals.items():
+      outputs = runner.predict(state.params, split, _eval_batch(config))
+      metrics, predictions = task.score(name, split, outputs)
+      out[name] = (metrics, predictions)
+      writer.write(step, 'eval', {'epoch': epoch, 'eval_split': name, **metrics,
+                                  'loss': _eval_loss(task.head, outputs, split)})
+      logging.info('seed %d step %d eval %s: %s', seed, step, name,
+                   ', '.join(f'{k} {v:.2f}' for k, v in metrics.items()))
+    return out
+
+  train_seconds, timed_steps, interval_loss, interval_steps = 0.0, 0, 0.0, 0
+  last_eval, step = None, start_step
+  with checkpointer_closing(checkpointer):
+    while step < num_steps:
+      epoch, skip = divmod(step, steps_per_epoch)
+      for index, batch in enumerate(train_batches(train_inputs, batch_size, seed, epoch)):
+        if index < skip:
+          continue
+        tick = time.perf_counter()
+        state, stats = runner.train_step(state, sharding.global_batch(batch,
+                                                                      runner.batch_shardings))
+        step += 1
+        interval_loss += stats['loss']
+        interval_steps += 1
+        if step > start_step + 1:  # The first step compiles.
+          jax.block_until_ready(stats)
+          train_seconds += time.perf_counter() - tick
+          timed_steps += 1
+        end_of_epoch = step % steps_per_epoch == 0 or step == num_steps
+        if step % config.train.log_every == 0 or end_of_epoch:
+          loss = float(interval_loss) / interval_steps
+          if not np.isfinite(loss):
+            raise FloatingPointError(f'Seed {seed}: the loss was {loss} by step {step}; '
+                                     f'{checkpointer.describe_latest()}. Lower '
+                                     'config.train.learning_rate.')
+          seq_per_s = timed_steps * batch_size / train_seconds if train_seconds else 0.0
+          writer.write(step, 'train', {'loss': loss, 'learning_rate': float(schedule(step - 1)),
+                                       'seq_per_s': seq_per_s})
+          logging.info('seed %d step %d/%d | loss %.4f | lr %.2e | %.1f seq/s', seed, step,
+                       num_steps, loss, float(schedule(step - 1)), seq_per_s)
+          interval_loss, interval_steps = 0.0, 0
+        if end_of_epoch and config.train.eval_every_epoch or step == num_steps:
+          last_eval = evaluate(step, step / steps_per_epoch)
+        if checkpointer.should_save(step, step == num_steps):
+          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1})
+        if step == num_steps:
+          break
+  writer.close()
+  if last_eval is None:  # Resumed at the end: evaluate the restored state.
+    last_eval = evaluate(step, step / steps_per_epoch)
+  result = {'seed': seed, 'metrics': {name: m for name, (m, _) in last_eval.items()},
+            'train_seconds': train_seconds, 'train_seq_per_s':
+            timed_steps * batch_size / train_seconds if train_seconds else 0.0}
+  if jax.process_index() == 0 and config.task.write_predictions:
+    for name, (_, predictions) in last_eval.items():
+      task.write_predictions(name, predictions, os.path.join(seed_dir, 'predictions'))
+    if test is not None:
+      outputs = runner.predict(state.params, test, _eval_batch(config))
+      _, predictions = task.score('test', test, outputs)
+      task.write_predictions('test', predictions, os.path.join(seed_dir, 'submission'))
+  if jax.process_index() == 0:
+    with open(results_path, 'w', encoding='utf-8') as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
+class checkpointer_closing:  # pylint: disable=invalid-name
+  """Closes the checkpointer at the end; on an error, completes a save in flight first."""
+
+  def __init__(self, checkpointer):
+    self.checkpointer = checkpointer
+
+  def __enter__(self):
+    return self.checkpointer
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc_type is None:
+      self.checkpointer.close()
+    else:
+      self.checkpointer.finish_quietly()
+    return False
+
+
+def _eval_loss(head: str, outputs, split: base.EncodedSplit) -> float:
+  """The training loss on an eval split (0.0 where the split has no targets, e.g. SQuAD dev)."""
+  if not all(k in split.features for k in TARGET_KEYS[head]):
+    return 0.0
+  targets = {k: split.features[k] for k in TARGET_KEYS[head]}
+  return float(task_loss(head, jax.tree.map(jnp.asarray, outputs), targets))
+
+
+def summarize_seeds(task, config, per_seed: list[dict], train, num_steps: int) -> dict:
+  """results.json: each seed's metrics per split, their median, and the run's settings."""
+  splits = per_seed[0]['metrics'].keys()
+  median = {split: {k: float(np.median([r['metrics'][split][k] for r in per_seed]))
+                    for k in per_seed[0]['metrics'][split]} for split in splits}
+  return {
+      'task': task.name, 'main_metric': task.main_metric, 'median': median,
+      'seeds': [r['seed'] for r in per_seed],
+      'per_seed': {split: [r['metrics'][split] for r in per_seed] for split in splits},
+      'train_seconds': [r['train_seconds'] for r in per_seed],
+      'train_seq_per_s': [r['train_seq_per_s'] for r in per_seed],
+      'init_from': config.init_from, 'train_rows': train.num_rows, 'num_steps': num_steps,
+      'epochs': config.train.num_epochs, 'batch_size': config.train.batch_size,
+      'learning_rate': config.train.learning_rate,
+      'max_seq_length': config.data.max_seq_length,
+      'feature_layers': config.task.feature_layers,
+  }

@@ -1,0 +1,90 @@
+"""Fine-tuning (paper section 4): the settings every task shares; configs/glue.py, squad.py and
+ner.py start from here and set the task.
+
+Arguments (comma separated), in every task config: init, seeds, lr, epochs, batch, seq, vocab;
+each task file adds its own (e.g. `configs/glue.py:task=mrpc,seeds=5,lr=3e-5`).
+Everything else: `--config.KEY=VALUE`.
+"""
+
+import os
+
+import ml_collections
+
+from configs import base
+
+ARGUMENTS = {
+    'init': 'init_from',
+    'seeds': 'seeds',
+    'lr': 'train.learning_rate',
+    'epochs': 'train.num_epochs',
+    'batch': 'train.batch_size',
+    'seq': 'data.max_seq_length',
+    'vocab': 'data.vocab_file',
+}
+
+
+def data_root() -> str:
+  """$BERT_JAX_DATA (the shared data folder), or '' when unset: task files are then required."""
+  return os.environ.get('BERT_JAX_DATA', '')
+
+
+def get_config(arg=None):
+  """The shared fine-tuning config (GLUE SST-2 unless a task config changes it)."""
+  pretraining = base.get_config()
+  config = ml_collections.ConfigDict()
+  config.mode = 'finetune'  # What main runs.
+  config.seed = 0  # First seed: parameters of the head, dropout, the data order.
+  config.seeds = 1  # Seeds run one after another (seed, seed+1, ...); results report the median.
+  # The pretrained encoder: 'hf:DIR', 'tf:PREFIX' or a bert_jax workdir (its model shape and
+  # vocab come with it). '' fine-tunes a randomly initialised encoder (a floor to compare with).
+  config.init_from = ''
+  config.init_resize_vocab = False  # Resize the source's vocab rows to model.vocab_size.
+  config.model = pretraining.model  # The encoder, as in pretraining (dropout 0.1 in fine-tuning).
+  config.mesh = pretraining.mesh  # Devices and sharding preset, as in pretraining.
+
+  config.data = data = ml_collections.ConfigDict()
+  data.vocab_file = ''  # WordPiece vocab.txt; '' takes the one beside config.init_from.
+  data.lowercase = True  # Uncased model; must agree with the encoder's tokenizer.
+  data.max_seq_length = 128  # Tokens per row, [CLS] and [SEP]s included.
+
+  config.task = task = ml_collections.ConfigDict()
+  task.kind = 'glue'  # 'glue', 'squad' or 'ner'.
+  task.name = 'sst2'  # GLUE task (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli, stsb).
+  task.source = 'files'  # GLUE: 'files' (data_dir holds train.tsv, dev.tsv) or 'tfds' (glue/*).
+  task.data_dir = ''  # GLUE: the task's folder, e.g. glue_data/SST-2.
+  task.train_file = ''  # SQuAD JSON / CoNLL file to train on.
+  task.dev_file = ''  # SQuAD JSON / CoNLL file to evaluate on.
+  task.test_file = ''  # CoNLL test file (optional; predictions written when given).
+  task.max_train_examples = 0  # Train on the first N examples only (0: all).
+  task.version = '1.1'  # SQuAD: '1.1' or '2.0' (unanswerable questions, no-answer threshold).
+  # SQuAD without a training file: train on this share of the dev articles, evaluate on the rest.
+  task.split_dev_fraction = 0.0
+  task.doc_stride = 128  # SQuAD: tokens between the starts of a long context's windows.
+  task.max_query_length = 64  # SQuAD: question tokens kept.
+  task.n_best_size = 20  # SQuAD: start and end candidates considered per window.
+  task.max_answer_length = 30  # SQuAD: longest answer, in tokens.
+  task.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict no answer above this score gap.
+  task.feature_layers = 0  # > 0: feature-based (frozen encoder, concat of the last N layers).
+  task.feature_lstm_units = 384  # Feature-based: BiLSTM units per direction.
+  task.feature_lstm_layers = 2  # Feature-based: BiLSTM layers (the paper: two).
+  task.write_predictions = True  # Dev predictions (and test/submission files) in each seed dir.
+
+  config.train = train = ml_collections.ConfigDict()
+  train.batch_size = 32  # Sequences per step (the paper: 16 or 32).
+  train.eval_batch_size = 0  # Rows per eval step (0: batch_size).
+  train.num_epochs = 3.0  # Passes over the training rows (the paper: 2 to 4).
+  train.learning_rate = 2e-5  # Peak (the paper picks 5e-5, 4e-5, 3e-5 or 2e-5 on dev).
+  train.warmup_proportion = 0.1  # Share of the steps with linear warmup, then linear decay to 0.
+  train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
+  train.adam_b1 = 0.9
+  train.adam_b2 = 0.999
+  train.adam_eps = 1e-6
+  train.max_grad_norm = 1.0  # Global-norm clipping.
+  train.log_every = 100  # Steps between train records in metrics.jsonl.
+  train.eval_every_epoch = True  # Evaluate after every epoch (always after the last step).
+  train.checkpoint_every = 0  # Steps between checkpoints (0: at the end of every epoch).
+  train.keep_checkpoints = 1  # Newest checkpoints kept per seed.
+
+  if arg:
+    base.apply_arguments(config, arg, ARGUMENTS)
+  return config

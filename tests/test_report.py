@@ -1,0 +1,37 @@
+"""The results table: our medians and seeds beside the paper's numbers."""
+
+import json
+
+import pytest
+
+from bert_jax.tasks import report
+
+
+def write_results(directory, task, per_seed, feature_layers=0):
+  directory.mkdir()
+  medians = {k: sorted(r[k] for r in per_seed)[len(per_seed) // 2] for k in per_seed[0]}
+  (directory / 'results.json').write_text(json.dumps({
+      'task': task, 'median': {'dev': medians}, 'per_seed': {'dev': per_seed},
+      'feature_layers': feature_layers}))
+  return str(directory)
+
+
+def test_table_puts_our_median_and_seeds_beside_the_paper(tmp_path, capsys):
+  mrpc = write_results(tmp_path / 'mrpc', 'mrpc', [{'f1': 85.3, 'accuracy': 77.7},
+                                                   {'f1': 87.0, 'accuracy': 81.4},
+                                                   {'f1': 83.9, 'accuracy': 76.5}])
+  ner = write_results(tmp_path / 'ner', 'conll2003',
+                      [{'precision': 89.6, 'recall': 90.3, 'f1': 90.0}], feature_layers=4)
+  report.main([mrpc, ner])
+  lines = capsys.readouterr().out.splitlines()
+  assert '| mrpc | dev | f1 | 85.30 | 3: 85.3, 87.0, 83.9 |  | GLUE test | 88.9 | 89.3 |' in lines
+  assert '| mrpc | dev | accuracy | 77.70 | 3: 77.7, 81.4, 76.5 | 86.7 |  |  |  |' in lines
+  # Feature-based NER is set against the paper's feature-based dev F1, not fine-tuning's test F1.
+  assert any(line.startswith('| conll2003 (feature-based) | dev | f1 | 90.00') and '96.1' in line
+             for line in lines)
+  assert not any('precision' in line for line in lines)
+
+
+def test_missing_results_names_the_file(tmp_path):
+  with pytest.raises(SystemExit, match='results.json does not exist'):
+    report.main([str(tmp_path)])

@@ -1,0 +1,99 @@
+"""The prepared corpus on disk: ArrayRecord shards of tokenised documents, and their metadata.
+
+A prepared directory (written by `python -m bert_jax.data.prepare`) holds
+  metadata.json                  what prepare.py wrote, see `Metadata`
+  documents-SSSSS.array_record   one record per document
+A record is a document's sentences: little-endian uint32 `num_sentences`, then uint32 lengths
+of each sentence, then every sentence's WordPiece ids back to back (uint16 when the vocab has at
+most 65,536 entries, else int32; `Metadata.token_dtype` says which).
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+FORMAT_VERSION = 1
+METADATA_FILENAME = 'metadata.json'
+SHARD_PATTERN = 'documents-{index:05d}.array_record'
+
+
+def token_dtype(vocab_size: int) -> str:
+  """The narrowest dtype that holds every id: 'uint16' or 'int32'."""
+  return 'uint16' if vocab_size <= 65536 else 'int32'
+
+
+def encode_document(sentences: list[np.ndarray], dtype: str) -> bytes:
+  """A document's sentences (1-D int arrays of ids) -> one record."""
+  lengths = np.asarray([len(s) for s in sentences], np.uint32)
+  header = np.concatenate([np.asarray([len(sentences)], np.uint32), lengths])
+  tokens = np.concatenate(sentences) if sentences else np.zeros(0)
+  tokens = tokens.astype(np.dtype(dtype).newbyteorder('<'))
+  return header.astype('<u4').tobytes() + tokens.tobytes()
+
+
+def decode_document(record: bytes, dtype: str) -> list[np.ndarray]:
+  """One record -> the document's sentences as int32 arrays."""
+  count = int(np.frombuffer(record, '<u4', count=1)[0])
+  lengths = np.frombuffer(record, '<u4', count=count, offset=4).astype(np.int64)
+  tokens = np.frombuffer(record, np.dtype(dtype).newbyteorder('<'),
+                         offset=4 * (count + 1)).astype(np.int32)
+  if len(tokens) != lengths.sum():
+    raise ValueError(f'record holds {len(tokens)} tokens but its sentence lengths sum to '
+                     f'{lengths.sum()}')
+  return np.split(tokens, np.cumsum(lengths)[:-1]) if count else []
+
+
+def decode_flat(record: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+  """One record -> (tokens [n] int32, sentence start offsets [num_sentences + 1] int64)."""
+  count = int(np.frombuffer(record, '<u4', count=1)[0])
+  lengths = np.frombuffer(record, '<u4', count=count, offset=4).astype(np.int64)
+  tokens = np.frombuffer(record, np.dtype(dtype).newbyteorder('<'),
+                         offset=4 * (count + 1)).astype(np.int32)
+  return tokens, np.concatenate([[0], np.cumsum(lengths)])
+
+
+@dataclasses.dataclass
+class Metadata:
+  """metadata.json of a prepared corpus."""
+  format_version: int
+  vocab_sha256: str  # sha256 of the vocab.txt the ids come from.
+  vocab_file: str  # Where that vocab was read (informative).
+  vocab_size: int
+  lowercase: bool
+  token_dtype: str  # 'uint16' or 'int32'.
+  shards: list  # [{'file': name, 'documents': n, 'sentences': n, 'tokens': n, 'sources': [...]}]
+  num_documents: int = 0
+  num_sentences: int = 0
+  num_tokens: int = 0
+  sources: list = dataclasses.field(default_factory=list)  # Input files (or 'builtin', tfds:...).
+  bad_input: dict = dataclasses.field(default_factory=dict)  # Counts by kind, see prepare.py.
+  raw_bytes: int = 0  # Bytes of raw text read.
+
+  def shard_paths(self, directory: str) -> list[str]:
+    return [os.path.join(directory, shard['file']) for shard in self.shards]
+
+
+def read_metadata(directory: str) -> Metadata:
+  """The metadata of a prepared directory; ValueError naming the path when absent or foreign."""
+  path = os.path.join(os.path.expanduser(directory), METADATA_FILENAME)
+  if not os.path.isfile(path):
+    raise ValueError(f'{path} does not exist: {directory!r} is not a prepared corpus; run '
+                     '`python -m bert_jax.data.prepare --config=... --output=DIR` first.')
+  with open(path, encoding='utf-8') as f:
+    fields = json.load(f)
+  if fields.get('format_version') != FORMAT_VERSION:
+    raise ValueError(f'{path}: format_version {fields.get("format_version")!r}, this code reads '
+                     f'{FORMAT_VERSION}; prepare the corpus again.')
+  known = {f.name for f in dataclasses.fields(Metadata)}
+  return Metadata(**{k: v for k, v in fields.items() if k in known})
+
+
+def write_metadata(directory: str, metadata: Metadata) -> None:
+  """Writes metadata.json through a renamed temporary (readers never see half a file)."""
+  path = os.path.join(directory, METADATA_FILENAME)
+  temporary = f'{path}.{os.getpid()}.tmp'
+  with open(temporary, 'w', encoding='utf-8') as f:
+    json.dump(dataclasses.asdict(metadata), f, indent=2)
+  os.replace(temporary, path)

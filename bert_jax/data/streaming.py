@@ -1,0 +1,356 @@
+"""Streaming pretraining input over a prepared corpus, as a Grain pipeline.
+
+  Grain MapDataset of document ids (shuffled afresh each epoch, this process's slice)
+  -> PretrainingBatches: pairs (NSP) or single segments per document, the paper's semantics
+     (data/pretraining.py; each document's rng is seeded by (seed, its position in the stream))
+  -> rows: one instance per row, or several packed into one row (next-fit, at most
+     max_pairs_per_row), each pair keeping its own positions and attending only to itself
+  -> batches of rows, masked at once per batch (vectorised 80/10/10; dynamic: a fresh mask
+     every time a document comes round; static: `dupe_factor` fixed masks per document)
+  -> optional worker processes (Grain mp_prefetch).
+
+The iterator's state (Grain's get_state) is a small JSON dict saved in each checkpoint, so a
+resumed run sees exactly the batches an uninterrupted run would have.
+"""
+
+import collections
+import dataclasses
+
+import grain
+import numpy as np
+
+from bert_jax.data import pretraining
+from bert_jax.data import records
+
+_DOC_STREAM, _MASK_STREAM, _SPLIT_STREAM, _STATIC_MASK_STREAM, _ORDER_STREAM = 11, 12, 13, 14, 15
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSettings:
+  """What a pretraining batch stream needs beyond the documents."""
+  special: pretraining.SpecialIds
+  vocab_size: int  # Random replacements are drawn from [0, vocab_size).
+  max_seq_length: int
+  max_predictions: int
+  batch_size: int  # Rows per batch of this process.
+  nsp: bool
+  short_seq_prob: float
+  mask_rate: float
+  mask_token_fraction: float
+  random_token_fraction: float
+  packing: bool = False  # Several instances per row.
+  max_pairs_per_row: int = 1  # With packing: instances per row at most (NSP labels per row).
+  dupe_factor: int = 0  # 0: dynamic masking; N > 0: N fixed masks per document, cycled.
+  is_continuation: np.ndarray | None = None  # Whole-word masking when set.
+
+
+class DocumentStore:
+  """Random access to the documents of a prepared corpus: store[i] -> list of int32 sentences."""
+
+  def __init__(self, directory: str, metadata: records.Metadata | None = None):
+    self.metadata = metadata or records.read_metadata(directory)
+    self._source = grain.sources.ArrayRecordDataSource(self.metadata.shard_paths(directory))
+    self._dtype = self.metadata.token_dtype
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> list[np.ndarray]:
+    return records.decode_document(self._source[int(index)], self._dtype)
+
+
+class SubsetDocuments:
+  """A view of some documents of a store (e.g. the training split), indexable from 0."""
+
+  def __init__(self, store, ids: np.ndarray):
+    self.store, self.ids = store, np.asarray(ids)
+
+  def __len__(self) -> int:
+    return len(self.ids)
+
+  def __getitem__(self, index: int):
+    return self.store[self.ids[int(index)]]
+
+
+def split_ids(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+  """(train ids, held-out ids) of the documents; the held-out ones never train."""
+  order = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(num_documents)
+  num_eval = int(round(eval_fraction * num_documents))
+  if eval_fraction > 0:
+    num_eval = min(max(num_eval, 2), num_documents - 1)
+  return np.sort(order[num_eval:]), np.sort(order[:num_eval])
+
+
+def document_order(num_documents: int, seed: int, process_index: int = 0,
+                   process_count: int = 1) -> grain.MapDataset:
+  """(epoch, document id) forever, reshuffled every epoch; this process's every
+  process_count-th."""
+  ds = grain.MapDataset.range(2**62).map(EpochPermutation(num_documents, seed))
+  return ds[process_index::process_count]
+
+
+class EpochPermutation:
+  """Stream index -> (epoch, document id): a fresh seeded permutation of the documents per epoch.
+
+  (Grain's index_shuffle costs ~90 us per element; a cached numpy permutation costs nothing.)
+  """
+
+  def __init__(self, num_documents: int, seed: int):
+    self.num_documents, self.seed = num_documents, seed
+    self._epoch, self._order = None, None
+
+  def __call__(self, index: int) -> tuple[int, int]:
+    epoch, within = divmod(int(index), self.num_documents)
+    if epoch != self._epoch:
+      self._order = np.random.default_rng([self.seed, _ORDER_STREAM, epoch]).permutation(
+          self.num_documents)
+      self._epoch = epoch
+    return epoch, int(self._order[within])
+
+
+def read_options() -> grain.ReadOptions:
+  """The document-id stream is trivial to compute: no read-ahead threads for it."""
+  return grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+class PretrainingBatches(grain.IterDataset):
+  """Masked, fixed-shape pretraining batches from a dataset of document ids."""
+
+  def __init__(self, parent: grain.IterDataset, documents, settings: StreamSettings, seed: int):
+    super().__init__(parent)
+    self.documents, self.settings, self.seed = documents, settings, seed
+
+  def __iter__(self):
+    return _BatchIterator(self._parent.__iter__(), self.documents, self.settings, self.seed)
+
+  def __str__(self) -> str:
+    return 'PretrainingBatches'
+
+
+class _BatchIterator(grain.DatasetIterator):
+  """See PretrainingBatches. State: where the oldest unfinished document began in the parent,
+  how many of its instances are used, and the number of batches made (the masking rng)."""
+
+  def __init__(self, parent, documents, settings, seed):
+    super().__init__(parent)
+    self._documents, self._settings, self._seed = documents, settings, seed
+    # Pending documents: [parent state before it, stream position, its instances, next unused].
+    self._pending = collections.deque()
+    self._position = 0  # Stream position of the next document pulled from the parent.
+    self._batches = 0
+
+  def _pull(self) -> None:
+    state = self._parent.get_state()
+    epoch, doc_id = (int(x) for x in next(self._parent))
+    # Dynamic: fresh pairs every epoch. Static: dupe_factor fixed passes, cycled.
+    generation = epoch % self._settings.dupe_factor if self._settings.dupe_factor else epoch
+    rng = np.random.default_rng([self._seed, _DOC_STREAM, generation, doc_id])
+    made = pretraining.create_instances_from_document(
+        self._documents, doc_id, rng, max_seq_length=self._settings.max_seq_length,
+        short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp)
+    self._pending.append([state, self._position, (generation, doc_id), made, 0])
+    self._position += 1
+
+  def _peek(self):
+    """(instance, (generation, doc id), its index in the document) of the next unused one."""
+    self._drop_finished()
+    while not self._pending:
+      self._pull()
+      self._drop_finished()  # A document may make no instance.
+    first = self._pending[0]
+    return first[3][first[4]], first[2], first[4]
+
+  def _take(self) -> None:
+    self._pending[0][4] += 1
+
+  def __next__(self):
+    rows = [self._next_row() for _ in range(self._settings.batch_size)]
+    generation, doc_id = rows[0][0][1]
+    rng = np.random.default_rng([self._seed, _MASK_STREAM, generation, doc_id, self._batches])
+    self._batches += 1
+    return make_batch(rows, rng, self._settings, self._seed)
+
+  def _next_row(self) -> list:
+    """Instances of one row (one, or with packing as many as fit, next-fit)."""
+    s = self._settings
+    row = [self._peek()]
+    self._take()
+    used = _length(row[0][0])
+    while s.packing and len(row) < s.max_pairs_per_row:
+      item = self._peek()
+      if used + _length(item[0]) > s.max_seq_length:
+        break
+      self._take()
+      row.append(item)
+      used += _length(item[0])
+    return row
+
+  def get_state(self):
+    self._drop_finished()
+    if self._pending:
+      first = self._pending[0]
+      return {'parent': first[0], 'position': first[1], 'used': first[4],
+              'batches': self._batches}
+    return {'parent': self._parent.get_state(), 'position': self._position, 'used': 0,
+            'batches': self._batches}
+
+  def _drop_finished(self):
+    while self._pending and self._pending[0][4] >= len(self._pending[0][3]):
+      self._pending.popleft()
+
+  def set_state(self, state):
+    self._parent.set_state(state['parent'])
+    self._pending.clear()
+    self._position = int(state['position'])
+    self._batches = int(state['batches'])
+    if state['used']:
+      self._pull()
+      self._pending[0][4] = int(state['used'])
+
+
+def _length(instance: pretraining.Instance) -> int:
+  """Tokens of the instance laid out: [CLS] A [SEP] (B [SEP])."""
+  return len(instance.tokens_a) + len(instance.tokens_b) + (3 if len(instance.tokens_b) else 2)
+
+
+def make_batch(rows: list[list], rng: np.random.Generator, settings: StreamSettings,
+               seed: int = 0) -> dict:
+  """Rows of (instance, (generation, doc id), index in document) -> masked fixed-shape features
+  (steps.BATCH_KEYS, plus the packing keys when settings.packing)."""
+  s, k = settings, settings.max_pairs_per_row
+  b, length = len(rows), settings.max_seq_length
+  ids = np.full((b, length), s.special.pad, np.int32)
+  segments = np.zeros((b, length), np.int32)
+  pair_of = np.zeros((b, length), np.int32)  # 1 + index of the pair in its row; 0: padding.
+  positions = np.zeros((b, length), np.int32)
+  nsp_labels = np.zeros((b, k), np.int32)
+  nsp_positions = np.zeros((b, k), np.int32)
+  for r, row in enumerate(rows):
+    start = 0
+    for j, (instance, _, _) in enumerate(row):
+      pair_ids, pair_segments = pretraining.assemble(instance, s.special)
+      end = start + len(pair_ids)
+      ids[r, start:end] = pair_ids
+      segments[r, start:end] = pair_segments
+      pair_of[r, start:end] = j + 1
+      positions[r, start:end] = np.arange(end - start)
+      nsp_labels[r, j] = int(instance.is_random_next)
+      nsp_positions[r, j] = start
+      start = end
+  if s.dupe_factor:
+    masked_ids, mlm_positions, mlm_ids, mlm_weights = _static_masks(ids, pair_of, rows, s, seed)
+  else:
+    masked_ids, mlm_positions, mlm_ids, mlm_weights = mask_batch(ids, pair_of, rng, s)
+  batch = {
+      'input_ids': masked_ids,  # [b, length]
+      'input_mask': (pair_of > 0).astype(np.int32),
+      'segment_ids': segments,
+      'masked_lm_positions': mlm_positions,  # [b, predictions]
+      'masked_lm_ids': mlm_ids,
+      'masked_lm_weights': mlm_weights,
+  }
+  if not s.packing:
+    batch['next_sentence_labels'] = nsp_labels[:, 0]  # [b]
+    return batch
+  num_pairs = np.array([len(row) for row in rows])
+  batch.update({
+      'next_sentence_labels': nsp_labels,  # [b, k]
+      'nsp_positions': nsp_positions,  # [b, k]: each pair's [CLS]
+      'nsp_weights': (np.arange(k)[None] < num_pairs[:, None]).astype(np.float32),
+      'pair_ids': pair_of,  # [b, length]: attention stays within a pair
+      'position_ids': positions,  # [b, length]: positions restart at each pair
+  })
+  return batch
+
+
+def mask_batch(ids, pair_of, rng, settings: StreamSettings):
+  """The paper's masking of every pair of every row at once.
+
+  Each pair gets min(max_predictions, max(1, round(len(pair) * mask_rate))) predictions (the
+  original counts [CLS] and [SEP] in the length), chosen uniformly among its non-special tokens;
+  a row's predictions are capped at max_predictions, later pairs losing out. Chosen tokens become
+  [MASK] (mask_token_fraction), a random id (random_token_fraction) or stay.
+  Returns (masked ids [b, s], positions [b, p], labels [b, p], weights [b, p]).
+  """
+  s = settings
+  b, length = ids.shape
+  special = np.isin(ids, [s.special.cls, s.special.sep, s.special.pad])
+  candidate = (~special) & (pair_of > 0)
+  k = s.max_pairs_per_row
+  pair_lengths = np.stack([(pair_of == j + 1).sum(1) for j in range(k)], 1)  # [b, k]
+  wanted = np.where(pair_lengths > 0, np.minimum(
+      s.max_predictions, np.maximum(1, np.round(pair_lengths * s.mask_rate).astype(np.int64))), 0)
+  before = np.cumsum(wanted, 1) - wanted
+  wanted = np.clip(s.max_predictions - before, 0, wanted)  # [b, k]
+  if s.is_continuation is not None:
+    chosen = _choose_whole_words(ids, pair_of, candidate, wanted, rng, s.is_continuation)
+  else:
+    keys = np.where(candidate, rng.random((b, length)), 2.0)
+    # Rank of each token's key within its pair: sort by (row, pair, key).
+    row_of = np.broadcast_to(np.arange(b)[:, None], (b, length))
+    order = np.lexsort((keys.ravel(), pair_of.ravel(), row_of.ravel()))
+    group = (row_of.ravel() * (k + 1) + pair_of.ravel())[order]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    rank = np.arange(b * length) - np.repeat(starts, np.diff(np.r_[starts, b * length]))
+    ranks = np.empty(b * length, np.int64)
+    ranks[order] = rank
+    ranks = ranks.reshape(b, length)
+    limit = np.concatenate([np.zeros((b, 1), np.int64), wanted], 1)  # pair 0 (padding): none
+    chosen = candidate & (ranks < np.take_along_axis(limit, pair_of, 1))
+  p = s.max_predictions
+  slots = np.sort(np.where(chosen, np.arange(length)[None], length), 1)[:, :p]  # [b, p]
+  weights = (slots < length).astype(np.float32)
+  positions = np.where(slots < length, slots, 0).astype(np.int32)
+  labels = np.where(slots < length, np.take_along_axis(ids, positions, 1), s.special.pad)
+  u = rng.random((b, p))
+  random_ids = rng.integers(0, s.vocab_size, (b, p), dtype=np.int32)
+  replaced = np.where(u < s.mask_token_fraction, s.special.mask,
+                      np.where(u < s.mask_token_fraction + s.random_token_fraction, random_ids,
+                               labels))
+  masked = ids.copy()
+  rows = np.repeat(np.arange(b), p)[weights.ravel() > 0]
+  masked[rows, positions.ravel()[weights.ravel() > 0]] = replaced.ravel()[weights.ravel() > 0]
+  return masked, positions, labels.astype(np.int32), weights
+
+
+def _choose_whole_words(ids, pair_of, candidate, wanted, rng, is_continuation):
+  """Whole-word masking, pair by pair, with the original's word-skipping rule."""
+  chosen = np.zeros_like(candidate)
+  for r in range(ids.shape[0]):
+    for j in range(wanted.shape[1]):
+      in_pair = pair_of[r] == j + 1
+      if not in_pair.any() or not wanted[r, j]:
+        continue
+      span = np.flatnonzero(in_pair)
+      picked = pretraining._choose_whole_words(  # pylint: disable=protected-access
+          ids[r, span], candidate[r, span], is_continuation, int(wanted[r, j]), rng)
+      chosen[r, span[np.asarray(picked, np.int64)]] = True
+  return chosen
+
+
+def _static_masks(ids, pair_of, rows, settings: StreamSettings, seed: int):
+  """Static masking: each instance's mask is fixed by (seed, pass, document, index), so a pass
+  over the corpus repeats its masks, as the paper's dupe_factor copies did."""
+  s = settings
+  b, p = ids.shape[0], s.max_predictions
+  masked = ids.copy()
+  positions = np.zeros((b, p), np.int32)
+  labels = np.full((b, p), s.special.pad, np.int32)
+  weights = np.zeros((b, p), np.float32)
+  for r, row in enumerate(rows):
+    filled = 0
+    for j, (_, (generation, doc_id), index) in enumerate(row):
+      span = np.flatnonzero(pair_of[r] == j + 1)
+      rng = np.random.default_rng([seed, _STATIC_MASK_STREAM, generation, doc_id, index])
+      pair_masked, pair_positions, pair_labels = pretraining.mask_tokens(
+          ids[r, span], rng, special=s.special, vocab_size=s.vocab_size, mask_rate=s.mask_rate,
+          max_predictions=p - filled, mask_token_fraction=s.mask_token_fraction,
+          random_token_fraction=s.random_token_fraction, keep_fraction=0.0,
+          is_continuation=s.is_continuation)
+      masked[r, span] = pair_masked
+      count = len(pair_positions)
+      positions[r, filled:filled + count] = span[pair_positions]
+      labels[r, filled:filled + count] = pair_labels
+      weights[r, filled:filled + count] = 1.0
+      filled += count
+  return masked, positions, labels, weights

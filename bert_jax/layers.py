@@ -67,6 +67,14 @@ def attention_bias(input_mask: jax.Array, dtype: Dtype) -> jax.Array:
   return jnp.where(input_mask[:, None, None, :] > 0, 0.0, big_negative).astype(dtype)
 
 
+def pair_attention_bias(pair_ids: jax.Array, dtype: Dtype) -> jax.Array:
+  """[batch, length] ids of packed pairs (0: padding) -> additive bias [batch, 1, length, length]
+  that lets a token attend only to the tokens of its own pair."""
+  big_negative = jnp.finfo(dtype).min
+  same = (pair_ids[:, :, None] == pair_ids[:, None, :]) & (pair_ids[:, None, :] > 0)
+  return jnp.where(same[:, None], 0.0, big_negative).astype(dtype)
+
+
 def cudnn_attention(query, key, value, bias):
   """cuDNN's fused (flash) attention, the padding given as key lengths; GPU only, no dropout.
 
@@ -74,7 +82,9 @@ def cudnn_attention(query, key, value, bias):
   Padded query positions come out as zeros instead of attending; nothing reads them (the MLM head
   gathers real positions, the pooler reads [CLS]), so the loss equals the einsum path's.
   """
-  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1, length].
+  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length].
+  if bias.shape[2] > 1:  # Packed pairs: the block-diagonal bias itself.
+    return jax.nn.dot_product_attention(query, key, value, bias=bias, implementation='cudnn')
   lengths = jnp.sum(bias[:, 0, 0, :] == 0, axis=-1).astype(jnp.int32)  # [batch]
   return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
                                       key_value_seq_lengths=lengths, implementation='cudnn')
@@ -83,7 +93,7 @@ def cudnn_attention(query, key, value, bias):
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,
                           dtype):
   """Softmax(q k^T / sqrt(d) + bias) v, softmax in float32, dropout on the probabilities."""
-  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1, length].
+  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length].
   depth = query.shape[-1]
   scores = jnp.einsum('bqhd,bkhd->bhqk', query, key) / np.sqrt(depth).astype(dtype)
   scores = scores.astype(jnp.float32) + bias.astype(jnp.float32)

@@ -79,15 +79,18 @@ class BertEmbeddings(nn.Module):
     self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
 
-  def __call__(self, input_ids, segment_ids, deterministic):
-    # input_ids, segment_ids: [batch, length]
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None):
+    # input_ids, segment_ids: [batch, length]; position_ids (packed rows): [batch, length]
     length = input_ids.shape[1]
     # Gather the tables' embed dim (sharded under fsdp) before the lookups: rows looked up in
     # an embed-split table would have to be fully rematerialised to be split by batch instead.
     whole = lambda table, rows: nn.with_logical_constraint(table, (rows, None))  # noqa: E731
+    positions = whole(self.position_embeddings, None)
+    positions = (positions[None, :length] if position_ids is None
+                 else jnp.take(positions, position_ids, axis=0))
     x = (jnp.take(whole(self.word_embeddings, 'vocab'), input_ids, axis=0)
          + jnp.take(whole(self.token_type_embeddings, None), segment_ids, axis=0)
-         + whole(self.position_embeddings, None)[None, :length])  # [batch, length, embed]
+         + positions)  # [batch, length, embed]
     x = self.layer_norm(x.astype(self.config.dtype))
     return self.dropout(x, deterministic=deterministic)
 
@@ -223,13 +226,12 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-  """tanh Dense on the final hidden state of [CLS]."""
+  """tanh Dense on final hidden states of [CLS]: [..., embed] -> [..., embed]."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, cls_state):
     cfg = self.config
-    cls_state = x[:, 0]  # [batch, embed]
     return jnp.tanh(layers.DenseGeneral(
         cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=cfg.init, name='dense')(cls_state))
@@ -249,12 +251,20 @@ class BertModel(nn.Module):
     self.encoder = BertEncoder(cfg, self.return_all_layers)
     self.pooler = BertPooler(cfg)
 
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
-    # input_ids, segment_ids, input_mask: [batch, length]
-    x = self.embeddings(input_ids, segment_ids, deterministic)
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
+               pair_ids=None, cls_positions=None):
+    # input_ids, segment_ids, input_mask: [batch, length]. Packed rows also give position_ids
+    # and pair_ids [batch, length] (attention stays within a pair) and cls_positions
+    # [batch, pairs]: then pooled_output is [batch, pairs, embed].
+    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    x = self.encoder(x, layers.attention_bias(input_mask, self.config.dtype), deterministic)
-    return x, self.pooler(x[-1] if self.return_all_layers else x)
+    bias = (layers.attention_bias(input_mask, self.config.dtype) if pair_ids is None
+            else layers.pair_attention_bias(pair_ids, self.config.dtype))
+    x = self.encoder(x, bias, deterministic)
+    last = x[-1] if self.return_all_layers else x
+    if cls_positions is None:
+      return x, self.pooler(last[:, 0])
+    return x, self.pooler(jnp.take_along_axis(last, cls_positions[..., None], axis=1))
 
   def attend(self, x):
     return self.embeddings.attend(x)
@@ -295,9 +305,14 @@ class BertForPreTraining(nn.Module):
           kernel_init=cfg.init)
 
   def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
-               deterministic=True):
-    """Returns {'mlm_logits': [batch, predictions, vocab], 'nsp_logits': [batch, 2]}."""
-    sequence, pooled = self.bert(input_ids, segment_ids, input_mask, deterministic)
+               deterministic=True, position_ids=None, pair_ids=None, nsp_positions=None):
+    """Returns {'mlm_logits': [batch, predictions, vocab], 'nsp_logits': [batch, 2]}.
+
+    Packed rows (several pairs per row) pass position_ids, pair_ids and nsp_positions (each
+    pair's [CLS]); 'nsp_logits' is then [batch, pairs, 2].
+    """
+    sequence, pooled = self.bert(input_ids, segment_ids, input_mask, deterministic,
+                                 position_ids, pair_ids, nsp_positions)
     gathered = jnp.take_along_axis(sequence, masked_lm_positions[..., None], axis=1)
     outputs = {'mlm_logits': self.predictions(gathered, self.bert.attend)}
     if self.config.nsp:

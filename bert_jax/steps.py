@@ -26,14 +26,26 @@ class TrainState:
   rng: jax.Array  # [2] uint32; dropout key of step s is fold_in(rng, s)
 
 
-def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int):
-  """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation."""
-  s, p = max_seq_length, max_predictions
+# Extra keys of packed batches (several pairs per row; see data/streaming.py).
+PACKING_KEYS = ('position_ids', 'pair_ids', 'nsp_positions', 'nsp_weights')
+
+
+def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
+                max_pairs_per_row: int = 0):
+  """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation.
+
+  max_pairs_per_row > 0: a packed batch (NSP labels per pair, and the PACKING_KEYS).
+  """
+  s, p, k = max_seq_length, max_predictions, max_pairs_per_row
   spec = {'input_ids': (s,), 'input_mask': (s,), 'segment_ids': (s,),
           'masked_lm_positions': (p,), 'masked_lm_ids': (p,), 'masked_lm_weights': (p,),
-          'next_sentence_labels': ()}
+          'next_sentence_labels': (k,) if k else ()}
+  if k:
+    spec.update({'position_ids': (s,), 'pair_ids': (s,), 'nsp_positions': (k,),
+                 'nsp_weights': (k,)})
+  floats = ('masked_lm_weights', 'nsp_weights')
   return {k: jax.ShapeDtypeStruct((batch_size,) + shape,
-                                  jnp.float32 if k == 'masked_lm_weights' else jnp.int32)
+                                  jnp.float32 if k in floats else jnp.int32)
           for k, shape in spec.items()}
 
 
@@ -121,12 +133,13 @@ def pretraining_losses(outputs, batch):
       'mlm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
   }
   if 'nsp_logits' in outputs:
-    nsp_logits = outputs['nsp_logits']  # [batch, 2]
+    nsp_logits = outputs['nsp_logits']  # [batch, 2], packed: [batch, pairs, 2]
     nsp_labels = batch['next_sentence_labels']
+    nsp_weights = batch.get('nsp_weights', jnp.ones(nsp_labels.shape, jnp.float32))
     stats['nsp_loss_sum'] = jnp.sum(
-        optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels))
-    stats['nsp_count'] = jnp.asarray(nsp_labels.shape[0], jnp.float32)
-    stats['nsp_correct'] = jnp.sum(jnp.argmax(nsp_logits, -1) == nsp_labels).astype(jnp.float32)
+        optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels) * nsp_weights)
+    stats['nsp_count'] = jnp.sum(nsp_weights)
+    stats['nsp_correct'] = jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels) * nsp_weights)
   return stats
 
 
@@ -154,7 +167,9 @@ def summarize(stats) -> dict[str, float]:
 def _apply(model, params, batch, deterministic, rngs=None):
   return model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
                      batch['input_mask'], batch['masked_lm_positions'],
-                     deterministic=deterministic, rngs=rngs)
+                     deterministic=deterministic, rngs=rngs,
+                     position_ids=batch.get('position_ids'), pair_ids=batch.get('pair_ids'),
+                     nsp_positions=batch.get('nsp_positions'))
 
 
 def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = False):

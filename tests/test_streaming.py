@@ -1,0 +1,210 @@
+"""The streaming pipeline: exact resume, the paper's masking rules, packing that changes no
+per-example output, static masking, and the held-out split."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from array_record.python import array_record_module
+
+from bert_jax import model as model_lib
+from bert_jax.data import pretraining
+from bert_jax.data import records
+from bert_jax.data import streaming
+
+SPECIAL = pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+VOCAB = 997
+
+
+def write_prepared(directory, num_documents=120, seed=0, shards=3, sentences=12, length=40):
+  """A prepared corpus of random documents (1 to sentences-1 sentences of 3 to length-1 ids)."""
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  entries = []
+  for index in range(shards):
+    name = records.SHARD_PATTERN.format(index=index)
+    writer = array_record_module.ArrayRecordWriter(os.path.join(directory, name), 'group_size:1')
+    count = num_documents // shards
+    for _ in range(count):
+      document = [rng.integers(5, VOCAB, rng.integers(3, length)).astype(np.int32)
+                  for _ in range(rng.integers(1, sentences))]
+      writer.write(records.encode_document(document, 'uint16'))
+    writer.close()
+    entries.append({'file': name, 'documents': count})
+  records.write_metadata(directory, records.Metadata(
+      format_version=records.FORMAT_VERSION, vocab_sha256='0' * 64, vocab_file='vocab.txt',
+      vocab_size=VOCAB, lowercase=True, token_dtype='uint16', shards=entries,
+      num_documents=num_documents))
+  return str(directory)
+
+
+def settings(**overrides):
+  fields = dict(special=SPECIAL, vocab_size=VOCAB, max_seq_length=64, max_predictions=10,
+                batch_size=8, nsp=True, short_seq_prob=0.1, mask_rate=0.15,
+                mask_token_fraction=0.8, random_token_fraction=0.1)
+  fields.update(overrides)
+  return streaming.StreamSettings(**fields)
+
+
+def stream(directory, seed=0, process_index=0, process_count=1, **overrides):
+  store = streaming.DocumentStore(directory)
+  order = streaming.document_order(len(store), seed, process_index, process_count)
+  return streaming.PretrainingBatches(order.to_iter_dataset(streaming.read_options()), store,
+                                      settings(**overrides), seed)
+
+
+def equal_batches(a, b):
+  return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize('packing', [False, True])
+def test_resumed_stream_continues_with_the_same_batches(tmp_path, packing):
+  directory = write_prepared(tmp_path / 'prepared')
+  options = dict(packing=packing, max_pairs_per_row=3 if packing else 1)
+  iterator = iter(stream(directory, **options))
+  for stop_after in (1, 7, 30):  # 30 batches pass the end of the first epoch.
+    while iterator.get_state()['batches'] < stop_after:
+      next(iterator)
+    state = iterator.get_state()
+    expected = [next(iterator) for _ in range(4)]
+    resumed = iter(stream(directory, **options))
+    resumed.set_state(state)
+    assert all(equal_batches(a, b) for a, b in zip(expected, [next(resumed) for _ in range(4)]))
+
+
+def test_processes_read_disjoint_documents(tmp_path):
+  directory = write_prepared(tmp_path / 'prepared')
+  order = [[doc for _, doc in streaming.document_order(120, 0, p, 2)[:120]] for p in range(2)]
+  assert not set(order[0][:60]) & set(order[1][:60])
+  assert sorted(order[0][:60] + order[1][:60]) == list(range(120))
+  # Each epoch is a fresh order.
+  epoch0, epoch1 = streaming.document_order(120, 0)[:120], streaming.document_order(120, 0)[120:240]
+  assert [d for _, d in epoch0] != [d for _, d in epoch1]
+  assert {e for e, _ in epoch1} == {1}
+  assert directory
+
+
+def test_masking_follows_the_paper(tmp_path):
+  directory = write_prepared(tmp_path / 'prepared', num_documents=300)
+  iterator = iter(stream(directory, batch_size=64, max_predictions=20))
+  batches = [next(iterator) for _ in range(20)]
+  original, replaced, total_real = [], [], 0
+  for batch in batches:
+    weights = batch['masked_lm_weights'] > 0
+    lengths = batch['input_mask'].sum(1)
+    # Each row: min(max_predictions, max(1, round(length * rate))) predictions.
+    expected = np.minimum(20, np.maximum(1, np.round(lengths * 0.15)))
+    np.testing.assert_array_equal(weights.sum(1), expected)
+    labels = batch['masked_lm_ids'][weights]
+    assert not np.isin(labels, [SPECIAL.cls, SPECIAL.sep, SPECIAL.pad]).any()
+    rows = np.repeat(np.arange(len(weights)), weights.sum(1))
+    replaced.append(batch['input_ids'][rows, batch['masked_lm_positions'][weights]])
+    original.append(labels)
+    total_real += lengths.sum()
+    for row_positions, row_weights in zip(batch['masked_lm_positions'], weights):
+      assert (np.diff(row_positions[row_weights]) > 0).all()  # Sorted, distinct.
+  original, replaced = np.concatenate(original), np.concatenate(replaced)
+  n = len(original)
+  mask_share = np.mean(replaced == SPECIAL.mask)
+  kept_share = np.mean(replaced == original)
+  assert abs(mask_share - 0.8) < 4 * np.sqrt(0.16 / n)
+  # Kept: the 10% left alone plus random draws that hit the label.
+  assert abs(kept_share - 0.1) < 4 * np.sqrt(0.09 / n) + 0.002
+  assert 0.14 < n / total_real < 0.16
+
+
+def test_packed_rows_fit_and_keep_each_pair_apart(tmp_path):
+  directory = write_prepared(tmp_path / 'prepared')
+  iterator = iter(stream(directory, packing=True, max_pairs_per_row=4, short_seq_prob=0.5))
+  for batch in (next(iterator) for _ in range(10)):
+    pairs = batch['pair_ids']
+    for row in range(len(pairs)):
+      count = int(batch['nsp_weights'][row].sum())
+      assert set(np.unique(pairs[row])) - {0} == set(range(1, count + 1))
+      for j in range(count):
+        span = np.flatnonzero(pairs[row] == j + 1)
+        assert np.array_equal(batch['position_ids'][row, span], np.arange(len(span)))
+        assert batch['nsp_positions'][row, j] == span[0]
+        assert batch['input_ids'][row, span[0]] == SPECIAL.cls
+        assert batch['input_ids'][row, span[-1]] == SPECIAL.sep
+
+
+def test_packing_raises_real_tokens_per_row(tmp_path):
+  """Short documents (1-3 sentences of 3-9 ids) leave most of an unpacked row as padding."""
+  directory = write_prepared(tmp_path / 'prepared', sentences=4, length=10)
+  real = {}
+  for packing in (False, True):
+    iterator = iter(stream(directory, packing=packing, max_pairs_per_row=4))
+    real[packing] = np.mean([next(iterator)['input_mask'].sum() for _ in range(20)])
+  assert real[True] > 2.0 * real[False]
+
+
+def test_static_masking_repeats_each_pass(tmp_path):
+  """dupe_factor=1: every epoch has the same pairs and masks (only the order differs)."""
+  directory = write_prepared(tmp_path / 'prepared', num_documents=30, shards=1)
+  store = streaming.DocumentStore(directory)
+  per_epoch = 0
+  for doc_id in range(len(store)):
+    rng = np.random.default_rng([0, streaming._DOC_STREAM, 0, doc_id])  # pylint: disable=protected-access
+    per_epoch += len(pretraining.create_instances_from_document(
+        store, doc_id, rng, max_seq_length=64, short_seq_prob=0.1, nsp=True))
+  iterator = iter(stream(directory, batch_size=1, dupe_factor=1))
+  rows = [next(iterator)['input_ids'][0].tobytes() for _ in range(2 * per_epoch)]
+  assert sorted(rows[:per_epoch]) == sorted(rows[per_epoch:])
+  dynamic = iter(stream(directory, batch_size=1))
+  rows = [next(dynamic)['input_ids'][0].tobytes() for _ in range(2 * per_epoch)]
+  assert sorted(rows[:per_epoch]) != sorted(rows[per_epoch:])
+
+
+def test_held_out_documents_never_train():
+  train, held_out = streaming.split_ids(100, 0.1, seed=3)
+  assert len(held_out) == 10 and not set(train) & set(held_out)
+  assert sorted(np.concatenate([train, held_out])) == list(range(100))
+
+
+def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
+  cfg = model_lib.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                             intermediate_size=64, max_position_embeddings=64,
+                             hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  model = model_lib.BertForPreTraining(cfg)
+  rng = np.random.default_rng(0)
+  instances = [pretraining.Instance(rng.integers(5, VOCAB, n).astype(np.int32),
+                                    rng.integers(5, VOCAB, m).astype(np.int32), bool(n % 2))
+               for n, m in ((5, 7), (9, 3), (4, 4))]
+  s = settings(max_seq_length=48, max_predictions=6, batch_size=3)
+  unpacked = streaming.make_batch([[(i, (0, 0), 0)] for i in instances], rng, s)
+  packed = streaming.make_batch([[(i, (0, 0), 0) for i in instances]],
+                                rng, settings(max_seq_length=48, max_predictions=18,
+                                              batch_size=1, packing=True, max_pairs_per_row=3))
+  # Predict every real position of every pair, with the unmasked ids in both layouts.
+  ids = [pretraining.assemble(i, SPECIAL)[0] for i in instances]
+  variables = model.init(jax.random.PRNGKey(0), *(jnp.asarray(unpacked[k]) for k in (
+      'input_ids', 'segment_ids', 'input_mask', 'masked_lm_positions')))
+  starts = np.cumsum([0] + [len(x) for x in ids])
+  packed_ids = np.zeros((1, 48), np.int32)
+  packed_ids[0, :starts[-1]] = np.concatenate(ids)
+  unpacked_ids = np.zeros((3, 48), np.int32)
+  for r, x in enumerate(ids):
+    unpacked_ids[r, :len(x)] = x
+  sequence_unpacked, pooled_unpacked = model.apply(
+      variables, unpacked_ids, unpacked['segment_ids'], unpacked['input_mask'],
+      method=lambda m, *a: m.bert(*a))
+  sequence_packed, pooled_packed = model.apply(
+      variables, packed_ids, packed['segment_ids'], packed['input_mask'],
+      method=lambda m, *a: m.bert(*a, True, jnp.asarray(packed['position_ids']),
+                                  jnp.asarray(packed['pair_ids']),
+                                  jnp.asarray(packed['nsp_positions'])))
+  for r, x in enumerate(ids):
+    np.testing.assert_allclose(sequence_packed[0, starts[r]:starts[r + 1]],
+                               sequence_unpacked[r, :len(x)], atol=2e-5)
+    np.testing.assert_allclose(pooled_packed[0, r], pooled_unpacked[r], atol=2e-5)
+  # And the losses: NSP per pair, MLM at the same tokens.
+  outputs = model.apply(variables, packed_ids, packed['segment_ids'], packed['input_mask'],
+                        packed['masked_lm_positions'], True, packed['position_ids'],
+                        packed['pair_ids'], packed['nsp_positions'])
+  assert outputs['nsp_logits'].shape == (1, 3, 2)
+  reference = model.apply(variables, unpacked_ids, unpacked['segment_ids'],
+                          unpacked['input_mask'], unpacked['masked_lm_positions'])
+  np.testing.assert_allclose(outputs['nsp_logits'][0], reference['nsp_logits'], atol=2e-5)

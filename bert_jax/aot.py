@@ -152,7 +152,8 @@ def compile_train_step(config, mesh):
   state_shardings = steps.train_state_shardings(config, model, tx, mesh, rules)
   state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
   batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
-                            config.data.max_predictions_per_seq)
+                            config.data.max_predictions_per_seq,
+                            config.data.max_pairs_per_row if config.data.packing else 0)
   train_step = steps.jit_train_step(model, tx, state_shardings, sharding.batch_sharding(mesh))
   logging.info('Compiling the %d-layer step (scan_layers=%s).', config.model.num_layers,
                config.model.scan_layers)

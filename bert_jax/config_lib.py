@@ -24,11 +24,13 @@ RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.shor
 POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.num_heads',
             'model.intermediate_size', 'model.max_position_embeddings',
             'model.type_vocab_size', 'data.max_seq_length', 'data.max_predictions_per_seq',
-            'data.tokenizer_vocab_size', 'train.batch_size', 'train.num_steps',
+            'data.tokenizer_vocab_size', 'data.max_pairs_per_row', 'train.batch_size',
+            'train.num_steps',
             'train.log_every', 'train.eval_batches', 'train.keep_checkpoints')
 NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_every',
                 'train.learning_rate', 'train.weight_decay', 'train.max_grad_norm',
-                'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips')
+                'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips',
+                'data.dupe_factor', 'data.workers')
 
 
 class ConfigError(ValueError):
@@ -51,18 +53,7 @@ def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
-  for key, choices in VALID_CHOICES.items():
-    if flat[key] not in choices:
-      raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {choices}.')
-  for key in POSITIVE:
-    if not flat[key] > 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be > 0.')
-  for key in NON_NEGATIVE:
-    if not flat[key] >= 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be >= 0.')
-  for key in RATES:
-    if not 0.0 <= flat[key] <= 1.0:
-      raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
+  _check_ranges(flat, VALID_CHOICES, POSITIVE, NON_NEGATIVE, RATES)
   _check_model(config.model)
   _check_data(config)
   if config.init_from:
@@ -71,6 +62,35 @@ def validate(config) -> None:
       init_from.check_exists(config.init_from)
     except init_from.InitFromError as e:
       raise ConfigError(str(e)) from e
+
+
+def validate_and_adopt_source(config, validate_fn) -> None:
+  """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
+  (init_from.adopt_source) and the result validated again."""
+  validate_fn(config)
+  if config.init_from:
+    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    try:
+      init_from.adopt_source(config)
+    except init_from.InitFromError as e:
+      raise ConfigError(str(e)) from e
+    validate_fn(config)
+
+
+def _check_ranges(flat, choices, positive, non_negative, rates) -> None:
+  """Choices, > 0, >= 0 and [0, 1] checks of the flattened config's keys."""
+  for key, valid in choices.items():
+    if key in flat and flat[key] not in valid:
+      raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {valid}.')
+  for key in positive:
+    if not flat[key] > 0:
+      raise ConfigError(f'config.{key}={flat[key]!r} must be > 0.')
+  for key in non_negative:
+    if not flat[key] >= 0:
+      raise ConfigError(f'config.{key}={flat[key]!r} must be >= 0.')
+  for key in rates:
+    if not 0.0 <= flat[key] <= 1.0:
+      raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:
@@ -123,9 +143,20 @@ def _check_data(config) -> None:
   if data.max_seq_length < minimum + 2:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
-  if not data.corpus:
+  if data.prepared:
+    if not os.path.isdir(os.path.expanduser(data.prepared)):
+      raise ConfigError(f'config.data.prepared={data.prepared!r} is not a directory; prepare one '
+                        'with `python -m bert_jax.data.prepare --config=... --output=DIR`.')
+  elif not data.corpus:
     raise ConfigError("config.data.corpus is empty; give text files or globs (comma "
-                      "separated, .xz/.gz ok), or 'builtin' for the built-in corpus.")
+                      "separated, .xz/.gz ok), or 'builtin' for the built-in corpus (or a "
+                      "prepared corpus in config.data.prepared).")
+  else:
+    for key in ('packing', 'dupe_factor', 'workers'):
+      if data[key]:
+        raise ConfigError(f'config.data.{key}={data[key]!r} needs a prepared corpus '
+                          '(config.data.prepared); the in-memory reader of config.data.corpus '
+                          'has no packing, static masking or workers.')
 
 
 def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:
@@ -168,18 +199,9 @@ def validate_finetune(config) -> None:
   from configs import finetune  # pylint: disable=g-import-not-at-top
   flat = flatten(config)
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
-  for key, choices in {**VALID_CHOICES, **FINETUNE_CHOICES}.items():
-    if key in flat and flat[key] not in choices:
-      raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {choices}.')
-  for key in FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')):
-    if not flat[key] > 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be > 0.')
-  for key in FINETUNE_NON_NEGATIVE:
-    if not flat[key] >= 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be >= 0.')
-  for key in FINETUNE_RATES:
-    if not 0.0 <= flat[key] <= 1.0:
-      raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
+  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES},
+                FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')),
+                FINETUNE_NON_NEGATIVE, FINETUNE_RATES)
   _check_model(config.model)
   if config.data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(

@@ -1,6 +1,7 @@
 """Pretraining: data, state, the step loop, evaluation, checkpoints and metrics."""
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -21,6 +22,8 @@ from bert_jax import sharding
 from bert_jax import steps
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import pipeline
+from bert_jax.data import records
+from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
 
 
@@ -62,6 +65,8 @@ class Preemption:
 
 def prepare_data(config, workdir: str):
   """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
+  if config.data.prepared:
+    return prepare_streaming(config)
   try:
     documents = corpus_lib.read_corpus(config.data.corpus, config.data.corpus_format,
                                        config.data.max_documents)
@@ -98,6 +103,48 @@ def prepare_data(config, workdir: str):
   return stream, held_out, tokenizer
 
 
+def prepare_streaming(config):
+  """A prepared corpus -> (this process's Grain train stream, eval batches, tokenizer)."""
+  directory = os.path.expanduser(config.data.prepared)
+  try:
+    metadata = records.read_metadata(directory)
+    vocab_file = config.data.vocab_file or os.path.join(directory, 'vocab.txt')
+    tokenizer = tokenizer_lib.WordPieceTokenizer(vocab_file, config.data.lowercase)
+    streaming.check_prepared(metadata, directory, tokenizer, config)
+  except (ValueError, OSError) as e:
+    raise config_lib.ConfigError(str(e)) from e
+  store = streaming.DocumentStore(directory, metadata)
+  train_ids, eval_ids = streaming.split_ids(len(store), config.data.eval_fraction, config.seed)
+  count, index = jax.process_count(), jax.process_index()
+  settings = stream_settings(config, tokenizer, config.train.batch_size // count)
+  stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
+                                 config.seed, config.data.workers, index, count)
+  held_out = streaming.eval_batches(
+      streaming.SubsetDocuments(store, eval_ids),
+      dataclasses.replace(settings, batch_size=config.train.batch_size),
+      config.train.eval_batches, config.seed)
+  logging.info('Prepared corpus %s: %d documents (%d train, %d held out), %d sentences, %d tokens; '
+               'vocab %d; this process streams every %d-th training document%s.', directory,
+               len(store), len(train_ids), len(eval_ids), metadata.num_sentences,
+               metadata.num_tokens, tokenizer.vocab_size, count,
+               ', packed' if config.data.packing else '')
+  return stream, held_out, tokenizer
+
+
+def stream_settings(config, tokenizer, rows_per_batch: int) -> streaming.StreamSettings:
+  """The streaming pipeline's settings from the config."""
+  return streaming.StreamSettings(
+      special=tokenizer.special, vocab_size=tokenizer.vocab_size,
+      max_seq_length=config.data.max_seq_length,
+      max_predictions=config.data.max_predictions_per_seq, batch_size=rows_per_batch,
+      nsp=config.data.nsp, short_seq_prob=config.data.short_seq_prob,
+      mask_rate=config.masking.rate, mask_token_fraction=config.masking.mask_token_fraction,
+      random_token_fraction=config.masking.random_token_fraction, packing=config.data.packing,
+      max_pairs_per_row=config.data.max_pairs_per_row if config.data.packing else 1,
+      dupe_factor=config.data.dupe_factor,
+      is_continuation=tokenizer.is_continuation() if config.masking.whole_word else None)
+
+
 def write_config(config, workdir: str) -> None:
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
@@ -111,13 +158,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise config_lib.ConfigError(
         f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. gcsfuse) and '
         'pass the mounted path.')
-  config_lib.validate(config)
-  if config.init_from:
-    try:
-      init_from.adopt_source(config)
-    except init_from.InitFromError as e:
-      raise config_lib.ConfigError(str(e)) from e
-    config_lib.validate(config)
+  config_lib.validate_and_adopt_source(config, config_lib.validate)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.create_optimizer(config.train)
   try:
@@ -183,6 +224,14 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     state, saved = restored
     _check_vocab(saved, tokenizer, vocab_sha256, int(state.step), workdir)
     position = {'epoch': int(saved['epoch']), 'batch': int(saved['batch'])}
+    if 'stream' in saved:
+      position['stream'] = list(saved['stream'])
+      if len(position['stream']) != jax.process_count():
+        raise config_lib.ConfigError(
+            f'The checkpoint at step {int(state.step)} holds the input streams of '
+            f'{len(position["stream"])} process(es); this run has {jax.process_count()}. Resume '
+            f'with {len(position["stream"])} processes (each reads its own documents), or start '
+            'a new --workdir.')
     skipped = int(saved.get('nonfinite_skips', 0))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
                  position['epoch'], position['batch'])
@@ -202,12 +251,20 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
                                           config.train.num_steps)
-  first_epoch = stream.epoch_examples(0)
-  baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
-  if config.data.nsp:
-    # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
-    logging.info('Epoch 0: %d examples, %.1f%% NotNext.', len(first_epoch['input_ids']),
-                 100 * float(np.mean(first_epoch['next_sentence_labels'])))
+  if isinstance(stream, pipeline.PretrainingStream):
+    first_epoch = stream.epoch_examples(0)
+    baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
+    if config.data.nsp:
+      # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
+      logging.info('Epoch 0: %d examples, %.1f%% NotNext.', len(first_epoch['input_ids']),
+                   100 * float(np.mean(first_epoch['next_sentence_labels'])))
+    to_global = sharding.global_batch  # Every process holds the whole global batch.
+  else:
+    # The streaming input has no epoch in memory: the guess comes from the held-out masks.
+    merged = {k: np.concatenate([b[k] for b in held_out]) for k in held_out[0]}
+    baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(merged))
+    to_global = functools.partial(sharding.global_batch_from_local,
+                                  global_rows=config.train.batch_size)
 
   def evaluate(step):
     totals = None
@@ -245,7 +302,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     for step in range(start_step + 1, num_steps + 1):
       batch, position = next(batches)
       step_start = time.perf_counter()
-      state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
+      state, stats = train_step(state, to_global(batch, batch_shardings))
       if step == start_step + 1:
         jax.block_until_ready(stats)
         excluded += time.perf_counter() - step_start
@@ -290,7 +347,9 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
       if (step % config.train.eval_every == 0 or final) and not preempted:
         last_eval = evaluate(step)
       if save:
-        checkpointer.save(step, state, {**position, 'nonfinite_skips': skipped,
+        stream_state = (stream.checkpoint_state() if hasattr(stream, 'checkpoint_state')
+                        else {})
+        checkpointer.save(step, state, {**position, **stream_state, 'nonfinite_skips': skipped,
                                         'vocab_sha256': vocab_sha256,
                                         'vocab_file': tokenizer.vocab_file})
       excluded += time.perf_counter() - pause_start

@@ -140,3 +140,12 @@ def global_batch(batch: dict, batch_sharding: NamedSharding) -> dict:
   rows = process_rows(len(next(iter(batch.values()))), batch_sharding)
   return {k: jax.make_array_from_process_local_data(batch_sharding, v[rows], v.shape)
           for k, v in batch.items()}
+
+
+def global_batch_from_local(batch: dict, batch_sharding: NamedSharding, global_rows: int) -> dict:
+  """This process's own rows (a per-process input stream) -> global arrays of global_rows rows."""
+  if jax.process_count() == 1:
+    return jax.device_put(batch, batch_sharding)
+  return {k: jax.make_array_from_process_local_data(batch_sharding, v,
+                                                    (global_rows,) + v.shape[1:])
+          for k, v in batch.items()}

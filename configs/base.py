@@ -80,6 +80,13 @@ def get_config(arg=None):
   data.nsp = True  # Sentence pairs + next-sentence prediction; False: single segments, no NSP head.
   data.eval_fraction = 0.02  # Share of documents held out for evaluation.
   data.max_documents = 0  # Use at most this many documents (0: all).
+  # A corpus prepared by `python -m bert_jax.data.prepare` (a directory): streamed with Grain,
+  # each process reading its own documents, instead of data.corpus read into memory.
+  data.prepared = ''
+  data.packing = False  # Prepared corpora: pack several short pairs into one row.
+  data.max_pairs_per_row = 4  # With packing: pairs per row at most (NSP labels per row).
+  data.dupe_factor = 0  # 0: dynamic masking (fresh every epoch); N: N fixed-mask passes (paper).
+  data.workers = 0  # Prepared corpora: Grain worker processes building batches (0: in-process).
 
   config.masking = masking = ml_collections.ConfigDict()
   masking.rate = 0.15  # Share of tokens chosen for prediction.

@@ -208,3 +208,79 @@ def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
   reference = model.apply(variables, unpacked_ids, unpacked['segment_ids'],
                           unpacked['input_mask'], unpacked['masked_lm_positions'])
   np.testing.assert_allclose(outputs['nsp_logits'][0], reference['nsp_logits'], atol=2e-5)
+
+
+def write_vocab(directory):
+  """vocab.txt matching SPECIAL and VOCAB, and its sha256."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  path = os.path.join(directory, 'vocab.txt')
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+                      + [f'w{i}' for i in range(5, VOCAB)]) + '\n')
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  directory = write_prepared(tmp_path_factory.mktemp('prepared'), num_documents=90,
+                             sentences=6, length=20)
+  metadata = records.read_metadata(directory)
+  metadata.vocab_sha256 = write_vocab(directory)
+  records.write_metadata(directory, metadata)
+  return directory
+
+
+def tiny_config(prepared_dir, **overrides):
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  values = {
+      'model.vocab_size': 1024, 'model.hidden_size': 32, 'model.num_layers': 2,
+      'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_position_embeddings': 64,
+      'data.max_seq_length': 64, 'data.max_predictions_per_seq': 10, 'data.eval_fraction': 0.1,
+      'data.corpus': '', 'data.prepared': prepared_dir, 'train.batch_size': 8,
+      'train.learning_rate': 1e-3, 'train.warmup_steps': 2, 'train.eval_batches': 2,
+      'train.keep_checkpoints': 3, 'train.peak_flops': 1e11, 'train.num_steps': 12,
+      'train.log_every': 2, 'train.eval_every': 6, 'train.checkpoint_every': 4, **overrides}
+  for key, value in values.items():
+    section, name = key.split('.')
+    config[section][name] = value
+  return config
+
+
+def final_params(workdir, step):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  return ocp.StandardCheckpointer().restore(
+      os.path.join(workdir, 'checkpoints', str(step), 'state'))['params']
+
+
+def test_training_on_a_prepared_corpus_resumes_exactly(prepared, tmp_path, packing=True):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  config = tiny_config(prepared, **{'data.packing': packing})
+  reference = str(tmp_path / 'reference')
+  last_eval = pretrain.train_and_evaluate(config, reference)
+  assert np.isfinite(last_eval['mlm_loss']) and 'nsp_accuracy' in last_eval
+  restarted = str(tmp_path / 'restarted')
+  pretrain.train_and_evaluate(tiny_config(prepared, **{'data.packing': packing}), restarted)
+  shutil.rmtree(os.path.join(restarted, 'checkpoints', '12'))  # As if it died after step 8.
+  pretrain.train_and_evaluate(tiny_config(prepared, **{'data.packing': packing}), restarted)
+  for a, b in zip(jax.tree.leaves(final_params(reference, 12)),
+                  jax.tree.leaves(final_params(restarted, 12))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  other = tmp_path / 'vocab.txt'
+  other.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'x']) + '\n')
+  config = tiny_config(prepared, **{'data.vocab_file': str(other)})
+  with pytest.raises(config_lib.ConfigError, match='was tokenised with the vocab of sha256'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'run'))
+  config = tiny_config(prepared, **{'data.lowercase': False})
+  with pytest.raises(config_lib.ConfigError, match='lowercase=True'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'run2'))
+  config = tiny_config('', **{'data.corpus': 'builtin', 'data.packing': True})
+  with pytest.raises(config_lib.ConfigError, match='needs a prepared corpus'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'run3'))

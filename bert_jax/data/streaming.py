@@ -15,6 +15,7 @@ resumed run sees exactly the batches an uninterrupted run would have.
 
 import collections
 import dataclasses
+import json
 
 import grain
 import numpy as np
@@ -354,3 +355,78 @@ def _static_masks(ids, pair_of, rows, settings: StreamSettings, seed: int):
       weights[r, filled:filled + count] = 1.0
       filled += count
   return masked, positions, labels, weights
+
+
+class TrainStream:
+  """This process's rows of each global training batch, resumable through checkpoints.
+
+  `batches(position)` yields (local batch, position); `checkpoint_state()` gathers every
+  process's iterator state for the checkpoint (a collective: all processes call it together).
+  """
+
+  def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
+               process_index: int = 0, process_count: int = 1):
+    self.settings, self.seed = settings, seed
+    self.process_index, self.process_count = process_index, process_count
+    order = document_order(len(documents), seed, process_index, process_count)
+    dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents, settings, seed)
+    if workers > 0:
+      dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    self._dataset, self._iterator = dataset, None
+
+  def batches(self, position: dict):
+    """Yields (batch, position) from `position` ({'epoch', 'batch'[, 'stream']}) on."""
+    self._iterator = iter(self._dataset)
+    states = position.get('stream')
+    if states:
+      if len(states) != self.process_count:
+        raise ValueError(
+            f'The checkpoint holds the input streams of {len(states)} process(es); this run has '
+            f'{self.process_count}. Resume with {len(states)} processes (each reads its own '
+            'documents), or start a new --workdir.')
+      self._iterator.set_state(json.loads(states[self.process_index]))
+    index = int(position.get('batch', 0))
+    while True:
+      batch = next(self._iterator)
+      index += 1
+      yield batch, {'epoch': 0, 'batch': index}
+
+  def checkpoint_state(self) -> dict:
+    """{'stream': [state of process 0, 1, ...]} as JSON strings."""
+    mine = json.dumps(self._iterator.get_state())
+    if self.process_count == 1:
+      return {'stream': [mine]}
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    encoded = np.frombuffer(mine.encode(), np.uint8)
+    longest = int(np.max(multihost_utils.process_allgather(np.int32(len(encoded)))))
+    padded = np.zeros(longest, np.uint8)
+    padded[:len(encoded)] = encoded
+    gathered = multihost_utils.process_allgather(padded)  # [processes, longest]
+    return {'stream': [bytes(row).rstrip(b'\0').decode() for row in np.asarray(gathered)]}
+
+
+def eval_batches(documents, settings: StreamSettings, num_batches: int, seed: int) -> list[dict]:
+  """A fixed held-out set: unpacked rows of the held-out documents, the same at every eval."""
+  settings = dataclasses.replace(settings, packing=False, max_pairs_per_row=1, dupe_factor=0)
+  order = document_order(len(documents), seed + 1)
+  iterator = iter(PretrainingBatches(order.to_iter_dataset(read_options()), documents, settings,
+                                     seed + 1))
+  return [next(iterator) for _ in range(num_batches)]
+
+
+def check_prepared(metadata: records.Metadata, directory: str, tokenizer, config) -> None:
+  """The prepared corpus must belong to this run's vocab and casing; ValueError names both."""
+  vocab_hash = tokenizer.vocab_hash()
+  if metadata.vocab_sha256 != vocab_hash:
+    raise ValueError(
+        f'config.data.prepared={directory!r} was tokenised with the vocab of sha256 '
+        f'{metadata.vocab_sha256[:12]} ({metadata.vocab_file}), but this run uses '
+        f'{tokenizer.vocab_file} (sha256 {vocab_hash[:12]}); set config.data.vocab_file to '
+        'the vocab it was prepared with, or prepare it again.')
+  if metadata.lowercase != config.data.lowercase:
+    raise ValueError(
+        f'config.data.prepared={directory!r} was prepared with lowercase={metadata.lowercase}, '
+        f'but config.data.lowercase={config.data.lowercase}.')
+  if metadata.num_documents < 2:
+    raise ValueError(f'config.data.prepared={directory!r} holds {metadata.num_documents} '
+                     'document(s); pretraining needs at least 2 (one is held out).')

@@ -222,13 +222,7 @@ def load_encoder_params(config, model):
 
 def run(config, workdir: str) -> dict:
   """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content."""
-  config_lib.validate_finetune(config)
-  if config.init_from:
-    try:
-      init_from.adopt_source(config)
-    except init_from.InitFromError as e:
-      raise config_lib.ConfigError(str(e)) from e
-    config_lib.validate_finetune(config)
+  config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
   if not config.data.vocab_file:
     raise config_lib.ConfigError(
         'config.data.vocab_file is empty and config.init_from gives no vocab.txt: fine-tuning '

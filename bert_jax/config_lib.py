@@ -19,8 +19,8 @@ VALID_CHOICES = {
     'train.optimizer': ('adamw', 'lamb'),
 }
 RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
-         'data.eval_fraction', 'masking.rate', 'masking.mask_token_fraction',
-         'masking.random_token_fraction', 'masking.keep_fraction')
+         'data.eval_fraction', 'train.phase2_fraction', 'masking.rate',
+         'masking.mask_token_fraction', 'masking.random_token_fraction', 'masking.keep_fraction')
 POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.num_heads',
             'model.intermediate_size', 'model.max_position_embeddings',
             'model.type_vocab_size', 'data.max_seq_length', 'data.max_predictions_per_seq',
@@ -30,7 +30,7 @@ POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model
 NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_every',
                 'train.learning_rate', 'train.weight_decay', 'train.max_grad_norm',
                 'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips',
-                'data.dupe_factor', 'data.workers')
+                'data.dupe_factor', 'data.workers', 'train.phase2_batch_size')
 
 
 class ConfigError(ValueError):
@@ -151,7 +151,12 @@ def _check_data(config) -> None:
     raise ConfigError("config.data.corpus is empty; give text files or globs (comma "
                       "separated, .xz/.gz ok), or 'builtin' for the built-in corpus (or a "
                       "prepared corpus in config.data.prepared).")
+    if config.train.phase2_fraction:
+      _check_phase2(config)
   else:
+    if config.train.phase2_fraction:
+      raise ConfigError(f'config.train.phase2_fraction={config.train.phase2_fraction} needs a '
+                        'prepared corpus (config.data.prepared).')
     for key in ('packing', 'dupe_factor', 'workers'):
       if data[key]:
         raise ConfigError(f'config.data.{key}={data[key]!r} needs a prepared corpus '
@@ -270,3 +275,17 @@ def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '
         f'config.data.vocab_file ({tokenizer_vocab_size} tokens); they must belong together.')
+
+
+def _check_phase2(config) -> None:
+  data, seq = config.data, config.data.phase2_max_seq_length
+  if seq > config.model.max_position_embeddings:
+    raise ConfigError(f'config.data.phase2_max_seq_length={seq} exceeds '
+                      f'config.model.max_position_embeddings='
+                      f'{config.model.max_position_embeddings}.')
+  needed = int(round(seq * config.masking.rate))
+  if data.phase2_max_predictions_per_seq < needed:
+    raise ConfigError(
+        f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
+        f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '
+        f'= {needed} predictions; set it to at least {needed}.')

@@ -8,8 +8,10 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from absl import logging
 
@@ -103,8 +105,8 @@ def prepare_data(config, workdir: str):
   return stream, held_out, tokenizer
 
 
-def prepare_streaming(config):
-  """A prepared corpus -> (this process's Grain train stream, eval batches, tokenizer)."""
+def prepare_streaming(config, with_eval: bool = True):
+  """A prepared corpus -> (this process's Grain train stream, eval batches or None, tokenizer)."""
   directory = os.path.expanduser(config.data.prepared)
   try:
     metadata = records.read_metadata(directory)
@@ -119,6 +121,8 @@ def prepare_streaming(config):
   settings = stream_settings(config, tokenizer, config.train.batch_size // count)
   stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
                                  config.seed, config.data.workers, index, count)
+  if not with_eval:
+    return stream, None, tokenizer
   held_out = streaming.eval_batches(
       streaming.SubsetDocuments(store, eval_ids),
       dataclasses.replace(settings, batch_size=config.train.batch_size),
@@ -143,6 +147,27 @@ def stream_settings(config, tokenizer, rows_per_batch: int) -> streaming.StreamS
       max_pairs_per_row=config.data.max_pairs_per_row if config.data.packing else 1,
       dupe_factor=config.data.dupe_factor,
       is_continuation=tokenizer.is_continuation() if config.masking.whole_word else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """A stretch of steps with one input shape (the paper: 90% at seq 128, 10% at 512)."""
+  index: int  # 1 or 2.
+  last_step: int  # Its last step (the first is the previous phase's last + 1).
+  config: Any  # The run's config with this phase's seq length, predictions and batch size.
+
+
+def phases(config) -> list[Phase]:
+  """Phase 1, and phase 2 when config.train.phase2_fraction > 0."""
+  num_steps = config.train.num_steps
+  phase2_steps = int(round(config.train.phase2_fraction * num_steps))
+  if not phase2_steps:
+    return [Phase(1, num_steps, config)]
+  second = ml_collections.ConfigDict(config.to_dict())
+  second.data.max_seq_length = config.data.phase2_max_seq_length
+  second.data.max_predictions_per_seq = config.data.phase2_max_predictions_per_seq
+  second.train.batch_size = config.train.phase2_batch_size or config.train.batch_size
+  return [Phase(1, num_steps - phase2_steps, config), Phase(2, num_steps, second)]
 
 
 def write_config(config, workdir: str) -> None:
@@ -233,6 +258,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
             f'with {len(position["stream"])} processes (each reads its own documents), or start '
             'a new --workdir.')
     skipped = int(saved.get('nonfinite_skips', 0))
+    position['phase'] = int(saved.get('phase', 1))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
                  position['epoch'], position['batch'])
   elif config.init_from:
@@ -263,8 +289,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     # The streaming input has no epoch in memory: the guess comes from the held-out masks.
     merged = {k: np.concatenate([b[k] for b in held_out]) for k in held_out[0]}
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(merged))
-    to_global = functools.partial(sharding.global_batch_from_local,
-                                  global_rows=config.train.batch_size)
+    to_global = None  # Set per phase: each process holds only its rows.
 
   def evaluate(step):
     totals = None
@@ -281,7 +306,6 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     return values
 
   peak_flops = config.train.peak_flops or metrics_lib.measure_peak_flops()
-  flops_per_seq = metrics_lib.model_flops_per_sequence(config)
   writer = metrics_lib.MetricWriter(workdir, start_step)
   num_steps = config.train.num_steps
   last_eval = {}
@@ -291,7 +315,26 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     logging.info('The checkpoint is at step %d of %d: nothing left to train.', start_step,
                  num_steps)
 
-  batches = stream.batches(position)
+  run_phases = phases(config)
+  phase = next((p for p in run_phases if start_step < p.last_step), run_phases[-1])
+
+  def enter(phase, position):
+    """(batches, global-batch function, batch size, FLOPs per sequence) of a phase."""
+    phase_stream = stream if phase.index == 1 else prepare_streaming(phase.config, False)[0]
+    if phase.index > 1:
+      logging.info('Phase %d from step %d: seq %d, %d predictions, batch %d.', phase.index,
+                   max(start_step, run_phases[phase.index - 2].last_step) + 1,
+                   phase.config.data.max_seq_length,
+                   phase.config.data.max_predictions_per_seq, phase.config.train.batch_size)
+    rows = phase.config.train.batch_size
+    make_global = to_global or functools.partial(sharding.global_batch_from_local,
+                                                 global_rows=rows)
+    return (phase_stream, phase_stream.batches(position), make_global, rows,
+            metrics_lib.model_flops_per_sequence(phase.config))
+
+  if position.get('phase', 1) != phase.index:  # Saved at the last step of the phase before.
+    position = {'epoch': 0, 'batch': 0}
+  phase_stream, batches, make_global, batch_size, flops_per_seq = enter(phase, position)
   preemption = Preemption()
   stopped_at = None
   # Throughput counts train steps only: the first step's compilation, evals and saves are
@@ -300,10 +343,14 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   interval_start, excluded = time.perf_counter(), 0.0
   with preemption.handling(), _finishing_saves_on_error(checkpointer):
     for step in range(start_step + 1, num_steps + 1):
+      if step > phase.last_step:
+        phase = run_phases[phase.index]
+        phase_stream, batches, make_global, batch_size, flops_per_seq = enter(
+            phase, {'epoch': 0, 'batch': 0})
       batch, position = next(batches)
       step_start = time.perf_counter()
-      state, stats = train_step(state, to_global(batch, batch_shardings))
-      if step == start_step + 1:
+      state, stats = train_step(state, make_global(batch, batch_shardings))
+      if step == start_step + 1 or step == run_phases[0].last_step + 1:  # Compiles.
         jax.block_until_ready(stats)
         excluded += time.perf_counter() - step_start
       else:
@@ -313,7 +360,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
           lambda a, b: a + b, accumulated, stats)
       final = step == num_steps
       preempted = preemption.reached(step, checkpointer)
-      save = checkpointer.should_save(step, final) or preempted
+      # The last step of a phase is saved: a resume then starts the next phase's stream afresh.
+      save = checkpointer.should_save(step, final or step == phase.last_step) or preempted
       if step % config.train.log_every == 0 or final or save:
         # Every save is preceded by this check: a non-finite step is never checkpointed.
         bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)
@@ -331,7 +379,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
                           '(%d skipped in all, at most %d allowed).', bad, skipped, max_skips)
         stats = jax.device_get(accumulated)
         elapsed = time.perf_counter() - interval_start - excluded
-        seq_per_s = timed_steps * config.train.batch_size / elapsed if timed_steps else 0.0
+        seq_per_s = timed_steps * batch_size / elapsed if timed_steps else 0.0
         values = steps.summarize(stats)
         values.update(learning_rate=float(schedule(step - 1)),
                       grad_norm=float(stats['grad_norm']) / max(len(finite_flags) - len(bad), 1),
@@ -339,7 +387,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         if max_skips:
           values['nonfinite_skips'] = skipped
         writer.write(step, 'train', values)
-        eta = (num_steps - step) * config.train.batch_size / seq_per_s if seq_per_s else 0.0
+        eta = (num_steps - step) * batch_size / seq_per_s if seq_per_s else 0.0
         metrics_lib.log_train_line(step, num_steps, values, eta)
         accumulated, finite_flags, timed_steps = None, [], 0
         interval_start, excluded = time.perf_counter(), 0.0
@@ -347,9 +395,10 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
       if (step % config.train.eval_every == 0 or final) and not preempted:
         last_eval = evaluate(step)
       if save:
-        stream_state = (stream.checkpoint_state() if hasattr(stream, 'checkpoint_state')
-                        else {})
-        checkpointer.save(step, state, {**position, **stream_state, 'nonfinite_skips': skipped,
+        stream_state = (phase_stream.checkpoint_state()
+                        if hasattr(phase_stream, 'checkpoint_state') else {})
+        checkpointer.save(step, state, {**position, **stream_state, 'phase': phase.index,
+                                        'nonfinite_skips': skipped,
                                         'vocab_sha256': vocab_sha256,
                                         'vocab_file': tokenizer.vocab_file})
       excluded += time.perf_counter() - pause_start

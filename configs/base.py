@@ -87,6 +87,8 @@ def get_config(arg=None):
   data.max_pairs_per_row = 4  # With packing: pairs per row at most (NSP labels per row).
   data.dupe_factor = 0  # 0: dynamic masking (fresh every epoch); N: N fixed-mask passes (paper).
   data.workers = 0  # Prepared corpora: Grain worker processes building batches (0: in-process).
+  data.phase2_max_seq_length = 512  # Phase 2 (train.phase2_fraction > 0): tokens per example.
+  data.phase2_max_predictions_per_seq = 80  # Phase 2: masked positions per example.
 
   config.masking = masking = ml_collections.ConfigDict()
   masking.rate = 0.15  # Share of tokens chosen for prediction.
@@ -98,6 +100,10 @@ def get_config(arg=None):
   config.train = train = ml_collections.ConfigDict()
   train.batch_size = 256  # Global batch, sequences per step.
   train.num_steps = 1_000_000  # Optimizer steps.
+  # Share of num_steps, at the end, trained at the phase-2 shapes (the paper: 0.1 at seq 512;
+  # needs data.prepared). One learning-rate schedule spans both phases.
+  train.phase2_fraction = 0.0
+  train.phase2_batch_size = 0  # Sequences per phase-2 step (0: train.batch_size).
   train.optimizer = 'adamw'  # 'adamw' (the paper's) or 'lamb' (You et al., large batches).
   train.learning_rate = 1e-4  # Peak learning rate.
   train.warmup_steps = 10_000  # Linear warmup, then linear decay to 0 at num_steps.

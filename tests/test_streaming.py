@@ -284,3 +284,26 @@ def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
   config = tiny_config('', **{'data.corpus': 'builtin', 'data.packing': True})
   with pytest.raises(config_lib.ConfigError, match='needs a prepared corpus'):
     pretrain.train_and_evaluate(config, str(tmp_path / 'run3'))
+
+
+def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  two_phases = {'data.max_seq_length': 32, 'data.max_predictions_per_seq': 5,
+                'train.phase2_fraction': 0.25, 'data.phase2_max_seq_length': 64,
+                'data.phase2_max_predictions_per_seq': 10, 'train.phase2_batch_size': 4,
+                'train.keep_checkpoints': 5}
+  reference = str(tmp_path / 'reference')
+  pretrain.train_and_evaluate(tiny_config(prepared, **two_phases), reference)
+  # Steps 1-9 at seq 32 (batch 8), 10-12 at seq 64 (batch 4); the boundary step 9 is saved.
+  assert sorted(int(s) for s in os.listdir(os.path.join(reference, 'checkpoints'))) == [4, 8, 9,
+                                                                                         12]
+  for removed in (['12'], ['12', '9']):  # Resume inside phase 2, then inside phase 1.
+    restarted = str(tmp_path / f'restarted{len(removed)}')
+    shutil.copytree(reference, restarted)
+    for step in removed:
+      shutil.rmtree(os.path.join(restarted, 'checkpoints', step))
+    pretrain.train_and_evaluate(tiny_config(prepared, **two_phases), restarted)
+    for a, b in zip(jax.tree.leaves(final_params(reference, 12)),
+                    jax.tree.leaves(final_params(restarted, 12))):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -257,6 +257,12 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
             f'{len(position["stream"])} process(es); this run has {jax.process_count()}. Resume '
             f'with {len(position["stream"])} processes (each reads its own documents), or start '
             'a new --workdir.')
+      if int(saved.get('stream_workers', 0)) != config.data.workers:
+        # Each worker streams its own slice of the documents: the order depends on their count.
+        raise config_lib.ConfigError(
+            f'The checkpoint at step {int(state.step)} was written with config.data.workers='
+            f'{saved.get("stream_workers", 0)}; this run has {config.data.workers}, which would '
+            'give another batch order. Resume with the same workers, or start a new --workdir.')
     skipped = int(saved.get('nonfinite_skips', 0))
     position['phase'] = int(saved.get('phase', 1))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
@@ -407,6 +413,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         break
   checkpointer.close()
   writer.close()
+  if hasattr(phase_stream, 'close'):
+    phase_stream.close()
   if stopped_at is not None:
     logging.warning('Preempted: stopped after step %d of %d with its checkpoint saved in %s; '
                     'rerun the same command to resume.', stopped_at, num_steps,

@@ -371,8 +371,11 @@ class TrainStream:
     order = document_order(len(documents), seed, process_index, process_count)
     dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents, settings, seed)
     if workers > 0:
+      from absl import flags  # pylint: disable=g-import-not-at-top
+      if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (defaults suffice).
+        flags.FLAGS.mark_as_parsed()
       dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    self._dataset, self._iterator = dataset, None
+    self._dataset, self._iterator, self.workers = dataset, None, workers
 
   def batches(self, position: dict):
     """Yields (batch, position) from `position` ({'epoch', 'batch'[, 'stream']}) on."""
@@ -391,18 +394,24 @@ class TrainStream:
       index += 1
       yield batch, {'epoch': 0, 'batch': index}
 
+  def close(self) -> None:
+    """Stops the worker processes, if any."""
+    if self._iterator is not None and hasattr(self._iterator, 'close'):
+      self._iterator.close()
+
   def checkpoint_state(self) -> dict:
-    """{'stream': [state of process 0, 1, ...]} as JSON strings."""
+    """{'stream': [state of process 0, 1, ...] as JSON strings, 'stream_workers': workers}."""
     mine = json.dumps(self._iterator.get_state())
     if self.process_count == 1:
-      return {'stream': [mine]}
+      return {'stream': [mine], 'stream_workers': self.workers}
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     encoded = np.frombuffer(mine.encode(), np.uint8)
     longest = int(np.max(multihost_utils.process_allgather(np.int32(len(encoded)))))
     padded = np.zeros(longest, np.uint8)
     padded[:len(encoded)] = encoded
     gathered = multihost_utils.process_allgather(padded)  # [processes, longest]
-    return {'stream': [bytes(row).rstrip(b'\0').decode() for row in np.asarray(gathered)]}
+    return {'stream': [bytes(row).rstrip(b'\0').decode() for row in np.asarray(gathered)],
+            'stream_workers': self.workers}
 
 
 def eval_batches(documents, settings: StreamSettings, num_batches: int, seed: int) -> list[dict]:

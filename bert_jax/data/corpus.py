@@ -111,6 +111,7 @@ class _UndecodableCounter:
     self.lines = 0
     self.bad_lines = 0
     self.first_bad = 0
+    self.whitespace_only = 0  # Lines of only spaces or tabs: read as blank lines.
 
   def count(self, lines):
     for line in lines:
@@ -118,6 +119,8 @@ class _UndecodableCounter:
       if '\ufffd' in line or '\x00' in line:
         self.bad_lines += 1
         self.first_bad = self.first_bad or self.lines
+      if line and line.isspace():
+        self.whitespace_only += 1
       yield line
 
 
@@ -134,18 +137,47 @@ def _check_encoding(path, counter, whole_file: bool):
                     counter.first_bad)
 
 
-def _read_file(path, corpus_format):
+def check_file(path: str) -> None:
+  """Raises ValueError naming `path` unless it opens and its head reads as UTF-8 text."""
+  counter = _UndecodableCounter()
+  try:
+    with _open_text(path) as f:
+      for _ in itertools.islice(counter.count(line.rstrip('\r\n') for line in f), _SNIFF_LINES):
+        pass
+  except (OSError, EOFError, lzma.LZMAError) as error:
+    raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
+  _check_encoding(path, counter, whole_file=False)
+
+
+def read_file(path: str, corpus_format: str = 'auto', counts: dict | None = None):
+  """Yields the documents of one file as read_corpus does; fills `counts` with its line counts.
+
+  `counts` gets 'lines' and 'bytes' (decompressed) read so far, 'non_utf8_lines' (holding bytes
+  read as U+FFFD, the first at 'first_non_utf8_line') and 'whitespace_only_lines' (read as blank
+  lines).
+  """
+  return _read_file(path, corpus_format, counts)
+
+
+def _read_file(path, corpus_format, counts=None):
   """Yields the documents of one file, choosing its format from its head under 'auto'."""
   counter = _UndecodableCounter()
   try:
     with _open_text(path) as f:
-      lines = counter.count(line.rstrip('\r\n') for line in f)
-      head = list(itertools.islice(lines, _SNIFF_LINES))
-      _check_encoding(path, counter, whole_file=False)
-      if corpus_format == 'auto':
-        corpus_format = detect_format(head)
-      parse = parse_bert if corpus_format == 'bert' else parse_prose
-      yield from parse(itertools.chain(head, lines))
+      try:
+        lines = counter.count(line.rstrip('\r\n') for line in f)
+        head = list(itertools.islice(lines, _SNIFF_LINES))
+        _check_encoding(path, counter, whole_file=False)
+        if corpus_format == 'auto':
+          corpus_format = detect_format(head)
+        parse = parse_bert if corpus_format == 'bert' else parse_prose
+        yield from parse(itertools.chain(head, lines))
+      finally:  # Also when the reader stops early (a document limit, a sample).
+        if counts is not None:
+          counts.update(lines=counter.lines, non_utf8_lines=counter.bad_lines,
+                        first_non_utf8_line=counter.first_bad,
+                        whitespace_only_lines=counter.whitespace_only,
+                        bytes=f.buffer.tell())  # Decompressed bytes, read-ahead included.
   except (OSError, EOFError, lzma.LZMAError) as error:
     raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
   _check_encoding(path, counter, whole_file=True)

@@ -110,12 +110,13 @@ def _random_document_text(documents, doc_index, target_b_length, rng):
   """Returns sentences of another document, from a random start up to target_b_length tokens."""
   for _ in range(_RANDOM_DOCUMENT_TRIES):
     random_index = int(rng.integers(len(documents)))
-    if random_index != doc_index and documents[random_index]:
+    # Read once: a streamed corpus decodes the document on each access.
+    document = documents[random_index] if random_index != doc_index else None
+    if document is not None and len(document):
       break
   else:
     # The original would then use the current document and still say NotNext.
     return None
-  document = documents[random_index]
   sentences, length = [], 0
   for sentence in document[int(rng.integers(len(document))):]:
     sentences.append(sentence)

@@ -56,8 +56,34 @@ class DocumentStore:
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index: int) -> list[np.ndarray]:
-    return records.decode_document(self._source[int(index)], self._dtype)
+  def __getitem__(self, index: int) -> 'Sentences':
+    return Sentences(*records.decode_flat(self._source[int(index)], self._dtype))
+
+
+class Sentences:
+  """A document's sentences as views into its token array: splitting a long document into
+  arrays up front costs more than the pairs drawn from it (NotNext reads random documents)."""
+
+  def __init__(self, tokens: np.ndarray, starts: np.ndarray, first: int = 0, stop: int = -1):
+    # tokens: [n] int32; starts: [num_sentences + 1] offsets of each sentence, then n.
+    self._tokens, self._starts = tokens, starts
+    self._first, self._stop = first, len(starts) - 1 if stop < 0 else stop
+
+  def __len__(self) -> int:
+    return self._stop - self._first
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      first, stop, _ = index.indices(len(self))
+      return Sentences(self._tokens, self._starts, self._first + first, self._first + stop)
+    if not -len(self) <= index < len(self):
+      raise IndexError(index)
+    i = self._first + (index % len(self))
+    return self._tokens[self._starts[i]:self._starts[i + 1]]
+
+  def __iter__(self):
+    for i in range(self._first, self._stop):
+      yield self._tokens[self._starts[i]:self._starts[i + 1]]
 
 
 class SubsetDocuments:
@@ -285,6 +311,16 @@ def mask_batch(ids, pair_of, rng, settings: StreamSettings):
   wanted = np.clip(s.max_predictions - before, 0, wanted)  # [b, k]
   if s.is_continuation is not None:
     chosen = _choose_whole_words(ids, pair_of, candidate, wanted, rng, s.is_continuation)
+  elif k == 1:  # One pair per row: the wanted smallest keys of each row, in O(length).
+    keys = np.where(candidate, rng.random((b, length)), 2.0)
+    most = int(min(s.max_predictions, length))
+    smallest = np.argpartition(keys, most - 1, axis=1)[:, :most]  # [b, most], unordered
+    order = np.argsort(np.take_along_axis(keys, smallest, 1), axis=1)
+    smallest = np.take_along_axis(smallest, order, 1)
+    chosen = np.zeros((b, length), bool)
+    keep = np.arange(most)[None] < wanted[:, :1]
+    np.put_along_axis(chosen, smallest, keep, 1)
+    chosen &= candidate
   else:
     keys = np.where(candidate, rng.random((b, length)), 2.0)
     # Rank of each token's key within its pair: sort by (row, pair, key).

@@ -191,26 +191,36 @@ class _BatchIterator(grain.DatasetIterator):
     self._pending[0][4] += 1
 
   def __next__(self):
-    rows = [self._next_row() for _ in range(self._settings.batch_size)]
+    rows = self._next_rows()
     generation, doc_id = rows[0][0][1]
     rng = np.random.default_rng([self._seed, _MASK_STREAM, generation, doc_id, self._batches])
     self._batches += 1
     return make_batch(rows, rng, self._settings, self._seed)
 
-  def _next_row(self) -> list:
-    """Instances of one row (one, or with packing as many as fit, next-fit)."""
+  def _next_rows(self) -> list[list]:
+    """A batch of rows: one instance each, or with packing first-fit: each instance goes to the
+    first row with room for it (at most max_pairs_per_row), a new row when none has; the batch
+    is complete when all rows are open and the next instance fits none (it waits)."""
     s = self._settings
-    row = [self._peek()]
-    self._take()
-    used = _length(row[0][0])
-    while s.packing and len(row) < s.max_pairs_per_row:
+    rows = []
+    used = np.zeros(s.batch_size, np.int64)  # Tokens per row.
+    pairs = np.zeros(s.batch_size, np.int64)
+    while True:
       item = self._peek()
-      if used + _length(item[0]) > s.max_seq_length:
-        break
+      length = _length(item[0])
+      room = np.flatnonzero((used[:len(rows)] + length <= s.max_seq_length)
+                            & (pairs[:len(rows)] < s.max_pairs_per_row)) if s.packing else ()
+      if len(room):
+        row = int(room[0])
+        rows[row].append(item)
+      elif len(rows) < s.batch_size:
+        row = len(rows)
+        rows.append([item])
+      else:
+        return rows
+      used[row] += length
+      pairs[row] += 1
       self._take()
-      row.append(item)
-      used += _length(item[0])
-    return row
 
   def get_state(self):
     self._drop_finished()

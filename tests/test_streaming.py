@@ -307,3 +307,17 @@ def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):
     for a, b in zip(jax.tree.leaves(final_params(reference, 12)),
                     jax.tree.leaves(final_params(restarted, 12))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_truncated_or_missing_shard_is_an_error_naming_it(tmp_path):
+  directory = write_prepared(tmp_path / 'prepared')
+  shard = os.path.join(directory, records.SHARD_PATTERN.format(index=1))
+  with open(shard, 'rb') as f:
+    data = f.read()
+  with open(shard, 'wb') as f:
+    f.write(data[:len(data) // 2])
+  with pytest.raises(ValueError, match=r'documents-00001\.array_record .*truncated or corrupt'):
+    streaming.DocumentStore(directory)
+  os.remove(shard)
+  with pytest.raises(ValueError, match=r'documents-00001\.array_record is missing'):
+    streaming.DocumentStore(directory)

@@ -51,6 +51,9 @@ def decode_flat(record: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray]:
   lengths = np.frombuffer(record, '<u4', count=count, offset=4).astype(np.int64)
   tokens = np.frombuffer(record, np.dtype(dtype).newbyteorder('<'),
                          offset=4 * (count + 1)).astype(np.int32)
+  if len(tokens) != lengths.sum():
+    raise ValueError(f'record holds {len(tokens)} tokens but its sentence lengths sum to '
+                     f'{lengths.sum()}')
   return tokens, np.concatenate([[0], np.cumsum(lengths)])
 
 

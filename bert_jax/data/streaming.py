@@ -16,6 +16,7 @@ resumed run sees exactly the batches an uninterrupted run would have.
 import collections
 import dataclasses
 import json
+import os
 
 import grain
 import numpy as np
@@ -50,14 +51,23 @@ class DocumentStore:
 
   def __init__(self, directory: str, metadata: records.Metadata | None = None):
     self.metadata = metadata or records.read_metadata(directory)
-    self._source = grain.sources.ArrayRecordDataSource(self.metadata.shard_paths(directory))
+    self._paths = self.metadata.shard_paths(directory)
+    for path, shard in zip(self._paths, self.metadata.shards):
+      _check_shard(path, shard['documents'])
+    self._ends = np.cumsum([shard['documents'] for shard in self.metadata.shards])
+    self._source = grain.sources.ArrayRecordDataSource(self._paths)
     self._dtype = self.metadata.token_dtype
 
   def __len__(self) -> int:
     return len(self._source)
 
   def __getitem__(self, index: int) -> 'Sentences':
-    return Sentences(*records.decode_flat(self._source[int(index)], self._dtype))
+    try:
+      return Sentences(*records.decode_flat(self._source[int(index)], self._dtype))
+    except ValueError as e:
+      shard = int(np.searchsorted(self._ends, index, side='right'))
+      raise ValueError(f'Document {index} in {self._paths[shard]} is corrupt ({e}); prepare the '
+                       'corpus again.') from e
 
 
 class Sentences:
@@ -84,6 +94,26 @@ class Sentences:
   def __iter__(self):
     for i in range(self._first, self._stop):
       yield self._tokens[self._starts[i]:self._starts[i + 1]]
+
+
+def _check_shard(path: str, documents: int) -> None:
+  """A shard must exist and hold the documents metadata.json counts (a truncated or corrupt
+  ArrayRecord file opens with fewer records)."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  if not os.path.isfile(path):
+    raise ValueError(f'Shard {path} is missing; prepare the corpus again (a rerun of prepare '
+                     'redoes only missing shards).')
+  try:
+    reader = array_record_module.ArrayRecordReader(path)
+    found = reader.num_records()
+    reader.close()
+  except RuntimeError as e:
+    raise ValueError(f'Shard {path} cannot be read ({str(e).strip()[:200] or "RuntimeError"}): '
+                     'the file is truncated or corrupt; prepare the corpus again.') from e
+  if found != documents:
+    raise ValueError(f'Shard {path} holds {found} records, but metadata.json counts '
+                     f'{documents} documents: the file is truncated or corrupt; prepare the '
+                     'corpus again.')
 
 
 class SubsetDocuments:

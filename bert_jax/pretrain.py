@@ -128,9 +128,9 @@ def prepare_streaming(config, with_eval: bool = True):
       dataclasses.replace(settings, batch_size=config.train.batch_size),
       config.train.eval_batches, config.seed)
   logging.info('Prepared corpus %s: %d documents (%d train, %d held out), %d sentences, %d tokens; '
-               'vocab %d; this process streams every %d-th training document%s.', directory,
-               len(store), len(train_ids), len(eval_ids), metadata.num_sentences,
-               metadata.num_tokens, tokenizer.vocab_size, count,
+               'vocab %d; process %d of %d streams its share of the training documents%s.',
+               directory, len(store), len(train_ids), len(eval_ids), metadata.num_sentences,
+               metadata.num_tokens, tokenizer.vocab_size, index + 1, count,
                ', packed' if config.data.packing else '')
   return stream, held_out, tokenizer
 

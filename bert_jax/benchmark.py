@@ -3,6 +3,8 @@
 Runs the real train step (same state, shardings and mesh as training) on fixed random batches of
 the config's shape, no input pipeline, and prints one JSON line: devices, mesh, batch, seq/s,
 tokens/s, MFU against a dense bf16 matmul peak measured in this process, peak memory.
+With `--config.data.prepared=DIR` the batches are real ones from that prepared corpus (made
+before timing, cycled; `data.packing` applies), and `real_tokens_per_s` counts non-pad tokens.
 """
 
 import json
@@ -40,6 +42,19 @@ def random_batch(config, rng):
   }
 
 
+_REAL_BATCHES = 8  # Distinct real batches cycled through when timing a prepared corpus.
+
+
+def corpus_batches(config, count: int) -> list:
+  """`count` global batches of the prepared corpus, as training would stream them."""
+  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  stream = pretrain.prepare_streaming(config, with_eval=False)[0]
+  batches = stream.batches({'epoch': 0, 'batch': 0})
+  out = [next(batches)[0] for _ in range(count)]
+  stream.close()
+  return out
+
+
 class Setup:
   """What a timing run needs: validated config, mesh and rules, model, optimizer, sharded state,
   the jitted (donated) train step and one random batch on the devices. Use under `in_mesh()`."""
@@ -47,7 +62,8 @@ class Setup:
   def __init__(self, config):
     import numpy as np  # pylint: disable=g-import-not-at-top
     from bert_jax import config_lib, optim, sharding, steps  # pylint: disable=g-import-not-at-top
-    config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants a value.
+    if not config.data.prepared:
+      config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants one.
     config_lib.validate(config)
     self.config = config
     self.mesh = sharding.create_mesh(config.mesh)
@@ -60,8 +76,11 @@ class Setup:
                                                        self.rules)
       batch_sharding = sharding.batch_sharding(self.mesh)
       self.step = steps.jit_train_step(self.model, self.tx, shardings, batch_sharding)
-      self.batch = sharding.global_batch(random_batch(config, np.random.default_rng(0)),
-                                         batch_sharding)
+      host_batches = ([random_batch(config, np.random.default_rng(0))] if not
+                      config.data.prepared else corpus_batches(config, _REAL_BATCHES))
+      self.real_tokens = float(np.mean([b['input_mask'].sum() for b in host_batches]))
+      self.batches = [sharding.global_batch(b, batch_sharding) for b in host_batches]
+      self.batch = self.batches[0]
 
   def in_mesh(self):
     from bert_jax import sharding  # pylint: disable=g-import-not-at-top
@@ -73,17 +92,17 @@ def run(config, num_steps: int, warmup: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import metrics, steps  # pylint: disable=g-import-not-at-top
   setup = Setup(config)
-  mesh, state, step, batch = setup.mesh, setup.state, setup.step, setup.batch
+  mesh, state, step, batches = setup.mesh, setup.state, setup.step, setup.batches
   peak = metrics.measure_peak_flops()
   with setup.in_mesh():
     compile_start = time.perf_counter()
-    for _ in range(warmup):
-      state, stats = step(state, batch)
+    for i in range(warmup):
+      state, stats = step(state, batches[i % len(batches)])
     jax.block_until_ready(stats)
     compile_seconds = time.perf_counter() - compile_start
     start = time.perf_counter()
-    for _ in range(num_steps):
-      state, stats = step(state, batch)
+    for i in range(num_steps):
+      state, stats = step(state, batches[i % len(batches)])
     jax.block_until_ready(stats)
     seconds = (time.perf_counter() - start) / num_steps
   b, s = config.train.batch_size, config.data.max_seq_length
@@ -97,7 +116,8 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'hidden': config.model.hidden_size, 'batch': b, 'seq': s,
       'predictions': config.data.max_predictions_per_seq, 'step_ms': 1000 * seconds,
       'seq_per_s': seq_per_s, 'seq_per_s_per_device': seq_per_s / len(devices),
-      'tokens_per_s': seq_per_s * s,
+      'tokens_per_s': seq_per_s * s, 'real_tokens_per_s': setup.real_tokens / seconds,
+      'prepared': config.data.prepared, 'packing': config.data.packing,
       'mfu': seq_per_s * metrics.model_flops_per_sequence(config) / (peak * len(devices)),
       'peak_flops_per_device': peak, 'warmup_seconds': compile_seconds,
       'peak_memory_bytes': max((m.get('peak_bytes_in_use', 0) for m in memory), default=0),

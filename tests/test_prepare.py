@@ -163,12 +163,13 @@ def test_chunk_encoder_equals_the_tokenizer(vocab_file):
   for vocab in vocabs:
     for lowercase in (True, False):
       tokenizer = tokenizer_lib.WordPieceTokenizer(vocab, lowercase)
-      encoder = prepare.ChunkEncoder(tokenizer, 'int32', max_entries=4)
-      for _ in range(2):  # Cold and warm (and cleared: the cache holds 4 entries).
-        ids, lengths = encoder.encode(sentences)
-        expected = tokenizer.encode_sentences(sentences)
-        np.testing.assert_array_equal(lengths, [len(e) for e in expected])
-        np.testing.assert_array_equal(ids, np.concatenate(expected))
+      for max_entries in (4, 1000):  # Generations dropped at every call, or none.
+        encoder = prepare.ChunkEncoder(tokenizer, 'int32', max_entries=max_entries)
+        for batch in (sentences, sentences[::2], sentences, ['the cat', '']):
+          ids, lengths = encoder.encode(batch)
+          expected = tokenizer.encode_sentences(batch)
+          np.testing.assert_array_equal(lengths, [len(e) for e in expected])
+          np.testing.assert_array_equal(ids, np.concatenate(expected))
 
 
 def test_two_workers_write_identical_shards(tmp_path, vocab_file):

@@ -63,12 +63,14 @@ _MB = 1_000_000
 _PROGRESS_SECONDS = 5.0
 # Sentences tokenised per call: bounds a worker's memory on long files.
 _BATCH_SENTENCES = 20_000
-# Cached chunk tokenisations per worker (~200 bytes each): bounds the cache on any corpus.
-_CACHE_ENTRIES = 500_000
+# Cached tokenisations per worker and kind (chunks, parts; ~140 bytes each): bounds the caches
+# (~300 MB at most) on any corpus; half of it holds the 370K distinct chunks of 40 MB of English.
+_CACHE_ENTRIES = 1_000_000
 _TEMPORARY = re.compile(r'^documents-\d{5}\.(?:array_record|json)\.\d+\.tmp$')
 _SHARD_OR_SIDECAR = re.compile(r'^documents-(\d{5})\.(?:array_record|json)$')
-# What BERT's pre-tokenizer splits off as a word of its own, among other (Unicode) punctuation.
-_ASCII_PUNCTUATION = re.compile(r'([!-/:-@\[-`{-~])')
+# A chunk's parts: each ASCII punctuation mark (which BERT's pre-tokenizer makes a word of its
+# own, as it does other punctuation) and the runs between them.
+_PARTS = re.compile(r'[!-/:-@\[-`{-~]|[^!-/:-@\[-`{-~]+')
 
 
 class PrepareError(ValueError):
@@ -293,6 +295,31 @@ def _tfds_documents(source: dict, counts: dict):
     yield [sentence for line in lines for sentence in corpus.split_sentences(line)]
 
 
+class _Cache:
+  """A dict of about `max_entries` at most that keeps what is in use.
+
+  Two generations: when the newer fills half the room, it becomes the older one and the older is
+  dropped; an entry of the older generation that is used again moves to the newer.
+  """
+
+  def __init__(self, max_entries: int):
+    self.current, self._older = {}, {}
+    self._half = max(max_entries // 2, 1)
+
+  def missing(self, keys: set) -> list:
+    """Puts in `current` the keys the older generation holds; returns the others, to compute."""
+    if len(self.current) > self._half:
+      self._older, self.current = self.current, {}
+    missing = []
+    for key in keys.difference(self.current):
+      value = self._older.get(key)
+      if value is None:
+        missing.append(key)
+      else:
+        self.current[key] = value
+    return missing
+
+
 class ChunkEncoder:
   """WordPiece ids of sentences, tokenising each distinct word once and caching it.
 
@@ -309,18 +336,14 @@ class ChunkEncoder:
                max_entries: int = _CACHE_ENTRIES):
     self._tokenizer = tokenizer
     self._dtype = np.dtype(dtype).newbyteorder('<')
-    self._max_entries = max_entries
-    self._chunks = {}  # Chunk -> its ids as bytes in the token dtype.
-    self._parts = {}  # Part (lowercased if ASCII and the tokenizer lowercases) -> its id bytes.
+    self._chunks = _Cache(max_entries)  # Chunk -> its ids as bytes in the token dtype.
+    self._parts = _Cache(max_entries)  # Part (lowercased if ASCII and lowercasing) -> id bytes.
 
   def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(every sentence's ids back to back in the token dtype, each sentence's length)."""
-    cache = self._chunks
-    if len(cache) > self._max_entries:
-      cache.clear()
     chunks = ' '.join(sentences).split(' ')
-    self._add_chunks(list(set(chunks).difference(cache)))
-    values = list(map(cache.__getitem__, chunks))
+    self._add_chunks(self._chunks.missing(set(chunks)))
+    values = list(map(self._chunks.current.__getitem__, chunks))
     ids = np.frombuffer(b''.join(values), self._dtype)
     chunk_ends = np.cumsum(np.fromiter(map(len, values), np.int64, len(values)))
     chunk_ends //= self._dtype.itemsize
@@ -331,27 +354,31 @@ class ChunkEncoder:
 
   def _add_chunks(self, chunks: list[str]) -> None:
     """Puts new chunks in the cache, from their parts' ids."""
-    parts = self._parts
-    if len(parts) > self._max_entries:
-      parts.clear()
     lowercase = self._tokenizer.lowercase
-    keys = [[part.lower() if lowercase and part.isascii() else part
-             for part in _ASCII_PUNCTUATION.split(chunk) if part] for chunk in chunks]
-    self._add_parts(list({key for chunk_keys in keys for key in chunk_keys
-                          if key not in parts}))
+    split = _PARTS.findall
+    keys = []
+    for chunk in chunks:
+      if chunk.isascii():
+        keys.append(split(chunk.lower() if lowercase else chunk))
+      else:  # Python's lower() of other characters is not BERT's: leave them to the tokenizer.
+        keys.append([part.lower() if lowercase and part.isascii() else part
+                     for part in split(chunk)])
+    self._add_parts(self._parts.missing(set(itertools.chain.from_iterable(keys))))
+    parts, cache = self._parts.current, self._chunks.current
     for chunk, chunk_keys in zip(chunks, keys):
-      self._chunks[chunk] = b''.join([parts[key] for key in chunk_keys])
+      cache[chunk] = b''.join(map(parts.__getitem__, chunk_keys))
 
   def _add_parts(self, parts: list[str]) -> None:
     """Tokenises new parts into the cache, many per call (each as a word of its own)."""
     per_call = 512
     size = self._dtype.itemsize
+    cache = self._parts.current
     groups = [parts[start:start + per_call] for start in range(0, len(parts), per_call)]
     for group, (ids, words) in zip(groups, self._tokenizer.encode_words(groups)):
       bounds = np.searchsorted(words, np.arange(len(group) + 1))  # Words come in order.
       data = ids.astype(self._dtype).tobytes()
       for part, start, end in zip(group, bounds[:-1].tolist(), bounds[1:].tolist()):
-        self._parts[part] = data[start * size:end * size]
+        cache[part] = data[start * size:end * size]
 
 
 @dataclasses.dataclass

@@ -102,11 +102,14 @@ def make_plan(spec: str, shard_mb: float) -> list[dict]:
   if shard_mb <= 0:
     raise PrepareError(f'--shard_mb={shard_mb} must be > 0.')
   units, current, seen = [], [], set()
+  current_size = 0
 
   def close_current():
+    nonlocal current_size
     if current:
       units.append(list(current))
       current.clear()
+      current_size = 0
 
   for kind, value in parse_sources(spec):
     if kind == 'files':
@@ -120,9 +123,10 @@ def make_plan(spec: str, shard_mb: float) -> list[dict]:
           continue
         seen.add(path)
         source = _file_source(path)
-        if current and sum(s['raw_size'] for s in current) + source['raw_size'] > shard_mb * _MB:
+        if current and current_size + source['raw_size'] > shard_mb * _MB:
           close_current()
         current.append(source)
+        current_size += source['raw_size']
     elif kind == 'builtin':
       close_current()
       units.append([_builtin_source()])

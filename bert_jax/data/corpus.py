@@ -44,6 +44,7 @@ _ABBREVIATIONS = frozenset("""
 # A sentence-ending run, with closing quotes and brackets, before whitespace.
 _TERMINATOR = re.compile(r'[.!?]+["\'\u201d\u2019)\]]*(?=\s)')
 _OPENERS = '"\'\u201c\u2018(['
+_FOLLOWING = re.compile('[' + re.escape(_OPENERS) + ']*(.)', re.DOTALL)
 _ENDS_SENTENCE = re.compile(r'[.!?]["\'\u201d\u2019)\]]*$')
 
 
@@ -274,11 +275,15 @@ def split_sentences(text: str) -> list[str]:
   text = ' '.join(text.split())
   sentences, start = [], 0
   for match in _TERMINATOR.finditer(text):
-    following = text[match.end() + 1:].lstrip(_OPENERS)
-    if not following or not (following[0].isupper() or following[0].isdigit()):
+    # The first character after the space and any opening quotes or brackets (found in place:
+    # slicing off the rest of a long paragraph at every terminator would be quadratic).
+    following = _FOLLOWING.match(text, match.end() + 1)
+    if following is None or not (following.group(1).isupper() or following.group(1).isdigit()):
       continue
-    if match.group().startswith('.') and _is_abbreviation(text[start:match.start()]):
-      continue
+    if match.group().startswith('.'):
+      space = text.rfind(' ', start, match.start())
+      if _is_abbreviation(text[space + 1 if space >= 0 else start:match.start()]):
+        continue
     sentences.append(text[start:match.end()])
     start = match.end() + 1
   if start < len(text):

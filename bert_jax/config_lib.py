@@ -56,12 +56,7 @@ def validate(config) -> None:
   _check_ranges(flat, VALID_CHOICES, POSITIVE, NON_NEGATIVE, RATES)
   _check_model(config.model)
   _check_data(config)
-  if config.init_from:
-    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
-    try:
-      init_from.check_exists(config.init_from)
-    except init_from.InitFromError as e:
-      raise ConfigError(str(e)) from e
+  _check_init_from(config)
 
 
 def validate_and_adopt_source(config, validate_fn) -> None:
@@ -75,6 +70,16 @@ def validate_and_adopt_source(config, validate_fn) -> None:
     except init_from.InitFromError as e:
       raise ConfigError(str(e)) from e
     validate_fn(config)
+
+
+def _check_init_from(config) -> None:
+  """config.init_from, when set, names something that exists."""
+  if config.init_from:
+    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    try:
+      init_from.check_exists(config.init_from)
+    except init_from.InitFromError as e:
+      raise ConfigError(str(e)) from e
 
 
 def _check_ranges(flat, choices, positive, non_negative, rates) -> None:
@@ -213,12 +218,7 @@ def validate_finetune(config) -> None:
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
   _check_task(config)
-  if config.init_from:
-    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
-    try:
-      init_from.check_exists(config.init_from)
-    except init_from.InitFromError as e:
-      raise ConfigError(str(e)) from e
+  _check_init_from(config)
 
 
 def _check_task(config) -> None:

@@ -35,14 +35,8 @@ def encode_document(sentences: list[np.ndarray], dtype: str) -> bytes:
 
 def decode_document(record: bytes, dtype: str) -> list[np.ndarray]:
   """One record -> the document's sentences as int32 arrays."""
-  count = int(np.frombuffer(record, '<u4', count=1)[0])
-  lengths = np.frombuffer(record, '<u4', count=count, offset=4).astype(np.int64)
-  tokens = np.frombuffer(record, np.dtype(dtype).newbyteorder('<'),
-                         offset=4 * (count + 1)).astype(np.int32)
-  if len(tokens) != lengths.sum():
-    raise ValueError(f'record holds {len(tokens)} tokens but its sentence lengths sum to '
-                     f'{lengths.sum()}')
-  return np.split(tokens, np.cumsum(lengths)[:-1]) if count else []
+  tokens, starts = decode_flat(record, dtype)
+  return np.split(tokens, starts[1:-1]) if len(starts) > 1 else []
 
 
 def decode_flat(record: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray]:

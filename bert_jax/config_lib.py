@@ -30,7 +30,8 @@ POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model
 NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_every',
                 'train.learning_rate', 'train.weight_decay', 'train.max_grad_norm',
                 'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips',
-                'data.dupe_factor', 'data.workers', 'train.phase2_batch_size')
+                'data.dupe_factor', 'data.workers', 'train.phase2_batch_size',
+                'data.input_shards')
 
 
 class ConfigError(ValueError):
@@ -162,7 +163,7 @@ def _check_data(config) -> None:
     if config.train.phase2_fraction:
       raise ConfigError(f'config.train.phase2_fraction={config.train.phase2_fraction} needs a '
                         'prepared corpus (config.data.prepared).')
-    for key in ('packing', 'dupe_factor', 'workers'):
+    for key in ('packing', 'dupe_factor', 'workers', 'input_shards'):
       if data[key]:
         raise ConfigError(f'config.data.{key}={data[key]!r} needs a prepared corpus '
                           '(config.data.prepared); the in-memory reader of config.data.corpus '

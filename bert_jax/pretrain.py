@@ -119,8 +119,12 @@ def prepare_streaming(config, with_eval: bool = True):
   train_ids, eval_ids = streaming.split_ids(len(store), config.data.eval_fraction, config.seed)
   count, index = jax.process_count(), jax.process_index()
   settings = stream_settings(config, tokenizer, config.train.batch_size // count)
-  stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
-                                 config.seed, config.data.workers, index, count)
+  try:
+    stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
+                                   config.seed, config.data.workers, index, count,
+                                   config.data.input_shards)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from e
   if not with_eval:
     return stream, None, tokenizer
   held_out = streaming.eval_batches(
@@ -251,12 +255,13 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     position = {'epoch': int(saved['epoch']), 'batch': int(saved['batch'])}
     if 'stream' in saved:
       position['stream'] = list(saved['stream'])
-      if len(position['stream']) != jax.process_count():
+      shards = config.data.input_shards or jax.process_count()
+      if len(position['stream']) != shards:
         raise config_lib.ConfigError(
-            f'The checkpoint at step {int(state.step)} holds the input streams of '
-            f'{len(position["stream"])} process(es); this run has {jax.process_count()}. Resume '
-            f'with {len(position["stream"])} processes (each reads its own documents), or start '
-            'a new --workdir.')
+            f'The checkpoint at step {int(state.step)} holds {len(position["stream"])} input '
+            f'streams; this run makes {shards} (config.data.input_shards, 0: one per process). '
+            f'Set --config.data.input_shards={len(position["stream"])} (any process count that '
+            'divides it resumes the same batches), or start a new --workdir.')
       if int(saved.get('stream_workers', 0)) != config.data.workers:
         # Each worker streams its own slice of the documents: the order depends on their count.
         raise config_lib.ConfigError(

@@ -87,6 +87,9 @@ def get_config(arg=None):
   data.max_pairs_per_row = 4  # With packing: pairs per row at most (NSP labels per row).
   data.dupe_factor = 0  # 0: dynamic masking (fresh every epoch); N: N fixed-mask passes (paper).
   data.workers = 0  # Prepared corpora: Grain worker processes building batches (0: in-process).
+  # Prepared corpora: input streams the documents are split into (0: one per process). A run
+  # resumes, with the same batches, on any number of processes that divides it.
+  data.input_shards = 0
   data.phase2_max_seq_length = 512  # Phase 2 (train.phase2_fraction > 0): tokens per example.
   data.phase2_max_predictions_per_seq = 80  # Phase 2: masked positions per example.
 

@@ -134,9 +134,10 @@ def test_two_processes_with_sharded_parameters_resume_as_one(data_flags, tmp_pat
   assert_same_run(two, one, 4)
 
 
-def test_two_processes_stream_their_own_documents_and_resume_exactly(tmp_path):
-  """A prepared corpus: each process reads its half of the documents; the checkpoint holds both
-  processes' stream states, so a resume continues both streams exactly."""
+def test_two_processes_stream_their_own_documents_as_one_process_and_resume_on_one(tmp_path):
+  """A prepared corpus in two input shards: each of two processes streams its own shard (its own
+  documents), and the run equals one process streaming both; the checkpoint holds both shards'
+  states, so the run resumes exactly on one process (as after losing a host)."""
   import json  # pylint: disable=g-import-not-at-top
   from test_streaming import write_prepared, write_vocab  # pylint: disable=g-import-not-at-top
   from bert_jax.data import records  # pylint: disable=g-import-not-at-top
@@ -145,16 +146,16 @@ def test_two_processes_stream_their_own_documents_and_resume_exactly(tmp_path):
   metadata.vocab_sha256 = write_vocab(prepared)
   records.write_metadata(prepared, metadata)
   flags = {**OVERRIDES, **STEPS, **DATA_MESH, 'data.prepared': prepared, 'data.corpus': '',
-           'data.max_documents': 0, 'data.packing': True}
-  reference, resumed = str(tmp_path / 'reference'), str(tmp_path / 'resumed')
-  logs = finish(start_run(reference, flags, 2, tmp_path / 'reference'),
-                start_run(resumed, flags, 2, tmp_path / 'first'))
-  assert 'process 1 of 2 streams' in logs[0][0] and 'process 2 of 2 streams' in logs[0][1]
-  with open(os.path.join(reference, 'checkpoints', '4', 'data', 'metadata'),
-            encoding='utf-8') as f:
+           'data.max_documents': 0, 'data.packing': True, 'data.input_shards': 2}
+  one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+  _, logs = finish(start_run(one, flags, 1, tmp_path / 'one'),
+                   start_run(two, flags, 2, tmp_path / 'two'))
+  assert 'process 1 of 2 streams' in logs[0] and 'process 2 of 2 streams' in logs[1]
+  assert_same_run(two, one, 4)
+  with open(os.path.join(two, 'checkpoints', '4', 'data', 'metadata'), encoding='utf-8') as f:
     states = [json.loads(s) for s in json.load(f)['stream']]
   assert len(states) == 2 and states[0] != states[1]
-  shutil.rmtree(os.path.join(resumed, 'checkpoints', '4'))
-  (logs,) = finish(start_run(resumed, flags, 2, tmp_path / 'resumed'))
-  assert all('Resumed from step 2' in log for log in logs)
-  assert_same_run(resumed, reference, 4)
+  shutil.rmtree(os.path.join(two, 'checkpoints', '4'))
+  (logs,) = finish(start_run(two, flags, 1, tmp_path / 'resumed'))  # One host left.
+  assert 'Resumed from step 2' in logs[0]
+  assert_same_run(two, one, 4)

@@ -436,58 +436,83 @@ def _static_masks(ids, pair_of, rows, settings: StreamSettings, seed: int):
 class TrainStream:
   """This process's rows of each global training batch, resumable through checkpoints.
 
-  `batches(position)` yields (local batch, position); `checkpoint_state()` gathers every
-  process's iterator state for the checkpoint (a collective: all processes call it together).
+  The training documents are read by `shards` input streams: shard s takes every s-th document of
+  each epoch's order and makes batch_size / shards rows of every global batch, which is shard 0's
+  rows, then shard 1's, and so on. Process p of P streams the contiguous block of shards
+  [p S/P, (p+1) S/P), so every process count that divides S sees the same global batches: a run
+  can resume on another number of hosts. `checkpoint_state()` gathers every shard's iterator
+  state for the checkpoint (a collective: all processes call it together).
   """
 
   def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
-               process_index: int = 0, process_count: int = 1):
-    self.settings, self.seed = settings, seed
-    self.process_index, self.process_count = process_index, process_count
-    order = document_order(len(documents), seed, process_index, process_count)
-    dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents, settings, seed)
+               process_index: int = 0, process_count: int = 1, shards: int = 0):
+    self.shards = shards or process_count
+    if self.shards % process_count:
+      raise ValueError(f'config.data.input_shards={self.shards} is not divisible by the '
+                       f'{process_count} processes; use a multiple of {process_count}.')
+    per_process = self.shards // process_count
+    if settings.batch_size % per_process:
+      raise ValueError(f'The {settings.batch_size} rows of a batch per process cannot be split '
+                       f'among its {per_process} input shards; make config.train.batch_size a '
+                       f'multiple of config.data.input_shards={self.shards}.')
+    self.process_count, self.workers = process_count, workers
+    self.shard_ids = list(range(process_index * per_process, (process_index + 1) * per_process))
+    shard_settings = dataclasses.replace(settings, batch_size=settings.batch_size // per_process)
     if workers > 0:
       from absl import flags  # pylint: disable=g-import-not-at-top
       if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (defaults suffice).
         flags.FLAGS.mark_as_parsed()
-      dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    self._dataset, self._iterator, self.workers = dataset, None, workers
+    self._datasets = []
+    for shard in self.shard_ids:
+      order = document_order(len(documents), seed, shard, self.shards)
+      dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents,
+                                   shard_settings, seed)
+      if workers > 0:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+      self._datasets.append(dataset)
+    self._iterators = []
 
   def batches(self, position: dict):
     """Yields (batch, position) from `position` ({'epoch', 'batch'[, 'stream']}) on."""
-    self._iterator = iter(self._dataset)
+    self._iterators = [iter(dataset) for dataset in self._datasets]
     states = position.get('stream')
     if states:
-      if len(states) != self.process_count:
+      if len(states) != self.shards:
         raise ValueError(
-            f'The checkpoint holds the input streams of {len(states)} process(es); this run has '
-            f'{self.process_count}. Resume with {len(states)} processes (each reads its own '
-            'documents), or start a new --workdir.')
-      self._iterator.set_state(json.loads(states[self.process_index]))
+            f'The checkpoint holds {len(states)} input streams, this run makes {self.shards} '
+            f'(config.data.input_shards, 0: one per process); set '
+            f'--config.data.input_shards={len(states)} (any process count that divides it '
+            'resumes), or start a new --workdir.')
+      for iterator, shard in zip(self._iterators, self.shard_ids):
+        iterator.set_state(json.loads(states[shard]))
     index = int(position.get('batch', 0))
     while True:
-      batch = next(self._iterator)
+      parts = [next(iterator) for iterator in self._iterators]
+      batch = parts[0] if len(parts) == 1 else {
+          k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
       index += 1
       yield batch, {'epoch': 0, 'batch': index}
 
   def close(self) -> None:
     """Stops the worker processes, if any."""
-    if self._iterator is not None and hasattr(self._iterator, 'close'):
-      self._iterator.close()
+    for iterator in self._iterators:
+      if hasattr(iterator, 'close'):
+        iterator.close()
 
   def checkpoint_state(self) -> dict:
-    """{'stream': [state of process 0, 1, ...] as JSON strings, 'stream_workers': workers}."""
-    mine = json.dumps(self._iterator.get_state())
+    """{'stream': [state of shard 0, 1, ...] as JSON strings, 'stream_workers': workers}."""
+    mine = [json.dumps(iterator.get_state()) for iterator in self._iterators]
     if self.process_count == 1:
-      return {'stream': [mine], 'stream_workers': self.workers}
+      return {'stream': mine, 'stream_workers': self.workers}
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    encoded = np.frombuffer(mine.encode(), np.uint8)
+    encoded = np.frombuffer(json.dumps(mine).encode(), np.uint8)
     longest = int(np.max(multihost_utils.process_allgather(np.int32(len(encoded)))))
     padded = np.zeros(longest, np.uint8)
     padded[:len(encoded)] = encoded
     gathered = multihost_utils.process_allgather(padded)  # [processes, longest]
-    return {'stream': [bytes(row).rstrip(b'\0').decode() for row in np.asarray(gathered)],
-            'stream_workers': self.workers}
+    # Processes hold contiguous blocks of shards, so process order is shard order.
+    states = [s for row in np.asarray(gathered) for s in json.loads(bytes(row).rstrip(b'\0'))]
+    return {'stream': states, 'stream_workers': self.workers}
 
 
 def eval_batches(documents, settings: StreamSettings, num_batches: int, seed: int) -> list[dict]:

@@ -44,6 +44,7 @@ _ABBREVIATIONS = frozenset("""
 # A sentence-ending run, with closing quotes and brackets, before whitespace.
 _TERMINATOR = re.compile(r'[.!?]+["\'\u201d\u2019)\]]*(?=\s)')
 _OPENERS = '"\'\u201c\u2018(['
+_INITIALISM = re.compile(r'(?:[^\W\d_]\.)+[^\W\d_]')  # 'U.S', 'e.g' (before the final '.').
 _FOLLOWING = re.compile('[' + re.escape(_OPENERS) + ']*(.)', re.DOTALL)
 _ENDS_SENTENCE = re.compile(r'[.!?]["\'\u201d\u2019)\]]*$')
 
@@ -232,7 +233,8 @@ def parse_prose(lines):
   title_pending = False  # Wikiextractor repeats the title as the first line of a <doc>.
   for line in lines:
     text = line.strip()
-    if _GUTENBERG_START.match(text):
+    # Cheap first-character tests guard the regexes: most lines are plain prose.
+    if text.startswith('***') and _GUTENBERG_START.match(text):
       document, block, book = [], [], 'in'  # What came before is the PG header.
       marker_open = not text.endswith('***')
       continue
@@ -249,18 +251,20 @@ def parse_prose(lines):
       document, block = [], []
       book = 'out' if book_ends else book
       title_pending = bool(_DOC_OPEN.match(text))
-    elif not text or _WIKITEXT_HEADING.match(text):
+    elif not text or (text[0] == '=' and _WIKITEXT_HEADING.match(text)):
       document += _block_sentences(block)
       block = []
     elif title_pending:
       title_pending = False
     else:
-      block.append(_WIKITEXT_JOINER.sub(r'\1', text))
+      block.append(_WIKITEXT_JOINER.sub(r'\1', text) if '@' in text else text)
   yield from _nonempty(document + _block_sentences(block))
 
 
 def _is_document_boundary(text):
   """Whether a stripped line is `<doc ...>`, `</doc>` or a WikiText title '= Title ='."""
+  if not text or text[0] not in '<=':
+    return False
   heading = _WIKITEXT_HEADING.match(text)
   return (bool(_DOC_OPEN.match(text)) or text == '</doc>' or
           (heading is not None and heading.group(1) == '= '))
@@ -308,7 +312,7 @@ def _is_abbreviation(before):
   """Whether the word a period follows is an abbreviation, an initial ('H.') or like 'U.S'."""
   word = before.rsplit(' ', 1)[-1].lstrip(_OPENERS)
   return (word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isupper()) or
-          re.fullmatch(r'(?:[^\W\d_]\.)+[^\W\d_]', word) is not None)
+          _INITIALISM.fullmatch(word) is not None)
 
 
 def write_bert_format(documents: list[list[str]], path: str) -> None:

@@ -497,9 +497,9 @@ def _write_batch(batch: list[list[str]], settings: _Settings, encoder: ChunkEnco
     bad['one_sentence_documents'] += int(len(kept) == 1)
     bad['long_sentences'] += int(np.sum(kept > LONG_SENTENCE_PIECES))
     # Empty sentences hold no ids, so the kept ones lie back to back from `start`.
-    bounds = (start + np.cumsum(kept, dtype=np.int64)).tolist()
-    sentences = [ids[a:b] for a, b in zip([int(start)] + bounds[:-1], bounds)]
-    writer.write(records.encode_document(sentences, settings.token_dtype))
+    start = int(start)
+    writer.write(records.encode_flat(ids[start:start + int(kept.sum())], kept,
+                                     settings.token_dtype))
     totals['documents'] += 1
     totals['sentences'] += len(kept)
     totals['tokens'] += int(kept.sum())

@@ -26,11 +26,15 @@ def token_dtype(vocab_size: int) -> str:
 
 def encode_document(sentences: list[np.ndarray], dtype: str) -> bytes:
   """A document's sentences (1-D int arrays of ids) -> one record."""
-  lengths = np.asarray([len(s) for s in sentences], np.uint32)
-  header = np.concatenate([np.asarray([len(sentences)], np.uint32), lengths])
   tokens = np.concatenate(sentences) if sentences else np.zeros(0)
-  tokens = tokens.astype(np.dtype(dtype).newbyteorder('<'))
-  return header.astype('<u4').tobytes() + tokens.tobytes()
+  return encode_flat(tokens, np.asarray([len(s) for s in sentences]), dtype)
+
+
+def encode_flat(tokens: np.ndarray, lengths: np.ndarray, dtype: str) -> bytes:
+  """A document as its ids back to back and each sentence's length -> one record."""
+  header = np.concatenate([np.asarray([len(lengths)]), lengths]).astype('<u4')
+  return header.tobytes() + np.asarray(tokens).astype(np.dtype(dtype).newbyteorder('<'),
+                                                      copy=False).tobytes()
 
 
 def decode_document(record: bytes, dtype: str) -> list[np.ndarray]:

@@ -44,6 +44,8 @@ _ABBREVIATIONS = frozenset("""
 # A sentence-ending run, with closing quotes and brackets, before whitespace.
 _TERMINATOR = re.compile(r'[.!?]+["\'\u201d\u2019)\]]*(?=\s)')
 _OPENERS = '"\'\u201c\u2018(['
+# What ' '.join(text.split()) would change in ASCII text: runs of spaces, other whitespace.
+_ODD_WHITESPACE = re.compile(r'[\t\n\r\x0b\x0c\x1c-\x1f]|  ')
 _INITIALISM = re.compile(r'(?:[^\W\d_]\.)+[^\W\d_]')  # 'U.S', 'e.g' (before the final '.').
 _FOLLOWING = re.compile('[' + re.escape(_OPENERS) + ']*(.)', re.DOTALL)
 _ENDS_SENTENCE = re.compile(r'[.!?]["\'\u201d\u2019)\]]*$')
@@ -289,7 +291,8 @@ def _block_sentences(block):
 
 def split_sentences(text: str) -> list[str]:
   """Splits text into sentences at . ! ? before a capital or digit, skipping abbreviations."""
-  text = ' '.join(text.split())
+  if not text.isascii() or _ODD_WHITESPACE.search(text) or text != text.strip():
+    text = ' '.join(text.split())  # Else it is already single-spaced: skip the copy.
   sentences, start = [], 0
   for match in _TERMINATOR.finditer(text):
     # The first character after the space and any opening quotes or brackets (found in place:

@@ -370,7 +370,9 @@ class ChunkEncoder:
     self._add_parts(self._parts.missing(set(itertools.chain.from_iterable(keys))))
     parts, cache = self._parts.current, self._chunks.current
     for chunk, chunk_keys in zip(chunks, keys):
-      cache[chunk] = b''.join(map(parts.__getitem__, chunk_keys))
+      # Most chunks are one part (no punctuation): no join needed.
+      cache[chunk] = (parts[chunk_keys[0]] if len(chunk_keys) == 1
+                      else b''.join(map(parts.__getitem__, chunk_keys)))
 
   def _add_parts(self, parts: list[str]) -> None:
     """Tokenises new parts into the cache, many per call (each as a word of its own)."""

@@ -153,12 +153,12 @@ def _check_data(config) -> None:
     if not os.path.isdir(os.path.expanduser(data.prepared)):
       raise ConfigError(f'config.data.prepared={data.prepared!r} is not a directory; prepare one '
                         'with `python -m bert_jax.data.prepare --config=... --output=DIR`.')
+    if config.train.phase2_fraction:
+      _check_phase2(config)
   elif not data.corpus:
     raise ConfigError("config.data.corpus is empty; give text files or globs (comma "
                       "separated, .xz/.gz ok), or 'builtin' for the built-in corpus (or a "
                       "prepared corpus in config.data.prepared).")
-    if config.train.phase2_fraction:
-      _check_phase2(config)
   else:
     if config.train.phase2_fraction:
       raise ConfigError(f'config.train.phase2_fraction={config.train.phase2_fraction} needs a '
@@ -180,11 +180,14 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
-  if config.train.batch_size % batch_divisor:
-    raise ConfigError(
-        f'config.train.batch_size={config.train.batch_size} is not divisible by the '
-        f'{batch_divisor} devices the batch is split over (mesh data x fsdp); use a multiple of '
-        f'{batch_divisor}.')
+  batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
+                                 and config.train.phase2_batch_size else [])
+  for key in batch_keys:
+    if config.train[key] % batch_divisor:
+      raise ConfigError(
+          f'config.train.{key}={config.train[key]} is not divisible by the {batch_divisor} '
+          f'devices the batch is split over (mesh data x fsdp); use a multiple of '
+          f'{batch_divisor}.')
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).

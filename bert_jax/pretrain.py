@@ -123,6 +123,8 @@ def prepare_streaming(config, with_eval: bool = True):
     stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
                                    config.seed, config.data.workers, index, count,
                                    config.data.input_shards)
+    for later in phases(config)[1:]:  # Found now, not when the phase starts.
+      streaming.shard_block(stream.shards, index, count, later.config.train.batch_size // count)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   if not with_eval:
@@ -355,6 +357,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   with preemption.handling(), _finishing_saves_on_error(checkpointer):
     for step in range(start_step + 1, num_steps + 1):
       if step > phase.last_step:
+        if hasattr(phase_stream, 'close'):
+          phase_stream.close()
         phase = run_phases[phase.index]
         phase_stream, batches, make_global, batch_size, flops_per_seq = enter(
             phase, {'epoch': 0, 'batch': 0})

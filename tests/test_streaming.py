@@ -284,6 +284,16 @@ def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
   config = tiny_config('', **{'data.corpus': 'builtin', 'data.packing': True})
   with pytest.raises(config_lib.ConfigError, match='needs a prepared corpus'):
     pretrain.train_and_evaluate(config, str(tmp_path / 'run3'))
+  # A phase-2 batch the input shards cannot split is found at start-up, not at the phase.
+  phase2 = {'train.phase2_fraction': 0.5, 'data.phase2_max_seq_length': 64,
+            'data.phase2_max_predictions_per_seq': 10}
+  config = tiny_config(prepared, **phase2, **{'data.input_shards': 2,
+                                               'train.phase2_batch_size': 3})
+  with pytest.raises(config_lib.ConfigError, match='3 rows of a batch per process'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'run4'))
+  config = tiny_config(prepared, **{**phase2, 'data.phase2_max_seq_length': 512})
+  with pytest.raises(config_lib.ConfigError, match='phase2_max_seq_length=512 exceeds'):
+    pretrain.train_and_evaluate(config, str(tmp_path / 'run5'))
 
 
 def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):

@@ -433,6 +433,22 @@ def _static_masks(ids, pair_of, rows, settings: StreamSettings, seed: int):
   return masked, positions, labels, weights
 
 
+def shard_block(shards: int, process_index: int, process_count: int,
+                rows: int) -> tuple[list[int], int]:
+  """(this process's input shards, rows of each shard's batches) for `rows` rows per process;
+  ValueError when the shards or rows do not split evenly."""
+  if shards % process_count:
+    raise ValueError(f'config.data.input_shards={shards} is not divisible by the '
+                     f'{process_count} processes; use a multiple of {process_count}.')
+  per_process = shards // process_count
+  if rows % per_process:
+    raise ValueError(f'The {rows} rows of a batch per process cannot be split among its '
+                     f'{per_process} input shards; make the batch size a multiple of '
+                     f'config.data.input_shards={shards}.')
+  return list(range(process_index * per_process, (process_index + 1) * per_process)), (
+      rows // per_process)
+
+
 class TrainStream:
   """This process's rows of each global training batch, resumable through checkpoints.
 
@@ -447,17 +463,10 @@ class TrainStream:
   def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
                process_index: int = 0, process_count: int = 1, shards: int = 0):
     self.shards = shards or process_count
-    if self.shards % process_count:
-      raise ValueError(f'config.data.input_shards={self.shards} is not divisible by the '
-                       f'{process_count} processes; use a multiple of {process_count}.')
-    per_process = self.shards // process_count
-    if settings.batch_size % per_process:
-      raise ValueError(f'The {settings.batch_size} rows of a batch per process cannot be split '
-                       f'among its {per_process} input shards; make config.train.batch_size a '
-                       f'multiple of config.data.input_shards={self.shards}.')
+    self.shard_ids, rows = shard_block(self.shards, process_index, process_count,
+                                       settings.batch_size)
     self.process_count, self.workers = process_count, workers
-    self.shard_ids = list(range(process_index * per_process, (process_index + 1) * per_process))
-    shard_settings = dataclasses.replace(settings, batch_size=settings.batch_size // per_process)
+    shard_settings = dataclasses.replace(settings, batch_size=rows)
     if workers > 0:
       from absl import flags  # pylint: disable=g-import-not-at-top
       if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags (defaults suffice).

@@ -60,6 +60,20 @@ def validate(config) -> None:
   _check_init_from(config)
 
 
+def check_workdir(workdir: str) -> None:
+  """Refuses an object-store URL: metrics and config are written with open(), so `gs://b/run`
+  would become a local directory named 'gs:' and the run would be lost there."""
+  if '://' in workdir:
+    raise ConfigError(f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. '
+                      'gcsfuse) and pass the mounted path.')
+
+
+def write_config(config, workdir: str) -> None:
+  """workdir/config.json: the run's whole config."""
+  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+
+
 def validate_and_adopt_source(config, validate_fn) -> None:
   """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
   (init_from.adopt_source) and the result validated again."""

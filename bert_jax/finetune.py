@@ -222,6 +222,7 @@ def load_encoder_params(config, model):
 
 def run(config, workdir: str) -> dict:
   """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content."""
+  config_lib.check_workdir(workdir)
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
   if not config.data.vocab_file:
     raise config_lib.ConfigError(
@@ -245,7 +246,10 @@ def run(config, workdir: str) -> dict:
         f'The training split has {train.num_rows} rows, fewer than config.train.batch_size='
         f'{batch_size}; use a smaller batch.')
   num_steps = max(1, int(round(steps_per_epoch * config.train.num_epochs)))
-  mesh = sharding.create_mesh(config.mesh)
+  try:
+    mesh = sharding.create_mesh(config.mesh)
+  except sharding.MeshError as e:
+    raise config_lib.ConfigError(str(e)) from e
   for name, value in (('batch_size', batch_size), ('eval_batch_size', _eval_batch(config))):
     if value % sharding.batch_divisor(mesh):
       raise config_lib.ConfigError(
@@ -256,8 +260,7 @@ def run(config, workdir: str) -> dict:
   rules = sharding.logical_axis_rules(config.mesh.preset)
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+    config_lib.write_config(config, workdir)
   encoder_params = load_encoder_params(config, model)
   runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
   checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))

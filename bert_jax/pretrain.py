@@ -176,19 +176,9 @@ def phases(config) -> list[Phase]:
   return [Phase(1, num_steps - phase2_steps, config), Phase(2, num_steps, second)]
 
 
-def write_config(config, workdir: str) -> None:
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
-
-
 def train_and_evaluate(config, workdir: str) -> dict:
   """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
-  if '://' in workdir:
-    # Metrics and config are written with open(), so an object-store URL would become a local
-    # directory named 'gs:'; refuse it instead of losing the run there.
-    raise config_lib.ConfigError(
-        f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. gcsfuse) and '
-        'pass the mounted path.')
+  config_lib.check_workdir(workdir)
   config_lib.validate_and_adopt_source(config, config_lib.validate)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.create_optimizer(config.train)
@@ -207,7 +197,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   stream, held_out, tokenizer = prepare_data(config, workdir)
   config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
   if jax.process_index() == 0:
-    write_config(config, workdir)
+    config_lib.write_config(config, workdir)
   logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
   with sharding.activation_rules(mesh, rules):
     return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)

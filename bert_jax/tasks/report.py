@@ -63,13 +63,13 @@ def rows(results: dict) -> list[list[str]]:
   return out
 
 
-def table(all_results: list[dict]) -> str:
-  """A markdown table of every results.json given."""
-  header = ['task', 'split', 'metric', 'ours (median)', 'seeds', 'paper Base dev',
+def table(runs: list[tuple[str, dict]]) -> str:
+  """A markdown table of every (run name, results.json) given."""
+  header = ['run', 'task', 'split', 'metric', 'ours (median)', 'seeds', 'paper Base dev',
             'paper split', 'paper Base', 'paper Large']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-  for results in all_results:
-    lines += ['| ' + ' | '.join(row) + ' |' for row in rows(results)]
+  for name, results in runs:
+    lines += ['| ' + ' | '.join([name] + row) + ' |' for row in rows(results)]
   return '\n'.join(lines)
 
 
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
   if not workdirs:
     sys.exit('usage: python -m bert_jax.tasks.report WORKDIR [WORKDIR ...]')
   try:
-    print(table([load(w) for w in workdirs]))
+    print(table([(os.path.basename(os.path.normpath(w)), load(w)) for w in workdirs]))
   except FileNotFoundError as e:
     sys.exit(str(e))
 

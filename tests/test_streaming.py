@@ -10,6 +10,7 @@ import pytest
 from array_record.python import array_record_module
 
 from bert_jax import model as model_lib
+from bert_jax.data import batching
 from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
@@ -174,8 +175,8 @@ def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
                                     rng.integers(5, VOCAB, m).astype(np.int32), bool(n % 2))
                for n, m in ((5, 7), (9, 3), (4, 4))]
   s = settings(max_seq_length=48, max_predictions=6, batch_size=3)
-  unpacked = streaming.make_batch([[(i, (0, 0), 0)] for i in instances], rng, s)
-  packed = streaming.make_batch([[(i, (0, 0), 0) for i in instances]],
+  unpacked = batching.make_batch([[(i, (0, 0), 0)] for i in instances], rng, s)
+  packed = batching.make_batch([[(i, (0, 0), 0) for i in instances]],
                                 rng, settings(max_seq_length=48, max_predictions=18,
                                               batch_size=1, packing=True, max_pairs_per_row=3))
   # Predict every real position of every pair, with the unmasked ids in both layouts.

@@ -13,6 +13,7 @@ import grain
 import numpy as np
 import pytest
 
+from bert_jax.data import chunk_encoder
 from bert_jax.data import corpus
 from bert_jax.data import prepare
 from bert_jax.data import records
@@ -164,7 +165,7 @@ def test_chunk_encoder_equals_the_tokenizer(vocab_file):
     for lowercase in (True, False):
       tokenizer = tokenizer_lib.WordPieceTokenizer(vocab, lowercase)
       for max_entries in (4, 1000):  # Generations dropped at every call, or none.
-        encoder = prepare.ChunkEncoder(tokenizer, 'int32', max_entries=max_entries)
+        encoder = chunk_encoder.ChunkEncoder(tokenizer, 'int32', max_entries=max_entries)
         for batch in (sentences, sentences[::2], sentences, ['the cat', '']):
           ids, lengths = encoder.encode(batch)
           expected = tokenizer.encode_sentences(batch)

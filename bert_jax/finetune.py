@@ -319,6 +319,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
     return out
 
   train_seconds, timed_steps, interval_loss, interval_steps = 0.0, 0, 0.0, 0
+  clock = None  # Start of the current timed stretch of train steps.
   last_eval, step = None, start_step
   with checkpointer_closing(checkpointer):
     while step < num_steps:
@@ -326,18 +327,24 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       for index, batch in enumerate(train_batches(train_inputs, batch_size, seed, epoch)):
         if index < skip:
           continue
-        tick = time.perf_counter()
         state, stats = runner.train_step(state, sharding.global_batch(batch,
                                                                       runner.batch_shardings))
         step += 1
         interval_loss += stats['loss']
         interval_steps += 1
-        if step > start_step + 1:  # The first step compiles.
+        if clock is None:  # The first step compiles: the clock starts once it is done.
           jax.block_until_ready(stats)
-          train_seconds += time.perf_counter() - tick
+          clock = time.perf_counter()
+        else:
           timed_steps += 1
         end_of_epoch = step % steps_per_epoch == 0 or step == num_steps
-        if step % config.train.log_every == 0 or end_of_epoch:
+        log = step % config.train.log_every == 0 or end_of_epoch
+        pause = (end_of_epoch and config.train.eval_every_epoch or step == num_steps
+                 or checkpointer.should_save(step, step == num_steps))
+        if log or pause:  # Steps run ahead asynchronously; here the device catches up.
+          jax.block_until_ready(stats)
+          train_seconds += time.perf_counter() - clock
+        if log:
           loss = float(interval_loss) / interval_steps
           if not np.isfinite(loss):
             raise FloatingPointError(f'Seed {seed}: the loss was {loss} by step {step}; '
@@ -353,6 +360,8 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           last_eval = evaluate(step, step / steps_per_epoch)
         if checkpointer.should_save(step, step == num_steps):
           checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1})
+        if log or pause:  # Evaluation, saving and logging are not training time.
+          clock = time.perf_counter()
         if step == num_steps:
           break
   writer.close()

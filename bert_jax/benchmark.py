@@ -65,6 +65,7 @@ class Setup:
     if not config.data.prepared:
       config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants one.
     config_lib.validate(config)
+    config_lib.apply_xla_flags(config)  # Before the mesh starts JAX's backends.
     self.config = config
     self.mesh = sharding.create_mesh(config.mesh)
     self.rules = sharding.logical_axis_rules(config.mesh.preset)

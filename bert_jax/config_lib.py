@@ -129,10 +129,22 @@ def _check_known_keys(flat, reference, reference_file) -> None:
 
 def _check_model(model) -> None:
   if model.attention_impl == 'cudnn' and model.attention_dropout_rate > 0:
-    raise ConfigError(
-        f"config.model.attention_impl='cudnn' has no attention dropout, but "
-        f'config.model.attention_dropout_rate={model.attention_dropout_rate}; set it to 0.0 '
-        "(a documented departure from the paper) or use attention_impl='xla'.")
+    # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask
+    # only when each layer is its own call, run once per step (see layers.cudnn_attention).
+    if model.scan_layers:
+      raise ConfigError(
+          "config.model.attention_impl='cudnn' with attention dropout "
+          f'(config.model.attention_dropout_rate={model.attention_dropout_rate}) needs '
+          'config.model.scan_layers=False: under a scan every layer would share one mask '
+          'stream and the backward would read the layers\' masks in reverse order. Set '
+          'scan_layers=False, or attention_dropout_rate=0.0 (a documented departure from the '
+          "paper), or attention_impl='xla'.")
+    if model.remat_policy != 'none':
+      raise ConfigError(
+          "config.model.attention_impl='cudnn' with attention dropout needs "
+          f"config.model.remat_policy='none' (got {model.remat_policy!r}): a recomputed "
+          'attention would draw a new mask. Use remat_policy=\'none\', attention_dropout_rate=0.0 '
+          "or attention_impl='xla'.")
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
@@ -307,3 +319,39 @@ def _check_phase2(config) -> None:
         f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
         f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '
         f'= {needed} predictions; set it to at least {needed}.')
+
+
+# XLA records cuDNN kernels into CUDA graphs ("command buffers") by default; a cuDNN attention
+# with dropout inside one aborts the process (XLA passes no device ordinal for the dropout
+# offset). These are XLA's default command-buffer kinds less CUDNN.
+COMMAND_BUFFER_WITHOUT_CUDNN = (
+    '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,DYNAMIC_SLICE_FUSION')
+
+
+def needs_cudnn_outside_command_buffers(config) -> bool:
+  model = config.get('model') or {}
+  return model.get('attention_impl') == 'cudnn' and model.get('attention_dropout_rate', 0) > 0
+
+
+def apply_xla_flags(config) -> None:
+  """Sets the XLA flags a config needs in XLA_FLAGS, before JAX starts its backends.
+
+  Called by the entry points first thing. A user's own --xla_gpu_enable_command_buffer is kept.
+  When the backends already run (a notebook that used JAX first) on a GPU without the flag, the
+  config is refused: the run would abort in its first step.
+  """
+  if not needs_cudnn_outside_command_buffers(config):
+    return
+  current = os.environ.get('XLA_FLAGS', '')
+  if '--xla_gpu_enable_command_buffer' in current:
+    return
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if not xla_bridge.backends_are_initialized():
+    os.environ['XLA_FLAGS'] = f'{current} {COMMAND_BUFFER_WITHOUT_CUDNN}'.strip()
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() == 'gpu':
+    raise ConfigError(
+        "config.model.attention_impl='cudnn' with attention dropout needs "
+        f'XLA_FLAGS="{COMMAND_BUFFER_WITHOUT_CUDNN}" set before JAX starts (JAX is already '
+        'running here); restart with it, or set config.model.attention_dropout_rate=0.0.')

@@ -224,6 +224,7 @@ def run(config, workdir: str) -> dict:
   """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content."""
   config_lib.check_workdir(workdir)
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
+  config_lib.apply_xla_flags(config)
   if not config.data.vocab_file:
     raise config_lib.ConfigError(
         'config.data.vocab_file is empty and config.init_from gives no vocab.txt: fine-tuning '

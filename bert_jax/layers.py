@@ -75,19 +75,42 @@ def pair_attention_bias(pair_ids: jax.Array, dtype: Dtype) -> jax.Array:
   return jnp.where(same[:, None], 0.0, big_negative).astype(dtype)
 
 
-def cudnn_attention(query, key, value, bias):
-  """cuDNN's fused (flash) attention, the padding given as key lengths; GPU only, no dropout.
+def cudnn_dropout_seed(run_seed: int, layer: int) -> int:
+  """The static seed of one layer's cuDNN attention dropout: distinct per (run seed, layer)."""
+  return int(np.random.SeedSequence([run_seed, layer]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def cudnn_attention(query, key, value, bias, dropout_rate: float = 0.0, seed: int = 0):
+  """cuDNN's fused (flash) attention, the padding given as key lengths; GPU only.
 
   Rows are right-padded (real tokens first), so a row's key length is its count of unmasked keys.
   Padded query positions come out as zeros instead of attending; nothing reads them (the MLM head
   gathers real positions, the pooler reads [CLS]), so the loss equals the einsum path's.
+
+  With dropout_rate > 0 the probabilities are dropped inside the kernel by cuDNN's Philox
+  generator: XLA gives each attention call a static `seed` and an offset that advances on every
+  execution, so the mask changes every step and the backward kernel, which advances in step with
+  its own forward, drops the same probabilities (`experiments/cudnn_dropout_probe.py` checks all
+  of this on the GPU). That pairing holds only when every layer is its own call executed once per
+  step (`scan_layers=False`, no remat of attention): config validation enforces it.
   """
   # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length].
-  if bias.shape[2] > 1:  # Packed pairs: the block-diagonal bias itself.
-    return jax.nn.dot_product_attention(query, key, value, bias=bias, implementation='cudnn')
-  lengths = jnp.sum(bias[:, 0, 0, :] == 0, axis=-1).astype(jnp.int32)  # [batch]
-  return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
-                                      key_value_seq_lengths=lengths, implementation='cudnn')
+  packed = bias.shape[2] > 1  # Packed pairs: the block-diagonal bias itself.
+  lengths = None if packed else jnp.sum(bias[:, 0, 0, :] == 0, axis=-1).astype(jnp.int32)
+  if dropout_rate == 0.0:
+    if packed:
+      return jax.nn.dot_product_attention(query, key, value, bias=bias, implementation='cudnn')
+    return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
+                                        key_value_seq_lengths=lengths, implementation='cudnn')
+  # The public API has no dropout; the cuDNN wrapper underneath it does.
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa  # pylint: disable=g-import-not-at-top
+  scale = 1.0 / np.sqrt(query.shape[-1])
+  if packed:
+    return cudnn_fa.dot_product_attention(query, key, value, bias=bias, scale=scale, seed=seed,
+                                          dropout_rate=dropout_rate)
+  return cudnn_fa.dot_product_attention(query, key, value, q_seqlen=lengths, kv_seqlen=lengths,
+                                        scale=scale, mask_type=cudnn_fa.MaskType.PADDING,
+                                        seed=seed, dropout_rate=dropout_rate)
 
 
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,

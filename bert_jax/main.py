@@ -26,6 +26,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.get_absl_logger().addFilter(_quiet_libraries)
+  from bert_jax import config_lib as flags_lib  # pylint: disable=g-import-not-at-top
+  flags_lib.apply_xla_flags(_CONFIG.value)  # Before JAX starts its backends.
   import jax  # pylint: disable=g-import-not-at-top
   # Explicit signals only: libtpu itself sets CLOUD_TPU_* variables in any process that loads it.
   if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('BERT_JAX_MULTIHOST') == '1':

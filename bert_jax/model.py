@@ -43,9 +43,10 @@ class BertConfig:
   scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
-  attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, no dropout).
+  attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, GPU).
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   nsp: bool = True  # Whether the NSP head exists.
+  seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
   @classmethod
   def from_config(cls, config) -> 'BertConfig':
@@ -53,7 +54,7 @@ class BertConfig:
     fields = dict(config.model)
     fields['dtype'] = DTYPES[fields['dtype']]
     fields['param_dtype'] = DTYPES[fields['param_dtype']]
-    return cls(nsp=config.data.get('nsp', False), **fields)
+    return cls(nsp=config.data.get('nsp', False), seed=config.get('seed', 0), **fields)
 
   @property
   def head_dim(self) -> int:
@@ -108,6 +109,7 @@ def name_axis(embedding_name: str) -> str:
 class BertSelfAttention(nn.Module):
   """Multi-head self-attention with a padding mask; returns [batch, length, heads, kv]."""
   config: BertConfig
+  layer_index: int = 0  # Seeds cuDNN's attention dropout per layer.
 
   @nn.compact
   def __call__(self, x, bias, deterministic):
@@ -116,13 +118,13 @@ class BertSelfAttention(nn.Module):
         (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
         param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
+    if cfg.attention_impl == 'cudnn':
+      rate = 0.0 if deterministic else cfg.attention_dropout_rate
+      return layers.cudnn_attention(query, key, value, bias, rate,
+                                    layers.cudnn_dropout_seed(cfg.seed, self.layer_index))
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
-    if cfg.attention_impl == 'cudnn':
-      # The fused kernel has no attention-probability dropout (config validation requires
-      # attention_dropout_rate 0 with it).
-      return layers.cudnn_attention(query, key, value, bias)
     return layers.dot_product_attention(query, key, value, bias, dropout_rng,
                                         cfg.attention_dropout_rate, deterministic, cfg.dtype)
 
@@ -147,10 +149,11 @@ class BertResidualOutput(nn.Module):
 class BertAttention(nn.Module):
   """Self-attention block: `self` then `output` (dense, dropout, residual, LayerNorm)."""
   config: BertConfig
+  layer_index: int = 0
 
   @nn.compact
   def __call__(self, x, bias, deterministic):
-    context = BertSelfAttention(self.config, name='self')(x, bias, deterministic)
+    context = BertSelfAttention(self.config, self.layer_index, name='self')(x, bias, deterministic)
     return BertResidualOutput(self.config, ('heads', 'kv'), name='output')(
         context, x, deterministic)
 
@@ -158,12 +161,13 @@ class BertAttention(nn.Module):
 class BertLayer(nn.Module):
   """One post-LN Transformer encoder layer."""
   config: BertConfig
+  layer_index: int = 0  # Position in the stack (unrolled layers only; scanned layers share 0).
 
   @nn.compact
   def __call__(self, x, bias, deterministic):
     cfg = self.config
     # x: [batch, length, embed]
-    x = BertAttention(cfg, name='attention')(x, bias, deterministic)
+    x = BertAttention(cfg, self.layer_index, name='attention')(x, bias, deterministic)
     h = BertIntermediate(cfg, name='intermediate')(x)  # [batch, length, mlp]
     return BertResidualOutput(cfg, ('mlp',), name='output')(h, x, deterministic)
 
@@ -220,7 +224,7 @@ class BertEncoder(nn.Module):
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
     outputs = []
     for i in range(cfg.num_layers):
-      x = layer_cls(cfg, name=f'layer_{i}')(x, bias, deterministic)
+      x = layer_cls(cfg, layer_index=i, name=f'layer_{i}')(x, bias, deterministic)
       outputs.append(x)
     return jnp.stack(outputs) if self.return_all_layers else x
 

@@ -180,6 +180,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
   config_lib.check_workdir(workdir)
   config_lib.validate_and_adopt_source(config, config_lib.validate)
+  config_lib.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.create_optimizer(config.train)
   try:

@@ -10,6 +10,10 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
   rbg     the same dropout, masks drawn with XLA's RngBitGenerator
   cudnn   cuDNN fused attention, attention-probability dropout 0 (hidden dropout 0.1), rbg
   paper_unrolled, cudnn_unrolled   paper / cuDNN (threefry) with the scan fully unrolled
+  cudnn_dropout_tanh   cuDNN attention with the paper's attention dropout in the kernel,
+                       scan_layers=False, tanh GELU (paper-faithful dropout)
+  cudnn_dropout_tanh_cublas   the same with XLA's Triton GEMMs off (an `env:` entry of a
+                       variant adds an XLA flag to that process's XLA_FLAGS)
 """
 
 import argparse
@@ -31,6 +35,14 @@ VARIANTS = {
     'cudnn_unrolled': [UNROLL, *CUDNN],
     'paper_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh'],
     'cudnn_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh', *CUDNN],
+    # cuDNN attention WITH the paper's attention dropout (in-kernel), layers unrolled.
+    'cudnn_dropout_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
+                           '--config.model.attention_impl=cudnn'],
+    'paper_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh'],
+    # The same, with XLA's Triton GEMM fusions off (every matmul through cuBLAS).
+    'cudnn_dropout_tanh_cublas': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
+                                  '--config.model.attention_impl=cudnn',
+                                  'env:--xla_gpu_enable_triton_gemm=false'],
 }
 
 
@@ -54,12 +66,30 @@ def peer(model, seq, batch, mode, steps, attention_dropout):
   return command + (['--compile'] if mode == 'compile' else [])
 
 
+def split_env(command):
+  """'env:FLAG' entries of a command -> (command without them, XLA_FLAGS with them)."""
+  flags = [c[len('env:'):] for c in command if c.startswith('env:')]
+  xla_flags = ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()
+  return [c for c in command if not c.startswith('env:')], xla_flags
+
+
+def first_error(stderr):
+  lines = stderr.strip().splitlines() or ['?']
+  for line in lines:
+    if 'Error' in line or 'Check failed' in line or 'error:' in line:
+      return line
+  return lines[-1]
+
+
 def measure(command, label, out):
   print(f'== {label}', flush=True)
-  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+  command, xla_flags = split_env(command)
+  env = dict(os.environ, XLA_FLAGS=xla_flags)
+  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, env=env)
   lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
-  record = json.loads(lines[-1]) if lines else {
-      'error': (proc.stderr.strip().splitlines() or ['?'])[-1][:500]}
+  record = json.loads(lines[-1]) if lines else {'error': first_error(proc.stderr)[:500]}
+  if xla_flags:
+    record['xla_flags'] = xla_flags
   record['label'] = label
   with open(out, 'a', encoding='utf-8') as f:
     f.write(json.dumps(record) + '\n')

@@ -1,8 +1,8 @@
 """Config arguments, overrides and validation: every bad value fails early with a clear error."""
 
+import os
 import subprocess
 import sys
-import os
 
 import pytest
 
@@ -62,7 +62,7 @@ def test_bad_arguments_are_named(arg, match):
     ('model.dtype', 'float8', r"config.model.dtype='float8' is not valid"),
     ('model.remat_policy', 'some', r"remat_policy='some' is not valid"),
     ('train.optimizer', 'sgd', r"config.train.optimizer='sgd' is not valid.*'lamb'"),
-    ('model.attention_impl', 'cudnn', r"attention_impl='cudnn' has no attention dropout.*set it to 0.0"),
+    ('model.attention_impl', 'cudnn', r"attention_impl='cudnn' with attention dropout.*needs config.model.scan_layers=False"),
     ('model.dropout_rng_impl', 'philox', r"dropout_rng_impl='philox' is not valid"),
     ('model.scan_unroll', 0, r'config.model.scan_unroll=0 must be > 0'),
     ('train.batch_size', 0, r'config.train.batch_size=0 must be > 0'),
@@ -75,6 +75,49 @@ def test_bad_values_are_named(key, value, match):
   config[parent][leaf] = value
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(config)
+
+
+def test_cudnn_attention_dropout_needs_unrolled_layers_without_remat():
+  config = valid_config()
+  config.model.attention_impl = 'cudnn'
+  config.model.scan_layers = False
+  config_lib.validate(config)  # Unrolled layers, no remat: each layer its own kernel pair.
+  config.model.remat_policy = 'dots'
+  with pytest.raises(config_lib.ConfigError, match=r"remat_policy='none' \(got 'dots'\)"):
+    config_lib.validate(config)
+  config.model.scan_layers = True
+  config.model.attention_dropout_rate = 0.0  # Without dropout any stacking works.
+  config_lib.validate(config)
+
+
+def test_cudnn_attention_dropout_keeps_cudnn_out_of_command_buffers(monkeypatch):
+  config = valid_config()
+  monkeypatch.setenv('XLA_FLAGS', '--xla_dump_to=/tmp/x')
+  config_lib.apply_xla_flags(config)  # attention_impl='xla': nothing to set.
+  assert os.environ['XLA_FLAGS'] == '--xla_dump_to=/tmp/x'
+  config.model.attention_impl = 'cudnn'
+  config.model.scan_layers = False
+  # The backends of this test process already run (on CPU): the flag is set only where it can
+  # still take effect, and a CPU run needs none.
+  monkeypatch.setattr('jax._src.xla_bridge.backends_are_initialized', lambda: False)
+  config_lib.apply_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == ('--xla_dump_to=/tmp/x ' +
+                                     config_lib.COMMAND_BUFFER_WITHOUT_CUDNN)
+  assert 'CUDNN' not in config_lib.COMMAND_BUFFER_WITHOUT_CUDNN
+  monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_command_buffer=')  # The user's own wins.
+  config_lib.apply_xla_flags(config)
+  assert os.environ['XLA_FLAGS'] == '--xla_gpu_enable_command_buffer='
+
+
+def test_cudnn_attention_dropout_refused_when_gpu_backend_already_runs(monkeypatch):
+  config = valid_config()
+  config.model.attention_impl = 'cudnn'
+  config.model.scan_layers = False
+  monkeypatch.delenv('XLA_FLAGS', raising=False)
+  monkeypatch.setattr('jax._src.xla_bridge.backends_are_initialized', lambda: True)
+  monkeypatch.setattr('jax.default_backend', lambda: 'gpu')
+  with pytest.raises(config_lib.ConfigError, match=r'XLA_FLAGS="--xla_gpu_enable_command_buffer'):
+    config_lib.apply_xla_flags(config)
 
 
 def test_unknown_keys_are_named_with_a_suggestion():

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import layers
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import steps
@@ -144,6 +145,33 @@ def test_dropout_is_active_only_in_training():
   eval_a = model.apply({'params': params}, ids, segments, mask, positions)
   eval_b = model.apply({'params': params}, ids, segments, mask, positions)
   np.testing.assert_array_equal(eval_a['mlm_logits'], eval_b['mlm_logits'])
+
+
+@pytest.mark.parametrize('run_seed', [0, 5])
+def test_cudnn_attention_gets_a_distinct_dropout_seed_per_layer(monkeypatch, run_seed):
+  # cuDNN runs on GPUs only: stand in for it with the einsum attention and record what each
+  # layer asks the kernel for (rate, static seed).
+  calls = []
+
+  def fake_cudnn(query, key, value, bias, dropout_rate=0.0, seed=0):
+    calls.append((dropout_rate, seed))
+    return layers.dot_product_attention(query, key, value, bias, None, 0.0, True, query.dtype)
+
+  monkeypatch.setattr(layers, 'cudnn_attention', fake_cudnn)
+  model = model_lib.BertForPreTraining(
+      small_config(attention_impl='cudnn', scan_layers=False, seed=run_seed))
+  ids, segments, mask, positions = inputs()
+  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+  calls.clear()
+  model.apply({'params': params}, ids, segments, mask, positions, deterministic=False,
+              rngs={'dropout': jax.random.key(1)})
+  assert [rate for rate, _ in calls] == [0.1, 0.1, 0.1]
+  seeds = [seed for _, seed in calls]
+  assert len(set(seeds)) == 3
+  assert seeds == [layers.cudnn_dropout_seed(run_seed, i) for i in range(3)]
+  calls.clear()
+  model.apply({'params': params}, ids, segments, mask, positions)  # Evaluation: no dropout.
+  assert [rate for rate, _ in calls] == [0.0, 0.0, 0.0]
 
 
 def test_mlm_logits_use_the_tied_word_embeddings():

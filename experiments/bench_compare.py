@@ -38,6 +38,7 @@ VARIANTS = {
     # cuDNN attention WITH the paper's attention dropout (in-kernel), layers unrolled.
     'cudnn_dropout_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
                            '--config.model.attention_impl=cudnn'],
+    'cudnn_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh', *CUDNN],
     'paper_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh'],
     # The same, with XLA's Triton GEMM fusions off (every matmul through cuBLAS).
     'cudnn_dropout_tanh_cublas': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',

@@ -268,7 +268,7 @@ class BertModel(nn.Module):
     last = x[-1] if self.return_all_layers else x
     if cls_positions is None:
       return x, self.pooler(last[:, 0])
-    return x, self.pooler(jnp.take_along_axis(last, cls_positions[..., None], axis=1))
+    return x, self.pooler(layers.gather_positions(last, cls_positions))
 
   def attend(self, x):
     return self.embeddings.attend(x)
@@ -317,7 +317,7 @@ class BertForPreTraining(nn.Module):
     """
     sequence, pooled = self.bert(input_ids, segment_ids, input_mask, deterministic,
                                  position_ids, pair_ids, nsp_positions)
-    gathered = jnp.take_along_axis(sequence, masked_lm_positions[..., None], axis=1)
+    gathered = layers.gather_positions(sequence, masked_lm_positions)
     outputs = {'mlm_logits': self.predictions(gathered, self.bert.attend)}
     if self.config.nsp:
       outputs['nsp_logits'] = self.seq_relationship(pooled).astype(jnp.float32)

@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax import pretrain
-from configs import base, large, large_lamb, tiny
+from configs import base, large, large_gpu, large_lamb, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,10 +20,18 @@ def valid_config():
 
 
 def test_shipped_configs_are_valid():
-  for get_config in (base.get_config, large.get_config, large_lamb.get_config, tiny.get_config):
+  for get_config in (base.get_config, large.get_config, large_gpu.get_config,
+                     large_lamb.get_config, tiny.get_config):
     config = get_config()
     config.data.corpus = config.data.corpus or 'builtin'
     config_lib.validate(config)
+
+
+def test_large_gpu_keeps_the_papers_model_and_dropout():
+  l, g = config_lib.flatten(large.get_config()), config_lib.flatten(large_gpu.get_config())
+  changed = {k for k in l if l[k] != g[k]}
+  assert changed == {'model.dtype', 'model.attention_impl', 'model.scan_layers', 'model.gelu'}
+  assert g['model.attention_dropout_rate'] == g['model.hidden_dropout_rate'] == 0.1
 
 
 def test_large_changes_only_the_model_shape():

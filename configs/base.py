@@ -54,7 +54,8 @@ def get_config(arg=None):
   # fuses into the cuBLAS matmul on GPUs.
   model.gelu = 'erf'
   # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
-  # NVIDIA GPUs, without attention dropout (set attention_dropout_rate=0.0 with it).
+  # NVIDIA GPUs, attention dropout drawn in the kernel (needs scan_layers=False and remat 'none'
+  # while attention_dropout_rate > 0; see configs/large_gpu.py).
   model.attention_impl = 'xla'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).

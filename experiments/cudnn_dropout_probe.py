@@ -19,7 +19,6 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
 RATE = 0.1

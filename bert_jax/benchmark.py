@@ -113,7 +113,8 @@ def run(config, num_steps: int, warmup: int) -> dict:
   return {
       'device': devices[0].device_kind, 'devices': len(devices), 'mesh': dict(mesh.shape),
       'preset': config.mesh.preset, 'dtype': config.model.dtype,
-      'remat': config.model.remat_policy, 'layers': config.model.num_layers,
+      'remat': config.model.remat_policy, 'adam_mu_dtype': config.train.adam_mu_dtype,
+      'attention_impl': config.model.attention_impl, 'layers': config.model.num_layers,
       'hidden': config.model.hidden_size, 'batch': b, 'seq': s,
       'predictions': config.data.max_predictions_per_seq, 'step_ms': 1000 * seconds,
       'seq_per_s': seq_per_s, 'seq_per_s_per_device': seq_per_s / len(devices),

@@ -17,6 +17,7 @@ VALID_CHOICES = {
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
+    'train.adam_mu_dtype': ('float32', 'bfloat16'),
 }
 RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
          'data.eval_fraction', 'train.phase2_fraction', 'masking.rate',

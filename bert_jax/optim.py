@@ -8,6 +8,7 @@ adaptation and the decay, as in You et al.'s BERT recipe.
 """
 
 import flax
+import jax.numpy as jnp
 import optax
 
 # Leaves that get no weight decay, as in the original BERT ("LayerNorm", "layer_norm", "bias").
@@ -28,10 +29,10 @@ def weight_decay_mask(params):
   return flax.traverse_util.unflatten_dict(mask)
 
 
-def lamb(learning_rate, b1, b2, eps, weight_decay) -> optax.GradientTransformation:
+def lamb(learning_rate, b1, b2, eps, weight_decay, mu_dtype=None) -> optax.GradientTransformation:
   """LAMB with decay and trust ratio on weight_decay_mask's parameters only."""
   return optax.chain(
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       optax.masked(optax.scale_by_trust_ratio(), weight_decay_mask),
       optax.scale_by_learning_rate(learning_rate))
@@ -41,11 +42,14 @@ def create_optimizer(train_config) -> optax.GradientTransformation:
   """Global-norm clipping then AdamW or LAMB, as config.train describes."""
   schedule = learning_rate_schedule(train_config.learning_rate, train_config.warmup_steps,
                                     train_config.num_steps)
+  # Adam's first moment may be stored in bfloat16 (train.adam_mu_dtype); the second moment and
+  # the master weights stay in their own (float32) dtype.
+  mu_dtype = jnp.dtype(train_config.get('adam_mu_dtype', 'float32'))
   if train_config.optimizer == 'lamb':
     update = lamb(schedule, train_config.adam_b1, train_config.adam_b2, train_config.adam_eps,
-                  train_config.weight_decay)
+                  train_config.weight_decay, mu_dtype)
   else:
     update = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
-                         mask=weight_decay_mask)
+                         mask=weight_decay_mask, mu_dtype=mu_dtype)
   return optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)

@@ -40,6 +40,10 @@ VARIANTS = {
                            '--config.model.attention_impl=cudnn'],
     'cudnn_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh', *CUDNN],
     'paper_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh'],
+    # The same, Adam's first moment stored in bfloat16.
+    'cudnn_dropout_tanh_mubf16': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
+                                  '--config.model.attention_impl=cudnn',
+                                  '--config.train.adam_mu_dtype=bfloat16'],
     # The same, with XLA's Triton GEMM fusions off (every matmul through cuBLAS).
     'cudnn_dropout_tanh_cublas': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
                                   '--config.model.attention_impl=cudnn',

@@ -63,3 +63,24 @@ def test_lamb_recipe_config_phases():
   assert (two.train.batch_size, two.data.max_seq_length, two.train.num_steps) == (32768, 512, 10)
   with pytest.raises(ValueError, match='phase=3'):
     large_lamb.get_config('phase=3')
+
+
+@pytest.mark.parametrize('optimizer', ['adamw', 'lamb'])
+def test_bfloat16_first_moment_stores_mu_only_in_bfloat16(optimizer):
+  params, grads = params_and_grads()
+  config = train_config(optimizer)
+  config.adam_mu_dtype = 'bfloat16'
+  tx = optim.create_optimizer(config)
+  state = tx.init(params)
+  adam = [s for s in jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)]
+  assert len(adam) == 1
+  assert {leaf.dtype for leaf in jax.tree.leaves(adam[0].mu)} == {jnp.dtype(jnp.bfloat16)}
+  assert {leaf.dtype for leaf in jax.tree.leaves(adam[0].nu)} == {jnp.dtype(jnp.float32)}
+  # The update still follows the float32 one to bfloat16 precision of the first moment.
+  updates, _ = tx.update(grads, state, params)
+  reference, _ = optim.create_optimizer(train_config(optimizer)).update(
+      grads, optim.create_optimizer(train_config(optimizer)).init(params), params)
+  for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(reference)):
+    assert a.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-7)

@@ -44,6 +44,10 @@ VARIANTS = {
     'cudnn_dropout_tanh_mubf16': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
                                   '--config.model.attention_impl=cudnn',
                                   '--config.train.adam_mu_dtype=bfloat16'],
+    # The same, with cuBLASLt (bias and GELU epilogues) on.
+    'cudnn_dropout_tanh_cublaslt': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
+                                    '--config.model.attention_impl=cudnn',
+                                    'env:--xla_gpu_enable_cublaslt=true'],
     # The same, with XLA's Triton GEMM fusions off (every matmul through cuBLAS).
     'cudnn_dropout_tanh_cublas': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
                                   '--config.model.attention_impl=cudnn',

@@ -117,7 +117,8 @@ def cudnn_attention(query, key, value, bias, dropout_rate: float = 0.0, seed: in
     return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
                                         key_value_seq_lengths=lengths, implementation='cudnn')
   # The public API has no dropout; the cuDNN wrapper underneath it does.
-  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
   scale = 1.0 / np.sqrt(query.shape[-1])
   if packed:
     return cudnn_fa.dot_product_attention(query, key, value, bias=bias, scale=scale, seed=seed,

@@ -24,6 +24,7 @@ from bert_jax import sharding
 from bert_jax import steps
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import pipeline
+from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -93,9 +94,9 @@ def prepare_data(config, workdir: str):
         'pretraining needs at least 2 (one is held out for evaluation).')
   train_docs, eval_docs = pipeline.split_documents(encoded, config.data.eval_fraction,
                                                    config.seed)
-  settings = pipeline.MaskingSettings.from_config(config, tokenizer.special,
-                                                  tokenizer.vocab_size,
-                                                  tokenizer.is_continuation())
+  settings = pretraining.MaskingSettings.from_config(config, tokenizer.special,
+                                                     tokenizer.vocab_size,
+                                                     tokenizer.is_continuation())
   stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed)
   held_out = pipeline.eval_batches(eval_docs, settings, config.train.batch_size,
                                    config.train.eval_batches, config.seed)
@@ -143,16 +144,11 @@ def prepare_streaming(config, with_eval: bool = True):
 
 def stream_settings(config, tokenizer, rows_per_batch: int) -> streaming.StreamSettings:
   """The streaming pipeline's settings from the config."""
-  return streaming.StreamSettings(
-      special=tokenizer.special, vocab_size=tokenizer.vocab_size,
-      max_seq_length=config.data.max_seq_length,
-      max_predictions=config.data.max_predictions_per_seq, batch_size=rows_per_batch,
-      nsp=config.data.nsp, short_seq_prob=config.data.short_seq_prob,
-      mask_rate=config.masking.rate, mask_token_fraction=config.masking.mask_token_fraction,
-      random_token_fraction=config.masking.random_token_fraction, packing=config.data.packing,
+  return streaming.StreamSettings.from_config(
+      config, tokenizer.special, tokenizer.vocab_size, tokenizer.is_continuation(),
+      batch_size=rows_per_batch, packing=config.data.packing,
       max_pairs_per_row=config.data.max_pairs_per_row if config.data.packing else 1,
-      dupe_factor=config.data.dupe_factor,
-      is_continuation=tokenizer.is_continuation() if config.masking.whole_word else None)
+      dupe_factor=config.data.dupe_factor)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,8 +72,8 @@ def test_bfloat16_first_moment_stores_mu_only_in_bfloat16(optimizer):
   config.adam_mu_dtype = 'bfloat16'
   tx = optim.create_optimizer(config)
   state = tx.init(params)
-  adam = [s for s in jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
-          if isinstance(s, optax.ScaleByAdamState)]
+  is_adam = lambda s: isinstance(s, optax.ScaleByAdamState)  # noqa: E731
+  adam = [s for s in jax.tree.leaves(state, is_leaf=is_adam) if is_adam(s)]
   assert len(adam) == 1
   assert {leaf.dtype for leaf in jax.tree.leaves(adam[0].mu)} == {jnp.dtype(jnp.bfloat16)}
   assert {leaf.dtype for leaf in jax.tree.leaves(adam[0].nu)} == {jnp.dtype(jnp.float32)}

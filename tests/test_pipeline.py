@@ -18,9 +18,9 @@ def synthetic_documents(num_docs=40, seed=0):
 def settings(**overrides):
   values = dict(special=SPECIAL, vocab_size=99, max_seq_length=23, max_predictions=4, nsp=True,
                 short_seq_prob=0.1, mask_rate=0.15, mask_token_fraction=0.8,
-                random_token_fraction=0.1, keep_fraction=0.1, is_continuation=None)
+                random_token_fraction=0.1, is_continuation=None)
   values.update(overrides)
-  return pipeline.MaskingSettings(**values)
+  return pretraining.MaskingSettings(**values)
 
 
 def take(iterator, n):

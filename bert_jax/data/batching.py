@@ -15,23 +15,13 @@ from bert_jax.data import pretraining
 _STATIC_MASK_STREAM = 14  # Seeds static masks; streaming.py's streams use 11-15 too, apart.
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamSettings:
-  """What a pretraining batch stream needs beyond the documents."""
-  special: pretraining.SpecialIds
-  vocab_size: int  # Random replacements are drawn from [0, vocab_size).
-  max_seq_length: int
-  max_predictions: int
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamSettings(pretraining.MaskingSettings):
+  """The masking settings plus the batch layout a pretraining batch stream needs."""
   batch_size: int  # Rows per batch of this process.
-  nsp: bool
-  short_seq_prob: float
-  mask_rate: float
-  mask_token_fraction: float
-  random_token_fraction: float
   packing: bool = False  # Several instances per row.
   max_pairs_per_row: int = 1  # With packing: instances per row at most (NSP labels per row).
   dupe_factor: int = 0  # 0: dynamic masking; N > 0: N fixed masks per document, cycled.
-  is_continuation: np.ndarray | None = None  # Whole-word masking when set.
 
 
 def row_length(instance: pretraining.Instance) -> int:
@@ -181,7 +171,7 @@ def _static_masks(ids, pair_of, rows, settings: StreamSettings, seed: int):
       pair_masked, pair_positions, pair_labels = pretraining.mask_tokens(
           ids[r, span], rng, special=s.special, vocab_size=s.vocab_size, mask_rate=s.mask_rate,
           max_predictions=p - filled, mask_token_fraction=s.mask_token_fraction,
-          random_token_fraction=s.random_token_fraction, keep_fraction=0.0,
+          random_token_fraction=s.random_token_fraction, keep_fraction=s.keep_fraction,
           is_continuation=s.is_continuation)
       masked[r, span] = pair_masked
       count = len(pair_positions)

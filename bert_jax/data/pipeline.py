@@ -7,41 +7,11 @@ resumed run sees exactly the batches an uninterrupted one would. The paper-scale
 pipeline reuses the same pure functions from data/pretraining.py.
 """
 
-import dataclasses
-
 import numpy as np
 
 from bert_jax.data import pretraining
 
 _TRAIN_STREAM, _EVAL_STREAM, _SPLIT_STREAM = 1, 2, 3
-
-
-@dataclasses.dataclass(frozen=True)
-class MaskingSettings:
-  """The per-example settings make_features needs."""
-  special: pretraining.SpecialIds
-  vocab_size: int  # Random replacements are drawn from [0, vocab_size).
-  max_seq_length: int
-  max_predictions: int
-  nsp: bool
-  short_seq_prob: float
-  mask_rate: float
-  mask_token_fraction: float
-  random_token_fraction: float
-  keep_fraction: float
-  is_continuation: np.ndarray | None  # Whole-word masking when set.
-
-  @classmethod
-  def from_config(cls, config, special, tokenizer_vocab_size, is_continuation):
-    return cls(
-        special=special, vocab_size=tokenizer_vocab_size,
-        max_seq_length=config.data.max_seq_length,
-        max_predictions=config.data.max_predictions_per_seq, nsp=config.data.nsp,
-        short_seq_prob=config.data.short_seq_prob, mask_rate=config.masking.rate,
-        mask_token_fraction=config.masking.mask_token_fraction,
-        random_token_fraction=config.masking.random_token_fraction,
-        keep_fraction=config.masking.keep_fraction,
-        is_continuation=is_continuation if config.masking.whole_word else None)
 
 
 def split_documents(documents, eval_fraction: float, seed: int):
@@ -56,7 +26,7 @@ def split_documents(documents, eval_fraction: float, seed: int):
   return train, held_out
 
 
-def build_examples(documents, rng: np.random.Generator, settings: MaskingSettings):
+def build_examples(documents, rng: np.random.Generator, settings: pretraining.MaskingSettings):
   """One pass over `documents`: shuffled pairs -> masked fixed-shape features, stacked."""
   instances = pretraining.create_instances(
       documents, rng, max_seq_length=settings.max_seq_length,
@@ -77,7 +47,7 @@ def build_examples(documents, rng: np.random.Generator, settings: MaskingSetting
 class PretrainingStream:
   """The training stream: batches of epoch e come from pairs and masks seeded by (seed, e)."""
 
-  def __init__(self, documents, settings: MaskingSettings, batch_size: int, seed: int):
+  def __init__(self, documents, settings: pretraining.MaskingSettings, batch_size: int, seed: int):
     self.documents = documents
     self.settings = settings
     self.batch_size = batch_size
@@ -114,8 +84,8 @@ class PretrainingStream:
       epoch, index = epoch + 1, 0
 
 
-def eval_batches(documents, settings: MaskingSettings, batch_size: int, num_batches: int,
-                 seed: int) -> list[dict]:
+def eval_batches(documents, settings: pretraining.MaskingSettings, batch_size: int,
+                 num_batches: int, seed: int) -> list[dict]:
   """A fixed held-out set: the same pairs and masks at every evaluation."""
   rng = np.random.default_rng([seed, _EVAL_STREAM])
   parts, count = [], 0

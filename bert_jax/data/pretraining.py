@@ -25,6 +25,38 @@ class SpecialIds:
   mask: int  # [MASK]: replaces most tokens chosen for prediction.
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaskingSettings:
+  """How pairs are made and masked, from the config: shared by both readers (data/pipeline.py
+  in memory, data/batching.py streaming, whose StreamSettings adds the batch layout)."""
+  special: SpecialIds
+  vocab_size: int  # Random replacements are drawn from [0, vocab_size).
+  max_seq_length: int
+  max_predictions: int
+  nsp: bool
+  short_seq_prob: float
+  mask_rate: float
+  mask_token_fraction: float
+  random_token_fraction: float  # The rest of the predicted tokens is kept.
+  is_continuation: np.ndarray | None = None  # Whole-word masking when set.
+
+  @classmethod
+  def from_config(cls, config, special: SpecialIds, vocab_size: int,
+                  is_continuation: np.ndarray, **more):
+    """config.data and config.masking -> settings (`more`: a subclass's own fields)."""
+    return cls(
+        special=special, vocab_size=vocab_size, max_seq_length=config.data.max_seq_length,
+        max_predictions=config.data.max_predictions_per_seq, nsp=config.data.nsp,
+        short_seq_prob=config.data.short_seq_prob, mask_rate=config.masking.rate,
+        mask_token_fraction=config.masking.mask_token_fraction,
+        random_token_fraction=config.masking.random_token_fraction,
+        is_continuation=is_continuation if config.masking.whole_word else None, **more)
+
+  @property
+  def keep_fraction(self) -> float:
+    return 1.0 - self.mask_token_fraction - self.random_token_fraction
+
+
 @dataclasses.dataclass(frozen=True)
 class Instance:
   """One example before masking: segments A and B and the NSP label."""

@@ -26,8 +26,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.get_absl_logger().addFilter(_quiet_libraries)
-  from bert_jax import config_lib as flags_lib  # pylint: disable=g-import-not-at-top
-  flags_lib.apply_xla_flags(_CONFIG.value)  # Before JAX starts its backends.
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  config_lib.apply_xla_flags(_CONFIG.value)  # Before JAX starts its backends.
   import jax  # pylint: disable=g-import-not-at-top
   # Explicit signals only: libtpu itself sets CLOUD_TPU_* variables in any process that loads it.
   if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('BERT_JAX_MULTIHOST') == '1':
@@ -36,7 +36,7 @@ def main(argv):
     count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')
     jax.distributed.initialize(num_processes=int(count) if count else None,
                                process_id=int(index) if index else None)
-  from bert_jax import checkpoint, config_lib, pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpoint, pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import base as tasks_base  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),

@@ -27,6 +27,9 @@ CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
 LAYERS = {'base': 12, 'large': 24}
 UNROLL = '--config.model.scan_unroll={layers}'
 CUDNN = ['--config.model.attention_impl=cudnn', '--config.model.attention_dropout_rate=0.0']
+# configs/large_gpu.py's settings over configs/{base,large}.py (bf16 is set for every variant).
+GPU = ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
+       '--config.model.attention_impl=cudnn']
 VARIANTS = {
     'paper': [],
     'rbg': ['--config.model.dropout_rng_impl=rbg'],
@@ -35,23 +38,14 @@ VARIANTS = {
     'cudnn_unrolled': [UNROLL, *CUDNN],
     'paper_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh'],
     'cudnn_unrolled_tanh': [UNROLL, '--config.model.gelu=tanh', *CUDNN],
-    # cuDNN attention WITH the paper's attention dropout (in-kernel), layers unrolled.
-    'cudnn_dropout_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
-                           '--config.model.attention_impl=cudnn'],
-    'cudnn_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh', *CUDNN],
+    # cuDNN attention WITH the paper's attention dropout (in-kernel), layers unrolled: the
+    # settings of configs/large_gpu.py; then that with one change each.
+    'cudnn_dropout_tanh': GPU,
+    'cudnn_dropout_tanh_mubf16': [*GPU, '--config.train.adam_mu_dtype=bfloat16'],
+    'cudnn_dropout_tanh_cublaslt': [*GPU, 'env:--xla_gpu_enable_cublaslt=true'],
+    'cudnn_dropout_tanh_cublas': [*GPU, 'env:--xla_gpu_enable_triton_gemm=false'],
+    'cudnn_noscan_tanh': [*GPU, '--config.model.attention_dropout_rate=0.0'],
     'paper_noscan_tanh': ['--config.model.scan_layers=False', '--config.model.gelu=tanh'],
-    # The same, Adam's first moment stored in bfloat16.
-    'cudnn_dropout_tanh_mubf16': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
-                                  '--config.model.attention_impl=cudnn',
-                                  '--config.train.adam_mu_dtype=bfloat16'],
-    # The same, with cuBLASLt (bias and GELU epilogues) on.
-    'cudnn_dropout_tanh_cublaslt': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
-                                    '--config.model.attention_impl=cudnn',
-                                    'env:--xla_gpu_enable_cublaslt=true'],
-    # The same, with XLA's Triton GEMM fusions off (every matmul through cuBLAS).
-    'cudnn_dropout_tanh_cublas': ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
-                                  '--config.model.attention_impl=cudnn',
-                                  'env:--xla_gpu_enable_triton_gemm=false'],
 }
 
 

@@ -14,6 +14,7 @@ VALID_CHOICES = {
     'model.attention_impl': ('xla', 'cudnn'),
     'model.gelu': ('erf', 'tanh'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
+    'model.layer_norm_impl': ('xla', 'pallas'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -207,6 +208,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
+  check_layer_norm_impl(config)
   batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
                                  and config.train.phase2_batch_size else [])
   for key in batch_keys:
@@ -215,6 +217,23 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
           f'config.train.{key}={config.train[key]} is not divisible by the {batch_divisor} '
           f'devices the batch is split over (mesh data x fsdp); use a multiple of '
           f'{batch_divisor}.')
+
+
+def check_layer_norm_impl(config) -> None:
+  """model.layer_norm_impl='pallas' runs Triton kernels: one NVIDIA GPU only."""
+  if config.model.get('layer_norm_impl', 'xla') != 'pallas':
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  backend, count = jax.default_backend(), jax.device_count()
+  if backend != 'gpu' or count != 1:
+    raise ConfigError(
+        "config.model.layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU; this "
+        f"run has {count} {backend} device(s). Use layer_norm_impl='xla' (any device, any mesh).")
+  hidden = config.model.hidden_size
+  if hidden & (hidden - 1):
+    raise ConfigError(
+        f"config.model.layer_norm_impl='pallas' needs a power-of-two config.model.hidden_size "
+        f"(Triton blocks), got {hidden}; use layer_norm_impl='xla'.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
@@ -302,6 +321,7 @@ def _check_path(key: str, value: str, what: str, directory: bool = False) -> Non
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
   """Checks that need the tokenizer; still before compilation."""
+  check_layer_norm_impl(config)
   if config.model.vocab_size < tokenizer_vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '

@@ -23,6 +23,7 @@ class DenseGeneral(nn.Module):
   kernel_axes: tuple[str, ...]  # One logical name per kernel dim: inputs then outputs.
   axis: int | Sequence[int] = -1  # Input axes contracted.
   use_bias: bool = True
+  bias_apart: bool = False  # Return (x @ kernel, bias) for a consumer that adds the bias itself.
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32  # Storage dtype.
   kernel_init: Initializer = truncated_normal(0.02)
@@ -48,6 +49,8 @@ class DenseGeneral(nn.Module):
           'bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                self.kernel_axes[len(axis):]),
           features, self.param_dtype)
+      if self.bias_apart:
+        return y, bias
       y = y + jnp.asarray(bias, self.dtype)
     return y
 

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import fused_norm
 from bert_jax import layers
 
 REMAT_POLICIES = {
@@ -45,6 +46,8 @@ class BertConfig:
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, GPU).
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
+  # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
+  layer_norm_impl: str = 'xla'
   nsp: bool = True  # Whether the NSP head exists.
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
@@ -138,12 +141,39 @@ class BertResidualOutput(nn.Module):
   def __call__(self, x, residual, deterministic):
     cfg = self.config
     contracted = tuple(range(-len(self.in_axes), 0))
+    fused = cfg.layer_norm_impl == 'pallas'
     y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
                             dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=cfg.init, name='dense')(x)
-    y = nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)
-    y = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)(y + residual)
+                            kernel_init=cfg.init, bias_apart=fused, name='dense')(x)
+    if fused:
+      y, bias = y
+      y = FusedLayerNorm(cfg, name='LayerNorm')(y, bias, residual, deterministic)
+    else:
+      y = nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)
+      y = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)(y + residual)
     return nn.with_logical_constraint(y, ('batch', 'length', 'embed'))
+
+
+class FusedLayerNorm(nn.Module):
+  """LayerNorm(dropout(y + bias) + residual) in one Pallas kernel each way; the parameters of
+  layers.layer_norm (`scale`, `bias`), so checkpoints are the same as with the XLA path."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, y, dense_bias, residual, deterministic):
+    # y, residual: [batch, length, embed]; dense_bias: [embed]
+    cfg = self.config
+    param = lambda name, init: self.param(  # pylint: disable=g-long-lambda
+        name, nn.with_logical_partitioning(init, ('embed',)), (cfg.hidden_size,),
+        cfg.param_dtype)
+    scale, offset = param('scale', nn.initializers.ones), param('bias', nn.initializers.zeros)
+    rate = cfg.hidden_dropout_rate
+    keep = None
+    if not deterministic and rate > 0:
+      keep = jax.random.bernoulli(self.make_rng('dropout'), 1.0 - rate, y.shape)
+    return fused_norm.dropout_add_layer_norm(
+        y, dense_bias, residual.astype(y.dtype), keep, scale, offset, rate=rate,
+        eps=cfg.layer_norm_eps, impl='pallas', interpret=jax.default_backend() != 'gpu')
 
 
 class BertAttention(nn.Module):

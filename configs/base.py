@@ -60,6 +60,9 @@ def get_config(arg=None):
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'
+  # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
+  # Triton kernel each way, bert_jax/fused_norm.py; one NVIDIA GPU).
+  model.layer_norm_impl = 'xla'
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

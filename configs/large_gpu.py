@@ -6,9 +6,10 @@ Differs from configs/large.py only in how the same function is computed:
   the kernel (layers.cudnn_attention); this needs every layer to be its own call, so the layers
   are unrolled (scan_layers=False: longer compiles, about 1% slower than a scan unrolled 24-fold
   on an H100) and attention is not rematerialised;
-- the tanh GELU of the original TF BERT code (cuBLAS fuses it into the matmul's epilogue).
-On one H100, batch 128 x 128 and 32 x 512 run 1.07x and 1.05x the speed of transformers'
-BertForPreTraining under torch.compile (README, "GPU speed").
+- the tanh GELU of the original TF BERT code;
+- each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
+  (layer_norm_impl='pallas', bert_jax/fused_norm.py; one GPU, power-of-two hidden size).
+README, "GPU speed", compares it with transformers' BertForPreTraining under torch.compile.
 """
 
 from configs import base, large
@@ -16,7 +17,8 @@ from configs import base, large
 
 def get_config(arg=None):
   config = large.get_config()
-  config.model.update(dtype='bfloat16', attention_impl='cudnn', scan_layers=False, gelu='tanh')
+  config.model.update(dtype='bfloat16', attention_impl='cudnn', scan_layers=False, gelu='tanh',
+                      layer_norm_impl='pallas')
   if arg:
     base.apply_arguments(config, arg)
   return config

@@ -12,8 +12,11 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
   paper_unrolled, cudnn_unrolled   paper / cuDNN (threefry) with the scan fully unrolled
   cudnn_dropout_tanh   cuDNN attention with the paper's attention dropout in the kernel,
                        scan_layers=False, tanh GELU (paper-faithful dropout)
-  cudnn_dropout_tanh_cublas   the same with XLA's Triton GEMMs off (an `env:` entry of a
+  large_gpu            configs/large_gpu.py: cudnn_dropout_tanh + the fused LayerNorm kernels
+  cudnn_dropout_tanh_cublas   cudnn_dropout_tanh with XLA's Triton GEMMs off (an `env:` entry of a
                        variant adds an XLA flag to that process's XLA_FLAGS)
+A variant may add flags after `+`: `cudnn_dropout_tanh+env:--xla_gpu_enable_cudnn_layer_norm=true`
+or `cudnn_dropout_tanh+--config.model.dropout_rng_impl=rbg` (several: `+A+B`).
 """
 
 import argparse
@@ -27,9 +30,11 @@ CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
 LAYERS = {'base': 12, 'large': 24}
 UNROLL = '--config.model.scan_unroll={layers}'
 CUDNN = ['--config.model.attention_impl=cudnn', '--config.model.attention_dropout_rate=0.0']
-# configs/large_gpu.py's settings over configs/{base,large}.py (bf16 is set for every variant).
+# configs/large_gpu.py's settings over configs/{base,large}.py (bf16 is set for every variant):
+# GPU before the fused LayerNorm kernels, LARGE_GPU now.
 GPU = ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
        '--config.model.attention_impl=cudnn']
+LARGE_GPU = [*GPU, '--config.model.layer_norm_impl=pallas']
 VARIANTS = {
     'paper': [],
     'rbg': ['--config.model.dropout_rng_impl=rbg'],
@@ -41,6 +46,7 @@ VARIANTS = {
     # cuDNN attention WITH the paper's attention dropout (in-kernel), layers unrolled: the
     # settings of configs/large_gpu.py; then that with one change each.
     'cudnn_dropout_tanh': GPU,
+    'large_gpu': LARGE_GPU,
     'cudnn_dropout_tanh_mubf16': [*GPU, '--config.train.adam_mu_dtype=bfloat16'],
     'cudnn_dropout_tanh_cublaslt': [*GPU, 'env:--xla_gpu_enable_cublaslt=true'],
     'cudnn_dropout_tanh_cublas': [*GPU, 'env:--xla_gpu_enable_triton_gemm=false'],
@@ -53,13 +59,21 @@ def predictions(seq):
   return 80 if seq >= 512 else 20
 
 
+def variant_flags(variant):
+  """'NAME+FLAG+FLAG' -> VARIANTS[NAME] followed by the FLAGs."""
+  name, *extra = variant.split('+')
+  if name not in VARIANTS:
+    raise SystemExit(f'unknown variant {name!r}; known: {", ".join(VARIANTS)}')
+  return [*VARIANTS[name], *extra]
+
+
 def ours(model, seq, batch, variant, steps):
   return [sys.executable, '-m', 'bert_jax.benchmark', f'--config={CONFIGS[model]}',
           f'--steps={steps}', '--config.model.dtype=bfloat16',
           f'--config.data.max_seq_length={seq}',
           f'--config.data.max_predictions_per_seq={predictions(seq)}',
           f'--config.train.batch_size={batch}',
-          *(flag.format(layers=LAYERS[model]) for flag in VARIANTS[variant])]
+          *(flag.format(layers=LAYERS[model]) for flag in variant_flags(variant))]
 
 
 def peer(model, seq, batch, mode, steps, attention_dropout):

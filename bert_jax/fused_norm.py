@@ -1,0 +1,215 @@
+"""Bias + dropout + residual add + LayerNorm in one pass each way (Pallas/Triton, GPUs).
+
+The post-LN sublayer output of BERT is `LayerNorm(dropout(y + bias) + residual)`, y the dense
+layer's matmul output. XLA computes it, and its gradient, in several passes over the [tokens,
+embed] activations (the sums, then the normalisation; the backward's row sums, then the input
+gradient, then the column sums for the LayerNorm and dense biases, then again the input gradient
+for the residual). `dropout_add_layer_norm` reads and writes each activation once per direction:
+
+  forward   reads y, residual, the keep mask; writes the output and z (the LayerNorm input)
+  backward  reads the output gradient, z, the keep mask; writes the gradients of the residual
+            and of y, and per-block partial sums of the scale, offset and bias gradients
+
+Numerics follow the XLA path of flax's LayerNorm in bf16: z is rounded to the activation dtype
+before its statistics are taken (so forward and backward see the same z), statistics and
+gradients in float32. The dropout scale is 1 / (1 - rate) in float32.
+
+`impl='xla'` computes the same function with jnp (the reference; any backend); `impl='pallas'`
+runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend, for tests).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+IMPLS = ('xla', 'pallas')
+
+
+def block_rows(rows: int, embed: int) -> int:
+  """Rows per kernel program: a power of two dividing rows, up to 16 (the program walks them
+  `TILE_ROWS` at a time and keeps the column sums of its rows in registers)."""
+  del embed
+  block = 1
+  while block * 2 <= MAX_BLOCK_ROWS and rows % (block * 2) == 0:
+    block *= 2
+  return block
+
+
+def tile_rows(block: int) -> int:
+  return min(block, TILE_ROWS)
+
+
+# Launch shape of the kernels (experiments/fused_norm_bench.py measures the choices).
+TILE_ROWS = 1
+MAX_BLOCK_ROWS = 16
+NUM_WARPS = 4
+
+
+def reference(y, bias, residual, keep, scale, offset, *, rate: float, eps: float):
+  """The function, in jnp. y, residual: [rows, embed]; keep: bool [rows, embed] or None."""
+  z = y.astype(jnp.float32) + bias.astype(jnp.float32)
+  if keep is not None:
+    z = jnp.where(keep, z / (1.0 - rate), 0.0)
+  z = (z + residual.astype(jnp.float32)).astype(y.dtype).astype(jnp.float32)
+  mean = jnp.mean(z, axis=-1, keepdims=True)
+  centered = z - mean
+  rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + eps)
+  out = centered * rstd * scale.astype(jnp.float32) + offset.astype(jnp.float32)
+  return out.astype(y.dtype)
+
+
+def _forward_kernel(*refs, keep_scale: float, eps: float, has_keep: bool, tile: int):
+  if has_keep:
+    y_ref, bias_ref, res_ref, keep_ref, scale_ref, offset_ref = refs[:6]
+  else:
+    (y_ref, bias_ref, res_ref, scale_ref, offset_ref), keep_ref = refs[:5], None
+  out_ref, z_ref, mean_ref, rstd_ref = refs[-4:]
+  bias = bias_ref[...].astype(jnp.float32)[None, :]
+  scale = scale_ref[...].astype(jnp.float32)[None, :]
+  offset = offset_ref[...].astype(jnp.float32)[None, :]
+
+  def body(step, carry):
+    rows = pl.ds(step * tile, tile)
+    z = y_ref[rows, :].astype(jnp.float32) + bias  # [tile, embed]
+    if keep_ref is not None:
+      z = jnp.where(keep_ref[rows, :] != 0, z * keep_scale, 0.0)
+    z = (z + res_ref[rows, :].astype(jnp.float32)).astype(z_ref.dtype)
+    z_ref[rows, :] = z
+    z = z.astype(jnp.float32)
+    mean = jnp.mean(z, axis=1)
+    centered = z - mean[:, None]
+    rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=1) + eps)
+    out_ref[rows, :] = (centered * rstd[:, None] * scale + offset).astype(out_ref.dtype)
+    mean_ref[rows] = mean
+    rstd_ref[rows] = rstd
+    return carry
+
+  jax.lax.fori_loop(0, y_ref.shape[0] // tile, body, 0)
+
+
+def _backward_kernel(*refs, keep_scale: float, has_keep: bool, tile: int):
+  if has_keep:
+    dout_ref, z_ref, keep_ref, mean_ref, rstd_ref, scale_ref = refs[:6]
+  else:
+    (dout_ref, z_ref, mean_ref, rstd_ref, scale_ref), keep_ref = refs[:5], None
+  dres_ref, dy_ref, dscale_ref, doffset_ref, dbias_ref = refs[-5:]
+  scale = scale_ref[...].astype(jnp.float32)[None, :]
+  embed = scale_ref.shape[0]
+
+  def body(step, sums):
+    rows = pl.ds(step * tile, tile)
+    dout = dout_ref[rows, :].astype(jnp.float32)  # [tile, embed]
+    rstd = rstd_ref[rows]
+    xhat = (z_ref[rows, :].astype(jnp.float32) - mean_ref[rows][:, None]) * rstd[:, None]
+    g = dout * scale
+    mean_gx = jnp.sum(g * xhat, axis=1) / embed
+    mean_g = jnp.sum(g, axis=1) / embed
+    dz = (g - xhat * mean_gx[:, None] - mean_g[:, None]) * rstd[:, None]
+    dres_ref[rows, :] = dz.astype(dres_ref.dtype)
+    dy = dz if keep_ref is None else jnp.where(keep_ref[rows, :] != 0, dz * keep_scale, 0.0)
+    dy_ref[rows, :] = dy.astype(dy_ref.dtype)
+    dscale, doffset, dbias = sums
+    return dscale + dout * xhat, doffset + dout, dbias + dy
+
+  zeros = jnp.zeros((tile, embed), jnp.float32)
+  dscale, doffset, dbias = jax.lax.fori_loop(0, dout_ref.shape[0] // tile, body,
+                                             (zeros, zeros, zeros))
+  dscale_ref[...] = jnp.sum(dscale, axis=0)
+  doffset_ref[...] = jnp.sum(doffset, axis=0)
+  dbias_ref[...] = jnp.sum(dbias, axis=0)
+
+
+def _compiler_params(num_warps: int):
+  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+
+
+def _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
+  rows, embed = y.shape
+  block = block_rows(rows, embed)
+  tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
+  vector = pl.BlockSpec((embed,), lambda i: (0,))
+  per_row = pl.BlockSpec((block,), lambda i: (i,))
+  inputs = [y, bias, residual] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  inputs += [scale, offset]
+  in_specs = [tile, vector, tile] + ([tile] if keep is not None else []) + [vector, vector]
+  kernel = functools.partial(_forward_kernel, keep_scale=1.0 / (1.0 - rate), eps=eps,
+                             has_keep=keep is not None, tile=tile_rows(block))
+  out, z, mean, rstd = pl.pallas_call(
+      kernel, grid=(rows // block,), in_specs=in_specs,
+      out_specs=[tile, tile, per_row, per_row],
+      out_shape=[jax.ShapeDtypeStruct((rows, embed), y.dtype),
+                 jax.ShapeDtypeStruct((rows, embed), y.dtype),
+                 jax.ShapeDtypeStruct((rows,), jnp.float32),
+                 jax.ShapeDtypeStruct((rows,), jnp.float32)],
+      compiler_params=None if interpret else _compiler_params(num_warps),
+      interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
+  # residual's dtype travels as an empty array (residuals must be arrays).
+  return out, (z, keep, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
+
+
+def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
+  del eps
+  z, keep, mean, rstd, scale, bias, offset, residual_like = saved
+  rows, embed = z.shape
+  block = block_rows(rows, embed)
+  blocks = rows // block
+  tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
+  vector = pl.BlockSpec((embed,), lambda i: (0,))
+  per_row = pl.BlockSpec((block,), lambda i: (i,))
+  partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
+  inputs = [dout, z] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  inputs += [mean, rstd, scale]
+  in_specs = [tile, tile] + ([tile] if keep is not None else []) + [per_row, per_row, vector]
+  kernel = functools.partial(_backward_kernel, keep_scale=1.0 / (1.0 - rate),
+                             has_keep=keep is not None, tile=tile_rows(block))
+  partial_shape = jax.ShapeDtypeStruct((blocks, embed), jnp.float32)
+  dres, dy, dscale, doffset, dbias = pl.pallas_call(
+      kernel, grid=(blocks,), in_specs=in_specs,
+      out_specs=[tile, tile, partial, partial, partial],
+      out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
+                 jax.ShapeDtypeStruct((rows, embed), z.dtype),
+                 partial_shape, partial_shape, partial_shape],
+      compiler_params=None if interpret else _compiler_params(num_warps),
+      interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
+  sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
+  return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _pallas(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
+  return _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret,
+                         num_warps)[0]
+
+
+def _pallas_fwd(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
+  return _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps)
+
+
+_pallas.defvjp(_pallas_fwd, _pallas_backward)
+
+
+def dropout_add_layer_norm(y, bias, residual, keep, scale, offset, *, rate: float, eps: float,
+                           impl: str = 'xla', interpret: bool = False,
+                           num_warps: int | None = None):
+  """LayerNorm(dropout(y + bias) + residual) * scale + offset over the last axis.
+
+  y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
+  keep: bool [..., embed], True where dropout keeps a value, or None (no dropout).
+  Returns [..., embed] in y's dtype.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
+  shape = y.shape
+  if impl == 'pallas' and not interpret and shape[-1] & (shape[-1] - 1):
+    raise ValueError(f'The Triton kernels need a power-of-two embed size, got {shape[-1]}; '
+                     "use impl='xla'.")
+  flat = lambda a: None if a is None else a.reshape(-1, shape[-1])  # noqa: E731
+  if impl == 'xla':
+    out = reference(flat(y), bias, flat(residual), flat(keep), scale, offset, rate=rate, eps=eps)
+  else:
+    out = _pallas(flat(y), bias, flat(residual), flat(keep), scale, offset, float(rate),
+                  float(eps), bool(interpret), int(num_warps or NUM_WARPS))
+  return out.reshape(shape)

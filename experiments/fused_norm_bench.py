@@ -1,0 +1,81 @@
+"""The fused bias + dropout + residual + LayerNorm on a GPU: `python experiments/fused_norm_bench.py`.
+
+For each [rows, embed] shape, times forward and forward+backward of the jnp reference (as XLA
+fuses it) and of the Pallas kernels (per num_warps), checks the kernels' output and gradients
+against the reference on the device, and prints one JSON line per (shape, impl).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax import fused_norm  # pylint: disable=wrong-import-position
+
+
+def timed(fn, *args, repeats=50):
+  out = fn(*args)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return out, 1e3 * float(np.median(times))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--shapes', default='16384:1024,65536:1024')
+  parser.add_argument('--launch', default='1:16:4,2:16:4,4:16:4,2:32:4,2:16:8,4:32:8',
+                      help='tile_rows:max_block_rows:num_warps choices of fused_norm')
+  args = parser.parse_args()
+  for shape in args.shapes.split(','):
+    rows, embed = map(int, shape.split(':'))
+    keys = jax.random.split(jax.random.key(0), 7)
+    y = jax.random.normal(keys[0], (rows, embed), jnp.bfloat16)
+    residual = jax.random.normal(keys[1], (rows, embed), jnp.bfloat16)
+    bias, scale, offset = (0.1 * jax.random.normal(k, (embed,)) for k in keys[2:5])
+    keep = jax.random.bernoulli(keys[5], 0.9, (rows, embed))
+    cotangent = jax.random.normal(keys[6], (rows, embed), jnp.bfloat16)
+    runs = [('xla', '-')] + [('pallas', launch) for launch in args.launch.split(',')]
+    if embed & (embed - 1):
+      runs = runs[:1]  # The Triton kernels take power-of-two embed sizes only.
+    reference = None
+    for impl, launch in runs:
+      if impl == 'pallas':
+        tile, block, warps = map(int, launch.split(':'))
+        fused_norm.TILE_ROWS, fused_norm.MAX_BLOCK_ROWS, fused_norm.NUM_WARPS = tile, block, warps
+      def forward(y, bias, residual, scale, offset, impl=impl):
+        return fused_norm.dropout_add_layer_norm(y, bias, residual, keep, scale, offset,
+                                                 rate=0.1, eps=1e-12, impl=impl)
+      def grads(*operands, forward=forward):
+        out, vjp = jax.vjp(forward, *operands)
+        return (out,) + vjp(cotangent)
+      operands = (y, bias, residual, scale, offset)
+      _, fwd_ms = timed(jax.jit(forward), *operands)
+      results, both_ms = timed(jax.jit(grads), *operands)
+      record = {'device': jax.devices()[0].device_kind, 'rows': rows, 'embed': embed,
+                'impl': impl, 'launch': launch, 'fwd_ms': round(fwd_ms, 4),
+                'fwd_bwd_ms': round(both_ms, 4),
+                'traffic_gb_per_s_fwd': round(5 * rows * embed * 2 / fwd_ms / 1e6, 1)}
+      if reference is None:
+        reference = results
+      else:
+        record['max_rel_err'] = {  # max |a - b| / max |b|
+            name: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                        / float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+            for name, a, b in zip(('out', 'y', 'bias', 'residual', 'scale', 'offset'),
+                                  results, reference)}
+      print(json.dumps(record), flush=True)
+
+
+if __name__ == '__main__':
+  main()

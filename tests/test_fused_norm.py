@@ -1,0 +1,159 @@
+"""The fused bias + dropout + residual + LayerNorm: the Pallas kernels (run by the interpreter on
+CPU) against the jnp reference, the reference against flax's Dropout + LayerNorm, and the model
+with `layer_norm_impl='pallas'` against the XLA path."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import fused_norm
+from bert_jax import model as model_lib
+from configs import tiny
+
+
+def operands(rows, embed, dtype, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 7)
+  y = jax.random.normal(keys[0], (rows, embed)).astype(dtype)
+  residual = jax.random.normal(keys[1], (rows, embed)).astype(dtype)
+  bias = 0.1 * jax.random.normal(keys[2], (embed,))
+  scale = 1.0 + 0.1 * jax.random.normal(keys[3], (embed,))
+  offset = 0.1 * jax.random.normal(keys[4], (embed,))
+  keep = jax.random.bernoulli(keys[5], 0.9, (rows, embed))
+  cotangent = jax.random.normal(keys[6], (rows, embed)).astype(dtype)
+  return y, bias, residual, keep, scale, offset, cotangent
+
+
+def value_and_grads(impl, y, bias, residual, keep, scale, offset, cotangent, rate=0.1):
+  def loss(y, bias, residual, scale, offset):
+    out = fused_norm.dropout_add_layer_norm(y, bias, residual, keep, scale, offset, rate=rate,
+                                            eps=1e-12, impl=impl, interpret=True)
+    return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+  (_, out), grads = jax.value_and_grad(loss, argnums=range(5), has_aux=True)(
+      y, bias, residual, scale, offset)
+  return out, grads
+
+
+@pytest.mark.parametrize('dtype,embed,with_dropout', [
+    (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.bfloat16, 128, True)])
+def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
+  y, bias, residual, keep, scale, offset, cotangent = operands(64, embed, dtype)
+  keep = keep if with_dropout else None
+  out_ref, grads_ref = value_and_grads('xla', y, bias, residual, keep, scale, offset, cotangent)
+  out, grads = value_and_grads('pallas', y, bias, residual, keep, scale, offset, cotangent)
+  assert out.dtype == dtype and out.shape == y.shape
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.float32(out), np.float32(out_ref), atol=tol, rtol=tol)
+  for name, a, b in zip(('y', 'bias', 'residual', 'scale', 'offset'), grads, grads_ref):
+    assert a.dtype == b.dtype, name
+    # bias sums bf16-rounded dy in the reference, float32 dy in the kernel.
+    scale_of = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
+    np.testing.assert_allclose(np.float32(a), np.float32(b), atol=tol * max(1.0, scale_of),
+                               rtol=tol, err_msg=name)
+
+
+def test_dropout_zeroes_dropped_values_before_the_residual():
+  y, bias, residual, keep, scale, offset, _ = operands(32, 128, jnp.float32)
+  dropped_everywhere = jnp.zeros_like(keep)
+  out = fused_norm.dropout_add_layer_norm(y, bias, residual, dropped_everywhere, scale, offset,
+                                          rate=0.1, eps=1e-12, impl='pallas', interpret=True)
+  only_residual = fused_norm.reference(jnp.zeros_like(y), jnp.zeros_like(bias), residual, None,
+                                       scale, offset, rate=0.0, eps=1e-12)
+  np.testing.assert_allclose(out, only_residual, atol=1e-5)
+
+
+def test_reference_is_flax_dropout_then_layer_norm():
+  y, bias, residual, keep, scale, offset, _ = operands(16, 64, jnp.float32)
+  rate = 0.1
+  dropped = jnp.where(keep, (y + bias) / (1.0 - rate), 0.0)
+  layer_norm = nn.LayerNorm(epsilon=1e-12)
+  expected = layer_norm.apply({'params': {'scale': scale, 'bias': offset}}, dropped + residual)
+  got = fused_norm.reference(y, bias, residual, keep, scale, offset, rate=rate, eps=1e-12)
+  np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
+def test_block_rows_divide_the_rows():
+  assert fused_norm.block_rows(16384, 1024) == 16
+  assert fused_norm.block_rows(24, 1024) == 8
+  assert fused_norm.block_rows(7, 1024) == 1
+  with pytest.raises(ValueError, match="impl='triton'"):
+    fused_norm.dropout_add_layer_norm(*operands(8, 8, jnp.float32)[:6], rate=0.0, eps=1e-6,
+                                      impl='triton')
+
+
+def small_config(**overrides):
+  return model_lib.BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,
+                              intermediate_size=48, max_position_embeddings=16,
+                              scan_layers=False, **overrides)
+
+
+def model_inputs(batch=2, length=8):
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
+  mask = jnp.asarray(np.arange(length)[None] < np.array([[8], [5]]), jnp.int32)
+  segments = jnp.asarray(np.arange(length)[None] >= 3, jnp.int32) * mask
+  positions = jnp.asarray(rng.integers(1, 4, (batch, 2)), jnp.int32)
+  return ids, segments, mask, positions
+
+
+def test_model_with_the_fused_layer_norm_computes_the_same_function():
+  xla = model_lib.BertForPreTraining(small_config())
+  fused = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas'))
+  args = model_inputs()
+  params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
+  fused_params = nn.meta.unbox(fused.init(jax.random.key(0), *args)['params'])
+  # Same parameter tree: checkpoints move between the two implementations.
+  assert (jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, fused_params))
+
+  def loss(model, p):
+    out = model.apply({'params': p}, *args)
+    return out['mlm_logits'].sum() + out['nsp_logits'].sum()
+
+  value_a, grads_a = jax.value_and_grad(functools.partial(loss, xla))(params)
+  value_b, grads_b = jax.value_and_grad(functools.partial(loss, fused))(params)
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_layer_norm_drops_in_training_only():
+  model = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas'))
+  args = model_inputs()
+  params = model.init(jax.random.key(0), *args)['params']
+  run = lambda seed: model.apply({'params': params}, *args, deterministic=False,  # noqa: E731
+                                 rngs={'dropout': jax.random.key(seed)})['mlm_logits']
+  np.testing.assert_array_equal(run(1), run(1))
+  assert not np.allclose(run(1), run(2))
+  eval_logits = model.apply({'params': params}, *args)['mlm_logits']
+  no_dropout = model_lib.BertForPreTraining(
+      small_config(layer_norm_impl='pallas', hidden_dropout_rate=0.0,
+                   attention_dropout_rate=0.0))
+  np.testing.assert_allclose(
+      no_dropout.apply({'params': params}, *args, deterministic=False,
+                       rngs={'dropout': jax.random.key(1)})['mlm_logits'], eval_logits,
+      atol=1e-5)
+
+
+def test_pallas_layer_norm_is_refused_off_a_single_gpu():
+  config = tiny.get_config()
+  config.model.layer_norm_impl = 'pallas'
+  config_lib.validate(config)  # A valid choice...
+  with pytest.raises(config_lib.ConfigError,
+                     match="layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU"):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
+
+
+def test_pallas_layer_norm_needs_a_power_of_two_hidden_size(monkeypatch):
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  monkeypatch.setattr(jax, 'device_count', lambda: 1)
+  config = tiny.get_config()
+  config.model.update(layer_norm_impl='pallas', hidden_size=96, num_heads=4)
+  with pytest.raises(config_lib.ConfigError, match='power-of-two.*got 96'):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
+  with pytest.raises(ValueError, match='power-of-two embed size, got 96'):
+    fused_norm.dropout_add_layer_norm(*operands(8, 96, jnp.float32)[:6], rate=0.0, eps=1e-6,
+                                      impl='pallas')

@@ -1,7 +1,6 @@
 """Building blocks with logical axis names on every parameter."""
 
 from collections.abc import Sequence
-import functools
 from typing import Any
 
 import flax.linen as nn
@@ -54,46 +53,6 @@ class DenseGeneral(nn.Module):
         return y, bias
       y = y + jnp.asarray(bias, self.dtype)
     return y
-
-
-# bias_gelu saves only its inputs for the backward (False: autodiff of y + bias then nn.gelu,
-# which saves the GELU's intermediate values; kept for experiments/bench A/B runs).
-GELU_SAVES_INPUTS_ONLY = True
-
-
-def _gelu_f32(h, approximate: bool):
-  return jax.nn.gelu(h.astype(jnp.float32), approximate=approximate)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _bias_gelu(y, bias, approximate):
-  return _gelu_f32(y + bias.astype(y.dtype), approximate).astype(y.dtype)
-
-
-def _bias_gelu_fwd(y, bias, approximate):
-  return _bias_gelu(y, bias, approximate), (y, bias)
-
-
-def _bias_gelu_bwd(approximate, saved, cotangent):
-  y, bias = saved
-  _, vjp = jax.vjp(lambda h: _gelu_f32(h, approximate), y + bias.astype(y.dtype))
-  dh = vjp(cotangent.astype(jnp.float32))[0]
-  return dh.astype(y.dtype), jnp.sum(dh, axis=tuple(range(y.ndim - 1))).astype(bias.dtype)
-
-
-_bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
-
-
-def bias_gelu(y: jax.Array, bias: jax.Array, approximate: bool) -> jax.Array:
-  """GELU(y + bias), in float32, returned in y's dtype: [..., features], bias [features].
-
-  Its backward recomputes the GELU from y and bias (one elementwise pass that also sums the bias
-  gradient), so the forward writes only its output: autodiff of nn.gelu also saves the tanh (or
-  erf) values, a second [tokens, mlp] tensor written and read back per layer.
-  """
-  if GELU_SAVES_INPUTS_ONLY:
-    return _bias_gelu(y, bias, approximate)
-  return nn.gelu(y + jnp.asarray(bias, y.dtype), approximate=approximate)
 
 
 def layer_norm(eps: float, dtype: Dtype, param_dtype: Dtype, axis_name: str = 'embed',

@@ -203,16 +203,16 @@ class BertLayer(nn.Module):
 
 
 class BertIntermediate(nn.Module):
-  """Dense to the feed-forward width, then GELU (exact erf, or the tanh approximation)."""
+  """Dense to the feed-forward width, then exact (erf) GELU."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    h, bias = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
-                                  param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                                  bias_apart=True, name='dense')(x)
-    h = layers.bias_gelu(h, bias, approximate=cfg.gelu == 'tanh')
+    h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype, kernel_init=cfg.init,
+                            name='dense')(x)
+    h = nn.gelu(h, approximate=cfg.gelu == 'tanh')
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 
 

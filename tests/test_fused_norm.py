@@ -12,7 +12,6 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax import fused_norm
-from bert_jax import layers
 from bert_jax import model as model_lib
 from configs import tiny
 
@@ -158,26 +157,3 @@ def test_pallas_layer_norm_needs_a_power_of_two_hidden_size(monkeypatch):
   with pytest.raises(ValueError, match='power-of-two embed size, got 96'):
     fused_norm.dropout_add_layer_norm(*operands(8, 96, jnp.float32)[:6], rate=0.0, eps=1e-6,
                                       impl='pallas')
-
-
-@pytest.mark.parametrize('approximate', [False, True])
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_bias_gelu_matches_autodiff_of_nn_gelu(approximate, dtype):
-  keys = jax.random.split(jax.random.key(3), 3)
-  y = (2 * jax.random.normal(keys[0], (4, 6, 32))).astype(dtype)
-  bias = 0.5 * jax.random.normal(keys[1], (32,))
-  cotangent = jax.random.normal(keys[2], (4, 6, 32))
-
-  def loss(gelu, y, bias):
-    return jnp.sum(gelu(y, bias).astype(jnp.float32) * cotangent)
-
-  fused = lambda y, b: layers.bias_gelu(y, b, approximate)  # noqa: E731
-  plain = lambda y, b: nn.gelu(y.astype(jnp.float32) + b, approximate=approximate)  # noqa: E731
-  got = jax.grad(functools.partial(loss, fused), argnums=(0, 1))(y, bias)
-  want = jax.grad(functools.partial(loss, plain), argnums=(0, 1))(y, bias)
-  tol = 1e-5 if dtype == jnp.float32 else 1e-2
-  np.testing.assert_allclose(fused(y, bias).astype(jnp.float32), plain(y, bias), atol=tol,
-                             rtol=tol)
-  assert got[0].dtype == dtype and got[1].dtype == jnp.float32
-  np.testing.assert_allclose(np.float32(got[0]), want[0], atol=tol, rtol=tol)
-  np.testing.assert_allclose(got[1], want[1], atol=tol * 10, rtol=tol)

@@ -6,16 +6,9 @@ embed] activations (the sums, then the normalisation; the backward's row sums, t
 gradient, then the column sums for the LayerNorm and dense biases, then again the input gradient
 for the residual). `dropout_add_layer_norm` reads and writes each activation once per direction:
 
-  forward   reads y, residual; writes the output and z (the LayerNorm input)
-  backward  reads the output gradient, z; writes the gradients of the residual and of y, and
-            per-block partial sums of the scale, offset and bias gradients
-
-The dropout mask is either given (a bool array, read by both kernels) or drawn inside the kernels
-from a seed: element i of the [rows, embed] block (i = row * embed + col) is kept when
-`hash(seed, i) >= rate * 2**32`, `hash` two rounds of a 32-bit multiply-xorshift mixer
-(`keep_mask` computes the same masks in jnp). The forward and the backward draw the same mask; no
-mask is written to memory. Each call needs its own seed (the model draws one per layer and step
-from its dropout key).
+  forward   reads y, residual, the keep mask; writes the output and z (the LayerNorm input)
+  backward  reads the output gradient, z, the keep mask; writes the gradients of the residual
+            and of y, and per-block partial sums of the scale, offset and bias gradients
 
 Numerics follow the XLA path of flax's LayerNorm in bf16: z is rounded to the activation dtype
 before its statistics are taken (so forward and backward see the same z), statistics and
@@ -67,51 +60,12 @@ def reference(y, bias, residual, keep, scale, offset, *, rate: float, eps: float
   return out.astype(y.dtype)
 
 
-def _mix32(x):
-  """A 32-bit multiply-xorshift mixer (a bijection of uint32 with full avalanche)."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
-def drop_threshold(rate: float) -> int:
-  return min(int(round(rate * 2.0**32)), 2**32 - 1)
-
-
-def _hash_keep(seed0, seed1, row, col, embed: int, rate: float):
-  """Keep flags of elements (row, col): int32 arrays of one shape; seeds uint32 scalars."""
-  index = (row * embed + col).astype(jnp.uint32)
-  return _mix32(_mix32(index ^ seed0) + seed1) >= jnp.uint32(drop_threshold(rate))
-
-
-def keep_mask(seed, rows: int, embed: int, rate: float):
-  """The mask the kernels draw from `seed` (uint32[2]): bool [rows, embed], True = kept."""
-  row = jax.lax.broadcasted_iota(jnp.int32, (rows, embed), 0)
-  col = jax.lax.broadcasted_iota(jnp.int32, (rows, embed), 1)
-  return _hash_keep(seed[0], seed[1], row, col, embed, rate)
-
-
-def _keep_of(mode, keep_ref, seed_ref, rows, first_row, tile, embed, rate):
-  """The keep flags of rows [first_row, first_row + tile) of the block, or None."""
-  if mode == 'mask':
-    return keep_ref[rows, :] != 0
-  if mode == 'seed':
-    row = first_row + jax.lax.broadcasted_iota(jnp.int32, (tile, embed), 0)
-    col = jax.lax.broadcasted_iota(jnp.int32, (tile, embed), 1)
-    return _hash_keep(seed_ref[0], seed_ref[1], row, col, embed, rate)
-  return None
-
-
-def _forward_kernel(*refs, rate: float, eps: float, mode: str, tile: int, block: int):
-  y_ref, bias_ref, res_ref = refs[:3]
-  keep_ref = refs[3] if mode == 'mask' else None
-  seed_ref = refs[3] if mode == 'seed' else None
-  scale_ref, offset_ref = refs[-6:-4]
+def _forward_kernel(*refs, keep_scale: float, eps: float, has_keep: bool, tile: int):
+  if has_keep:
+    y_ref, bias_ref, res_ref, keep_ref, scale_ref, offset_ref = refs[:6]
+  else:
+    (y_ref, bias_ref, res_ref, scale_ref, offset_ref), keep_ref = refs[:5], None
   out_ref, z_ref, mean_ref, rstd_ref = refs[-4:]
-  embed = bias_ref.shape[0]
-  first_row = pl.program_id(0) * block
   bias = bias_ref[...].astype(jnp.float32)[None, :]
   scale = scale_ref[...].astype(jnp.float32)[None, :]
   offset = offset_ref[...].astype(jnp.float32)[None, :]
@@ -119,10 +73,8 @@ def _forward_kernel(*refs, rate: float, eps: float, mode: str, tile: int, block:
   def body(step, carry):
     rows = pl.ds(step * tile, tile)
     z = y_ref[rows, :].astype(jnp.float32) + bias  # [tile, embed]
-    keep = _keep_of(mode, keep_ref, seed_ref, rows, first_row + step * tile,
-                    tile, embed, rate)
-    if keep is not None:
-      z = jnp.where(keep, z * (1.0 / (1.0 - rate)), 0.0)
+    if keep_ref is not None:
+      z = jnp.where(keep_ref[rows, :] != 0, z * keep_scale, 0.0)
     z = (z + res_ref[rows, :].astype(jnp.float32)).astype(z_ref.dtype)
     z_ref[rows, :] = z
     z = z.astype(jnp.float32)
@@ -137,15 +89,14 @@ def _forward_kernel(*refs, rate: float, eps: float, mode: str, tile: int, block:
   jax.lax.fori_loop(0, y_ref.shape[0] // tile, body, 0)
 
 
-def _backward_kernel(*refs, rate: float, mode: str, tile: int, block: int):
-  dout_ref, z_ref = refs[:2]
-  keep_ref = refs[2] if mode == 'mask' else None
-  seed_ref = refs[2] if mode == 'seed' else None
-  mean_ref, rstd_ref, scale_ref = refs[-8:-5]
+def _backward_kernel(*refs, keep_scale: float, has_keep: bool, tile: int):
+  if has_keep:
+    dout_ref, z_ref, keep_ref, mean_ref, rstd_ref, scale_ref = refs[:6]
+  else:
+    (dout_ref, z_ref, mean_ref, rstd_ref, scale_ref), keep_ref = refs[:5], None
   dres_ref, dy_ref, dscale_ref, doffset_ref, dbias_ref = refs[-5:]
   scale = scale_ref[...].astype(jnp.float32)[None, :]
   embed = scale_ref.shape[0]
-  first_row = pl.program_id(0) * block
 
   def body(step, sums):
     rows = pl.ds(step * tile, tile)
@@ -157,9 +108,7 @@ def _backward_kernel(*refs, rate: float, mode: str, tile: int, block: int):
     mean_g = jnp.sum(g, axis=1) / embed
     dz = (g - xhat * mean_gx[:, None] - mean_g[:, None]) * rstd[:, None]
     dres_ref[rows, :] = dz.astype(dres_ref.dtype)
-    keep = _keep_of(mode, keep_ref, seed_ref, rows, first_row + step * tile,
-                    tile, embed, rate)
-    dy = dz if keep is None else jnp.where(keep, dz * (1.0 / (1.0 - rate)), 0.0)
+    dy = dz if keep_ref is None else jnp.where(keep_ref[rows, :] != 0, dz * keep_scale, 0.0)
     dy_ref[rows, :] = dy.astype(dy_ref.dtype)
     dscale, doffset, dbias = sums
     return dscale + dout * xhat, doffset + dout, dbias + dy
@@ -177,33 +126,17 @@ def _compiler_params(num_warps: int):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
-def _mode(keep) -> str:
-  if keep is None:
-    return 'none'
-  return 'seed' if keep.dtype == jnp.uint32 else 'mask'
-
-
-def _dropout_inputs(keep, tile_spec):
-  """The kernels' extra input for the dropout mode and its BlockSpec (none without dropout)."""
-  mode = _mode(keep)
-  if mode == 'mask':
-    return [keep.astype(jnp.uint8)], [tile_spec]
-  if mode == 'seed':
-    return [keep], [pl.BlockSpec((2,), lambda i: (0,))]
-  return [], []
-
-
 def _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
   rows, embed = y.shape
   block = block_rows(rows, embed)
   tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
   vector = pl.BlockSpec((embed,), lambda i: (0,))
   per_row = pl.BlockSpec((block,), lambda i: (i,))
-  extra, extra_specs = _dropout_inputs(keep, tile)
-  inputs = [y, bias, residual, *extra, scale, offset]
-  in_specs = [tile, vector, tile, *extra_specs, vector, vector]
-  kernel = functools.partial(_forward_kernel, rate=rate, eps=eps, mode=_mode(keep),
-                             tile=tile_rows(block), block=block)
+  inputs = [y, bias, residual] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  inputs += [scale, offset]
+  in_specs = [tile, vector, tile] + ([tile] if keep is not None else []) + [vector, vector]
+  kernel = functools.partial(_forward_kernel, keep_scale=1.0 / (1.0 - rate), eps=eps,
+                             has_keep=keep is not None, tile=tile_rows(block))
   out, z, mean, rstd = pl.pallas_call(
       kernel, grid=(rows // block,), in_specs=in_specs,
       out_specs=[tile, tile, per_row, per_row],
@@ -227,11 +160,11 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
   vector = pl.BlockSpec((embed,), lambda i: (0,))
   per_row = pl.BlockSpec((block,), lambda i: (i,))
   partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
-  extra, extra_specs = _dropout_inputs(keep, tile)
-  inputs = [dout, z, *extra, mean, rstd, scale]
-  in_specs = [tile, tile, *extra_specs, per_row, per_row, vector]
-  kernel = functools.partial(_backward_kernel, rate=rate, mode=_mode(keep),
-                             tile=tile_rows(block), block=block)
+  inputs = [dout, z] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  inputs += [mean, rstd, scale]
+  in_specs = [tile, tile] + ([tile] if keep is not None else []) + [per_row, per_row, vector]
+  kernel = functools.partial(_backward_kernel, keep_scale=1.0 / (1.0 - rate),
+                             has_keep=keep is not None, tile=tile_rows(block))
   partial_shape = jax.ShapeDtypeStruct((blocks, embed), jnp.float32)
   dres, dy, dscale, doffset, dbias = pl.pallas_call(
       kernel, grid=(blocks,), in_specs=in_specs,
@@ -264,8 +197,7 @@ def dropout_add_layer_norm(y, bias, residual, keep, scale, offset, *, rate: floa
   """LayerNorm(dropout(y + bias) + residual) * scale + offset over the last axis.
 
   y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
-  keep: bool [..., embed], True where dropout keeps a value; or a uint32[2] seed, the mask then
-  drawn in the kernels (`keep_mask`); or None (no dropout).
+  keep: bool [..., embed], True where dropout keeps a value, or None (no dropout).
   Returns [..., embed] in y's dtype.
   """
   if impl not in IMPLS:
@@ -275,19 +207,9 @@ def dropout_add_layer_norm(y, bias, residual, keep, scale, offset, *, rate: floa
     raise ValueError(f'The Triton kernels need a power-of-two embed size, got {shape[-1]}; '
                      "use impl='xla'.")
   flat = lambda a: None if a is None else a.reshape(-1, shape[-1])  # noqa: E731
-  rows = y.size // shape[-1]
-  if keep is not None and keep.dtype == jnp.uint32:
-    if keep.shape != (2,):
-      raise ValueError(f'A dropout seed is uint32[2], got shape {keep.shape}.')
-    if y.size >= 2**31:
-      raise ValueError(f'In-kernel masks index elements in int32; {y.size} elements is too many.')
-    if impl == 'xla':
-      keep = keep_mask(keep, rows, shape[-1], rate)
-  else:
-    keep = flat(keep)
   if impl == 'xla':
-    out = reference(flat(y), bias, flat(residual), keep, scale, offset, rate=rate, eps=eps)
+    out = reference(flat(y), bias, flat(residual), flat(keep), scale, offset, rate=rate, eps=eps)
   else:
-    out = _pallas(flat(y), bias, flat(residual), keep, scale, offset, float(rate),
+    out = _pallas(flat(y), bias, flat(residual), flat(keep), scale, offset, float(rate),
                   float(eps), bool(interpret), int(num_warps or NUM_WARPS))
   return out.reshape(shape)

@@ -21,9 +21,6 @@ REMAT_POLICIES = {
     'dots': jax.checkpoint_policies.dots_saveable,
     'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-# layer_norm_impl='pallas': the kernels draw the hidden dropout masks from a per-call seed
-# (False: threefry masks drawn by XLA and read by the kernels; kept for A/B measurements).
-FUSED_NORM_DRAWS_MASKS = True
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
@@ -173,9 +170,7 @@ class FusedLayerNorm(nn.Module):
     rate = cfg.hidden_dropout_rate
     keep = None
     if not deterministic and rate > 0:
-      rng = self.make_rng('dropout')
-      keep = (jax.random.bits(rng, (2,), jnp.uint32) if FUSED_NORM_DRAWS_MASKS
-              else jax.random.bernoulli(rng, 1.0 - rate, y.shape))
+      keep = jax.random.bernoulli(self.make_rng('dropout'), 1.0 - rate, y.shape)
     return fused_norm.dropout_add_layer_norm(
         y, dense_bias, residual.astype(y.dtype), keep, scale, offset, rate=rate,
         eps=cfg.layer_norm_eps, impl='pallas', interpret=jax.default_backend() != 'gpu')

@@ -229,11 +229,6 @@ def check_layer_norm_impl(config) -> None:
     raise ConfigError(
         "config.model.layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU; this "
         f"run has {count} {backend} device(s). Use layer_norm_impl='xla' (any device, any mesh).")
-  hidden = config.model.hidden_size
-  if hidden & (hidden - 1):
-    raise ConfigError(
-        f"config.model.layer_norm_impl='pallas' needs a power-of-two config.model.hidden_size "
-        f"(Triton blocks), got {hidden}; use layer_norm_impl='xla'.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).

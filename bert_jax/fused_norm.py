@@ -23,6 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 IMPLS = ('xla', 'pallas')
 
@@ -60,30 +61,75 @@ def reference(y, bias, residual, keep, scale, offset, *, rate: float, eps: float
   return out.astype(y.dtype)
 
 
+class _Columns:
+  """The embed axis inside a kernel: Triton blocks are powers of two, so an embed size that is
+  not one (768) is read into the next power of two with masked loads and stores, zeros past it."""
+
+  def __init__(self, embed: int):
+    self.embed, self.width = embed, pl.next_power_of_2(embed)
+    self.padded = self.width != embed
+
+  def _index(self, first_row, tile):
+    rows = (first_row + jnp.arange(tile))[:, None]
+    cols = jnp.arange(self.width)[None, :]
+    return (rows, cols), jnp.broadcast_to(cols < self.embed, (tile, self.width))
+
+  def load_rows(self, ref, first_row, tile):  # -> [tile, width]
+    if not self.padded:
+      return ref[pl.ds(first_row, tile), :]
+    index, mask = self._index(first_row, tile)
+    return plgpu.load(ref.at[index], mask=mask, other=0)
+
+  def store_rows(self, ref, first_row, value):
+    if not self.padded:
+      ref[pl.ds(first_row, value.shape[0]), :] = value
+      return
+    index, mask = self._index(first_row, value.shape[0])
+    plgpu.store(ref.at[index], value, mask=mask)
+
+  def load_vector(self, ref):  # -> [1, width] float32
+    if not self.padded:
+      return ref[...].astype(jnp.float32)[None, :]
+    cols = jnp.arange(self.width)
+    return plgpu.load(ref.at[cols], mask=cols < self.embed, other=0).astype(jnp.float32)[None, :]
+
+  def store_vector(self, ref, value):  # value: [width]
+    if not self.padded:
+      ref[...] = value
+      return
+    cols = jnp.arange(self.width)
+    plgpu.store(ref.at[cols], value, mask=cols < self.embed)
+
+  def zero_padding(self, x):  # x: [tile, width]
+    if not self.padded:
+      return x
+    return jnp.where(jnp.arange(self.width)[None, :] < self.embed, x, 0.0)
+
+
 def _forward_kernel(*refs, keep_scale: float, eps: float, has_keep: bool, tile: int):
   if has_keep:
     y_ref, bias_ref, res_ref, keep_ref, scale_ref, offset_ref = refs[:6]
   else:
     (y_ref, bias_ref, res_ref, scale_ref, offset_ref), keep_ref = refs[:5], None
   out_ref, z_ref, mean_ref, rstd_ref = refs[-4:]
-  bias = bias_ref[...].astype(jnp.float32)[None, :]
-  scale = scale_ref[...].astype(jnp.float32)[None, :]
-  offset = offset_ref[...].astype(jnp.float32)[None, :]
+  cols = _Columns(bias_ref.shape[0])
+  bias, scale, offset = (cols.load_vector(r) for r in (bias_ref, scale_ref, offset_ref))
 
   def body(step, carry):
-    rows = pl.ds(step * tile, tile)
-    z = y_ref[rows, :].astype(jnp.float32) + bias  # [tile, embed]
+    first = step * tile
+    z = cols.load_rows(y_ref, first, tile).astype(jnp.float32) + bias  # [tile, width]
     if keep_ref is not None:
-      z = jnp.where(keep_ref[rows, :] != 0, z * keep_scale, 0.0)
-    z = (z + res_ref[rows, :].astype(jnp.float32)).astype(z_ref.dtype)
-    z_ref[rows, :] = z
-    z = z.astype(jnp.float32)
-    mean = jnp.mean(z, axis=1)
-    centered = z - mean[:, None]
-    rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=1) + eps)
-    out_ref[rows, :] = (centered * rstd[:, None] * scale + offset).astype(out_ref.dtype)
-    mean_ref[rows] = mean
-    rstd_ref[rows] = rstd
+      z = jnp.where(cols.load_rows(keep_ref, first, tile) != 0, z * keep_scale, 0.0)
+    z = (z + cols.load_rows(res_ref, first, tile).astype(jnp.float32)).astype(z_ref.dtype)
+    cols.store_rows(z_ref, first, z)
+    z = z.astype(jnp.float32)  # Zero past embed: every load there gave 0.
+    mean = jnp.sum(z, axis=1) / cols.embed
+    centered = cols.zero_padding(z - mean[:, None])
+    rstd = jax.lax.rsqrt(jnp.sum(centered * centered, axis=1) / cols.embed + eps)
+    cols.store_rows(out_ref, first,
+                    (centered * rstd[:, None] * scale + offset).astype(out_ref.dtype))
+    mean_ref[pl.ds(first, tile)] = mean
+    rstd_ref[pl.ds(first, tile)] = rstd
     return carry
 
   jax.lax.fori_loop(0, y_ref.shape[0] // tile, body, 0)
@@ -95,34 +141,36 @@ def _backward_kernel(*refs, keep_scale: float, has_keep: bool, tile: int):
   else:
     (dout_ref, z_ref, mean_ref, rstd_ref, scale_ref), keep_ref = refs[:5], None
   dres_ref, dy_ref, dscale_ref, doffset_ref, dbias_ref = refs[-5:]
-  scale = scale_ref[...].astype(jnp.float32)[None, :]
-  embed = scale_ref.shape[0]
+  cols = _Columns(scale_ref.shape[0])
+  scale = cols.load_vector(scale_ref)
 
   def body(step, sums):
-    rows = pl.ds(step * tile, tile)
-    dout = dout_ref[rows, :].astype(jnp.float32)  # [tile, embed]
-    rstd = rstd_ref[rows]
-    xhat = (z_ref[rows, :].astype(jnp.float32) - mean_ref[rows][:, None]) * rstd[:, None]
+    first = step * tile
+    dout = cols.load_rows(dout_ref, first, tile).astype(jnp.float32)  # [tile, width]
+    rstd = rstd_ref[pl.ds(first, tile)]
+    z = cols.load_rows(z_ref, first, tile).astype(jnp.float32)
+    xhat = cols.zero_padding((z - mean_ref[pl.ds(first, tile)][:, None]) * rstd[:, None])
     g = dout * scale
-    mean_gx = jnp.sum(g * xhat, axis=1) / embed
-    mean_g = jnp.sum(g, axis=1) / embed
-    dz = (g - xhat * mean_gx[:, None] - mean_g[:, None]) * rstd[:, None]
-    dres_ref[rows, :] = dz.astype(dres_ref.dtype)
-    dy = dz if keep_ref is None else jnp.where(keep_ref[rows, :] != 0, dz * keep_scale, 0.0)
-    dy_ref[rows, :] = dy.astype(dy_ref.dtype)
+    mean_gx = jnp.sum(g * xhat, axis=1) / cols.embed
+    mean_g = jnp.sum(g, axis=1) / cols.embed
+    dz = cols.zero_padding((g - xhat * mean_gx[:, None] - mean_g[:, None]) * rstd[:, None])
+    cols.store_rows(dres_ref, first, dz.astype(dres_ref.dtype))
+    dy = dz
+    if keep_ref is not None:
+      dy = jnp.where(cols.load_rows(keep_ref, first, tile) != 0, dz * keep_scale, 0.0)
+    cols.store_rows(dy_ref, first, dy.astype(dy_ref.dtype))
     dscale, doffset, dbias = sums
     return dscale + dout * xhat, doffset + dout, dbias + dy
 
-  zeros = jnp.zeros((tile, embed), jnp.float32)
+  zeros = jnp.zeros((tile, cols.width), jnp.float32)
   dscale, doffset, dbias = jax.lax.fori_loop(0, dout_ref.shape[0] // tile, body,
                                              (zeros, zeros, zeros))
-  dscale_ref[...] = jnp.sum(dscale, axis=0)
-  doffset_ref[...] = jnp.sum(doffset, axis=0)
-  dbias_ref[...] = jnp.sum(dbias, axis=0)
+  cols.store_vector(dscale_ref, jnp.sum(dscale, axis=0))
+  cols.store_vector(doffset_ref, jnp.sum(doffset, axis=0))
+  cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
 def _compiler_params(num_warps: int):
-  from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
@@ -203,9 +251,6 @@ def dropout_add_layer_norm(y, bias, residual, keep, scale, offset, *, rate: floa
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
   shape = y.shape
-  if impl == 'pallas' and not interpret and shape[-1] & (shape[-1] - 1):
-    raise ValueError(f'The Triton kernels need a power-of-two embed size, got {shape[-1]}; '
-                     "use impl='xla'.")
   flat = lambda a: None if a is None else a.reshape(-1, shape[-1])  # noqa: E731
   if impl == 'xla':
     out = reference(flat(y), bias, flat(residual), flat(keep), scale, offset, rate=rate, eps=eps)

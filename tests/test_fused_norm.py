@@ -145,15 +145,3 @@ def test_pallas_layer_norm_is_refused_off_a_single_gpu():
   with pytest.raises(config_lib.ConfigError,
                      match="layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
-
-
-def test_pallas_layer_norm_needs_a_power_of_two_hidden_size(monkeypatch):
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  monkeypatch.setattr(jax, 'device_count', lambda: 1)
-  config = tiny.get_config()
-  config.model.update(layer_norm_impl='pallas', hidden_size=96, num_heads=4)
-  with pytest.raises(config_lib.ConfigError, match='power-of-two.*got 96'):
-    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
-  with pytest.raises(ValueError, match='power-of-two embed size, got 96'):
-    fused_norm.dropout_add_layer_norm(*operands(8, 96, jnp.float32)[:6], rate=0.0, eps=1e-6,
-                                      impl='pallas')

@@ -50,8 +50,8 @@ def get_config(arg=None):
   model.scan_layers = True  # Run the layers under nn.scan (one compiled layer).
   model.scan_unroll = 1  # Layers per scan iteration; more compiles longer, may run faster.
   model.remat_policy = 'none'  # 'none', 'full', 'dots', 'dots_no_batch': what the backward recomputes.
-  # 'erf': exact GELU, as HF computes it; 'tanh': the original TF BERT's approximation, which XLA
-  # fuses into the cuBLAS matmul on GPUs.
+  # 'erf': exact GELU, as HF computes it; 'tanh': the original TF BERT's approximation (cheaper
+  # on GPUs).
   model.gelu = 'erf'
   # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
   # NVIDIA GPUs, attention dropout drawn in the kernel (needs scan_layers=False and remat 'none'

@@ -14,6 +14,9 @@ Numerics follow the XLA path of flax's LayerNorm in bf16: z is rounded to the ac
 before its statistics are taken (so forward and backward see the same z), statistics and
 gradients in float32. The dropout scale is 1 / (1 - rate) in float32.
 
+An embed size that is not a power of two (BERT-Base's 768) is read into the next power of two
+with masked loads and stores (`_Columns`).
+
 `impl='xla'` computes the same function with jnp (the reference; any backend); `impl='pallas'`
 runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend, for tests).
 """
@@ -28,10 +31,9 @@ from jax.experimental.pallas import triton as plgpu
 IMPLS = ('xla', 'pallas')
 
 
-def block_rows(rows: int, embed: int) -> int:
-  """Rows per kernel program: a power of two dividing rows, up to 16 (the program walks them
-  `TILE_ROWS` at a time and keeps the column sums of its rows in registers)."""
-  del embed
+def block_rows(rows: int) -> int:
+  """Rows per kernel program: a power of two dividing rows, up to MAX_BLOCK_ROWS (the program
+  walks them TILE_ROWS at a time and keeps the column sums of its rows in registers)."""
   block = 1
   while block * 2 <= MAX_BLOCK_ROWS and rows % (block * 2) == 0:
     block *= 2
@@ -176,7 +178,7 @@ def _compiler_params(num_warps: int):
 
 def _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
   rows, embed = y.shape
-  block = block_rows(rows, embed)
+  block = block_rows(rows)
   tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
   vector = pl.BlockSpec((embed,), lambda i: (0,))
   per_row = pl.BlockSpec((block,), lambda i: (i,))
@@ -202,7 +204,7 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
   del eps
   z, keep, mean, rstd, scale, bias, offset, residual_like = saved
   rows, embed = z.shape
-  block = block_rows(rows, embed)
+  block = block_rows(rows)
   blocks = rows // block
   tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
   vector = pl.BlockSpec((embed,), lambda i: (0,))

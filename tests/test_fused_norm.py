@@ -86,9 +86,9 @@ def test_block_rows_divide_the_rows():
 
 
 def small_config(**overrides):
-  return model_lib.BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,
-                              intermediate_size=48, max_position_embeddings=16,
-                              scan_layers=False, **overrides)
+  fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+                max_position_embeddings=16, scan_layers=False)
+  return model_lib.BertConfig(**{**fields, **overrides})
 
 
 def model_inputs(batch=2, length=8):
@@ -100,9 +100,11 @@ def model_inputs(batch=2, length=8):
   return ids, segments, mask, positions
 
 
-def test_model_with_the_fused_layer_norm_computes_the_same_function():
-  xla = model_lib.BertForPreTraining(small_config())
-  fused = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas'))
+@pytest.mark.parametrize('layers', [dict(scan_layers=False),
+                                    dict(scan_layers=True, remat_policy='full')])
+def test_model_with_the_fused_layer_norm_computes_the_same_function(layers):
+  xla = model_lib.BertForPreTraining(small_config(**layers))
+  fused = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas', **layers))
   args = model_inputs()
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
   fused_params = nn.meta.unbox(fused.init(jax.random.key(0), *args)['params'])

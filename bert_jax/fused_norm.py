@@ -182,7 +182,8 @@ def _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret
   tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
   vector = pl.BlockSpec((embed,), lambda i: (0,))
   per_row = pl.BlockSpec((block,), lambda i: (i,))
-  inputs = [y, bias, residual] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  keep = None if keep is None else keep.astype(jnp.uint8)  # Once; the backward reads it too.
+  inputs = [y, bias, residual] + ([keep] if keep is not None else [])
   inputs += [scale, offset]
   in_specs = [tile, vector, tile] + ([tile] if keep is not None else []) + [vector, vector]
   kernel = functools.partial(_forward_kernel, keep_scale=1.0 / (1.0 - rate), eps=eps,
@@ -210,7 +211,7 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
   vector = pl.BlockSpec((embed,), lambda i: (0,))
   per_row = pl.BlockSpec((block,), lambda i: (i,))
   partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
-  inputs = [dout, z] + ([keep.astype(jnp.uint8)] if keep is not None else [])
+  inputs = [dout, z] + ([keep] if keep is not None else [])
   inputs += [mean, rstd, scale]
   in_specs = [tile, tile] + ([tile] if keep is not None else []) + [per_row, per_row, vector]
   kernel = functools.partial(_backward_kernel, keep_scale=1.0 / (1.0 - rate),

@@ -176,12 +176,16 @@ def _compiler_params(num_warps: int):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
+def _block_specs(rows: int, embed: int):
+  """Rows per program and the BlockSpecs of both kernels: row tiles, [embed] vectors, per-row."""
+  block = block_rows(rows)
+  return (block, pl.BlockSpec((block, embed), lambda i: (i, 0)),
+          pl.BlockSpec((embed,), lambda i: (0,)), pl.BlockSpec((block,), lambda i: (i,)))
+
+
 def _pallas_forward(y, bias, residual, keep, scale, offset, rate, eps, interpret, num_warps):
   rows, embed = y.shape
-  block = block_rows(rows)
-  tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
-  vector = pl.BlockSpec((embed,), lambda i: (0,))
-  per_row = pl.BlockSpec((block,), lambda i: (i,))
+  block, tile, vector, per_row = _block_specs(rows, embed)
   keep = None if keep is None else keep.astype(jnp.uint8)  # Once; the backward reads it too.
   inputs = [y, bias, residual] + ([keep] if keep is not None else [])
   inputs += [scale, offset]
@@ -205,11 +209,8 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
   del eps
   z, keep, mean, rstd, scale, bias, offset, residual_like = saved
   rows, embed = z.shape
-  block = block_rows(rows)
+  block, tile, vector, per_row = _block_specs(rows, embed)
   blocks = rows // block
-  tile = pl.BlockSpec((block, embed), lambda i: (i, 0))
-  vector = pl.BlockSpec((embed,), lambda i: (0,))
-  per_row = pl.BlockSpec((block,), lambda i: (i,))
   partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
   inputs = [dout, z] + ([keep] if keep is not None else [])
   inputs += [mean, rstd, scale]

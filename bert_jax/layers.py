@@ -55,13 +55,18 @@ class DenseGeneral(nn.Module):
     return y
 
 
+def layer_norm_inits(axis_name: str = 'embed') -> dict[str, Initializer]:
+  """Initialisers of a LayerNorm's `scale` (ones) and `bias` (zeros), with the logical axis."""
+  return {'scale': nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+          'bias': nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,))}
+
+
 def layer_norm(eps: float, dtype: Dtype, param_dtype: Dtype, axis_name: str = 'embed',
                name: str = 'LayerNorm') -> nn.LayerNorm:
   """LayerNorm whose scale and bias carry a logical axis name."""
-  return nn.LayerNorm(
-      epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)))
+  inits = layer_norm_inits(axis_name)
+  return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                      scale_init=inits['scale'], bias_init=inits['bias'])
 
 
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:

@@ -163,10 +163,8 @@ class FusedLayerNorm(nn.Module):
   def __call__(self, y, dense_bias, residual, deterministic):
     # y, residual: [batch, length, embed]; dense_bias: [embed]
     cfg = self.config
-    param = lambda name, init: self.param(  # pylint: disable=g-long-lambda
-        name, nn.with_logical_partitioning(init, ('embed',)), (cfg.hidden_size,),
-        cfg.param_dtype)
-    scale, offset = param('scale', nn.initializers.ones), param('bias', nn.initializers.zeros)
+    scale, offset = (self.param(name, init, (cfg.hidden_size,), cfg.param_dtype)
+                     for name, init in layers.layer_norm_inits().items())
     rate = cfg.hidden_dropout_rate
     keep = None
     if not deterministic and rate > 0:

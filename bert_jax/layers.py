@@ -1,6 +1,7 @@
 """Building blocks with logical axis names on every parameter."""
 
 from collections.abc import Sequence
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -24,6 +25,9 @@ class DenseGeneral(nn.Module):
   axis: int | Sequence[int] = -1  # Input axes contracted.
   use_bias: bool = True
   bias_apart: bool = False  # Return (x @ kernel, bias) for a consumer that adds the bias itself.
+  # Contract trailing input axes as one 2-d matmul [tokens, in] @ [in, out] + bias[out] (same
+  # function): the pattern XLA's GPU gemm rewriter folds into a cuBLASLt bias epilogue.
+  flatten: bool = False
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32  # Storage dtype.
   kernel_init: Initializer = truncated_normal(0.02)
@@ -42,17 +46,27 @@ class DenseGeneral(nn.Module):
         in_shape + features, self.param_dtype)
     kernel = jnp.asarray(kernel, self.dtype)
     x = jnp.asarray(x, self.dtype)
-    contract = (axis, tuple(range(len(axis))))
-    y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
+    bias = None
     if self.use_bias:
       bias = self.param(
           'bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                self.kernel_axes[len(axis):]),
           features, self.param_dtype)
-      if self.bias_apart:
-        return y, bias
-      y = y + jnp.asarray(bias, self.dtype)
-    return y
+    if self.flatten and axis != tuple(range(x.ndim - len(axis), x.ndim)):
+      raise ValueError(f'flatten needs the contracted axes {axis} to be the trailing ones.')
+    if self.flatten:
+      lead = x.shape[:x.ndim - len(axis)]
+      flat_x = x.reshape(-1, math.prod(in_shape))  # [tokens, in]
+      y = flat_x @ kernel.reshape(flat_x.shape[1], -1)  # [tokens, out]
+      if bias is not None and not self.bias_apart:
+        y = y + jnp.asarray(bias, self.dtype).reshape(-1)
+      y = y.reshape(lead + features)
+    else:
+      contract = (axis, tuple(range(len(axis))))
+      y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
+      if bias is not None and not self.bias_apart:
+        y = y + jnp.asarray(bias, self.dtype)
+    return (y, bias) if bias is not None and self.bias_apart else y
 
 
 def layer_norm_inits(axis_name: str = 'embed') -> dict[str, Initializer]:

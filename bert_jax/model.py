@@ -48,6 +48,7 @@ class BertConfig:
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
+  flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
   nsp: bool = True  # Whether the NSP head exists.
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
@@ -119,7 +120,8 @@ class BertSelfAttention(nn.Module):
     cfg = self.config
     project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)(x)
+        param_dtype=cfg.param_dtype, kernel_init=cfg.init, flatten=cfg.flat_matmuls,
+        name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
     if cfg.attention_impl == 'cudnn':
       rate = 0.0 if deterministic else cfg.attention_dropout_rate
@@ -144,7 +146,8 @@ class BertResidualOutput(nn.Module):
     fused = cfg.layer_norm_impl == 'pallas'
     y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
                             dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=cfg.init, bias_apart=fused, name='dense')(x)
+                            kernel_init=cfg.init, bias_apart=fused, flatten=cfg.flat_matmuls,
+                            name='dense')(x)
     if fused:
       y, bias = y
       y = FusedLayerNorm(cfg, name='LayerNorm')(y, bias, residual, deterministic)
@@ -209,7 +212,7 @@ class BertIntermediate(nn.Module):
     cfg = self.config
     h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                            name='dense')(x)
+                            flatten=cfg.flat_matmuls, name='dense')(x)
     h = nn.gelu(h, approximate=cfg.gelu == 'tanh')
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 

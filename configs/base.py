@@ -63,6 +63,9 @@ def get_config(arg=None):
   # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
   # Triton kernel each way, bert_jax/fused_norm.py; one NVIDIA GPU).
   model.layer_norm_impl = 'xla'
+  # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
+  # function; on GPUs XLA then folds the bias into cuBLASLt's epilogue; TPUs keep False).
+  model.flat_matmuls = False
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

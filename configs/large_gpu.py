@@ -8,7 +8,9 @@ Differs from configs/large.py only in how the same function is computed:
   on an H100) and attention is not rematerialised;
 - the tanh GELU of the original TF BERT code;
 - each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
-  (layer_norm_impl='pallas', bert_jax/fused_norm.py; one GPU).
+  (layer_norm_impl='pallas', bert_jax/fused_norm.py; one GPU);
+- the encoder's dense layers as 2-d matmuls (flat_matmuls), which lets XLA fold their biases
+  into the cuBLASLt matmuls.
 README, "GPU speed", compares it with transformers' BertForPreTraining under torch.compile.
 """
 
@@ -18,7 +20,7 @@ from configs import base, large
 def get_config(arg=None):
   config = large.get_config()
   config.model.update(dtype='bfloat16', attention_impl='cudnn', scan_layers=False, gelu='tanh',
-                      layer_norm_impl='pallas')
+                      layer_norm_impl='pallas', flat_matmuls=True)
   if arg:
     base.apply_arguments(config, arg)
   return config

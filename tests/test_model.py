@@ -253,6 +253,35 @@ def test_scan_unroll_computes_the_same_function():
   np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('layer_norm_impl', ['xla', 'pallas'])
+def test_flat_matmuls_compute_the_same_function_and_gradients(layer_norm_impl):
+  ids, segments, mask, positions = inputs()
+  args = (ids, segments, mask, positions)
+  results = []
+  for flat in (False, True):
+    model = model_lib.BertForPreTraining(small_config(
+        flat_matmuls=flat, layer_norm_impl=layer_norm_impl, scan_layers=False))
+    params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
+
+    def loss(p, model=model):
+      out = model.apply({'params': p}, *args, deterministic=False,
+                        rngs={'dropout': jax.random.key(3)})
+      return out['mlm_logits'].sum() + out['nsp_logits'].sum()
+
+    results.append((jax.tree.map(jnp.shape, params),) + jax.value_and_grad(loss)(params))
+  (shapes_a, value_a, grads_a), (shapes_b, value_b, grads_b) = results
+  assert shapes_a == shapes_b  # Checkpoints are the same either way.
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_flatten_needs_trailing_contracted_axes():
+  dense = layers.DenseGeneral(5, ('heads', 'embed'), axis=1, flatten=True)
+  with pytest.raises(ValueError, match='trailing'):
+    dense.init(jax.random.key(0), jnp.ones((2, 3, 4)))
+
+
 def test_rbg_dropout_masks_are_deterministic_and_differ_by_step():
   config = tiny.get_config()
   config.model.update(hidden_size=32, intermediate_size=64, vocab_size=128, num_layers=1,

@@ -144,10 +144,12 @@ class BertResidualOutput(nn.Module):
     cfg = self.config
     contracted = tuple(range(-len(self.in_axes), 0))
     fused = cfg.layer_norm_impl == 'pallas'
+    # With the fused kernel this matmul's bias goes to the kernel, and flattening it measured
+    # 1.7% slower on an H100 (experiments/perf_notes.md), so it keeps the n-d dot there.
     y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
                             dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=cfg.init, bias_apart=fused, flatten=cfg.flat_matmuls,
-                            name='dense')(x)
+                            kernel_init=cfg.init, bias_apart=fused,
+                            flatten=cfg.flat_matmuls and not fused, name='dense')(x)
     if fused:
       y, bias = y
       y = FusedLayerNorm(cfg, name='LayerNorm')(y, bias, residual, deterministic)
@@ -169,11 +171,12 @@ class FusedLayerNorm(nn.Module):
     scale, offset = (self.param(name, init, (cfg.hidden_size,), cfg.param_dtype)
                      for name, init in layers.layer_norm_inits().items())
     rate = cfg.hidden_dropout_rate
-    keep = None
+    bits = None
     if not deterministic and rate > 0:
-      keep = jax.random.bernoulli(self.make_rng('dropout'), 1.0 - rate, y.shape)
+      bits = fused_norm.dropout_bits(self.make_rng('dropout'), y.size // y.shape[-1],
+                                     y.shape[-1])
     return fused_norm.dropout_add_layer_norm(
-        y, dense_bias, residual.astype(y.dtype), keep, scale, offset, rate=rate,
+        y, dense_bias, residual.astype(y.dtype), bits, scale, offset, rate=rate,
         eps=cfg.layer_norm_eps, impl='pallas', interpret=jax.default_backend() != 'gpu')
 
 

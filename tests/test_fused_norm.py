@@ -23,14 +23,14 @@ def operands(rows, embed, dtype, seed=0):
   bias = 0.1 * jax.random.normal(keys[2], (embed,))
   scale = 1.0 + 0.1 * jax.random.normal(keys[3], (embed,))
   offset = 0.1 * jax.random.normal(keys[4], (embed,))
-  keep = jax.random.bernoulli(keys[5], 0.9, (rows, embed))
+  bits = fused_norm.dropout_bits(keys[5], rows, embed)
   cotangent = jax.random.normal(keys[6], (rows, embed)).astype(dtype)
-  return y, bias, residual, keep, scale, offset, cotangent
+  return y, bias, residual, bits, scale, offset, cotangent
 
 
-def value_and_grads(impl, y, bias, residual, keep, scale, offset, cotangent, rate=0.1):
+def value_and_grads(impl, y, bias, residual, bits, scale, offset, cotangent, rate=0.1):
   def loss(y, bias, residual, scale, offset):
-    out = fused_norm.dropout_add_layer_norm(y, bias, residual, keep, scale, offset, rate=rate,
+    out = fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=rate,
                                             eps=1e-12, impl=impl, interpret=True)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=range(5), has_aux=True)(
@@ -39,12 +39,13 @@ def value_and_grads(impl, y, bias, residual, keep, scale, offset, cotangent, rat
 
 
 @pytest.mark.parametrize('dtype,embed,with_dropout', [
-    (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.bfloat16, 128, True)])
+    (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.float32, 96, True),
+    (jnp.bfloat16, 128, True)])
 def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
-  y, bias, residual, keep, scale, offset, cotangent = operands(64, embed, dtype)
-  keep = keep if with_dropout else None
-  out_ref, grads_ref = value_and_grads('xla', y, bias, residual, keep, scale, offset, cotangent)
-  out, grads = value_and_grads('pallas', y, bias, residual, keep, scale, offset, cotangent)
+  y, bias, residual, bits, scale, offset, cotangent = operands(64, embed, dtype)
+  bits = bits if with_dropout else None
+  out_ref, grads_ref = value_and_grads('xla', y, bias, residual, bits, scale, offset, cotangent)
+  out, grads = value_and_grads('pallas', y, bias, residual, bits, scale, offset, cotangent)
   assert out.dtype == dtype and out.shape == y.shape
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
   np.testing.assert_allclose(np.float32(out), np.float32(out_ref), atol=tol, rtol=tol)
@@ -57,8 +58,8 @@ def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
 
 
 def test_dropout_zeroes_dropped_values_before_the_residual():
-  y, bias, residual, keep, scale, offset, _ = operands(32, 128, jnp.float32)
-  dropped_everywhere = jnp.zeros_like(keep)
+  y, bias, residual, bits, scale, offset, _ = operands(32, 128, jnp.float32)
+  dropped_everywhere = tuple(jnp.zeros_like(b) for b in bits)  # Every draw 0 < threshold.
   out = fused_norm.dropout_add_layer_norm(y, bias, residual, dropped_everywhere, scale, offset,
                                           rate=0.1, eps=1e-12, impl='pallas', interpret=True)
   only_residual = fused_norm.reference(jnp.zeros_like(y), jnp.zeros_like(bias), residual, None,
@@ -67,13 +68,51 @@ def test_dropout_zeroes_dropped_values_before_the_residual():
 
 
 def test_reference_is_flax_dropout_then_layer_norm():
-  y, bias, residual, keep, scale, offset, _ = operands(16, 64, jnp.float32)
+  y, bias, residual, bits, scale, offset, _ = operands(16, 64, jnp.float32)
   rate = 0.1
-  dropped = jnp.where(keep, (y + bias) / (1.0 - rate), 0.0)
+  keep = fused_norm.keep_from_bits(bits, 64, fused_norm.dropout_threshold(rate))
+  kept_rate = 1.0 - fused_norm.dropout_threshold(rate) / 65536  # 0.899994
+  dropped = jnp.where(keep, (y + bias) / kept_rate, 0.0)
   layer_norm = nn.LayerNorm(epsilon=1e-12)
   expected = layer_norm.apply({'params': {'scale': scale, 'bias': offset}}, dropped + residual)
-  got = fused_norm.reference(y, bias, residual, keep, scale, offset, rate=rate, eps=1e-12)
+  got = fused_norm.reference(y, bias, residual, bits, scale, offset, rate=rate, eps=1e-12)
   np.testing.assert_allclose(got, expected, atol=2e-5)
+
+
+def test_dropout_bits_drop_at_the_rate_independently_per_column_and_key():
+  rows, embed, rate = 512, 768, 0.1
+  threshold = fused_norm.dropout_threshold(rate)
+  assert threshold == 6554 and fused_norm.keep_scale(threshold) == 65536 / (65536 - 6554)
+  keep = np.asarray(fused_norm.keep_from_bits(
+      fused_norm.dropout_bits(jax.random.key(0), rows, embed), embed, threshold))
+  assert keep.shape == (rows, embed)
+  p = threshold / 65536
+  sigma = np.sqrt(p * (1 - p) / keep.size)
+  assert abs((1 - keep.mean()) - p) < 5 * sigma
+  # Each of the four 16-bit parts of a hash (columns c // groups) drops at the rate, and two
+  # parts of the same hash are not correlated.
+  groups = fused_norm.groups(embed)
+  parts = [1 - keep[:, i * groups:(i + 1) * groups] for i in range(4)]
+  part_sigma = np.sqrt(p * (1 - p) / parts[0].size)
+  for part in parts:
+    assert abs(part.mean() - p) < 5 * part_sigma
+  for a, b in ((0, 1), (0, 2), (1, 3)):
+    assert abs(np.corrcoef(parts[a].ravel(), parts[b].ravel())[0, 1]) < 0.02
+  # Deterministic per key, different across keys; an rbg key draws through jax.random.bits.
+  again = fused_norm.dropout_bits(jax.random.key(0), rows, embed)
+  other = fused_norm.dropout_bits(jax.random.key(1), rows, embed)
+  np.testing.assert_array_equal(keep, fused_norm.keep_from_bits(again, embed, threshold))
+  assert np.mean(keep != np.asarray(fused_norm.keep_from_bits(other, embed, threshold))) > 0.1
+  rbg = fused_norm.keep_from_bits(
+      fused_norm.dropout_bits(jax.random.key(0, impl='rbg'), rows, embed), embed, threshold)
+  assert abs((1 - float(jnp.mean(rbg))) - p) < 5 * sigma
+
+
+def test_raw_uint32_keys_draw_the_same_bits_as_typed_keys():
+  typed = fused_norm.dropout_bits(jax.random.key(7), 8, 16)
+  raw = fused_norm.dropout_bits(jax.random.PRNGKey(7), 8, 16)
+  for a, b in zip(typed, raw):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_block_rows_divide_the_rows():

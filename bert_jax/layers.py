@@ -25,8 +25,8 @@ class DenseGeneral(nn.Module):
   axis: int | Sequence[int] = -1  # Input axes contracted.
   use_bias: bool = True
   bias_apart: bool = False  # Return (x @ kernel, bias) for a consumer that adds the bias itself.
-  # Contract trailing input axes as one 2-d matmul [tokens, in] @ [in, out] + bias[out] (same
-  # function): the pattern XLA's GPU gemm rewriter folds into a cuBLASLt bias epilogue.
+  # Contract trailing input axes as one 2-d matmul [tokens, in] @ [in, out] + bias[out]: the same
+  # function, a different HLO for XLA to fuse (model.flat_matmuls; experiments/perf_notes.md).
   flatten: bool = False
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32  # Storage dtype.

@@ -67,8 +67,8 @@ def dropout_threshold(rate: float) -> int:
 
 
 def keep_scale(threshold: int) -> float:
-  """1 / P(keep) for a threshold: the scale of the kept values."""
-  return DRAW_RANGE / (DRAW_RANGE - threshold)
+  """1 / P(keep) for a threshold: the scale of the kept values (0 when every value drops)."""
+  return 0.0 if threshold >= DRAW_RANGE else DRAW_RANGE / (DRAW_RANGE - threshold)
 
 
 def groups(embed: int) -> int:
@@ -81,13 +81,18 @@ def dropout_bits(rng, rows: int, embed: int):
 
   Value (r, c) draws the 16 bits at position (c // groups) of the 64 bits that threefry2x32 hashes
   from the counter (r, c % groups) under rng: bits0 holds the low 32, bits1 the high 32. A
-  non-threefry key (rbg) draws the two arrays with jax.random.bits instead.
+  non-threefry key (rbg) draws the two arrays with jax.random.bits instead. The counters of row 0
+  are those jax.random.split(rng, groups) hashes, so rng must serve these draws only (as a
+  make_rng key does).
   """
   shape = (rows, groups(embed))
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
   if typed and str(jax.random.key_impl(rng)) != 'threefry2x32':
     bits = jax.random.bits(rng, (2,) + shape, jnp.uint32)
     return bits[0], bits[1]
+  if not typed and rng.shape != (2,):
+    raise ValueError(f'a raw key must be a threefry uint32[2]; got shape {rng.shape}. Pass a '
+                     'typed key (jax.random.key) for other PRNG implementations.')
   key = jax.random.key_data(rng) if typed else rng
   row = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
   group = jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
@@ -102,13 +107,16 @@ def _draw_index(embed: int, columns):
   return part // 2, columns % g, 16 * (part % 2)
 
 
+def _kept(words, shift, threshold: int):
+  """Whether the 16-bit draw at `shift` of each uint32 word is at least the threshold."""
+  return ((words >> shift.astype(jnp.uint32)) & jnp.uint32(DRAW_RANGE - 1)) >= threshold
+
+
 def keep_from_bits(bits, embed: int, threshold: int):
   """bool [rows, embed]: True where the draw is at least the threshold (the value is kept)."""
   columns = jnp.arange(embed)
   which, word, shift = _draw_index(embed, columns)
-  words = jnp.where(which == 0, bits[0][:, word], bits[1][:, word])
-  draws = (words >> shift.astype(jnp.uint32)) & jnp.uint32(DRAW_RANGE - 1)
-  return draws >= threshold
+  return _kept(jnp.where(which == 0, bits[0][:, word], bits[1][:, word]), shift, threshold)
 
 
 def reference(y, bias, residual, bits, scale, offset, *, rate: float, eps: float):
@@ -160,8 +168,7 @@ class _Columns:
     for half, ref in enumerate(bits_refs):  # Each value reads one of the two words.
       mask = jnp.broadcast_to((cols < self.embed) & (which == half), (tile, self.width))
       words = words | plgpu.load(ref.at[rows, word], mask=mask, other=0)
-    draws = (words >> shift.astype(jnp.uint32)) & jnp.uint32(DRAW_RANGE - 1)
-    return draws >= threshold
+    return _kept(words, shift, threshold)
 
   def load_vector(self, ref):  # -> [1, width] float32
     if not self.padded:
@@ -332,6 +339,11 @@ def dropout_add_layer_norm(y, bias, residual, bits, scale, offset, *, rate: floa
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
   shape = y.shape
+  if bits is not None:
+    expected = (y.size // shape[-1], groups(shape[-1]))
+    if len(bits) != 2 or any(b.shape != expected or b.dtype != jnp.uint32 for b in bits):
+      raise ValueError(f'bits must be dropout_bits(rng, {expected[0]}, {shape[-1]}): two uint32 '
+                       f'{expected} arrays; got {[(b.shape, str(b.dtype)) for b in bits]}.')
   flat = lambda a: a.reshape(-1, shape[-1])  # noqa: E731
   if impl == 'xla':
     out = reference(flat(y), bias, flat(residual), bits, scale, offset, rate=rate, eps=eps)

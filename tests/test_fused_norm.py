@@ -3,6 +3,7 @@ CPU) against the jnp reference, the reference against flax's Dropout + LayerNorm
 with `layer_norm_impl='pallas'` against the XLA path."""
 
 import functools
+import itertools
 
 import flax.linen as nn
 import jax
@@ -96,7 +97,7 @@ def test_dropout_bits_drop_at_the_rate_independently_per_column_and_key():
   part_sigma = np.sqrt(p * (1 - p) / parts[0].size)
   for part in parts:
     assert abs(part.mean() - p) < 5 * part_sigma
-  for a, b in ((0, 1), (0, 2), (1, 3)):
+  for a, b in itertools.combinations(range(4), 2):
     assert abs(np.corrcoef(parts[a].ravel(), parts[b].ravel())[0, 1]) < 0.02
   # Deterministic per key, different across keys; an rbg key draws through jax.random.bits.
   again = fused_norm.dropout_bits(jax.random.key(0), rows, embed)
@@ -106,6 +107,41 @@ def test_dropout_bits_drop_at_the_rate_independently_per_column_and_key():
   rbg = fused_norm.keep_from_bits(
       fused_norm.dropout_bits(jax.random.key(0, impl='rbg'), rows, embed), embed, threshold)
   assert abs((1 - float(jnp.mean(rbg))) - p) < 5 * sigma
+
+
+def test_rate_one_drops_everything_and_bad_bits_are_refused():
+  y, bias, residual, bits, scale, offset, _ = operands(16, 96, jnp.float32)
+  assert fused_norm.keep_scale(fused_norm.dropout_threshold(1.0)) == 0.0
+  out = fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=1.0,
+                                          eps=1e-12, impl='pallas', interpret=True)
+  only_residual = fused_norm.reference(jnp.zeros_like(y), jnp.zeros_like(bias), residual, None,
+                                       scale, offset, rate=0.0, eps=1e-12)
+  np.testing.assert_allclose(out, only_residual, atol=1e-5)
+  with pytest.raises(ValueError, match=r'bits must be dropout_bits\(rng, 16, 96\)'):
+    fused_norm.dropout_add_layer_norm(y, bias, residual, (bits[0][:1], bits[1][:1]), scale,
+                                      offset, rate=0.1, eps=1e-12)
+  with pytest.raises(ValueError, match='a raw key must be a threefry uint32'):
+    fused_norm.dropout_bits(jnp.zeros((4,), jnp.uint32), 16, 96)
+
+
+def test_fused_layer_norm_module_draws_from_its_dropout_rng():
+  cfg = small_config(layer_norm_impl='pallas', hidden_dropout_rate=0.1)
+  module = model_lib.FusedLayerNorm(cfg)
+  rng = np.random.default_rng(0)
+  y, residual = (jnp.asarray(rng.normal(size=(2, 8, 32)), jnp.float32) for _ in range(2))
+  bias = jnp.asarray(rng.normal(size=(32,)), jnp.float32)
+  params = module.init(jax.random.key(0), y, bias, residual, True)
+  run = lambda seed: module.apply(params, y, bias, residual, False,  # noqa: E731
+                                  rngs={'dropout': jax.random.key(seed)})
+  np.testing.assert_array_equal(run(1), run(1))
+  assert not np.allclose(run(1), run(2))
+  evaluation = module.apply(params, y, bias, residual, True)
+  assert not np.allclose(run(1), evaluation)
+  no_dropout = model_lib.FusedLayerNorm(small_config(layer_norm_impl='pallas',
+                                                     hidden_dropout_rate=0.0))
+  np.testing.assert_allclose(no_dropout.apply(params, y, bias, residual, False,
+                                              rngs={'dropout': jax.random.key(1)}),
+                             evaluation, atol=1e-6)
 
 
 def test_raw_uint32_keys_draw_the_same_bits_as_typed_keys():

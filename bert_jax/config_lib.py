@@ -220,14 +220,15 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 
 def check_layer_norm_impl(config) -> None:
-  """model.layer_norm_impl='pallas' runs Triton kernels: one NVIDIA GPU only."""
+  """model.layer_norm_impl='pallas' runs Triton kernels: NVIDIA GPUs only (any number: on a
+  mesh each GPU runs them on its rows of the batch under shard_map)."""
   if config.model.get('layer_norm_impl', 'xla') != 'pallas':
     return
   import jax  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
-  if backend != 'gpu' or count != 1:
+  if backend != 'gpu':
     raise ConfigError(
-        "config.model.layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU; this "
+        "config.model.layer_norm_impl='pallas' runs Triton kernels on NVIDIA GPUs; this "
         f"run has {count} {backend} device(s). Use layer_norm_impl='xla' (any device, any mesh).")
 
 

@@ -6,6 +6,8 @@ flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 """
 
 import dataclasses
+import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -162,7 +164,8 @@ class BertResidualOutput(nn.Module):
 
 class FusedLayerNorm(nn.Module):
   """LayerNorm(dropout(y + bias) + residual) in one Pallas kernel each way; the parameters of
-  layers.layer_norm (`scale`, `bias`), so checkpoints are the same as with the XLA path."""
+  layers.layer_norm (`scale`, `bias`), so checkpoints are the same as with the XLA path. On a
+  mesh of several devices the kernels run per device on its rows, under shard_map."""
   config: BertConfig
 
   @nn.compact
@@ -174,11 +177,42 @@ class FusedLayerNorm(nn.Module):
     rate = cfg.hidden_dropout_rate
     bits = None
     if not deterministic and fused_norm.dropout_threshold(rate) > 0:
-      bits = fused_norm.dropout_bits(self.make_rng('dropout'), y.size // y.shape[-1],
-                                     y.shape[-1])
-    return fused_norm.dropout_add_layer_norm(
-        y, dense_bias, residual.astype(y.dtype), bits, scale, offset, rate=rate,
-        eps=cfg.layer_norm_eps, impl='pallas', interpret=jax.default_backend() != 'gpu')
+      # Drawn for the whole batch, so the masks do not depend on the mesh.
+      bits = tuple(b.reshape(y.shape[:-1] + (-1,)) for b in fused_norm.dropout_bits(
+          self.make_rng('dropout'), y.size // y.shape[-1], y.shape[-1]))
+    norm = functools.partial(_fused_norm_rows, rate=rate, eps=cfg.layer_norm_eps,
+                             interpret=jax.default_backend() != 'gpu')
+    args = (y, dense_bias, residual.astype(y.dtype), bits, scale, offset)
+    mesh = jax.sharding.get_abstract_mesh()
+    rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
+    if mesh.empty or mesh.size == 1 or not _splits_evenly(y.shape, rows, mesh):
+      return norm(*args)  # One device, or a batch the mesh cannot split (init's batch of 1).
+    # Several devices: each runs the kernels on its rows of the batch (the parameters gathered,
+    # their gradients summed by shard_map's transpose).
+    if rows[2] is not None:
+      raise ValueError(f"layer_norm_impl='pallas' needs whole embed rows; the mesh rules split "
+                       f"them over {rows[2]!r}.")
+    whole = jax.sharding.PartitionSpec()
+    bits_spec = None if bits is None else (rows, rows)
+    return jax.shard_map(norm, mesh=mesh, in_specs=(rows, whole, rows, bits_spec, whole, whole),
+                         out_specs=rows, check_vma=False)(*args)
+
+
+def _splits_evenly(shape, spec, mesh) -> bool:
+  """Whether every dim of shape divides the mesh axes spec gives it."""
+  for size, axes in zip(shape, spec):
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    if size % math.prod(mesh.shape[name] for name in names):
+      return False
+  return True
+
+
+def _fused_norm_rows(y, bias, residual, bits, scale, offset, *, rate, eps, interpret):
+  """fused_norm.dropout_add_layer_norm on [..., embed] rows; bits [..., groups] each."""
+  if bits is not None:
+    bits = tuple(b.reshape(-1, b.shape[-1]) for b in bits)
+  return fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=rate,
+                                           eps=eps, impl='pallas', interpret=interpret)
 
 
 class BertAttention(nn.Module):

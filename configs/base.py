@@ -61,7 +61,7 @@ def get_config(arg=None):
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'
   # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
-  # Triton kernel each way, bert_jax/fused_norm.py; one NVIDIA GPU).
+  # Triton kernel each way, bert_jax/fused_norm.py; NVIDIA GPUs).
   model.layer_norm_impl = 'xla'
   # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
   # function and parameters). On an H100: with layer_norm_impl='pallas' set it too (1,534 -> 1,604

@@ -8,7 +8,7 @@ Differs from configs/large.py only in how the same function is computed:
   on an H100) and attention is not rematerialised;
 - the tanh GELU of the original TF BERT code;
 - each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
-  (layer_norm_impl='pallas', bert_jax/fused_norm.py; one GPU);
+  (layer_norm_impl='pallas', bert_jax/fused_norm.py; NVIDIA GPUs);
 - the encoder's dense layers as 2-d matmuls (flat_matmuls): with the fused kernels' 16-bit
   dropout draws, 1.7-2.1% faster on an H100 (experiments/perf_notes.md).
 README, "GPU speed", compares it with transformers' BertForPreTraining under torch.compile.

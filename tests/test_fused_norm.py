@@ -215,10 +215,11 @@ def test_fused_layer_norm_drops_in_training_only():
       atol=1e-5)
 
 
-def test_pallas_layer_norm_is_refused_off_a_single_gpu():
+def test_pallas_layer_norm_is_refused_off_gpus():
   config = tiny.get_config()
   config.model.layer_norm_impl = 'pallas'
   config_lib.validate(config)  # A valid choice...
   with pytest.raises(config_lib.ConfigError,
-                     match="layer_norm_impl='pallas' runs Triton kernels on one NVIDIA GPU"):
+                     match="layer_norm_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
+                           "this run has 1 cpu device"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)

@@ -7,7 +7,6 @@ flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 
 from bert_jax import fused_norm
 from bert_jax import layers
+from bert_jax import sharding
 
 REMAT_POLICIES = {
     'none': None,
@@ -185,7 +185,8 @@ class FusedLayerNorm(nn.Module):
     args = (y, dense_bias, residual.astype(y.dtype), bits, scale, offset)
     mesh = jax.sharding.get_abstract_mesh()
     rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-    if mesh.empty or mesh.size == 1 or not _splits_evenly(y.shape, rows, mesh):
+    if mesh.empty or mesh.size == 1 or sharding.indivisible(
+        jax.ShapeDtypeStruct(y.shape, y.dtype), jax.sharding.NamedSharding(mesh, rows)):
       return norm(*args)  # One device, or a batch the mesh cannot split (init's batch of 1).
     # Several devices: each runs the kernels on its rows of the batch (the parameters gathered,
     # their gradients summed by shard_map's transpose).
@@ -196,15 +197,6 @@ class FusedLayerNorm(nn.Module):
     bits_spec = None if bits is None else (rows, rows)
     return jax.shard_map(norm, mesh=mesh, in_specs=(rows, whole, rows, bits_spec, whole, whole),
                          out_specs=rows, check_vma=False)(*args)
-
-
-def _splits_evenly(shape, spec, mesh) -> bool:
-  """Whether every dim of shape divides the mesh axes spec gives it."""
-  for size, axes in zip(shape, spec):
-    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    if size % math.prod(mesh.shape[name] for name in names):
-      return False
-  return True
 
 
 def _fused_norm_rows(y, bias, residual, bits, scale, offset, *, rate, eps, interpret):

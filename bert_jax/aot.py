@@ -143,7 +143,7 @@ class HbmExhaustedError(RuntimeError):
 def compile_train_step(config, mesh):
   """(compiled train step, compile seconds), lowered as pretrain.py runs it."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import optim, sharding, steps  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_lib, optim, sharding, steps  # pylint: disable=g-import-not-at-top
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model = steps.build_model(config)
   tx = optim.create_optimizer(config.train)
@@ -154,7 +154,8 @@ def compile_train_step(config, mesh):
   batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
                             config.data.max_predictions_per_seq,
                             config.data.max_pairs_per_row if config.data.packing else 0)
-  train_step = steps.jit_train_step(model, tx, state_shardings, sharding.batch_sharding(mesh))
+  train_step = steps.jit_train_step(model, tx, state_shardings, sharding.batch_sharding(mesh),
+                                    compiler_options=config_lib.xla_options(config))
   logging.info('Compiling the %d-layer step (scan_layers=%s).', config.model.num_layers,
                config.model.scan_layers)
   with sharding.activation_rules(mesh, rules):  # As pretrain.py traces it.

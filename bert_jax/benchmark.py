@@ -76,7 +76,9 @@ class Setup:
       self.state, shardings = steps.create_train_state(config, self.model, self.tx, self.mesh,
                                                        self.rules)
       batch_sharding = sharding.batch_sharding(self.mesh)
-      self.step = steps.jit_train_step(self.model, self.tx, shardings, batch_sharding)
+      self.step = steps.jit_train_step(
+          self.model, self.tx, shardings, batch_sharding,
+          compiler_options=config_lib.xla_options(config))
       host_batches = ([random_batch(config, np.random.default_rng(0))] if not
                       config.data.prepared else corpus_batches(config, _REAL_BATCHES))
       self.real_tokens = float(np.mean([b['input_mask'].sum() for b in host_batches]))

@@ -3,6 +3,7 @@
 import difflib
 import math
 import os
+import re
 
 from configs import base
 
@@ -60,6 +61,50 @@ def validate(config) -> None:
   _check_model(config.model)
   _check_data(config)
   _check_init_from(config)
+  xla_options(config)
+
+
+def xla_options(config) -> dict:
+  """config.train.xla_options ('name=value,...') as jit's compiler_options; checks the form.
+
+  Whether XLA knows each name and value is checked by check_xla_options, once JAX runs.
+  """
+  text = config.train.get('xla_options', '')
+  options = {}
+  for item in filter(None, (part.strip() for part in text.split(','))):
+    name, sep, value = item.partition('=')
+    name, value = name.strip().lstrip('-'), value.strip()
+    if not sep or not value or not re.fullmatch(r'xla_[a-z0-9_]+', name):
+      raise ConfigError(
+          f'config.train.xla_options={text!r}: {item!r} is not name=value with an XLA debug '
+          "option's name (xla_...), e.g. 'xla_gpu_enable_triton_gemm=false'.")
+    options[name] = _option_value(value)
+  return options
+
+
+def _option_value(text: str):
+  """'false' -> False, '2' -> 2, else the text: XLA takes typed values for typed options."""
+  if text.lower() in ('true', 'false'):
+    return text.lower() == 'true'
+  try:
+    return int(text)
+  except ValueError:
+    return text
+
+
+def check_xla_options(config) -> None:
+  """Compiles a one-op function with config.train.xla_options, so that a name or value XLA does
+  not know fails here, naming the key, rather than in the train step's compile."""
+  options = xla_options(config)
+  if not options:
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
+  except Exception as e:  # XLA's error names the option: pylint: disable=broad-except
+    raise ConfigError(f'config.train.xla_options={config.train.xla_options!r}: XLA refused it: '
+                      f'{str(e).splitlines()[0]}') from e
 
 
 def check_workdir(workdir: str) -> None:
@@ -209,6 +254,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
   check_layer_norm_impl(config)
+  check_xla_options(config)
   batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
                                  and config.train.phase2_batch_size else [])
   for key in batch_keys:

@@ -69,6 +69,42 @@ class DenseGeneral(nn.Module):
     return (y, bias) if bias is not None and self.bias_apart else y
 
 
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_CUBIC = 0.044715
+
+
+@jax.custom_vjp
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """The tanh GELU of the original BERT code (= jax.nn.gelu(approximate=True)).
+
+  Written in the operand order of XLA's GPU GELU pattern (gemm_rewriter), and its VJP saves only
+  the input: under JAX's own autodiff the tanh is saved too, which gives it a second user, so
+  XLA cannot fold the GELU into the matmul before it (cuBLASLt's GELU_AUX epilogue writes the
+  activation and its input in one pass). The backward recomputes the tanh, in float32.
+  """
+  return x * (0.5 * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x * (x * x))))))
+
+
+def _gelu_tanh_fwd(x):
+  return gelu_tanh(x), x
+
+
+def _gelu_tanh_bwd(x, g):
+  x32 = x.astype(jnp.float32)
+  t = jnp.tanh(_SQRT_2_OVER_PI * (x32 + _GELU_CUBIC * x32 * x32 * x32))
+  dt = _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x32 * x32)
+  grad = 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * dt
+  return ((g.astype(jnp.float32) * grad).astype(g.dtype),)
+
+
+gelu_tanh.defvjp(_gelu_tanh_fwd, _gelu_tanh_bwd)
+
+
+def gelu(x: jax.Array, kind: str) -> jax.Array:
+  """GELU: 'erf' (exact, as HF) or 'tanh' (the original TF BERT code's approximation)."""
+  return gelu_tanh(x) if kind == 'tanh' else nn.gelu(x, approximate=False)
+
+
 def layer_norm_inits(axis_name: str = 'embed') -> dict[str, Initializer]:
   """Initialisers of a LayerNorm's `scale` (ones) and `bias` (zeros), with the logical axis."""
   return {'scale': nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),

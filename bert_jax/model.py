@@ -234,7 +234,7 @@ class BertLayer(nn.Module):
 
 
 class BertIntermediate(nn.Module):
-  """Dense to the feed-forward width, then exact (erf) GELU."""
+  """Dense to the feed-forward width, then GELU (exact erf, or the original code's tanh)."""
   config: BertConfig
 
   @nn.compact
@@ -243,7 +243,7 @@ class BertIntermediate(nn.Module):
     h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
                             flatten=cfg.flat_matmuls, name='dense')(x)
-    h = nn.gelu(h, approximate=cfg.gelu == 'tanh')
+    h = layers.gelu(h, cfg.gelu)
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 
 
@@ -346,7 +346,7 @@ class MaskedLmHead(nn.Module):
     x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
                             name='transform_dense')(x)
-    x = nn.gelu(x, approximate=cfg.gelu == 'tanh')
+    x = layers.gelu(x, cfg.gelu)
     x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
                           name='transform_LayerNorm')(x)
     bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,

@@ -272,7 +272,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
 
   max_skips = config.train.max_nonfinite_skips
   train_step = steps.jit_train_step(model, tx, state_shardings, batch_shardings,
-                                    skip_nonfinite=max_skips > 0)
+                                    skip_nonfinite=max_skips > 0,
+                                    compiler_options=config_lib.xla_options(config))
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,

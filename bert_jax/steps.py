@@ -205,12 +205,17 @@ def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = Fa
   return new_state, stats
 
 
-def jit_train_step(model, tx, state_shardings, batch_shardings, skip_nonfinite=False):
-  """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state."""
+def jit_train_step(model, tx, state_shardings, batch_shardings, skip_nonfinite=False,
+                   compiler_options=None):
+  """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state.
+
+  compiler_options: XLA debug options for this computation (config_lib.xla_options).
+  """
   return jax.jit(functools.partial(train_step, model=model, tx=tx,
                                    skip_nonfinite=skip_nonfinite),
                  in_shardings=(state_shardings, batch_shardings),
-                 out_shardings=(state_shardings, None), donate_argnums=0)
+                 out_shardings=(state_shardings, None), donate_argnums=0,
+                 compiler_options=compiler_options or None)
 
 
 def eval_step(params, batch, *, model):

@@ -134,6 +134,9 @@ def get_config(arg=None):
   train.checkpoint_every = 10_000  # Steps between checkpoints (and at the end).
   train.keep_checkpoints = 3  # Newest checkpoints kept.
   train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 measures a matmul at start.
+  # XLA debug options for the train step's compile, 'name=value,...' (e.g.
+  # 'xla_gpu_enable_triton_gemm=false'); they apply to that computation only. '' = XLA's defaults.
+  train.xla_options = ''
 
   if arg:
     apply_arguments(config, arg)

@@ -10,7 +10,10 @@ Differs from configs/large.py only in how the same function is computed:
 - each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
   (layer_norm_impl='pallas', bert_jax/fused_norm.py; NVIDIA GPUs);
 - the encoder's dense layers as 2-d matmuls (flat_matmuls): with the fused kernels' 16-bit
-  dropout draws, 1.7-2.1% faster on an H100 (experiments/perf_notes.md).
+  dropout draws, 1.7-2.1% faster on an H100 (experiments/perf_notes.md);
+- every matmul of the train step on cuBLAS (train.xla_options turns XLA's Triton gemms off), so
+  that XLA folds bias adds and the GELU into cuBLASLt epilogues (with the tanh GELU's custom
+  VJP, 1,622 -> 1,654 seq/s on an H100; experiments/perf_notes.md).
 README, "GPU speed", compares it with transformers' BertForPreTraining under torch.compile.
 """
 
@@ -21,6 +24,7 @@ def get_config(arg=None):
   config = large.get_config()
   config.model.update(dtype='bfloat16', attention_impl='cudnn', scan_layers=False, gelu='tanh',
                       layer_norm_impl='pallas', flat_matmuls=True)
+  config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
   if arg:
     base.apply_arguments(config, arg)
   return config

@@ -31,7 +31,7 @@ def test_large_gpu_keeps_the_papers_model_and_dropout():
   l, g = config_lib.flatten(large.get_config()), config_lib.flatten(large_gpu.get_config())
   changed = {k for k in l if l[k] != g[k]}
   assert changed == {'model.dtype', 'model.attention_impl', 'model.scan_layers', 'model.gelu',
-                     'model.layer_norm_impl', 'model.flat_matmuls'}
+                     'model.layer_norm_impl', 'model.flat_matmuls', 'train.xla_options'}
   assert g['model.attention_dropout_rate'] == g['model.hidden_dropout_rate'] == 0.1
 
 
@@ -43,7 +43,7 @@ def test_bench_compare_large_gpu_variant_is_configs_large_gpu():
   config = large.get_config()
   config.model.dtype = 'bfloat16'  # bench_compare sets bf16 for every variant.
   for flag in bench_compare.VARIANTS['large_gpu']:
-    key, value = flag.removeprefix('--config.').split('=')
+    key, value = flag.removeprefix('--config.').split('=', 1)
     section, name = key.split('.')
     current = config[section][name]
     config[section][name] = (value == 'True') if isinstance(current, bool) else type(current)(value)
@@ -93,6 +93,9 @@ def test_bad_arguments_are_named(arg, match):
     ('train.batch_size', 0, r'config.train.batch_size=0 must be > 0'),
     ('data.max_seq_length', 512, r'max_seq_length=512 exceeds'),
     ('data.corpus', '', r'config.data.corpus is empty'),
+    ('train.xla_options', 'xla_gpu_enable_triton_gemm',
+     r"'xla_gpu_enable_triton_gemm' is not name=value"),
+    ('train.xla_options', 'triton_gemm=false', r"'triton_gemm=false' is not name=value"),
 ])
 def test_bad_values_are_named(key, value, match):
   config = valid_config()
@@ -100,6 +103,28 @@ def test_bad_values_are_named(key, value, match):
   config[parent][leaf] = value
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(config)
+
+
+def test_xla_options_parse_into_compiler_options():
+  config = valid_config()
+  config.train.xla_options = ' xla_gpu_enable_triton_gemm=false, --xla_gpu_autotune_level=0,'
+  assert config_lib.xla_options(config) == {'xla_gpu_enable_triton_gemm': False,
+                                            'xla_gpu_autotune_level': 0}
+  config_lib.check_xla_options(config)  # XLA knows both (GPU options compile on CPU too).
+  config.train.xla_options = ''
+  assert config_lib.xla_options(config) == {}
+
+
+@pytest.mark.parametrize('options, match', [
+    ('xla_gpu_enable_triton_gemmm=false', r"No such compile option: 'xla_gpu_enable_triton_gemmm'"),
+    ('xla_gpu_enable_triton_gemm=maybe', r"xla_gpu_enable_triton_gemm.*'maybe'"),
+])
+def test_xla_options_xla_does_not_know_are_named_before_the_step_compiles(options, match):
+  config = valid_config()
+  config.train.xla_options = options
+  config_lib.validate(config)  # The form is right; only XLA knows its names and values.
+  with pytest.raises(config_lib.ConfigError, match=rf'config.train.xla_options=.*{match}'):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=0, batch_divisor=1)
 
 
 def test_cudnn_attention_dropout_needs_unrolled_layers_without_remat():

@@ -187,6 +187,26 @@ def test_gather_positions_equals_take_along_axis_with_its_gradient(dtype):
   np.testing.assert_array_equal(grad(ours), grad(reference))  # Repeated picks accumulate.
 
 
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_gelu_tanh_is_jax_tanh_gelu_and_saves_only_its_input(dtype):
+  from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=g-import-not-at-top
+  x = jnp.linspace(-6, 6, 4001).astype(dtype)
+  np.testing.assert_array_equal(layers.gelu_tanh(x), jax.nn.gelu(x, approximate=True))
+  total = lambda f: lambda v: jnp.sum(f(v).astype(jnp.float32))  # noqa: E731
+  grad = jax.grad(total(layers.gelu_tanh))(x)
+  want = jax.grad(total(lambda v: jax.nn.gelu(v, approximate=True)))(x.astype(jnp.float32))
+  assert grad.dtype == dtype
+  # float32: the same derivative; bfloat16: computed in float32, so within one bf16 rounding.
+  tolerance = 1e-5 if dtype == jnp.float32 else 2 ** -8
+  np.testing.assert_allclose(grad.astype(jnp.float32), want, rtol=tolerance, atol=tolerance)
+  # Only x is kept for the backward (JAX's own autodiff keeps the tanh and more: XLA cannot
+  # then fold the GELU into the matmul's epilogue).
+  saved = [r for r, _ in saved_residuals(total(layers.gelu_tanh), x) if r.shape]
+  assert [(r.shape, r.dtype) for r in saved] == [(x.shape, x.dtype)]
+  np.testing.assert_array_equal(layers.gelu(x, 'tanh'), layers.gelu_tanh(x))
+  np.testing.assert_array_equal(layers.gelu(x, 'erf'), jax.nn.gelu(x, approximate=False))
+
+
 def test_mlm_logits_use_the_tied_word_embeddings():
   model = model_lib.BertForPreTraining(small_config())
   ids, segments, mask, positions = inputs()

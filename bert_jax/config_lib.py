@@ -12,7 +12,7 @@ VALID_CHOICES = {
     'model.dtype': ('float32', 'bfloat16', 'float16'),
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
-    'model.attention_impl': ('xla', 'cudnn'),
+    'model.attention_impl': ('xla', 'cudnn', 'pallas'),
     'model.gelu': ('erf', 'tanh'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'model.layer_norm_impl': ('xla', 'pallas'),
@@ -175,12 +175,15 @@ def _check_known_keys(flat, reference, reference_file) -> None:
 
 
 def _check_model(model) -> None:
-  if model.attention_impl == 'cudnn' and model.attention_dropout_rate > 0:
+  # 'pallas' runs rows longer than fused_attention.MAX_LENGTH, and packed rows, through cuDNN:
+  # cuDNN's conditions hold for both.
+  if model.attention_impl in ('cudnn', 'pallas') and model.attention_dropout_rate > 0:
     # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask
     # only when each layer is its own call, run once per step (see layers.cudnn_attention).
+    impl = model.attention_impl
     if model.scan_layers:
       raise ConfigError(
-          "config.model.attention_impl='cudnn' with attention dropout "
+          f"config.model.attention_impl='{impl}' with attention dropout "
           f'(config.model.attention_dropout_rate={model.attention_dropout_rate}) needs '
           'config.model.scan_layers=False: under a scan every layer would share one mask '
           'stream and the backward would read the layers\' masks in reverse order. Set '
@@ -188,7 +191,7 @@ def _check_model(model) -> None:
           "paper), or attention_impl='xla'.")
     if model.remat_policy != 'none':
       raise ConfigError(
-          "config.model.attention_impl='cudnn' with attention dropout needs "
+          f"config.model.attention_impl='{impl}' with attention dropout needs "
           f"config.model.remat_policy='none' (got {model.remat_policy!r}): a recomputed "
           'attention would draw a new mask. Use remat_policy=\'none\', attention_dropout_rate=0.0 '
           "or attention_impl='xla'.")
@@ -266,16 +269,18 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 
 def check_layer_norm_impl(config) -> None:
-  """model.layer_norm_impl='pallas' runs Triton kernels: NVIDIA GPUs only (any number: on a
-  mesh each GPU runs them on its rows of the batch under shard_map)."""
-  if config.model.get('layer_norm_impl', 'xla') != 'pallas':
-    return
+  """model.layer_norm_impl='pallas' and attention_impl='pallas' run Triton kernels: NVIDIA GPUs
+  only (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
-  if backend != 'gpu':
-    raise ConfigError(
-        "config.model.layer_norm_impl='pallas' runs Triton kernels on NVIDIA GPUs; this "
-        f"run has {count} {backend} device(s). Use layer_norm_impl='xla' (any device, any mesh).")
+  if backend == 'gpu':
+    return
+  for key, other in (('layer_norm_impl', "'xla' (any device, any mesh)"),
+                     ('attention_impl', "'xla' (any device) or 'cudnn'")):
+    if config.model.get(key, 'xla') == 'pallas':
+      raise ConfigError(
+          f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "
+          f"{count} {backend} device(s). Use {key}={other}.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
@@ -393,7 +398,8 @@ COMMAND_BUFFER_WITHOUT_CUDNN = (
 
 def needs_cudnn_outside_command_buffers(config) -> bool:
   model = config.get('model') or {}
-  return model.get('attention_impl') == 'cudnn' and model.get('attention_dropout_rate', 0) > 0
+  return (model.get('attention_impl') in ('cudnn', 'pallas')
+          and model.get('attention_dropout_rate', 0) > 0)
 
 
 def apply_xla_flags(config) -> None:
@@ -415,6 +421,6 @@ def apply_xla_flags(config) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   if jax.default_backend() == 'gpu':
     raise ConfigError(
-        "config.model.attention_impl='cudnn' with attention dropout needs "
-        f'XLA_FLAGS="{COMMAND_BUFFER_WITHOUT_CUDNN}" set before JAX starts (JAX is already '
+        f"config.model.attention_impl='{config.model.attention_impl}' with attention dropout "
+        f'needs XLA_FLAGS="{COMMAND_BUFFER_WITHOUT_CUDNN}" set before JAX starts (JAX is already '
         'running here); restart with it, or set config.model.attention_dropout_rate=0.0.')

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import fused_attention
 from bert_jax import fused_norm
 from bert_jax import layers
 from bert_jax import sharding
@@ -46,7 +47,9 @@ class BertConfig:
   scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
-  attention_impl: str = 'xla'  # 'xla' (einsum softmax, dropout) or 'cudnn' (fused, GPU).
+  # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
+  # kernels for plain rows of up to 128 tokens, cuDNN for longer or packed rows; GPU).
+  attention_impl: str = 'xla'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
@@ -125,8 +128,16 @@ class BertSelfAttention(nn.Module):
         param_dtype=cfg.param_dtype, kernel_init=cfg.init, flatten=cfg.flat_matmuls,
         name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
-    if cfg.attention_impl == 'cudnn':
-      rate = 0.0 if deterministic else cfg.attention_dropout_rate
+    rate = 0.0 if deterministic else cfg.attention_dropout_rate
+    # Plain rows (bias [batch, 1, 1, length]) short enough for one Triton program per head.
+    if (cfg.attention_impl == 'pallas' and bias.shape[2] == 1
+        and fused_attention.supported(query.shape[1], cfg.head_dim)):
+      keys = None
+      if fused_attention.dropout_threshold(rate) > 0:
+        keys = fused_attention.tile_keys(self.make_rng('dropout'), query.shape[0], cfg.num_heads)
+      segment_ids = (bias[:, 0, 0, :] == 0).astype(jnp.int32)  # 1 real, 0 padding.
+      return short_attention(query, key, value, segment_ids, keys, rate=rate)
+    if cfg.attention_impl in ('cudnn', 'pallas'):
       return layers.cudnn_attention(query, key, value, bias, rate,
                                     layers.cudnn_dropout_seed(cfg.seed, self.layer_index))
     dropout_rng = None
@@ -134,6 +145,29 @@ class BertSelfAttention(nn.Module):
       dropout_rng = self.make_rng('dropout')
     return layers.dot_product_attention(query, key, value, bias, dropout_rng,
                                         cfg.attention_dropout_rate, deterministic, cfg.dtype)
+
+
+def short_attention(query, key, value, segment_ids, keys, *, rate: float):
+  """fused_attention.attention (interpreted off GPUs, for tests); on a mesh of several devices
+  each runs the kernels on its rows and heads, under shard_map.
+
+  query, key, value: [batch, length, heads, head_dim]; segment_ids: [batch, length];
+  keys: fused_attention.tile_keys for the whole batch (so the masks do not depend on the mesh).
+  """
+  attend = functools.partial(fused_attention.attention, rate=rate,
+                             interpret=jax.default_backend() != 'gpu')
+  mesh = jax.sharding.get_abstract_mesh()
+  heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
+  if mesh.empty or mesh.size == 1 or sharding.indivisible(
+      jax.ShapeDtypeStruct(query.shape, query.dtype), jax.sharding.NamedSharding(mesh, heads)):
+    return attend(query, key, value, segment_ids, keys)
+  if heads[1] is not None or heads[3] is not None:
+    raise ValueError(f"attention_impl='pallas' needs whole rows and heads; the mesh rules split "
+                     f"them over {heads[1]!r} / {heads[3]!r}.")
+  rows = jax.sharding.PartitionSpec(heads[0], None)
+  keys_spec = None if keys is None else jax.sharding.PartitionSpec(heads[0], heads[2], None)
+  return jax.shard_map(attend, mesh=mesh, in_specs=(heads, heads, heads, rows, keys_spec),
+                       out_specs=heads, check_vma=False)(query, key, value, segment_ids, keys)
 
 
 class BertResidualOutput(nn.Module):

@@ -12,8 +12,9 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
   paper_unrolled, cudnn_unrolled   paper / cuDNN (threefry) with the scan fully unrolled
   cudnn_dropout_tanh   cuDNN attention with the paper's attention dropout in the kernel,
                        scan_layers=False, tanh GELU (paper-faithful dropout)
-  large_gpu            configs/large_gpu.py: cudnn_dropout_tanh + the fused LayerNorm kernels
-                       + 2-d matmuls (flat_matmuls) + every matmul on cuBLAS (train.xla_options)
+  large_gpu            configs/large_gpu.py: cudnn_dropout_tanh with our attention kernels for
+                       rows up to 128 tokens (attention_impl=pallas), the fused LayerNorm kernels,
+                       2-d matmuls (flat_matmuls), every matmul on cuBLAS (train.xla_options)
   cudnn_dropout_tanh_cublas   cudnn_dropout_tanh with XLA's Triton GEMMs off (an `env:` entry of a
                        variant adds an XLA flag to that process's XLA_FLAGS)
 A variant may add flags after `+`: `cudnn_dropout_tanh+env:--xla_gpu_enable_cudnn_layer_norm=true`
@@ -35,7 +36,8 @@ CUDNN = ['--config.model.attention_impl=cudnn', '--config.model.attention_dropou
 # GPU before the fused LayerNorm kernels, LARGE_GPU now.
 GPU = ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
        '--config.model.attention_impl=cudnn']
-LARGE_GPU = [*GPU, '--config.model.layer_norm_impl=pallas', '--config.model.flat_matmuls=True',
+LARGE_GPU = [*GPU[:2], '--config.model.attention_impl=pallas',
+             '--config.model.layer_norm_impl=pallas', '--config.model.flat_matmuls=True',
              '--config.train.xla_options=xla_gpu_enable_triton_gemm=false']
 VARIANTS = {
     'paper': [],

@@ -32,7 +32,7 @@ def kind_of(name: str) -> str:
   lowered = name.lower()
   if any(k in lowered for k in ('gemm', 'cublas', 'sm90_xmma', 'nvjet', 'cutlass')):
     return 'matmul'
-  if any(k in lowered for k in ('cudnn', 'flash', 'fmha', 'sdpa')):
+  if any(k in lowered for k in ('cudnn', 'flash', 'fmha', 'sdpa', 'short_attention')):
     return 'attention'
   if 'memcpy' in lowered or 'memset' in lowered:
     return 'copy'
@@ -61,13 +61,18 @@ def main(argv):
   path = glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'), recursive=True)[0]
   profile = ProfileData.from_file(path)
   by_op = collections.defaultdict(lambda: [0.0, 0, ''])
+  memset_before = collections.Counter()  # Kernel that runs next after each memset (its user).
   for plane in profile.planes:
     if not plane.name.startswith('/device:GPU:0'):
       continue
     for line in plane.lines:
       if 'stream' not in line.name.lower():
         continue
-      for event in line.events:
+      events = sorted(line.events, key=lambda e: e.start_ns)
+      for event, following in zip(events, events[1:]):
+        if 'memset' in event.name.lower():
+          memset_before[following.name[:60]] += 1
+      for event in events:
         # Kernels inside a CUDA graph (command buffer) all carry the buffer's hlo_op: key by
         # kernel name, and keep an XLA op name when there is one.
         op = dict(event.stats).get('hlo_op') or ''
@@ -85,6 +90,7 @@ def main(argv):
              'seq': config.data.max_seq_length, 'layers': config.model.num_layers,
              'kernel_ms_per_step': round(sum(r[1] for r in rows), 2),
              'by_kind_ms': {k: round(v, 2) for k, v in kinds.most_common()},
+             'memset_before': {k: round(v / n, 1) for k, v in memset_before.most_common(15)},
              'top': [{'op': op, 'ms': round(ms, 3), 'launches': round(c, 1),
                       'kernel': kernel[:80]} for op, ms, c, kernel in rows[:_TOP.value]]}
   print(json.dumps(summary, indent=1), flush=True)

@@ -1,10 +1,10 @@
 """Multi-device checks for tests/test_sharding.py, run as a script on 8 fake CPU devices.
 
-`python tests/sharding_check.py CHECK...`, each CHECK a preset, `fused_norm` or `mesh_mismatch`,
+`python tests/sharding_check.py CHECK...`, each CHECK a preset, `fused_kernels` or `mesh_mismatch`,
 prints one JSON object. A preset trains a micro BERT for a few steps once on one device and then on
 every mesh shape, and reports each shape's loss and parameter differences from the one-device run
-and the shardings the preset gave; `fused_norm` does the same for two meshes with the fused
-LayerNorm kernels; `mesh_mismatch` reports how a mesh that does not fit the devices fails. Pytest keeps one device; only this process sees eight.
+and the shardings the preset gave; `fused_kernels` does the same for two meshes with the fused
+LayerNorm and attention kernels; `mesh_mismatch` reports how a mesh that does not fit the devices fails. Pytest keeps one device; only this process sees eight.
 """
 
 import os
@@ -199,22 +199,25 @@ def compare_preset(preset):
   return cases
 
 
-FUSED_NORM_CASES = (('fsdp_tensor', (2, 2, 2)), ('data', (8, 1, 1)))
+FUSED_KERNEL_CASES = (('fsdp_tensor', (2, 2, 2)), ('data', (8, 1, 1)))
 
 
-def compare_fused_norm():
-  """layer_norm_impl='pallas' (its kernels interpreted on CPU, under shard_map) on a mesh against
-  the same steps on one device."""
+def compare_fused_kernels():
+  """layer_norm_impl='pallas' and attention_impl='pallas' (their kernels interpreted on CPU,
+  under shard_map) on a mesh against the same steps on one device."""
   batches = random_batches(NUM_STEPS)
   cases = {}
-  for preset, shape in FUSED_NORM_CASES:
+  for preset, shape in FUSED_KERNEL_CASES:
     one, many = micro_config(preset), micro_config(preset, shape)
     for config in (one, many):
-      config.model.layer_norm_impl = 'pallas'
+      # Unrolled layers (cuDNN's conditions, which attention_impl='pallas' shares); head_dim 16,
+      # the kernels' smallest.
+      config.model.update(layer_norm_impl='pallas', attention_impl='pallas', scan_layers=False,
+                          num_heads=2)
     ref_losses, ref_state = train(one, batches, jax.devices()[:1])
     losses, state = train(many, batches, jax.devices())
     reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
-    cases['fused_norm-' + case_name(preset, shape)] = {
+    cases['fused_kernels-' + case_name(preset, shape)] = {
         'losses': losses, 'reference_losses': ref_losses,
         'diff': max_diffs(reference, losses, state),
         'mesh': list(state.step.sharding.mesh.shape.values())}
@@ -235,8 +238,8 @@ def main(checks):
       config = micro_config('fsdp_tensor', (1, 2, 4))
       config.model.vocab_size = 30522
       results['indivisible_vocab'] = mesh_mismatch_error(config)
-    elif check == 'fused_norm':
-      results['cases'].update(compare_fused_norm())
+    elif check == 'fused_kernels':
+      results['cases'].update(compare_fused_kernels())
     else:
       results['cases'].update(compare_preset(check))
   print(json.dumps(results))

@@ -18,7 +18,7 @@ from configs import base
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5  # fp32: reductions split over devices sum in another order.
 # One subprocess per preset; the first also checks the mesh-mismatch error.
-SUBPROCESS_CHECKS = [['mesh_mismatch', 'data'], ['fsdp'], ['fsdp_tensor'], ['fused_norm']]
+SUBPROCESS_CHECKS = [['mesh_mismatch', 'data'], ['fsdp'], ['fsdp_tensor'], ['fused_kernels']]
 CASES = [(preset, shape) for preset in sharding_check.PRESETS
          for shape in sharding_check.MESH_SHAPES]
 
@@ -62,11 +62,12 @@ def test_training_matches_one_device(multi_device, preset, shape):
   assert result['diff']['params'] <= ATOL
 
 
-@pytest.mark.parametrize('preset,shape', sharding_check.FUSED_NORM_CASES,
+@pytest.mark.parametrize('preset,shape', sharding_check.FUSED_KERNEL_CASES,
                          ids=[sharding_check.case_name(p, s)
-                              for p, s in sharding_check.FUSED_NORM_CASES])
-def test_fused_layer_norm_under_shard_map_matches_one_device(multi_device, preset, shape):
-  result = multi_device['cases']['fused_norm-' + sharding_check.case_name(preset, shape)]
+                              for p, s in sharding_check.FUSED_KERNEL_CASES])
+def test_fused_kernels_under_shard_map_match_one_device(multi_device, preset, shape):
+  """The fused LayerNorm and attention kernels (interpreted) on 8 devices = one device."""
+  result = multi_device['cases']['fused_kernels-' + sharding_check.case_name(preset, shape)]
   assert result['mesh'] == list(shape)
   assert result['diff']['loss'] <= ATOL, (result['losses'], result['reference_losses'])
   assert result['diff']['params'] <= ATOL

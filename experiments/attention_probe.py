@@ -1,0 +1,85 @@
+"""Attention alone, forward+backward, at one BERT shape: cuDNN (with and without its in-kernel
+dropout), bert_jax.fused_attention (ours, with and without dropout) and JAX's Pallas Triton flash
+attention (no dropout).
+
+`python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16]`: one JSON line per
+implementation, milliseconds per forward+backward (20 queued calls after a warm-up).
+"""
+
+import functools
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_BATCH = flags.DEFINE_integer('batch', 128, 'Rows.')
+_SEQ = flags.DEFINE_integer('seq', 128, 'Sequence length.')
+_HEADS = flags.DEFINE_integer('heads', 16, 'Heads (head_dim 64).')
+_CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
+_WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # pylint: disable=g-import-not-at-top
+  from bert_jax import layers  # pylint: disable=g-import-not-at-top
+
+  b, s, h, d = _BATCH.value, _SEQ.value, _HEADS.value, 64
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v, g = (jax.random.normal(key, (b, s, h, d), jnp.bfloat16) for key in keys)
+  bias = layers.attention_bias(jnp.ones((b, s), jnp.int32), jnp.bfloat16)
+  scale = 1 / d ** 0.5
+  impls = {
+      'cudnn_dropout0.1': functools.partial(layers.cudnn_attention, bias=bias, dropout_rate=0.1,
+                                            seed=1),
+      'cudnn_no_dropout': functools.partial(layers.cudnn_attention, bias=bias),
+  }
+  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  segment_ids = jnp.ones((b, s), jnp.int32)
+  tile_keys = fused_attention.tile_keys(keys[0], b, h)
+  for rate in (0.1, 0.0):
+    for warps in map(int, _WARPS.value):
+      impls[f'ours_dropout{rate}_w{warps}'] = functools.partial(
+          fused_attention.attention, segment_ids=segment_ids, keys=tile_keys, rate=rate,
+          num_warps=warps)
+  for bq, bk, warps, stages in ((128, 128, 8, 2),):
+    blocks = pallas_attention.BlockSizes(block_q=bq, block_k=bk, block_q_dkv=bq, block_kv_dkv=bk,
+                                         block_q_dq=bq, block_kv_dq=bk)
+    impls[f'pallas_{bq}x{bk}_w{warps}_no_dropout'] = functools.partial(
+        pallas_attention.mha, segment_ids=None, sm_scale=scale, block_sizes=blocks,
+        num_warps=warps, num_stages=stages)
+  for name, fn in impls.items():
+    loss = lambda q, k, v, fn=fn: jnp.sum((fn(q, k, v) * g).astype(jnp.float32))  # noqa: E731
+    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    fwd = jax.jit(fn)
+    record = {'impl': name, 'batch': b, 'seq': s, 'heads': h,
+              'device': jax.devices()[0].device_kind}
+    try:
+      for label, f in (('fwd_ms', fwd), ('fwd_bwd_ms', step)):
+        jax.block_until_ready(f(q, k, v))
+        start = time.perf_counter()
+        for _ in range(_CALLS.value):
+          out = f(q, k, v)
+        jax.block_until_ready(out)
+        record[label] = round((time.perf_counter() - start) / _CALLS.value * 1e3, 4)
+      if name.startswith('ours'):  # Against the jnp reference of the same function, here.
+        reference = functools.partial(fn, impl='xla')
+        ref_loss = lambda q, k, v: jnp.sum((reference(q, k, v) * g).astype(jnp.float32))  # noqa: E731
+        diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))  # noqa: E731
+        record['max_diff_out'] = diff(fwd(q, k, v), jax.jit(reference)(q, k, v))
+        record['max_diff_grads'] = [diff(a, b) for a, b in zip(
+            step(q, k, v), jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2)))(q, k, v))]
+    except Exception as e:  # Report and go on: pylint: disable=broad-except
+      record['error'] = str(e).splitlines()[0][:300]
+    print(json.dumps(record), flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)

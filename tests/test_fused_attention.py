@@ -1,0 +1,185 @@
+"""Short-row attention: the Pallas kernels (run by the interpreter on CPU) against the jnp
+reference, the reference against the model's XLA attention, the dropout draws, and the model with
+`attention_impl='pallas'` against `'xla'`."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import fused_attention
+from bert_jax import layers
+from bert_jax import model as model_lib
+from configs import tiny
+
+BATCH, LENGTH, HEADS, HEAD_DIM = 2, 32, 3, 16
+
+
+def operands(dtype, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 5)
+  q, k, v, cotangent = (jax.random.normal(key, (BATCH, LENGTH, HEADS, HEAD_DIM)).astype(dtype)
+                        for key in keys[:4])
+  # Row 0: 20 real tokens then padding; row 1: two packed segments, then padding.
+  segment_ids = jnp.asarray([[1] * 20 + [0] * 12, [1] * 10 + [2] * 14 + [0] * 8], jnp.int32)
+  return q, k, v, segment_ids, fused_attention.tile_keys(keys[4], BATCH, HEADS), cotangent
+
+
+def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate):
+  def loss(q, k, v):
+    out = fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=rate, impl=impl,
+                                    interpret=True)
+    return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+  return out, grads
+
+
+@pytest.mark.parametrize('rate', [0.0, 0.1])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_kernels_equal_the_reference(dtype, rate):
+  q, k, v, segment_ids, tile_keys, cotangent = operands(dtype)
+  out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
+  out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate)
+  assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+  # float32: the same arithmetic; bfloat16: probabilities rounded before or after normalising.
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  as32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  np.testing.assert_allclose(as32(out), as32(out_ref), rtol=tol, atol=tol)
+  for name, a, b in zip('qkv', grads, grads_ref):
+    np.testing.assert_allclose(as32(a), as32(b), rtol=tol, atol=tol * 4, err_msg=f'd{name}')
+
+
+def test_reference_is_the_models_attention_on_real_tokens():
+  """Without dropout, on plain rows (segment ids = input mask), the reference equals
+  layers.dot_product_attention (the model's XLA path) wherever a real token queries."""
+  q, k, v, _, _, _ = operands(jnp.float32)
+  input_mask = jnp.asarray([[1] * 20 + [0] * 12, [1] * 32], jnp.int32)
+  ours = fused_attention.reference(q, k, v, input_mask, None, rate=0.0)
+  xla = layers.dot_product_attention(q, k, v, layers.attention_bias(input_mask, jnp.float32),
+                                     None, 0.0, True, jnp.float32)
+  real = np.asarray(input_mask, bool)
+  np.testing.assert_allclose(np.asarray(ours)[real], np.asarray(xla)[real], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_segments_do_not_see_each_other():
+  """Row 1 holds two segments: changing segment 2's keys and values leaves segment 1's outputs."""
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32)
+  attend = lambda k, v: fused_attention.attention(  # noqa: E731
+      q, k, v, segment_ids, tile_keys, rate=0.1, interpret=True)
+  k2, v2 = k.at[1, 10:24].add(3.0), v.at[1, 10:24].add(3.0)
+  np.testing.assert_array_equal(attend(k, v)[1, :10], attend(k2, v2)[1, :10])
+  assert not np.allclose(attend(k, v)[1, 10:24], attend(k2, v2)[1, 10:24])
+
+
+def test_dropout_draws_keep_the_rate_and_are_independent():
+  rate, length = 0.1, 128
+  threshold = fused_attention.dropout_threshold(rate)
+  assert abs(threshold / 2 ** 32 - rate) < 2 ** -32
+  tile_keys = fused_attention.tile_keys(jax.random.key(0), 8, 16)
+  keep = np.asarray(fused_attention.keep_mask(tile_keys, length, threshold))  # [8, 16, 128, 128]
+  n = keep.size
+  sigma = np.sqrt(rate * (1 - rate) / n)
+  assert abs((1 - keep.mean()) - rate) < 5 * sigma, keep.mean()
+  # Per tile (the per-(row, head) key must not bias a tile) and per position (the counter must
+  # not bias a query or key index).
+  per_tile = 1 - keep.mean(axis=(2, 3))
+  assert np.all(np.abs(per_tile - rate) < 6 * np.sqrt(rate * (1 - rate) / length ** 2))
+  per_position = 1 - keep.mean(axis=(0, 1))
+  assert np.all(np.abs(per_position - rate) < 6 * np.sqrt(rate * (1 - rate) / 128))
+  # Neighbours along keys, along queries, and the same position in the next head: uncorrelated.
+  centred = keep.astype(np.float64) - keep.mean()
+  for a, b in ((centred[..., 1:], centred[..., :-1]), (centred[:, :, 1:], centred[:, :, :-1]),
+               (centred[:, 1:], centred[:, :-1])):
+    correlation = np.mean(a * b) / centred.var()
+    assert abs(correlation) < 5 / np.sqrt(a.size), correlation
+  # Deterministic per key; another key, another mask.
+  again = fused_attention.keep_mask(tile_keys, length, threshold)
+  np.testing.assert_array_equal(keep, again)
+  other = fused_attention.keep_mask(fused_attention.tile_keys(jax.random.key(1), 8, 16), length,
+                                    threshold)
+  assert 0.15 < np.mean(keep != np.asarray(other)) < 0.21  # 2 * 0.1 * 0.9 = 0.18 if independent.
+
+
+def test_dropout_scales_kept_probabilities_and_rate_one_drops_all():
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32)
+  ones = jnp.ones_like(v)  # o = sum of the kept, scaled probabilities: 1/P(keep) on average.
+  out = fused_attention.attention(q, k, ones, segment_ids, tile_keys, rate=0.5, interpret=True)
+  assert abs(float(out.mean()) - 1.0) < 0.05
+  np.testing.assert_array_equal(
+      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=1.0), jnp.zeros_like(q))
+
+
+def test_bad_shapes_are_named():
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32)
+  with pytest.raises(ValueError, match=r'lengths 16..128.*got length 24'):
+    fused_attention.attention(q[:, :24], k[:, :24], v[:, :24], segment_ids[:, :24], tile_keys,
+                              rate=0.1)
+  with pytest.raises(ValueError, match=r'keys must be tile_keys\(rng, 2, 3\).*got \(2, 3\)'):
+    fused_attention.attention(q, k, v, segment_ids, tile_keys[..., 0], rate=0.1)
+  assert fused_attention.supported(128, 64) and not fused_attention.supported(256, 64)
+
+
+def small_config(**overrides):
+  fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                max_position_embeddings=16, scan_layers=False)
+  return model_lib.BertConfig(**{**fields, **overrides})
+
+
+def model_inputs(batch=2, length=16):
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
+  mask = jnp.asarray(np.arange(length)[None] < np.array([[16], [9]]), jnp.int32)
+  segments = jnp.asarray(np.arange(length)[None] >= 5, jnp.int32) * mask
+  positions = jnp.asarray(rng.integers(1, 8, (batch, 2)), jnp.int32)
+  return ids, segments, mask, positions
+
+
+def test_model_with_the_fused_attention_computes_the_same_function():
+  xla = model_lib.BertForPreTraining(small_config())
+  fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
+  args = model_inputs()
+  params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
+
+  def loss(model, p):
+    out = model.apply({'params': p}, *args)
+    return out['mlm_logits'].sum() + out['nsp_logits'].sum()
+
+  value_a, grads_a = jax.value_and_grad(functools.partial(loss, xla))(params)
+  value_b, grads_b = jax.value_and_grad(functools.partial(loss, fused))(params)
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_model_fused_attention_drops_in_training_only():
+  model = model_lib.BertForPreTraining(small_config(attention_impl='pallas',
+                                                    hidden_dropout_rate=0.0))
+  args = model_inputs()
+  params = model.init(jax.random.key(0), *args)['params']
+  run = lambda seed: model.apply({'params': params}, *args, deterministic=False,  # noqa: E731
+                                 rngs={'dropout': jax.random.key(seed)})['mlm_logits']
+  np.testing.assert_array_equal(run(1), run(1))
+  assert not np.allclose(run(1), run(2))  # Only attention dropout is on.
+  no_dropout = model_lib.BertForPreTraining(small_config(
+      attention_impl='pallas', hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
+  np.testing.assert_allclose(
+      no_dropout.apply({'params': params}, *args, deterministic=False,
+                       rngs={'dropout': jax.random.key(1)})['mlm_logits'],
+      model.apply({'params': params}, *args)['mlm_logits'], atol=1e-5)
+
+
+def test_pallas_attention_is_refused_off_gpus_and_keeps_cudnns_conditions():
+  config = tiny.get_config()
+  config.model.update(attention_impl='pallas', scan_layers=False)
+  config_lib.validate(config)
+  with pytest.raises(config_lib.ConfigError,
+                     match="attention_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
+                           "this run has 1 cpu device"):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
+  config.model.scan_layers = True  # Longer or packed rows go to cuDNN: its conditions hold.
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"attention_impl='pallas' with attention dropout.*scan_layers=False"):
+    config_lib.validate(config)

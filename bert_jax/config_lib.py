@@ -175,7 +175,7 @@ def _check_known_keys(flat, reference, reference_file) -> None:
 
 
 def _check_model(model) -> None:
-  # 'pallas' runs rows longer than fused_attention.MAX_LENGTH, and packed rows, through cuDNN:
+  # 'pallas' runs rows longer than fused_attention.MAX_LENGTH through cuDNN:
   # cuDNN's conditions hold for both.
   if model.attention_impl in ('cudnn', 'pallas') and model.attention_dropout_rate > 0:
     # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask

@@ -48,7 +48,7 @@ class BertConfig:
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
-  # kernels for plain rows of up to 128 tokens, cuDNN for longer or packed rows; GPU).
+  # kernels for rows of up to 128 tokens, packed or not; cuDNN for longer rows; GPU).
   attention_impl: str = 'xla'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
@@ -116,7 +116,11 @@ def name_axis(embedding_name: str) -> str:
 
 
 class BertSelfAttention(nn.Module):
-  """Multi-head self-attention with a padding mask; returns [batch, length, heads, kv]."""
+  """Multi-head self-attention with a padding mask; returns [batch, length, heads, kv].
+
+  bias: the additive attention bias [batch, 1, 1 or length, length]; with attention_impl='pallas'
+  on rows fused_attention takes, the segment ids [batch, length] instead (BertModel decides).
+  """
   config: BertConfig
   layer_index: int = 0  # Seeds cuDNN's attention dropout per layer.
 
@@ -129,14 +133,11 @@ class BertSelfAttention(nn.Module):
         name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
     rate = 0.0 if deterministic else cfg.attention_dropout_rate
-    # Plain rows (bias [batch, 1, 1, length]) short enough for one Triton program per head.
-    if (cfg.attention_impl == 'pallas' and bias.shape[2] == 1
-        and fused_attention.supported(query.shape[1], cfg.head_dim)):
+    if bias.ndim == 2:  # Segment ids [batch, length]: rows short enough for fused_attention.
       keys = None
       if fused_attention.dropout_threshold(rate) > 0:
         keys = fused_attention.tile_keys(self.make_rng('dropout'), query.shape[0], cfg.num_heads)
-      segment_ids = (bias[:, 0, 0, :] == 0).astype(jnp.int32)  # 1 real, 0 padding.
-      return short_attention(query, key, value, segment_ids, keys, rate=rate)
+      return short_attention(query, key, value, bias, keys, rate=rate)
     if cfg.attention_impl in ('cudnn', 'pallas'):
       return layers.cudnn_attention(query, key, value, bias, rate,
                                     layers.cudnn_dropout_seed(cfg.seed, self.layer_index))
@@ -357,8 +358,14 @@ class BertModel(nn.Module):
     # [batch, pairs]: then pooled_output is [batch, pairs, embed].
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    bias = (layers.attention_bias(input_mask, self.config.dtype) if pair_ids is None
-            else layers.pair_attention_bias(pair_ids, self.config.dtype))
+    cfg = self.config
+    if cfg.attention_impl == 'pallas' and fused_attention.supported(input_ids.shape[1],
+                                                                    cfg.head_dim):
+      # fused_attention's kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
+      bias = (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
+    else:
+      bias = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
+              else layers.pair_attention_bias(pair_ids, cfg.dtype))
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
     if cls_positions is None:

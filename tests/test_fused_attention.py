@@ -154,6 +154,24 @@ def test_model_with_the_fused_attention_computes_the_same_function():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_function():
+  """Packed rows hand their pair ids to the kernels as segments (no cuDNN fallback needed)."""
+  ids, segments, mask, positions = model_inputs()
+  pair_ids = jnp.asarray([[1] * 7 + [2] * 9, [1] * 4 + [2] * 5 + [0] * 7], jnp.int32)
+  mask = (pair_ids > 0).astype(jnp.int32)
+  position_ids = jnp.asarray([list(range(7)) + list(range(9)),
+                              list(range(4)) + list(range(5)) + [0] * 7], jnp.int32)
+  nsp_positions = jnp.asarray([[0, 7], [0, 4]], jnp.int32)
+  args = (ids * mask, segments * mask, mask, positions)
+  packed = dict(position_ids=position_ids, pair_ids=pair_ids, nsp_positions=nsp_positions)
+  xla = model_lib.BertForPreTraining(small_config())
+  fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
+  params = nn.meta.unbox(xla.init(jax.random.key(0), *args, **packed)['params'])
+  outputs = [model.apply({'params': params}, *args, **packed) for model in (xla, fused)]
+  for name in ('mlm_logits', 'nsp_logits'):
+    np.testing.assert_allclose(outputs[0][name], outputs[1][name], rtol=1e-5, atol=1e-5)
+
+
 def test_model_fused_attention_drops_in_training_only():
   model = model_lib.BertForPreTraining(small_config(attention_impl='pallas',
                                                     hidden_dropout_rate=0.0))

@@ -70,14 +70,21 @@ def xla_options(config) -> dict:
   Whether XLA knows each name and value is checked by check_xla_options, once JAX runs.
   """
   text = config.train.get('xla_options', '')
+  if not isinstance(text, str):
+    raise ConfigError(f'config.train.xla_options={text!r} must be a string of name=value items, '
+                      "e.g. 'xla_gpu_enable_triton_gemm=false'.")
   options = {}
-  for item in filter(None, (part.strip() for part in text.split(','))):
+  # A comma starts a new item only before an option name: values may hold commas themselves
+  # (xla_gpu_enable_command_buffer=FUSION,CUBLAS).
+  for item in filter(None, (part.strip() for part in re.split(r',(?=\s*-*xla_)', text))):
     name, sep, value = item.partition('=')
     name, value = name.strip().lstrip('-'), value.strip()
-    if not sep or not value or not re.fullmatch(r'xla_[a-z0-9_]+', name):
+    if not sep or not re.fullmatch(r'xla_[a-z0-9_]+', name):
       raise ConfigError(
           f'config.train.xla_options={text!r}: {item!r} is not name=value with an XLA debug '
           "option's name (xla_...), e.g. 'xla_gpu_enable_triton_gemm=false'.")
+    if name in options:
+      raise ConfigError(f'config.train.xla_options={text!r} sets {name} twice.')
     options[name] = _option_value(value)
   return options
 
@@ -175,8 +182,8 @@ def _check_known_keys(flat, reference, reference_file) -> None:
 
 
 def _check_model(model) -> None:
-  # 'pallas' runs rows longer than fused_attention.MAX_LENGTH through cuDNN:
-  # cuDNN's conditions hold for both.
+  # 'pallas' runs the rows fused_attention does not take (longer than 128 tokens) through cuDNN,
+  # so cuDNN's conditions hold for it too.
   if model.attention_impl in ('cudnn', 'pallas') and model.attention_dropout_rate > 0:
     # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask
     # only when each layer is its own call, run once per step (see layers.cudnn_attention).
@@ -256,7 +263,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
-  check_layer_norm_impl(config)
+  check_triton_kernels(config)
   check_xla_options(config)
   batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
                                  and config.train.phase2_batch_size else [])
@@ -268,19 +275,18 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
           f'{batch_divisor}.')
 
 
-def check_layer_norm_impl(config) -> None:
+def check_triton_kernels(config) -> None:
   """model.layer_norm_impl='pallas' and attention_impl='pallas' run Triton kernels: NVIDIA GPUs
   only (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
   if backend == 'gpu':
     return
-  for key, other in (('layer_norm_impl', "'xla' (any device, any mesh)"),
-                     ('attention_impl', "'xla' (any device) or 'cudnn'")):
+  for key in ('layer_norm_impl', 'attention_impl'):
     if config.model.get(key, 'xla') == 'pallas':
       raise ConfigError(
           f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "
-          f"{count} {backend} device(s). Use {key}={other}.")
+          f"{count} {backend} device(s). Use {key}='xla' (any device, any mesh).")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
@@ -368,7 +374,7 @@ def _check_path(key: str, value: str, what: str, directory: bool = False) -> Non
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
   """Checks that need the tokenizer; still before compilation."""
-  check_layer_norm_impl(config)
+  check_triton_kernels(config)
   if config.model.vocab_size < tokenizer_vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '

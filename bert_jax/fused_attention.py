@@ -19,6 +19,9 @@ the kernel derives each probability's 32-bit draw as `mix(key ^ (query * length 
 (`_mix`: a 32-bit integer finaliser, two multiplies) and keeps it when the draw is at least
 `dropout_threshold(rate)` = round(rate * 2^32); kept probabilities are scaled by 1/P(keep). The
 backward recomputes the same draws. `reference` is the same function in jnp (the test oracle).
+The key enters by XOR, so two tiles whose keys differ by some d < length^2 draw the same values,
+permuted (index c gets the draw of c ^ d): for random keys about 2^-18 of all pairs of tiles, each
+pair a different (row, head); every mask keeps the rate.
 
 `impl='xla'` runs `reference`; `impl='pallas'` the kernels (`interpret=True` runs them anywhere,
 for tests).
@@ -29,7 +32,8 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+
+from bert_jax import fused_norm
 
 IMPLS = ('xla', 'pallas')
 MAX_LENGTH = 128  # Longest row one program holds (its scores are a [length, length] f32 tile).
@@ -88,7 +92,9 @@ def reference(q, k, v, segment_ids, keys, *, rate: float):
   scores = scores * (1.0 / head_dim ** 0.5)
   same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
   probs = jax.nn.softmax(jnp.where(same, scores, _MASKED), axis=-1)
-  if keys is not None and rate > 0:
+  if keys is not None and rate >= 1.0:
+    probs = jnp.zeros_like(probs)
+  elif keys is not None and rate > 0:
     threshold = dropout_threshold(rate)
     keep = keep_mask(keys, length, threshold)
     probs = jnp.where(keep, probs * keep_scale(threshold), 0.0)
@@ -166,10 +172,6 @@ def _specs(length: int, head_dim: int, has_keys: bool):
   return keys, seg, head, lse
 
 
-def _compiler_params(num_warps: int):
-  return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
-
-
 def _pallas_forward(q, k, v, segment_ids, keys, rate, interpret, num_warps):
   batch, length, heads, head_dim = q.shape
   threshold = dropout_threshold(rate) if keys is not None else 0
@@ -181,7 +183,7 @@ def _pallas_forward(q, k, v, segment_ids, keys, rate, interpret, num_warps):
       out_specs=[head, lse],
       out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-      compiler_params=None if interpret else _compiler_params(num_warps),
+      compiler_params=None if interpret else fused_norm.triton_params(num_warps),
       interpret=interpret, name='short_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, q, k, v)
   return o, (q, k, v, segment_ids, keys, o, lse_value)
@@ -198,7 +200,7 @@ def _pallas_backward(rate, interpret, num_warps, saved, do):
       kernel, grid=(batch, heads), in_specs=[*key_specs, seg, head, head, head, head, head, lse],
       out_specs=[head, head, head],
       out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
-      compiler_params=None if interpret else _compiler_params(num_warps),
+      compiler_params=None if interpret else fused_norm.triton_params(num_warps),
       interpret=interpret, name='short_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, q, k, v, o, do, lse_value)
   return dq, dk, dv, None, None
@@ -226,12 +228,12 @@ def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
   if not supported(length, head_dim):
     raise ValueError(f'fused_attention takes lengths 16..{MAX_LENGTH} and head sizes 16..128, '
                      f'powers of two; got length {length}, head_dim {head_dim}.')
-  if keys is not None and keys.shape != (batch, heads, 1):
-    raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): shape {(batch, heads, 1)}; '
-                     f'got {keys.shape}.')
-  if rate >= 1.0:  # Everything dropped.
+  if keys is not None and (keys.shape != (batch, heads, 1) or keys.dtype != jnp.uint32):
+    raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
+                     f'got {keys.dtype} {keys.shape}.')
+  keys = keys if dropout_threshold(rate) > 0 else None
+  if keys is not None and rate >= 1.0:  # Everything dropped.
     return jnp.zeros_like(q)
-  keys = keys if rate > 0 else None
   if impl == 'xla':
     return reference(q, k, v, segment_ids, keys, rate=rate)
   return _pallas(q, k, v, segment_ids.astype(jnp.int32), keys, float(rate), bool(interpret),

@@ -255,7 +255,8 @@ def _backward_kernel(*refs, threshold: int, has_bits: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
-def _compiler_params(num_warps: int):
+def triton_params(num_warps: int):
+  """Compiler params of this package's Pallas/Triton kernels (no loops to pipeline)."""
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
@@ -283,7 +284,7 @@ def _pallas_forward(y, bias, residual, bits, scale, offset, rate, eps, interpret
                  jax.ShapeDtypeStruct((rows, embed), y.dtype),
                  jax.ShapeDtypeStruct((rows,), jnp.float32),
                  jax.ShapeDtypeStruct((rows,), jnp.float32)],
-      compiler_params=None if interpret else _compiler_params(num_warps),
+      compiler_params=None if interpret else triton_params(num_warps),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
   return out, (z, bits, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
@@ -307,7 +308,7 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
       out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
                  jax.ShapeDtypeStruct((rows, embed), z.dtype),
                  partial_shape, partial_shape, partial_shape],
-      compiler_params=None if interpret else _compiler_params(num_warps),
+      compiler_params=None if interpret else triton_params(num_warps),
       interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
   sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
   return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)

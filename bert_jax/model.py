@@ -48,7 +48,7 @@ class BertConfig:
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
-  # kernels for rows of up to 128 tokens, packed or not; cuDNN for longer rows; GPU).
+  # kernels for rows of 16-128 tokens, powers of two, packed or not; cuDNN for others; GPU).
   attention_impl: str = 'xla'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
@@ -148,6 +148,17 @@ class BertSelfAttention(nn.Module):
                                         cfg.attention_dropout_rate, deterministic, cfg.dtype)
 
 
+def _splitting_mesh(x, spec):
+  """The mesh when it splits activation x (PartitionSpec spec) over several devices, for a
+  kernel to run per device under shard_map; None on one device or when the mesh cannot split x
+  (init's batch of 1): then the kernel runs on the whole array."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or sharding.indivisible(
+      jax.ShapeDtypeStruct(x.shape, x.dtype), jax.sharding.NamedSharding(mesh, spec)):
+    return None
+  return mesh
+
+
 def short_attention(query, key, value, segment_ids, keys, *, rate: float):
   """fused_attention.attention (interpreted off GPUs, for tests); on a mesh of several devices
   each runs the kernels on its rows and heads, under shard_map.
@@ -157,10 +168,9 @@ def short_attention(query, key, value, segment_ids, keys, *, rate: float):
   """
   attend = functools.partial(fused_attention.attention, rate=rate,
                              interpret=jax.default_backend() != 'gpu')
-  mesh = jax.sharding.get_abstract_mesh()
   heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
-  if mesh.empty or mesh.size == 1 or sharding.indivisible(
-      jax.ShapeDtypeStruct(query.shape, query.dtype), jax.sharding.NamedSharding(mesh, heads)):
+  mesh = _splitting_mesh(query, heads)
+  if mesh is None:
     return attend(query, key, value, segment_ids, keys)
   if heads[1] is not None or heads[3] is not None:
     raise ValueError(f"attention_impl='pallas' needs whole rows and heads; the mesh rules split "
@@ -218,11 +228,10 @@ class FusedLayerNorm(nn.Module):
     norm = functools.partial(_fused_norm_rows, rate=rate, eps=cfg.layer_norm_eps,
                              interpret=jax.default_backend() != 'gpu')
     args = (y, dense_bias, residual.astype(y.dtype), bits, scale, offset)
-    mesh = jax.sharding.get_abstract_mesh()
     rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-    if mesh.empty or mesh.size == 1 or sharding.indivisible(
-        jax.ShapeDtypeStruct(y.shape, y.dtype), jax.sharding.NamedSharding(mesh, rows)):
-      return norm(*args)  # One device, or a batch the mesh cannot split (init's batch of 1).
+    mesh = _splitting_mesh(y, rows)
+    if mesh is None:
+      return norm(*args)
     # Several devices: each runs the kernels on its rows of the batch (the parameters gathered,
     # their gradients summed by shard_map's transpose).
     if rows[2] is not None:

@@ -59,6 +59,7 @@ def timed(fn, *args, steps):
 
 def measure(config, steps):
   import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import steps as steps_lib  # pylint: disable=g-import-not-at-top
   setup = benchmark.Setup(config)
   model, tx, state, batch = setup.model, setup.tx, setup.state, setup.batch
@@ -71,9 +72,11 @@ def measure(config, steps):
                             deterministic=False, rngs={'dropout': rng})
       return steps_lib.total_loss(steps_lib.pretraining_losses(outputs, batch))
 
-    forward = jax.jit(loss)
-    backward = jax.jit(jax.grad(loss))
-    step = jax.jit(functools.partial(steps_lib.train_step, model=model, tx=tx))
+    options = config_lib.xla_options(config)  # As steps.jit_train_step compiles the step.
+    forward = jax.jit(loss, compiler_options=options or None)
+    backward = jax.jit(jax.grad(loss), compiler_options=options or None)
+    step = jax.jit(functools.partial(steps_lib.train_step, model=model, tx=tx),
+                   compiler_options=options or None)
     result = {'forward_ms': timed(forward, state.params, steps=steps),
               'forward_backward_ms': timed(backward, state.params, steps=steps)}
     # The whole step, not donated here so the same state can be reused.

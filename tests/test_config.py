@@ -96,6 +96,8 @@ def test_bad_arguments_are_named(arg, match):
     ('train.xla_options', 'xla_gpu_enable_triton_gemm',
      r"'xla_gpu_enable_triton_gemm' is not name=value"),
     ('train.xla_options', 'triton_gemm=false', r"'triton_gemm=false' is not name=value"),
+    ('train.xla_options', 'xla_gpu_autotune_level=0,xla_gpu_autotune_level=4',
+     r'sets xla_gpu_autotune_level twice'),
 ])
 def test_bad_values_are_named(key, value, match):
   config = valid_config()
@@ -107,10 +109,14 @@ def test_bad_values_are_named(key, value, match):
 
 def test_xla_options_parse_into_compiler_options():
   config = valid_config()
-  config.train.xla_options = ' xla_gpu_enable_triton_gemm=false, --xla_gpu_autotune_level=0,'
+  config.train.xla_options = (' xla_gpu_enable_triton_gemm=false, --xla_gpu_autotune_level=0,'
+                              'xla_gpu_enable_command_buffer=FUSION,CUBLAS')
   assert config_lib.xla_options(config) == {'xla_gpu_enable_triton_gemm': False,
-                                            'xla_gpu_autotune_level': 0}
-  config_lib.check_xla_options(config)  # XLA knows both (GPU options compile on CPU too).
+                                            'xla_gpu_autotune_level': 0,
+                                            'xla_gpu_enable_command_buffer': 'FUSION,CUBLAS'}
+  config_lib.check_xla_options(config)  # XLA knows all three (GPU options compile on CPU too).
+  config.train.xla_options = 'xla_gpu_enable_command_buffer='  # An empty value is a value.
+  assert config_lib.xla_options(config) == {'xla_gpu_enable_command_buffer': ''}
   config.train.xla_options = ''
   assert config_lib.xla_options(config) == {}
 

@@ -19,12 +19,14 @@ from configs import tiny
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 32, 3, 16
 
 
-def operands(dtype, seed=0):
+def operands(dtype, seed=0, length=LENGTH, head_dim=HEAD_DIM):
   keys = jax.random.split(jax.random.key(seed), 5)
-  q, k, v, cotangent = (jax.random.normal(key, (BATCH, LENGTH, HEADS, HEAD_DIM)).astype(dtype)
+  q, k, v, cotangent = (jax.random.normal(key, (BATCH, length, HEADS, head_dim)).astype(dtype)
                         for key in keys[:4])
-  # Row 0: 20 real tokens then padding; row 1: two packed segments, then padding.
-  segment_ids = jnp.asarray([[1] * 20 + [0] * 12, [1] * 10 + [2] * 14 + [0] * 8], jnp.int32)
+  # Row 0: 5/8 real tokens then padding; row 1: two packed segments, then padding.
+  a, b = length * 5 // 8, length * 5 // 16
+  segment_ids = jnp.asarray([[1] * a + [0] * (length - a),
+                             [1] * b + [2] * (a - b + 4) + [0] * (length - a - 4)], jnp.int32)
   return q, k, v, segment_ids, fused_attention.tile_keys(keys[4], BATCH, HEADS), cotangent
 
 
@@ -38,9 +40,11 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate):
 
 
 @pytest.mark.parametrize('rate', [0.0, 0.1])
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_kernels_equal_the_reference(dtype, rate):
-  q, k, v, segment_ids, tile_keys, cotangent = operands(dtype)
+@pytest.mark.parametrize('dtype, length, head_dim', [
+    (jnp.float32, LENGTH, HEAD_DIM), (jnp.bfloat16, LENGTH, HEAD_DIM),
+    (jnp.bfloat16, 128, 64)])  # BERT's phase-1 shape.
+def test_kernels_equal_the_reference(dtype, length, head_dim, rate):
+  q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
   out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
@@ -108,8 +112,14 @@ def test_dropout_scales_kept_probabilities_and_rate_one_drops_all():
   ones = jnp.ones_like(v)  # o = sum of the kept, scaled probabilities: 1/P(keep) on average.
   out = fused_attention.attention(q, k, ones, segment_ids, tile_keys, rate=0.5, interpret=True)
   assert abs(float(out.mean()) - 1.0) < 0.05
+  for impl in fused_attention.IMPLS:
+    np.testing.assert_array_equal(
+        fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=1.0, impl=impl,
+                                  interpret=True), jnp.zeros_like(q))
+  # No keys: no dropout, whatever the rate.
   np.testing.assert_array_equal(
-      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=1.0), jnp.zeros_like(q))
+      fused_attention.attention(q, k, v, segment_ids, None, rate=1.0, interpret=True),
+      fused_attention.attention(q, k, v, segment_ids, None, rate=0.0, interpret=True))
 
 
 def test_bad_shapes_are_named():
@@ -117,8 +127,11 @@ def test_bad_shapes_are_named():
   with pytest.raises(ValueError, match=r'lengths 16..128.*got length 24'):
     fused_attention.attention(q[:, :24], k[:, :24], v[:, :24], segment_ids[:, :24], tile_keys,
                               rate=0.1)
-  with pytest.raises(ValueError, match=r'keys must be tile_keys\(rng, 2, 3\).*got \(2, 3\)'):
+  with pytest.raises(ValueError,
+                     match=r'keys must be tile_keys\(rng, 2, 3\).*got uint32 \(2, 3\)'):
     fused_attention.attention(q, k, v, segment_ids, tile_keys[..., 0], rate=0.1)
+  with pytest.raises(ValueError, match=r'uint32 \(2, 3, 1\); got int32'):
+    fused_attention.attention(q, k, v, segment_ids, tile_keys.astype(jnp.int32), rate=0.1)
   assert fused_attention.supported(128, 64) and not fused_attention.supported(256, 64)
 
 
@@ -172,6 +185,19 @@ def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_functio
     np.testing.assert_allclose(outputs[0][name], outputs[1][name], rtol=1e-5, atol=1e-5)
 
 
+def test_model_layers_draw_their_own_tile_keys(monkeypatch):
+  drawn = []
+  tile_keys = fused_attention.tile_keys
+  monkeypatch.setattr(fused_attention, 'tile_keys',
+                      lambda *a: drawn.append(tile_keys(*a)) or drawn[-1])
+  model = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
+  args = model_inputs()
+  params = model.init(jax.random.key(0), *args)['params']
+  model.apply({'params': params}, *args, deterministic=False, rngs={'dropout': jax.random.key(1)})
+  assert len(drawn) == 2  # One draw per layer (2 layers).
+  assert not np.array_equal(drawn[0], drawn[1])
+
+
 def test_model_fused_attention_drops_in_training_only():
   model = model_lib.BertForPreTraining(small_config(attention_impl='pallas',
                                                     hidden_dropout_rate=0.0))
@@ -195,7 +221,7 @@ def test_pallas_attention_is_refused_off_gpus_and_keeps_cudnns_conditions():
   config_lib.validate(config)
   with pytest.raises(config_lib.ConfigError,
                      match="attention_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
-                           "this run has 1 cpu device"):
+                           r"this run has 1 cpu device\(s\). Use attention_impl='xla'"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
   config.model.scan_layers = True  # Longer or packed rows go to cuDNN: its conditions hold.
   with pytest.raises(config_lib.ConfigError,

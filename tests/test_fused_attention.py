@@ -2,8 +2,6 @@
 reference, the reference against the model's XLA attention, the dropout draws, and the model with
 `attention_impl='pallas'` against `'xla'`."""
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,6 +13,7 @@ from bert_jax import fused_attention
 from bert_jax import layers
 from bert_jax import model as model_lib
 from configs import tiny
+import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 32, 3, 16
 
@@ -136,18 +135,12 @@ def test_bad_shapes_are_named():
 
 
 def small_config(**overrides):
-  fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
-                max_position_embeddings=16, scan_layers=False)
-  return model_lib.BertConfig(**{**fields, **overrides})
+  """test_fused_norm's micro model with 2 heads of 16 (the kernels' smallest head size)."""
+  return test_fused_norm.small_config(**{'num_heads': 2, **overrides})
 
 
-def model_inputs(batch=2, length=16):
-  rng = np.random.default_rng(0)
-  ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
-  mask = jnp.asarray(np.arange(length)[None] < np.array([[16], [9]]), jnp.int32)
-  segments = jnp.asarray(np.arange(length)[None] >= 5, jnp.int32) * mask
-  positions = jnp.asarray(rng.integers(1, 8, (batch, 2)), jnp.int32)
-  return ids, segments, mask, positions
+def model_inputs():
+  return test_fused_norm.model_inputs(length=16)  # The kernels' shortest row.
 
 
 def test_model_with_the_fused_attention_computes_the_same_function():
@@ -155,16 +148,7 @@ def test_model_with_the_fused_attention_computes_the_same_function():
   fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
   args = model_inputs()
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
-
-  def loss(model, p):
-    out = model.apply({'params': p}, *args)
-    return out['mlm_logits'].sum() + out['nsp_logits'].sum()
-
-  value_a, grads_a = jax.value_and_grad(functools.partial(loss, xla))(params)
-  value_b, grads_b = jax.value_and_grad(functools.partial(loss, fused))(params)
-  np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  test_fused_norm.assert_same_function(xla, fused, params, args)
 
 
 def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_function():

@@ -58,7 +58,7 @@ def validate(config) -> None:
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
   _check_ranges(flat, VALID_CHOICES, POSITIVE, NON_NEGATIVE, RATES)
-  _check_model(config.model)
+  _check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
   xla_options(config)
@@ -181,10 +181,30 @@ def _check_known_keys(flat, reference, reference_file) -> None:
     raise ConfigError(f'Config lacks keys: {", ".join(missing)}; start from {reference_file}.')
 
 
-def _check_model(model) -> None:
-  # 'pallas' runs the rows fused_attention does not take (longer than 128 tokens) through cuDNN,
-  # so cuDNN's conditions hold for it too.
-  if model.attention_impl in ('cudnn', 'pallas') and model.attention_dropout_rate > 0:
+def row_lengths(config) -> list[int]:
+  """The row lengths a run's model sees: data.max_seq_length, and phase 2's when it has one."""
+  lengths = [config.data.max_seq_length]
+  if config.get('train', {}).get('phase2_fraction', 0):
+    lengths.append(config.data.phase2_max_seq_length)
+  return lengths
+
+
+def cudnn_attention_possible(model, lengths) -> bool:
+  """Whether some rows may go through cuDNN's attention: attention_impl='cudnn', or 'pallas' with
+  a row length (or head size) that fused_attention's kernels do not take."""
+  if model.get('attention_impl') != 'pallas':
+    return model.get('attention_impl') == 'cudnn'
+  if model.hidden_size % model.num_heads:
+    return True  # _check_model refuses it.
+  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  head_dim = model.hidden_size // model.num_heads
+  return not all(fused_attention.supported(n, head_dim) for n in lengths)
+
+
+def _check_model(model, lengths) -> None:
+  # 'pallas' runs the rows fused_attention does not take through cuDNN; its own kernels draw
+  # their dropout from the rng stream, so scans and remat keep their masks.
+  if cudnn_attention_possible(model, lengths) and model.attention_dropout_rate > 0:
     # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask
     # only when each layer is its own call, run once per step (see layers.cudnn_attention).
     impl = model.attention_impl
@@ -315,7 +335,7 @@ def validate_finetune(config) -> None:
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES},
                 FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')),
                 FINETUNE_NON_NEGATIVE, FINETUNE_RATES)
-  _check_model(config.model)
+  _check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
@@ -404,8 +424,8 @@ COMMAND_BUFFER_WITHOUT_CUDNN = (
 
 def needs_cudnn_outside_command_buffers(config) -> bool:
   model = config.get('model') or {}
-  return (model.get('attention_impl') in ('cudnn', 'pallas')
-          and model.get('attention_dropout_rate', 0) > 0)
+  return (model.get('attention_dropout_rate', 0) > 0
+          and cudnn_attention_possible(model, row_lengths(config)))
 
 
 def apply_xla_flags(config) -> None:

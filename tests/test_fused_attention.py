@@ -2,6 +2,8 @@
 reference, the reference against the model's XLA attention, the dropout draws, and the model with
 `attention_impl='pallas'` against `'xla'`."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -199,7 +201,7 @@ def test_model_fused_attention_drops_in_training_only():
       model.apply({'params': params}, *args)['mlm_logits'], atol=1e-5)
 
 
-def test_pallas_attention_is_refused_off_gpus_and_keeps_cudnns_conditions():
+def test_pallas_attention_is_refused_off_gpus():
   config = tiny.get_config()
   config.model.update(attention_impl='pallas', scan_layers=False)
   config_lib.validate(config)
@@ -207,7 +209,39 @@ def test_pallas_attention_is_refused_off_gpus_and_keeps_cudnns_conditions():
                      match="attention_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
                            r"this run has 1 cpu device\(s\). Use attention_impl='xla'"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
-  config.model.scan_layers = True  # Longer or packed rows go to cuDNN: its conditions hold.
+
+
+def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():
+  config = tiny.get_config()  # Rows of 64 tokens, heads of 64: the kernels take every row.
+  config.model.update(attention_impl='pallas', scan_layers=True, remat_policy='full')
+  config_lib.validate(config)
+  assert not config_lib.needs_cudnn_outside_command_buffers(config)
+  config.model.max_position_embeddings = 256
+  config.data.update(max_seq_length=256, max_predictions_per_seq=40)  # Rows of 256 go to cuDNN.
+  assert config_lib.needs_cudnn_outside_command_buffers(config)
   with pytest.raises(config_lib.ConfigError,
                      match=r"attention_impl='pallas' with attention dropout.*scan_layers=False"):
     config_lib.validate(config)
+
+
+def test_scanned_rematerialised_layers_draw_the_same_masks_again():
+  """Under nn.scan + nn.remat the recomputed attention draws its forward's masks (the keys come
+  from the rng stream), so the gradients equal those without remat."""
+  args = model_inputs()
+  rngs = {'dropout': jax.random.key(1)}
+  grads = []
+  for remat in ('none', 'full'):
+    model = model_lib.BertForPreTraining(small_config(
+        attention_impl='pallas', scan_layers=True, remat_policy=remat, hidden_dropout_rate=0.0))
+    params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
+    loss = lambda p: model.apply({'params': p}, *args, deterministic=False,  # noqa: E731
+                                 rngs=rngs)['mlm_logits'].sum()
+    grads.append(jax.grad(loss)(params))
+  for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  no_dropout = small_config(scan_layers=True, remat_policy='full', hidden_dropout_rate=0.0,
+                            attention_dropout_rate=0.0)
+  xla, fused = (model_lib.BertForPreTraining(dataclasses.replace(no_dropout, attention_impl=impl))
+                for impl in ('xla', 'pallas'))
+  test_fused_norm.assert_same_function(
+      xla, fused, nn.meta.unbox(xla.init(jax.random.key(0), *args)['params']), args)

@@ -48,13 +48,11 @@ def supported(length: int, head_dim: int) -> bool:
           and 16 <= head_dim <= 128)
 
 
-def dropout_threshold(rate: float) -> int:
-  """A probability is dropped when its 32-bit draw is below this: round(rate * 2^32)."""
-  return min(int(round(rate * 2.0 ** 32)), 2 ** 32 - 1)
-
-
-def keep_scale(threshold: int) -> float:
-  return 2.0 ** 32 / (2.0 ** 32 - threshold)
+DRAW_BITS = 32
+# A probability is dropped when its 32-bit draw is below round(rate * 2^32); kept ones are scaled
+# by 1 / P(keep) (0 when every one drops). fused_norm's quantisation, at 32 bits.
+dropout_threshold = functools.partial(fused_norm.dropout_threshold, bits=DRAW_BITS)
+keep_scale = functools.partial(fused_norm.keep_scale, bits=DRAW_BITS)
 
 
 def tile_keys(rng, batch: int, heads: int) -> jax.Array:
@@ -92,10 +90,10 @@ def reference(q, k, v, segment_ids, keys, *, rate: float):
   scores = scores * (1.0 / head_dim ** 0.5)
   same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
   probs = jax.nn.softmax(jnp.where(same, scores, _MASKED), axis=-1)
-  if keys is not None and rate >= 1.0:
+  threshold = dropout_threshold(rate)
+  if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
     probs = jnp.zeros_like(probs)
-  elif keys is not None and rate > 0:
-    threshold = dropout_threshold(rate)
+  elif keys is not None and threshold > 0:
     keep = keep_mask(keys, length, threshold)
     probs = jnp.where(keep, probs * keep_scale(threshold), 0.0)
   return jnp.einsum('bhqk,bkhd->bqhd', probs.astype(v.dtype), v,
@@ -231,8 +229,9 @@ def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
   if keys is not None and (keys.shape != (batch, heads, 1) or keys.dtype != jnp.uint32):
     raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
                      f'got {keys.dtype} {keys.shape}.')
-  keys = keys if dropout_threshold(rate) > 0 else None
-  if keys is not None and rate >= 1.0:  # Everything dropped.
+  threshold = dropout_threshold(rate)
+  keys = keys if threshold > 0 else None
+  if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
     return jnp.zeros_like(q)
   if impl == 'xla':
     return reference(q, k, v, segment_ids, keys, rate=rate)

@@ -61,14 +61,15 @@ DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
 
 
-def dropout_threshold(rate: float) -> int:
-  """Draws below this are dropped: rate * 2**16, rounded."""
-  return int(round(rate * DRAW_RANGE))
+def dropout_threshold(rate: float, bits: int = DRAW_BITS) -> int:
+  """Draws (of `bits` bits) below this are dropped: rate * 2**bits, rounded."""
+  return int(round(rate * (1 << bits)))
 
 
-def keep_scale(threshold: int) -> float:
+def keep_scale(threshold: int, bits: int = DRAW_BITS) -> float:
   """1 / P(keep) for a threshold: the scale of the kept values (0 when every value drops)."""
-  return 0.0 if threshold >= DRAW_RANGE else DRAW_RANGE / (DRAW_RANGE - threshold)
+  draw_range = 1 << bits
+  return 0.0 if threshold >= draw_range else draw_range / (draw_range - threshold)
 
 
 def groups(embed: int) -> int:

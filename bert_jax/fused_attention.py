@@ -8,20 +8,29 @@ spends about a third of its time on those two at this length; experiments/perf_n
 
   forward   reads q, k, v, the segment ids; writes o and the log-sum-exp of each query's scores
   backward  reads q, k, v, o, dO, the log-sum-exp; recomputes the probabilities and the dropout
-            mask; writes dq, dk, dv
+            mask; writes dq, dk, dv and their sums over the tile's tokens
+
+q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
+(`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the
+backward writes the three gradients into one array of the same layout, for the matmuls of the
+input and weight gradients to take whole, and the bias gradient from the kernel's sums (no add of
+three input gradients, no concatenation, no reduction pass over them).
 
 Masking: a query attends to the keys of its own segment (`segment_ids`: the input mask for plain
 rows, 1 real / 0 padding; the pair ids for packed rows). Padding tokens attend among themselves;
 nothing reads their outputs.
 
 Dropout of the attention probabilities: JAX draws one 32-bit key per (row, head) (`tile_keys`);
-the kernel derives each probability's 32-bit draw as `mix(key ^ (query * length + key_index))`
-(`_mix`: a 32-bit integer finaliser, two multiplies) and keeps it when the draw is at least
-`dropout_threshold(rate)` = round(rate * 2^32); kept probabilities are scaled by 1/P(keep). The
-backward recomputes the same draws. `reference` is the same function in jnp (the test oracle).
-The key enters by XOR, so two tiles whose keys differ by some d < length^2 draw the same values,
-permuted (index c gets the draw of c ^ d): for random keys about 2^-18 of all pairs of tiles, each
-pair a different (row, head); every mask keeps the rate.
+the kernel hashes each pair of neighbouring keys once, `mix(key ^ (query * length / 2 + c))`
+(`_mix`: a 32-bit integer finaliser, two multiplies), whose low and high 16 bits are the draws of
+keys 2c and 2c + 1; a probability is kept when its draw is at least `dropout_threshold(rate)` =
+round(rate * 2^16) (fused_norm's 16-bit quantisation: 0.1 becomes 0.100006) and kept
+probabilities are scaled by 1/P(keep). Half the hashing of a 32-bit draw each: 0.310 against
+0.429 ms per Large layer forward+backward on an H100 (experiments/perf_notes.md). The backward
+recomputes the same draws. `reference` is the same function in jnp (the test oracle). The key
+enters by XOR, so two tiles whose keys differ by some d < length^2 / 2 draw the same values,
+permuted (pair c gets the draws of pair c ^ d): for random keys about 2^-19 of all pairs of tiles,
+each pair a different (row, head); every mask keeps the rate.
 
 `impl='xla'` runs `reference`; `impl='pallas'` the kernels (`interpret=True` runs them anywhere,
 for tests).
@@ -48,11 +57,10 @@ def supported(length: int, head_dim: int) -> bool:
           and 16 <= head_dim <= 128)
 
 
-DRAW_BITS = 32
-# A probability is dropped when its 32-bit draw is below round(rate * 2^32); kept ones are scaled
-# by 1 / P(keep) (0 when every one drops). fused_norm's quantisation, at 32 bits.
-dropout_threshold = functools.partial(fused_norm.dropout_threshold, bits=DRAW_BITS)
-keep_scale = functools.partial(fused_norm.keep_scale, bits=DRAW_BITS)
+# A probability is dropped when its 16-bit draw is below round(rate * 2^16); kept ones are scaled
+# by 1 / P(keep) (0 when every one drops): fused_norm's quantisation and draw width.
+dropout_threshold = fused_norm.dropout_threshold
+keep_scale = fused_norm.keep_scale
 
 
 def tile_keys(rng, batch: int, heads: int) -> jax.Array:
@@ -69,17 +77,15 @@ def _mix(x):
   return x ^ (x >> 16)
 
 
-def _keep(key, queries, keys, length: int, threshold: int):
-  """Bool keep mask of the probabilities [queries, keys] (index arrays) under one tile key."""
-  counter = (queries * length + keys).astype(jnp.uint32)
-  return _mix(counter ^ key) >= jnp.uint32(threshold)
-
-
 def keep_mask(keys, length: int, threshold: int):
-  """[batch, heads, length, length] keep mask of all tiles (jnp; what the kernels draw)."""
+  """[batch, heads, length, length] keep mask of all tiles (jnp; what the kernels draw): the
+  16-bit draws of keys 2c and 2c + 1 are the low and high halves of mix(key ^ (query * length / 2
+  + c))."""
   queries = jnp.arange(length, dtype=jnp.uint32)[:, None]
   key_index = jnp.arange(length, dtype=jnp.uint32)[None, :]
-  return _keep(keys[..., None], queries, key_index, length, threshold)
+  hashed = _mix((queries * (length // 2) + key_index // 2) ^ keys[..., None])
+  draws = (hashed >> (16 * (key_index % 2))) & jnp.uint32(0xFFFF)
+  return draws >= jnp.uint32(threshold)
 
 
 def reference(q, k, v, segment_ids, keys, *, rate: float):
@@ -113,10 +119,16 @@ def _scores(q, k, seg, scale):
 
 
 def _tile_keep(keys_ref, length: int, threshold: int):
-  queries = jax.lax.broadcasted_iota(jnp.uint32, (length, length), 0)
-  key_index = jax.lax.broadcasted_iota(jnp.uint32, (length, length), 1)
+  """keep_mask of this program's tile, [length, length]: one hash per pair of keys, its halves
+  interleaved (Triton concatenates only along a new minor axis)."""
   key = keys_ref[...].reshape(1, 1)
-  return _keep(key, queries, key_index, length, threshold)
+  pairs = (length, length // 2)
+  queries = jax.lax.broadcasted_iota(jnp.uint32, pairs, 0)
+  pair = jax.lax.broadcasted_iota(jnp.uint32, pairs, 1)
+  hashed = _mix((queries * (length // 2) + pair) ^ key)
+  halves = (hashed & jnp.uint32(0xFFFF), hashed >> 16)
+  draws = jnp.concatenate([h[..., None] for h in halves], axis=-1).reshape(length, length)
+  return draws >= jnp.uint32(threshold)
 
 
 def _forward_kernel(*refs, scale: float, threshold: int, length: int):
@@ -140,9 +152,13 @@ def _forward_kernel(*refs, scale: float, threshold: int, length: int):
 
 def _backward_kernel(*refs, scale: float, threshold: int, length: int):
   if threshold:
-    keys_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref = refs
-  else:
-    seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, dk_ref, dv_ref = refs
+    keys_ref, *refs = refs
+  seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dqkv_ref, *sum_refs = refs
+  row, head = pl.program_id(0), pl.program_id(1)
+
+  def store(part, value):  # value: [length, head_dim] float32, the gradient of q, k or v
+    dqkv_ref[row, :, part, head, :] = value.astype(dqkv_ref.dtype)
+    sum_refs[part][...] = jnp.sum(value, axis=0)
   q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
   p = jnp.exp(_scores(q, k, seg_ref[...], scale) - lse_ref[...][:, None])  # [length, length]
   dp = _dot(do, v, trans_b=True)  # d(dropped probabilities)
@@ -153,76 +169,117 @@ def _backward_kernel(*refs, scale: float, threshold: int, length: int):
     dp = jnp.where(keep, dp * factor, 0.0)
   else:
     dropped = p
-  dv_ref[...] = _dot(dropped.astype(do.dtype), do, trans_a=True).astype(dv_ref.dtype)
+  store(2, _dot(dropped.astype(do.dtype), do, trans_a=True))
   # rowsum(dP * P) = rowsum(dO * O): O = dropped @ v.
   delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
   ds = (p * (dp - delta[:, None])).astype(q.dtype)
-  dq_ref[...] = (_dot(ds, k) * scale).astype(dq_ref.dtype)
-  dk_ref[...] = (_dot(ds, q, trans_a=True) * scale).astype(dk_ref.dtype)
+  store(0, _dot(ds, k) * scale)
+  store(1, _dot(ds, q, trans_a=True) * scale)
 
 
 def _specs(length: int, head_dim: int, has_keys: bool):
-  """BlockSpecs over grid (batch, heads): keys, segment ids, a [length, head_dim] head tile."""
+  """BlockSpecs over grid (batch, heads): keys, segment ids, the q / k / v tiles [length,
+  head_dim] of one head in qkv [batch, length, 3, heads, head_dim], an output head tile of
+  [batch, length, heads, head_dim], the log-sum-exps, a per-(row, head) vector [head_dim]."""
+  part = lambda j: pl.BlockSpec((None, length, None, None, head_dim),  # noqa: E731
+                                lambda b, h: (b, 0, j, h, 0))
   head = pl.BlockSpec((None, length, None, head_dim), lambda b, h: (b, 0, h, 0))
   seg = pl.BlockSpec((None, length), lambda b, h: (b, 0))
   keys = [pl.BlockSpec((None, None, 1), lambda b, h: (b, h, 0))] if has_keys else []
   lse = pl.BlockSpec((None, None, length), lambda b, h: (b, h, 0))
-  return keys, seg, head, lse
+  vector = pl.BlockSpec((None, None, head_dim), lambda b, h: (b, h, 0))
+  return keys, seg, [part(0), part(1), part(2)], head, lse, vector
 
 
-def _pallas_forward(q, k, v, segment_ids, keys, rate, interpret, num_warps):
-  batch, length, heads, head_dim = q.shape
+def _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps):
+  batch, length, _, heads, head_dim = qkv.shape
   threshold = dropout_threshold(rate) if keys is not None else 0
-  key_specs, seg, head, lse = _specs(length, head_dim, bool(threshold))
+  key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
   kernel = functools.partial(_forward_kernel, scale=1.0 / head_dim ** 0.5, threshold=threshold,
                              length=length)
-  o, lse_value = pl.pallas_call(
-      kernel, grid=(batch, heads), in_specs=[*key_specs, seg, head, head, head],
+  return pl.pallas_call(
+      kernel, grid=(batch, heads), in_specs=[*key_specs, seg, *parts],
       out_specs=[head, lse],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+      out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
       compiler_params=None if interpret else fused_norm.triton_params(num_warps),
       interpret=interpret, name='short_attention_fwd',
-  )(*([keys] if threshold else []), segment_ids, q, k, v)
-  return o, (q, k, v, segment_ids, keys, o, lse_value)
+  )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv)
 
 
-def _pallas_backward(rate, interpret, num_warps, saved, do):
-  q, k, v, segment_ids, keys, o, lse_value = saved
-  batch, length, heads, head_dim = q.shape
+def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret, num_warps):
+  """dqkv [batch, length, 3, heads, head_dim] and the column sums of dq, dk, dv per (row, head),
+  three float32 [batch, heads, head_dim] (the bias gradients before the sum over rows)."""
+  batch, length, _, heads, head_dim = qkv.shape
   threshold = dropout_threshold(rate) if keys is not None else 0
-  key_specs, seg, head, lse = _specs(length, head_dim, bool(threshold))
+  key_specs, seg, parts, head, lse, vector = _specs(length, head_dim, bool(threshold))
   kernel = functools.partial(_backward_kernel, scale=1.0 / head_dim ** 0.5, threshold=threshold,
                              length=length)
-  dq, dk, dv = pl.pallas_call(
-      kernel, grid=(batch, heads), in_specs=[*key_specs, seg, head, head, head, head, head, lse],
-      out_specs=[head, head, head],
-      out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+  sums = jax.ShapeDtypeStruct((batch, heads, head_dim), jnp.float32)
+  return pl.pallas_call(
+      kernel, grid=(batch, heads), in_specs=[*key_specs, seg, *parts, head, head, lse],
+      # dqkv is written whole-array: one program writes its head's three tiles.
+      out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
+      out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
       compiler_params=None if interpret else fused_norm.triton_params(num_warps),
       interpret=interpret, name='short_attention_bwd',
-  )(*([keys] if threshold else []), segment_ids, q, k, v, o, do, lse_value)
-  return dq, dk, dv, None, None
+  )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _pallas(q, k, v, segment_ids, keys, rate, interpret, num_warps):
-  return _pallas_forward(q, k, v, segment_ids, keys, rate, interpret, num_warps)[0]
+def _add_bias(qkv, bias):
+  """qkv + bias as the 2-d add XLA folds into the projection's matmul epilogue."""
+  if bias is None:
+    return qkv
+  flat = qkv.reshape(-1, bias.size) + bias.reshape(-1).astype(qkv.dtype)
+  return flat.reshape(qkv.shape)
 
 
-_pallas.defvjp(_pallas_forward, _pallas_backward)
+def _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps):
+  qkv = _add_bias(qkv, bias)
+  o, lse_value = _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps)
+  return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
-              interpret: bool = False, num_warps: int | None = None):
-  """Softmax attention within segments, dropout `rate` on the probabilities.
+def _pallas_bwd(rate, interpret, num_warps, saved, do):
+  qkv, bias, segment_ids, keys, o, lse_value = saved
+  dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret,
+                                 num_warps)
+  dbias = None
+  if bias is not None:  # [3, heads, head_dim]: the column sums over every row.
+    dbias = jnp.stack([jnp.sum(s, axis=0) for s in sums]).astype(bias.dtype)
+  return dqkv, dbias, None, None
 
-  q, k, v: [batch, length, heads, head_dim]; segment_ids: [batch, length] int32 (a query sees the
-  keys of its own segment); keys: tile_keys(rng, batch, heads), or None for no dropout.
-  Returns [batch, length, heads, head_dim] in q's dtype.
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _pallas(qkv, bias, segment_ids, keys, rate, interpret, num_warps):
+  return _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps)[0]
+
+
+_pallas.defvjp(_pallas_fwd, _pallas_bwd)
+
+
+def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
+                  interpret: bool = False, num_warps: int | None = None):
+  """Softmax attention within segments over one packed projection, dropout `rate` on the
+  probabilities.
+
+  qkv: [batch, length, 3, heads, head_dim], the query, key and value projections before their
+  bias (one matmul's output); bias: [3, heads, head_dim] or None; segment_ids: [batch, length]
+  int32 (a query sees the keys of its own segment); keys: tile_keys(rng, batch, heads), or None
+  for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype.
+
+  The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
+  projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
+  bias gradient costs no pass over them.
   """
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
-  batch, length, heads, head_dim = q.shape
+  if qkv.ndim != 5 or qkv.shape[2] != 3:
+    raise ValueError(f'qkv must be [batch, length, 3, heads, head_dim]; got shape {qkv.shape}.')
+  batch, length, _, heads, head_dim = qkv.shape
+  if bias is not None and bias.shape != (3, heads, head_dim):
+    raise ValueError(f'bias must be [3, heads, head_dim] = {(3, heads, head_dim)}; got '
+                     f'{bias.shape}.')
   if not supported(length, head_dim):
     raise ValueError(f'fused_attention takes lengths 16..{MAX_LENGTH} and head sizes 16..128, '
                      f'powers of two; got length {length}, head_dim {head_dim}.')
@@ -232,8 +289,19 @@ def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
-    return jnp.zeros_like(q)
+    return jnp.zeros((batch, length, heads, head_dim), qkv.dtype)
   if impl == 'xla':
+    q, k, v = (_add_bias(qkv, bias)[:, :, j] for j in range(3))
     return reference(q, k, v, segment_ids, keys, rate=rate)
-  return _pallas(q, k, v, segment_ids.astype(jnp.int32), keys, float(rate), bool(interpret),
+  return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys, float(rate), bool(interpret),
                  int(num_warps or NUM_WARPS))
+
+
+def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
+              interpret: bool = False, num_warps: int | None = None):
+  """attention_qkv over separate q, k, v [batch, length, heads, head_dim] (stacked first)."""
+  if not q.shape == k.shape == v.shape or q.ndim != 4:
+    raise ValueError(f'q, k, v must be [batch, length, heads, head_dim] alike; got {q.shape}, '
+                     f'{k.shape}, {v.shape}.')
+  return attention_qkv(jnp.stack([q, k, v], axis=2), None, segment_ids, keys, rate=rate,
+                       impl=impl, interpret=interpret, num_warps=num_warps)

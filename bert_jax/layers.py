@@ -18,6 +18,35 @@ def truncated_normal(stddev: float) -> Initializer:
   return nn.initializers.truncated_normal(stddev=stddev)
 
 
+def declare_dense_params(module: nn.Module, in_shape, features, kernel_axes, use_bias: bool,
+                         param_dtype, kernel_init):
+  """A dense layer's `kernel` [in..., out...] and `bias` [out...] (None without) in `module`'s
+  scope, with logical axes (kernel_axes: inputs then outputs)."""
+  kernel = module.param('kernel', nn.with_logical_partitioning(kernel_init, kernel_axes),
+                        tuple(in_shape) + tuple(features), param_dtype)
+  bias = None
+  if use_bias:
+    bias = module.param(
+        'bias', nn.with_logical_partitioning(nn.initializers.zeros, kernel_axes[len(in_shape):]),
+        tuple(features), param_dtype)
+  return kernel, bias
+
+
+class DenseParams(nn.Module):
+  """The parameters of a DenseGeneral (same names, shapes, axes, initialisers) without its
+  matmul, for a caller that does the matmul itself (the model's packed query/key/value)."""
+  in_shape: tuple[int, ...]
+  features: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Initializer = truncated_normal(0.02)
+
+  @nn.compact
+  def __call__(self):  # -> (kernel, bias)
+    return declare_dense_params(self, self.in_shape, self.features, self.kernel_axes, True,
+                                self.param_dtype, self.kernel_init)
+
+
 class DenseGeneral(nn.Module):
   """Dense over one or more input axes; annotates the full n-d kernel."""
   features: int | Sequence[int]  # Output dims, e.g. (heads, head_dim).
@@ -41,17 +70,10 @@ class DenseGeneral(nn.Module):
     if len(self.kernel_axes) != len(in_shape) + len(features):
       raise ValueError(f'kernel_axes {self.kernel_axes} do not match kernel shape '
                        f'{in_shape + features}.')
-    kernel = self.param(
-        'kernel', nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
-        in_shape + features, self.param_dtype)
+    kernel, bias = declare_dense_params(self, in_shape, features, self.kernel_axes,
+                                        self.use_bias, self.param_dtype, self.kernel_init)
     kernel = jnp.asarray(kernel, self.dtype)
     x = jnp.asarray(x, self.dtype)
-    bias = None
-    if self.use_bias:
-      bias = self.param(
-          'bias', nn.with_logical_partitioning(nn.initializers.zeros,
-                                               self.kernel_axes[len(axis):]),
-          features, self.param_dtype)
     if self.flatten and axis != tuple(range(x.ndim - len(axis), x.ndim)):
       raise ValueError(f'flatten needs the contracted axes {axis} to be the trailing ones.')
     if self.flatten:

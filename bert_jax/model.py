@@ -127,17 +127,25 @@ class BertSelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x, bias, deterministic):
     cfg = self.config
-    project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
-        (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype, kernel_init=cfg.init, flatten=cfg.flat_matmuls,
-        name=name)(x)
-    query, key, value = project('query'), project('key'), project('value')
     rate = 0.0 if deterministic else cfg.attention_dropout_rate
+    heads = (cfg.num_heads, cfg.head_dim)
     if bias.ndim == 2:  # Segment ids [batch, length]: rows short enough for fused_attention.
+      # One matmul for the three projections (the same parameters as the path below).
+      kernels, biases = zip(*(layers.DenseParams(
+          (x.shape[-1],), heads, ('embed', 'heads', 'kv'), cfg.param_dtype, cfg.init,
+          name=name)() for name in ('query', 'key', 'value')))
+      kernel = jnp.stack([jnp.asarray(k, cfg.dtype) for k in kernels], axis=1)  # [embed, 3, H, kv]
+      qkv = jnp.asarray(x, cfg.dtype).reshape(-1, x.shape[-1]) @ kernel.reshape(x.shape[-1], -1)
+      qkv = nn.with_logical_constraint(qkv.reshape(x.shape[:2] + kernel.shape[1:]),
+                                       ('batch', 'length', None, 'heads', 'kv'))
       keys = None
       if fused_attention.dropout_threshold(rate) > 0:
-        keys = fused_attention.tile_keys(self.make_rng('dropout'), query.shape[0], cfg.num_heads)
-      return short_attention(query, key, value, bias, keys, rate=rate)
+        keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
+      return short_attention(qkv, jnp.stack(biases), bias, keys, rate=rate)
+    project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
+        heads, ('embed', 'heads', 'kv'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
+    query, key, value = project('query'), project('key'), project('value')
     if cfg.attention_impl in ('cudnn', 'pallas'):
       return layers.cudnn_attention(query, key, value, bias, rate,
                                     layers.cudnn_dropout_seed(cfg.seed, self.layer_index))
@@ -159,26 +167,32 @@ def _splitting_mesh(x, spec):
   return mesh
 
 
-def short_attention(query, key, value, segment_ids, keys, *, rate: float):
-  """fused_attention.attention (interpreted off GPUs, for tests); on a mesh of several devices
-  each runs the kernels on its rows and heads, under shard_map.
+def short_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
+  """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
+  devices each runs the kernels on its rows and heads, under shard_map.
 
-  query, key, value: [batch, length, heads, head_dim]; segment_ids: [batch, length];
-  keys: fused_attention.tile_keys for the whole batch (so the masks do not depend on the mesh).
+  qkv: [batch, length, 3, heads, head_dim] before the bias; qkv_bias: [3, heads, head_dim] (the
+  parameters, in their dtype); segment_ids: [batch, length]; keys: fused_attention.tile_keys for
+  the whole batch (so the masks do not depend on the mesh).
   """
-  attend = functools.partial(fused_attention.attention, rate=rate,
+  attend = functools.partial(fused_attention.attention_qkv, rate=rate,
                              interpret=jax.default_backend() != 'gpu')
-  heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
-  mesh = _splitting_mesh(query, heads)
+  qkv_bias = qkv_bias.astype(qkv.dtype)
+  heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
+  mesh = _splitting_mesh(qkv, heads)
   if mesh is None:
-    return attend(query, key, value, segment_ids, keys)
-  if heads[1] is not None or heads[3] is not None:
+    return attend(qkv, qkv_bias, segment_ids, keys)
+  if heads[1] is not None or heads[4] is not None:
     raise ValueError(f"attention_impl='pallas' needs whole rows and heads; the mesh rules split "
-                     f"them over {heads[1]!r} / {heads[3]!r}.")
-  rows = jax.sharding.PartitionSpec(heads[0], None)
-  keys_spec = None if keys is None else jax.sharding.PartitionSpec(heads[0], heads[2], None)
-  return jax.shard_map(attend, mesh=mesh, in_specs=(heads, heads, heads, rows, keys_spec),
-                       out_specs=heads, check_vma=False)(query, key, value, segment_ids, keys)
+                     f"them over {heads[1]!r} / {heads[4]!r}.")
+  spec = jax.sharding.PartitionSpec
+  out = spec(heads[0], None, heads[3], None)
+  keys_spec = None if keys is None else spec(heads[0], heads[3], None)
+  # The bias is whole on every device; shard_map's transpose sums its gradient over them.
+  return jax.shard_map(attend, mesh=mesh,
+                       in_specs=(heads, spec(None, heads[3], None), spec(heads[0], None),
+                                 keys_spec),
+                       out_specs=out, check_vma=False)(qkv, qkv_bias, segment_ids, keys)
 
 
 class BertResidualOutput(nn.Module):

@@ -1,6 +1,7 @@
 """Attention alone, forward+backward, at one BERT shape: cuDNN (with and without its in-kernel
 dropout), bert_jax.fused_attention (ours, with and without dropout) and JAX's Pallas Triton flash
-attention (no dropout).
+attention (no dropout). Ours take q, k, v packed as the model's projection gives them
+(`fused_attention.attention_qkv`).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16]`: one JSON line per
 implementation, milliseconds per forward+backward (20 queued calls after a warm-up).
@@ -22,6 +23,9 @@ _SEQ = flags.DEFINE_integer('seq', 128, 'Sequence length.')
 _HEADS = flags.DEFINE_integer('heads', 16, 'Heads (head_dim 64).')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
+_PALLAS = flags.DEFINE_list(
+    'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
+    "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
 
 
 def main(argv):
@@ -44,38 +48,42 @@ def main(argv):
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   segment_ids = jnp.ones((b, s), jnp.int32)
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
-  for rate in (0.1, 0.0):
+  qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
+  for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
     for warps in map(int, _WARPS.value):
       impls[f'ours_dropout{rate}_w{warps}'] = functools.partial(
-          fused_attention.attention, segment_ids=segment_ids, keys=tile_keys, rate=rate,
-          num_warps=warps)
-  for bq, bk, warps, stages in ((128, 128, 8, 2),):
+          fused_attention.attention_qkv, bias=None, segment_ids=segment_ids, keys=tile_keys,
+          rate=rate, num_warps=warps)
+  for spec in _PALLAS.value:
+    blocks_part, rest = spec.split('w')
+    bq, bk = map(int, blocks_part.split('x'))
+    warps, stages = map(int, rest.split('s'))
     blocks = pallas_attention.BlockSizes(block_q=bq, block_k=bk, block_q_dkv=bq, block_kv_dkv=bk,
                                          block_q_dq=bq, block_kv_dq=bk)
     impls[f'pallas_{bq}x{bk}_w{warps}_no_dropout'] = functools.partial(
         pallas_attention.mha, segment_ids=None, sm_scale=scale, block_sizes=blocks,
         num_warps=warps, num_stages=stages)
   for name, fn in impls.items():
-    loss = lambda q, k, v, fn=fn: jnp.sum((fn(q, k, v) * g).astype(jnp.float32))  # noqa: E731
-    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    args = (qkv,) if name.startswith('ours') else (q, k, v)
+    loss = lambda *a, fn=fn: jnp.sum((fn(*a) * g).astype(jnp.float32))  # noqa: E731
+    step = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
     fwd = jax.jit(fn)
     record = {'impl': name, 'batch': b, 'seq': s, 'heads': h,
               'device': jax.devices()[0].device_kind}
     try:
       for label, f in (('fwd_ms', fwd), ('fwd_bwd_ms', step)):
-        jax.block_until_ready(f(q, k, v))
+        jax.block_until_ready(f(*args))
         start = time.perf_counter()
         for _ in range(_CALLS.value):
-          out = f(q, k, v)
+          out = f(*args)
         jax.block_until_ready(out)
         record[label] = round((time.perf_counter() - start) / _CALLS.value * 1e3, 4)
       if name.startswith('ours'):  # Against the jnp reference of the same function, here.
         reference = functools.partial(fn, impl='xla')
-        ref_loss = lambda q, k, v: jnp.sum((reference(q, k, v) * g).astype(jnp.float32))  # noqa: E731
+        ref_loss = lambda a: jnp.sum((reference(a) * g).astype(jnp.float32))  # noqa: E731
         diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))  # noqa: E731
-        record['max_diff_out'] = diff(fwd(q, k, v), jax.jit(reference)(q, k, v))
-        record['max_diff_grads'] = [diff(a, b) for a, b in zip(
-            step(q, k, v), jax.jit(jax.grad(ref_loss, argnums=(0, 1, 2)))(q, k, v))]
+        record['max_diff_out'] = diff(fwd(qkv), jax.jit(reference)(qkv))
+        record['max_diff_grads'] = diff(step(qkv)[0], jax.jit(jax.grad(ref_loss))(qkv))
     except Exception as e:  # Report and go on: pylint: disable=broad-except
       record['error'] = str(e).splitlines()[0][:300]
     print(json.dumps(record), flush=True)

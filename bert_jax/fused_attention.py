@@ -21,16 +21,13 @@ rows, 1 real / 0 padding; the pair ids for packed rows). Padding tokens attend a
 nothing reads their outputs.
 
 Dropout of the attention probabilities: JAX draws one 32-bit key per (row, head) (`tile_keys`);
-the kernel hashes each pair of neighbouring keys once, `mix(key ^ (query * length / 2 + c))`
-(`_mix`: a 32-bit integer finaliser, two multiplies), whose low and high 16 bits are the draws of
-keys 2c and 2c + 1; a probability is kept when its draw is at least `dropout_threshold(rate)` =
-round(rate * 2^16) (fused_norm's 16-bit quantisation: 0.1 becomes 0.100006) and kept
-probabilities are scaled by 1/P(keep). Half the hashing of a 32-bit draw each: 0.310 against
-0.429 ms per Large layer forward+backward on an H100 (experiments/perf_notes.md). The backward
-recomputes the same draws. `reference` is the same function in jnp (the test oracle). The key
-enters by XOR, so two tiles whose keys differ by some d < length^2 / 2 draw the same values,
-permuted (pair c gets the draws of pair c ^ d): for random keys about 2^-19 of all pairs of tiles,
-each pair a different (row, head); every mask keeps the rate.
+the kernel hashes each pair of neighbouring keys once, as fused_norm hashes pairs of values
+(`fused_norm.pair_draws` of pair index query * length / 2 + c), and the low and high 16 bits are
+the draws of keys 2c and 2c + 1; a probability is kept when its draw is at least
+`dropout_threshold(rate)` = round(rate * 2^16) (0.1 becomes 0.100006) and kept probabilities are
+scaled by 1/P(keep). Half the hashing of a 32-bit draw each: 0.310 against 0.429 ms per Large
+layer forward+backward on an H100 (experiments/perf_notes.md). The backward recomputes the same
+draws. `reference` is the same function in jnp (the test oracle).
 
 `impl='xla'` runs `reference`; `impl='pallas'` the kernels (`interpret=True` runs them anywhere,
 for tests).
@@ -68,22 +65,13 @@ def tile_keys(rng, batch: int, heads: int) -> jax.Array:
   return jax.random.bits(rng, (batch, heads, 1), jnp.uint32)
 
 
-def _mix(x):
-  """A 32-bit integer finaliser (xor-shift-multiply; Wellons' lowbias32): uint32 -> uint32."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
 def keep_mask(keys, length: int, threshold: int):
   """[batch, heads, length, length] keep mask of all tiles (jnp; what the kernels draw): the
-  16-bit draws of keys 2c and 2c + 1 are the low and high halves of mix(key ^ (query * length / 2
-  + c))."""
+  16-bit draws of keys 2c and 2c + 1 are the halves of fused_norm.pair_draws(key, query * length
+  / 2 + c)."""
   queries = jnp.arange(length, dtype=jnp.uint32)[:, None]
   key_index = jnp.arange(length, dtype=jnp.uint32)[None, :]
-  hashed = _mix((queries * (length // 2) + key_index // 2) ^ keys[..., None])
+  hashed = fused_norm.pair_draws(keys[..., None], queries * (length // 2) + key_index // 2)
   draws = (hashed >> (16 * (key_index % 2))) & jnp.uint32(0xFFFF)
   return draws >= jnp.uint32(threshold)
 
@@ -125,7 +113,7 @@ def _tile_keep(keys_ref, length: int, threshold: int):
   pairs = (length, length // 2)
   queries = jax.lax.broadcasted_iota(jnp.uint32, pairs, 0)
   pair = jax.lax.broadcasted_iota(jnp.uint32, pairs, 1)
-  hashed = _mix((queries * (length // 2) + pair) ^ key)
+  hashed = fused_norm.pair_draws(key, queries * (length // 2) + pair)
   halves = (hashed & jnp.uint32(0xFFFF), hashed >> 16)
   draws = jnp.concatenate([h[..., None] for h in halves], axis=-1).reshape(length, length)
   return draws >= jnp.uint32(threshold)

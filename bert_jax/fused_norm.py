@@ -6,16 +6,21 @@ embed] activations (the sums, then the normalisation; the backward's row sums, t
 gradient, then the column sums for the LayerNorm and dense biases, then again the input gradient
 for the residual). `dropout_add_layer_norm` reads and writes each activation once per direction:
 
-  forward   reads y, residual, the dropout bits; writes the output and z (the LayerNorm input)
-  backward  reads the output gradient, z, the dropout bits; writes the gradients of the residual
+  forward   reads y, residual, one dropout key per row; writes the output and z (the LayerNorm
+            input)
+  backward  reads the output gradient, z, the row keys; writes the gradients of the residual
             and of y, and per-block partial sums of the scale, offset and bias gradients
 
-Dropout draws 16 bits per value: `dropout_bits` hashes each (row, group of four values) once with
-threefry2x32, whose two 32-bit outputs give the group's four 16-bit draws (a quarter of the hashing
-of `jax.random.bernoulli`, which hashes once per value). A value is dropped when its draw is below
-`dropout_threshold(rate)` = round(rate * 65536), so the rate is a multiple of 1/65536 (0.1 becomes
-0.100006) and the kept values are scaled by 65536 / (65536 - threshold), which keeps the
-expectation exact.
+Dropout draws 16 bits per value inside the kernels: JAX draws one 32-bit key per row (`row_keys`),
+and the kernels hash each pair of neighbouring values once, `mix(key ^ (c * 0x9E3779B9))` for
+pair c (`mix`: a 32-bit integer finaliser), whose low and high 16 bits are the draws of values
+2c and 2c + 1. No draws are written to or read from memory. A value is dropped when its draw is
+below `dropout_threshold(rate)` = round(rate * 65536), so the rate is a multiple of 1/65536 (0.1
+becomes 0.100006) and the kept values are scaled by 65536 / (65536 - threshold), which keeps the
+expectation exact. `keep_mask` is the same decision in jnp. The pair index enters multiplied by an
+odd constant, so two rows' draws coincide only at isolated pairs of values (about 2^-14 of a row
+for any two keys), not as a permuted row; two rows draw the same mask only if their random keys
+are equal (for 16384 rows, a chance of about 3% per call that one pair of rows does).
 
 Numerics follow the XLA path of flax's LayerNorm in bf16: z is rounded to the activation dtype
 before its statistics are taken (so forward and backward see the same z), statistics and
@@ -29,13 +34,11 @@ runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend,
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from jax.extend import random as jax_random
 
 IMPLS = ('xla', 'pallas')
 
@@ -61,71 +64,53 @@ DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
 
 
-def dropout_threshold(rate: float, bits: int = DRAW_BITS) -> int:
-  """Draws (of `bits` bits) below this are dropped: rate * 2**bits, rounded."""
-  return int(round(rate * (1 << bits)))
+def dropout_threshold(rate: float) -> int:
+  """16-bit draws below this are dropped: rate * 65536, rounded."""
+  return int(round(rate * DRAW_RANGE))
 
 
-def keep_scale(threshold: int, bits: int = DRAW_BITS) -> float:
+def keep_scale(threshold: int) -> float:
   """1 / P(keep) for a threshold: the scale of the kept values (0 when every value drops)."""
-  draw_range = 1 << bits
-  return 0.0 if threshold >= draw_range else draw_range / (draw_range - threshold)
+  return 0.0 if threshold >= DRAW_RANGE else DRAW_RANGE / (DRAW_RANGE - threshold)
 
 
-def groups(embed: int) -> int:
-  """Hashes per row: one per four values."""
-  return math.ceil(embed / 4)
+def row_keys(rng, rows: int) -> jax.Array:
+  """One uint32 dropout key per row: [rows]."""
+  return jax.random.bits(rng, (rows,), jnp.uint32)
 
 
-def dropout_bits(rng, rows: int, embed: int):
-  """The dropout draws of a [rows, embed] activation: two uint32 [rows, groups(embed)] arrays.
-
-  Value (r, c) draws the 16 bits at position (c // groups) of the 64 bits that threefry2x32 hashes
-  from the counter (r, c % groups) under rng: bits0 holds the low 32, bits1 the high 32. A
-  non-threefry key (rbg) draws the two arrays with jax.random.bits instead. The counters of row 0
-  are those jax.random.split(rng, groups) hashes, so rng must serve these draws only (as a
-  make_rng key does).
-  """
-  shape = (rows, groups(embed))
-  typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
-  if typed and str(jax.random.key_impl(rng)) != 'threefry2x32':
-    bits = jax.random.bits(rng, (2,) + shape, jnp.uint32)
-    return bits[0], bits[1]
-  if not typed and rng.shape != (2,):
-    raise ValueError(f'a raw key must be a threefry uint32[2]; got shape {rng.shape}. Pass a '
-                     'typed key (jax.random.key) for other PRNG implementations.')
-  key = jax.random.key_data(rng) if typed else rng
-  row = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
-  group = jax.lax.broadcasted_iota(jnp.uint32, shape, 1)
-  bits0, bits1 = jax_random.threefry2x32_p.bind(key[0], key[1], row, group)
-  return bits0, bits1
+def mix(x):
+  """A 32-bit integer finaliser (xor-shift-multiply; Wellons' lowbias32): uint32 -> uint32."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x7FEB352D)
+  x = x ^ (x >> 15)
+  x = x * jnp.uint32(0x846CA68B)
+  return x ^ (x >> 16)
 
 
-def _draw_index(embed: int, columns):
-  """For columns c of a row: (which of bits0/bits1 holds c's draw, its word index, shift)."""
-  g = groups(embed)
-  part = columns // g
-  return part // 2, columns % g, 16 * (part % 2)
+_SPREAD = 0x9E3779B9  # Odd (2^32 / golden ratio): spreads the pair index over all 32 bits.
 
 
-def _kept(words, shift, threshold: int):
-  """Whether the 16-bit draw at `shift` of each uint32 word is at least the threshold."""
-  return ((words >> shift.astype(jnp.uint32)) & jnp.uint32(DRAW_RANGE - 1)) >= threshold
+def pair_draws(keys, pairs):
+  """mix(key ^ (pair * _SPREAD)): the 16-bit draws of values 2 * pair (low half) and
+  2 * pair + 1 (high half); keys and pairs broadcast (uint32). fused_attention draws the same way."""
+  return mix(keys ^ (pairs * jnp.uint32(_SPREAD)))
 
 
-def keep_from_bits(bits, embed: int, threshold: int):
-  """bool [rows, embed]: True where the draw is at least the threshold (the value is kept)."""
-  columns = jnp.arange(embed)
-  which, word, shift = _draw_index(embed, columns)
-  return _kept(jnp.where(which == 0, bits[0][:, word], bits[1][:, word]), shift, threshold)
+def keep_mask(keys, embed: int, threshold: int):
+  """bool [rows, embed]: True where a value's 16-bit draw is at least the threshold (kept);
+  keys: row_keys(rng, rows). What the kernels decide."""
+  columns = jnp.arange(embed, dtype=jnp.uint32)[None, :]
+  hashed = pair_draws(keys[:, None], columns // 2)
+  return ((hashed >> (16 * (columns % 2))) & jnp.uint32(DRAW_RANGE - 1)) >= threshold
 
 
-def reference(y, bias, residual, bits, scale, offset, *, rate: float, eps: float):
-  """The function, in jnp. y, residual: [rows, embed]; bits: dropout_bits' pair, or None."""
+def reference(y, bias, residual, keys, scale, offset, *, rate: float, eps: float):
+  """The function, in jnp. y, residual: [rows, embed]; keys: row_keys(rng, rows), or None."""
   z = y.astype(jnp.float32) + bias.astype(jnp.float32)
-  if bits is not None:
+  if keys is not None:
     threshold = dropout_threshold(rate)
-    z = jnp.where(keep_from_bits(bits, y.shape[-1], threshold), z * keep_scale(threshold), 0.0)
+    z = jnp.where(keep_mask(keys, y.shape[-1], threshold), z * keep_scale(threshold), 0.0)
   z = (z + residual.astype(jnp.float32)).astype(y.dtype).astype(jnp.float32)
   mean = jnp.mean(z, axis=-1, keepdims=True)
   centered = z - mean
@@ -160,16 +145,15 @@ class _Columns:
     index, mask = self._index(first_row, value.shape[0])
     plgpu.store(ref.at[index], value, mask=mask)
 
-  def load_keep(self, bits_refs, first_row, tile, threshold):  # -> bool [tile, width]
-    """Whether each value of the rows is kept: its 16-bit draw (keep_from_bits) >= threshold."""
-    rows = (first_row + jnp.arange(tile))[:, None]
-    cols = jnp.arange(self.width)[None, :]
-    which, word, shift = _draw_index(self.embed, cols)
-    words = 0
-    for half, ref in enumerate(bits_refs):  # Each value reads one of the two words.
-      mask = jnp.broadcast_to((cols < self.embed) & (which == half), (tile, self.width))
-      words = words | plgpu.load(ref.at[rows, word], mask=mask, other=0)
-    return _kept(words, shift, threshold)
+  def keep(self, keys_ref, first_row, tile, threshold):  # -> bool [tile, width]
+    """keep_mask of the rows: one hash per pair of values, its halves interleaved (Triton
+    concatenates only along a new minor axis)."""
+    keys = keys_ref[pl.ds(first_row, tile)][:, None]
+    pairs = jax.lax.broadcasted_iota(jnp.uint32, (tile, self.width // 2), 1)
+    hashed = pair_draws(keys, pairs)
+    halves = (hashed & jnp.uint32(DRAW_RANGE - 1), hashed >> 16)
+    draws = jnp.concatenate([h[..., None] for h in halves], axis=-1).reshape(tile, self.width)
+    return draws >= jnp.uint32(threshold)
 
   def load_vector(self, ref):  # -> [1, width] float32
     if not self.padded:
@@ -190,11 +174,11 @@ class _Columns:
     return jnp.where(jnp.arange(self.width)[None, :] < self.embed, x, 0.0)
 
 
-def _forward_kernel(*refs, threshold: int, eps: float, has_bits: bool, tile: int):
-  if has_bits:
-    y_ref, bias_ref, res_ref, bits0_ref, bits1_ref, scale_ref, offset_ref = refs[:7]
+def _forward_kernel(*refs, threshold: int, eps: float, has_keys: bool, tile: int):
+  if has_keys:
+    y_ref, bias_ref, res_ref, keys_ref, scale_ref, offset_ref = refs[:6]
   else:
-    (y_ref, bias_ref, res_ref, scale_ref, offset_ref), bits0_ref, bits1_ref = refs[:5], None, None
+    (y_ref, bias_ref, res_ref, scale_ref, offset_ref), keys_ref = refs[:5], None
   out_ref, z_ref, mean_ref, rstd_ref = refs[-4:]
   cols = _Columns(bias_ref.shape[0])
   bias, scale, offset = (cols.load_vector(r) for r in (bias_ref, scale_ref, offset_ref))
@@ -202,8 +186,8 @@ def _forward_kernel(*refs, threshold: int, eps: float, has_bits: bool, tile: int
   def body(step, carry):
     first = step * tile
     z = cols.load_rows(y_ref, first, tile).astype(jnp.float32) + bias  # [tile, width]
-    if has_bits:
-      keep = cols.load_keep((bits0_ref, bits1_ref), first, tile, threshold)
+    if has_keys:
+      keep = cols.keep(keys_ref, first, tile, threshold)
       z = jnp.where(keep, z * keep_scale(threshold), 0.0)
     z = (z + cols.load_rows(res_ref, first, tile).astype(jnp.float32)).astype(z_ref.dtype)
     cols.store_rows(z_ref, first, z)
@@ -220,11 +204,11 @@ def _forward_kernel(*refs, threshold: int, eps: float, has_bits: bool, tile: int
   jax.lax.fori_loop(0, y_ref.shape[0] // tile, body, 0)
 
 
-def _backward_kernel(*refs, threshold: int, has_bits: bool, tile: int):
-  if has_bits:
-    dout_ref, z_ref, bits0_ref, bits1_ref, mean_ref, rstd_ref, scale_ref = refs[:7]
+def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
+  if has_keys:
+    dout_ref, z_ref, keys_ref, mean_ref, rstd_ref, scale_ref = refs[:6]
   else:
-    (dout_ref, z_ref, mean_ref, rstd_ref, scale_ref), bits0_ref, bits1_ref = refs[:5], None, None
+    (dout_ref, z_ref, mean_ref, rstd_ref, scale_ref), keys_ref = refs[:5], None
   dres_ref, dy_ref, dscale_ref, doffset_ref, dbias_ref = refs[-5:]
   cols = _Columns(scale_ref.shape[0])
   scale = cols.load_vector(scale_ref)
@@ -241,8 +225,8 @@ def _backward_kernel(*refs, threshold: int, has_bits: bool, tile: int):
     dz = cols.zero_padding((g - xhat * mean_gx[:, None] - mean_g[:, None]) * rstd[:, None])
     cols.store_rows(dres_ref, first, dz.astype(dres_ref.dtype))
     dy = dz
-    if has_bits:
-      keep = cols.load_keep((bits0_ref, bits1_ref), first, tile, threshold)
+    if has_keys:
+      keep = cols.keep(keys_ref, first, tile, threshold)
       dy = jnp.where(keep, dz * keep_scale(threshold), 0.0)
     cols.store_rows(dy_ref, first, dy.astype(dy_ref.dtype))
     dscale, doffset, dbias = sums
@@ -263,21 +247,19 @@ def triton_params(num_warps: int):
 
 def _block_specs(rows: int, embed: int):
   """Rows per program and the BlockSpecs of both kernels: row tiles, [embed] vectors, per-row
-  values and the dropout bits' row tiles."""
+  values (statistics, dropout keys)."""
   block = block_rows(rows)
   return (block, pl.BlockSpec((block, embed), lambda i: (i, 0)),
-          pl.BlockSpec((embed,), lambda i: (0,)), pl.BlockSpec((block,), lambda i: (i,)),
-          pl.BlockSpec((block, groups(embed)), lambda i: (i, 0)))
+          pl.BlockSpec((embed,), lambda i: (0,)), pl.BlockSpec((block,), lambda i: (i,)))
 
 
-def _pallas_forward(y, bias, residual, bits, scale, offset, rate, eps, interpret, num_warps):
+def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
   rows, embed = y.shape
-  block, tile, vector, per_row, bits_tile = _block_specs(rows, embed)
-  bits = None if bits is None else tuple(bits)
-  inputs = [y, bias, residual] + (list(bits) if bits else []) + [scale, offset]
-  in_specs = [tile, vector, tile] + ([bits_tile] * 2 if bits else []) + [vector, vector]
+  block, tile, vector, per_row = _block_specs(rows, embed)
+  inputs = [y, bias, residual] + ([keys] if keys is not None else []) + [scale, offset]
+  in_specs = [tile, vector, tile] + ([per_row] if keys is not None else []) + [vector, vector]
   kernel = functools.partial(_forward_kernel, threshold=dropout_threshold(rate), eps=eps,
-                             has_bits=bits is not None, tile=tile_rows(block))
+                             has_keys=keys is not None, tile=tile_rows(block))
   out, z, mean, rstd = pl.pallas_call(
       kernel, grid=(rows // block,), in_specs=in_specs,
       out_specs=[tile, tile, per_row, per_row],
@@ -288,20 +270,20 @@ def _pallas_forward(y, bias, residual, bits, scale, offset, rate, eps, interpret
       compiler_params=None if interpret else triton_params(num_warps),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
-  return out, (z, bits, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
+  return out, (z, keys, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
 
 
 def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
   del eps
-  z, bits, mean, rstd, scale, bias, offset, residual_like = saved
+  z, keys, mean, rstd, scale, bias, offset, residual_like = saved
   rows, embed = z.shape
-  block, tile, vector, per_row, bits_tile = _block_specs(rows, embed)
+  block, tile, vector, per_row = _block_specs(rows, embed)
   blocks = rows // block
   partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
-  inputs = [dout, z] + (list(bits) if bits else []) + [mean, rstd, scale]
-  in_specs = [tile, tile] + ([bits_tile] * 2 if bits else []) + [per_row, per_row, vector]
+  inputs = [dout, z] + ([keys] if keys is not None else []) + [mean, rstd, scale]
+  in_specs = [tile, tile] + ([per_row] if keys is not None else []) + [per_row, per_row, vector]
   kernel = functools.partial(_backward_kernel, threshold=dropout_threshold(rate),
-                             has_bits=bits is not None, tile=tile_rows(block))
+                             has_keys=keys is not None, tile=tile_rows(block))
   partial_shape = jax.ShapeDtypeStruct((blocks, embed), jnp.float32)
   dres, dy, dscale, doffset, dbias = pl.pallas_call(
       kernel, grid=(blocks,), in_specs=in_specs,
@@ -316,40 +298,39 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _pallas(y, bias, residual, bits, scale, offset, rate, eps, interpret, num_warps):
-  return _pallas_forward(y, bias, residual, bits, scale, offset, rate, eps, interpret,
+def _pallas(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret,
                          num_warps)[0]
 
 
-def _pallas_fwd(y, bias, residual, bits, scale, offset, rate, eps, interpret, num_warps):
-  return _pallas_forward(y, bias, residual, bits, scale, offset, rate, eps, interpret, num_warps)
+def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps)
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_backward)
 
 
-def dropout_add_layer_norm(y, bias, residual, bits, scale, offset, *, rate: float, eps: float,
+def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: float, eps: float,
                            impl: str = 'xla', interpret: bool = False,
                            num_warps: int | None = None):
   """LayerNorm(dropout(y + bias) + residual) * scale + offset over the last axis.
 
   y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
-  bits: the dropout draws, dropout_bits(rng, rows, embed) with rows = y.size // embed, or None
-  (no dropout); rate: the dropout rate (dropout_threshold says how it is quantised).
+  keys: the dropout keys, row_keys(rng, rows) with rows = y.size // embed, or None (no dropout);
+  rate: the dropout rate (dropout_threshold says how it is quantised).
   Returns [..., embed] in y's dtype.
   """
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
   shape = y.shape
-  if bits is not None:
-    expected = (y.size // shape[-1], groups(shape[-1]))
-    if len(bits) != 2 or any(b.shape != expected or b.dtype != jnp.uint32 for b in bits):
-      raise ValueError(f'bits must be dropout_bits(rng, {expected[0]}, {shape[-1]}): two uint32 '
-                       f'{expected} arrays; got {[(b.shape, str(b.dtype)) for b in bits]}.')
+  rows = y.size // shape[-1]
+  if keys is not None and (keys.shape != (rows,) or keys.dtype != jnp.uint32):
+    raise ValueError(f'keys must be row_keys(rng, {rows}): uint32 {(rows,)}; got {keys.dtype} '
+                     f'{keys.shape}.')
   flat = lambda a: a.reshape(-1, shape[-1])  # noqa: E731
   if impl == 'xla':
-    out = reference(flat(y), bias, flat(residual), bits, scale, offset, rate=rate, eps=eps)
+    out = reference(flat(y), bias, flat(residual), keys, scale, offset, rate=rate, eps=eps)
   else:
-    out = _pallas(flat(y), bias, flat(residual), bits, scale, offset, float(rate), float(eps),
+    out = _pallas(flat(y), bias, flat(residual), keys, scale, offset, float(rate), float(eps),
                   bool(interpret), int(num_warps or NUM_WARPS))
   return out.reshape(shape)

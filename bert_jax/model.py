@@ -234,14 +234,14 @@ class FusedLayerNorm(nn.Module):
     scale, offset = (self.param(name, init, (cfg.hidden_size,), cfg.param_dtype)
                      for name, init in layers.layer_norm_inits().items())
     rate = cfg.hidden_dropout_rate
-    bits = None
+    keys = None
     if not deterministic and fused_norm.dropout_threshold(rate) > 0:
       # Drawn for the whole batch, so the masks do not depend on the mesh.
-      bits = tuple(b.reshape(y.shape[:-1] + (-1,)) for b in fused_norm.dropout_bits(
-          self.make_rng('dropout'), y.size // y.shape[-1], y.shape[-1]))
+      keys = fused_norm.row_keys(self.make_rng('dropout'), y.size // y.shape[-1]).reshape(
+          y.shape[:-1])
     norm = functools.partial(_fused_norm_rows, rate=rate, eps=cfg.layer_norm_eps,
                              interpret=jax.default_backend() != 'gpu')
-    args = (y, dense_bias, residual.astype(y.dtype), bits, scale, offset)
+    args = (y, dense_bias, residual.astype(y.dtype), keys, scale, offset)
     rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
     mesh = _splitting_mesh(y, rows)
     if mesh is None:
@@ -252,16 +252,16 @@ class FusedLayerNorm(nn.Module):
       raise ValueError(f"layer_norm_impl='pallas' needs whole embed rows; the mesh rules split "
                        f"them over {rows[2]!r}.")
     whole = jax.sharding.PartitionSpec()
-    bits_spec = None if bits is None else (rows, rows)
-    return jax.shard_map(norm, mesh=mesh, in_specs=(rows, whole, rows, bits_spec, whole, whole),
+    keys_spec = None if keys is None else jax.sharding.PartitionSpec(*rows[:-1])
+    return jax.shard_map(norm, mesh=mesh, in_specs=(rows, whole, rows, keys_spec, whole, whole),
                          out_specs=rows, check_vma=False)(*args)
 
 
-def _fused_norm_rows(y, bias, residual, bits, scale, offset, *, rate, eps, interpret):
-  """fused_norm.dropout_add_layer_norm on [..., embed] rows; bits [..., groups] each."""
-  if bits is not None:
-    bits = tuple(b.reshape(-1, b.shape[-1]) for b in bits)
-  return fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=rate,
+def _fused_norm_rows(y, bias, residual, keys, scale, offset, *, rate, eps, interpret):
+  """fused_norm.dropout_add_layer_norm on [..., embed] rows; keys [...] (one per row)."""
+  if keys is not None:
+    keys = keys.reshape(-1)
+  return fused_norm.dropout_add_layer_norm(y, bias, residual, keys, scale, offset, rate=rate,
                                            eps=eps, impl='pallas', interpret=interpret)
 
 

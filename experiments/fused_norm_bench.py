@@ -47,7 +47,7 @@ def main():
     y = jax.random.normal(keys[0], (rows, embed), jnp.bfloat16)
     residual = jax.random.normal(keys[1], (rows, embed), jnp.bfloat16)
     bias, scale, offset = (0.1 * jax.random.normal(k, (embed,)) for k in keys[2:5])
-    bits = fused_norm.dropout_bits(keys[5], rows, embed)
+    row_keys = fused_norm.row_keys(keys[5], rows)
     cotangent = jax.random.normal(keys[6], (rows, embed), jnp.bfloat16)
     runs = [('xla', '-')] + [('pallas', launch) for launch in args.launch.split(',')]
     reference = None
@@ -56,7 +56,7 @@ def main():
         tile, block, warps = map(int, launch.split(':'))
         fused_norm.TILE_ROWS, fused_norm.MAX_BLOCK_ROWS, fused_norm.NUM_WARPS = tile, block, warps
       def forward(y, bias, residual, scale, offset, impl=impl):
-        return fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset,
+        return fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys, scale, offset,
                                                  rate=0.1, eps=1e-12, impl=impl)
       def grads(*operands, forward=forward):
         out, vjp = jax.vjp(forward, *operands)

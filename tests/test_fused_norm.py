@@ -3,7 +3,6 @@ CPU) against the jnp reference, the reference against flax's Dropout + LayerNorm
 with `layer_norm_impl='pallas'` against the XLA path."""
 
 import functools
-import itertools
 
 import flax.linen as nn
 import jax
@@ -24,14 +23,14 @@ def operands(rows, embed, dtype, seed=0):
   bias = 0.1 * jax.random.normal(keys[2], (embed,))
   scale = 1.0 + 0.1 * jax.random.normal(keys[3], (embed,))
   offset = 0.1 * jax.random.normal(keys[4], (embed,))
-  bits = fused_norm.dropout_bits(keys[5], rows, embed)
+  row_keys = fused_norm.row_keys(keys[5], rows)
   cotangent = jax.random.normal(keys[6], (rows, embed)).astype(dtype)
-  return y, bias, residual, bits, scale, offset, cotangent
+  return y, bias, residual, row_keys, scale, offset, cotangent
 
 
-def value_and_grads(impl, y, bias, residual, bits, scale, offset, cotangent, rate=0.1):
+def value_and_grads(impl, y, bias, residual, row_keys, scale, offset, cotangent, rate=0.1):
   def loss(y, bias, residual, scale, offset):
-    out = fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=rate,
+    out = fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys, scale, offset, rate=rate,
                                             eps=1e-12, impl=impl, interpret=True)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=range(5), has_aux=True)(
@@ -43,10 +42,11 @@ def value_and_grads(impl, y, bias, residual, bits, scale, offset, cotangent, rat
     (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.float32, 96, True),
     (jnp.bfloat16, 128, True)])
 def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
-  y, bias, residual, bits, scale, offset, cotangent = operands(64, embed, dtype)
-  bits = bits if with_dropout else None
-  out_ref, grads_ref = value_and_grads('xla', y, bias, residual, bits, scale, offset, cotangent)
-  out, grads = value_and_grads('pallas', y, bias, residual, bits, scale, offset, cotangent)
+  y, bias, residual, row_keys, scale, offset, cotangent = operands(64, embed, dtype)
+  row_keys = row_keys if with_dropout else None
+  out_ref, grads_ref = value_and_grads('xla', y, bias, residual, row_keys, scale, offset,
+                                       cotangent)
+  out, grads = value_and_grads('pallas', y, bias, residual, row_keys, scale, offset, cotangent)
   assert out.dtype == dtype and out.shape == y.shape
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
   np.testing.assert_allclose(np.float32(out), np.float32(out_ref), atol=tol, rtol=tol)
@@ -59,69 +59,88 @@ def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
 
 
 def test_dropout_zeroes_dropped_values_before_the_residual():
-  y, bias, residual, bits, scale, offset, _ = operands(32, 128, jnp.float32)
-  dropped_everywhere = tuple(jnp.zeros_like(b) for b in bits)  # Every draw 0 < threshold.
-  out = fused_norm.dropout_add_layer_norm(y, bias, residual, dropped_everywhere, scale, offset,
-                                          rate=0.1, eps=1e-12, impl='pallas', interpret=True)
+  """The kernels drop exactly keep_mask's values: with y + bias zero where kept, what is left is
+  the residual; with y + bias zero where dropped, the same as the reference."""
+  y, bias, residual, row_keys, scale, offset, _ = operands(32, 128, jnp.float32)
+  keep = fused_norm.keep_mask(row_keys, 128, fused_norm.dropout_threshold(0.1))
+  assert 0.05 < 1 - float(jnp.mean(keep)) < 0.15
+  run = lambda y, impl: fused_norm.dropout_add_layer_norm(  # noqa: E731
+      y, jnp.zeros_like(bias), residual, row_keys, scale, offset, rate=0.1, eps=1e-12, impl=impl,
+      interpret=True)
   only_residual = fused_norm.reference(jnp.zeros_like(y), jnp.zeros_like(bias), residual, None,
                                        scale, offset, rate=0.0, eps=1e-12)
-  np.testing.assert_allclose(out, only_residual, atol=1e-5)
+  np.testing.assert_allclose(run(jnp.where(keep, 0.0, y), 'pallas'), only_residual, atol=1e-5)
+  np.testing.assert_allclose(run(jnp.where(keep, y, 0.0), 'pallas'),
+                             run(jnp.where(keep, y, 0.0), 'xla'), atol=1e-5)
 
 
 def test_reference_is_flax_dropout_then_layer_norm():
-  y, bias, residual, bits, scale, offset, _ = operands(16, 64, jnp.float32)
+  y, bias, residual, row_keys, scale, offset, _ = operands(16, 64, jnp.float32)
   rate = 0.1
-  keep = fused_norm.keep_from_bits(bits, 64, fused_norm.dropout_threshold(rate))
+  keep = fused_norm.keep_mask(row_keys, 64, fused_norm.dropout_threshold(rate))
   kept_rate = 1.0 - fused_norm.dropout_threshold(rate) / 65536  # 0.899994
   dropped = jnp.where(keep, (y + bias) / kept_rate, 0.0)
   layer_norm = nn.LayerNorm(epsilon=1e-12)
   expected = layer_norm.apply({'params': {'scale': scale, 'bias': offset}}, dropped + residual)
-  got = fused_norm.reference(y, bias, residual, bits, scale, offset, rate=rate, eps=1e-12)
+  got = fused_norm.reference(y, bias, residual, row_keys, scale, offset, rate=rate, eps=1e-12)
   np.testing.assert_allclose(got, expected, atol=2e-5)
 
 
-def test_dropout_bits_drop_at_the_rate_independently_per_column_and_key():
+def test_dropout_draws_drop_at_the_rate_independently_per_column_and_key():
   rows, embed, rate = 512, 768, 0.1
   threshold = fused_norm.dropout_threshold(rate)
   assert threshold == 6554 and fused_norm.keep_scale(threshold) == 65536 / (65536 - 6554)
-  keep = np.asarray(fused_norm.keep_from_bits(
-      fused_norm.dropout_bits(jax.random.key(0), rows, embed), embed, threshold))
+  keep = np.asarray(fused_norm.keep_mask(fused_norm.row_keys(jax.random.key(0), rows), embed,
+                                         threshold))
   assert keep.shape == (rows, embed)
   p = threshold / 65536
   sigma = np.sqrt(p * (1 - p) / keep.size)
   assert abs((1 - keep.mean()) - p) < 5 * sigma
-  # Each of the four 16-bit parts of a hash (columns c // groups) drops at the rate, and two
-  # parts of the same hash are not correlated.
-  groups = fused_norm.groups(embed)
-  parts = [1 - keep[:, i * groups:(i + 1) * groups] for i in range(4)]
-  part_sigma = np.sqrt(p * (1 - p) / parts[0].size)
-  for part in parts:
-    assert abs(part.mean() - p) < 5 * part_sigma
-  for a, b in itertools.combinations(range(4), 2):
-    assert abs(np.corrcoef(parts[a].ravel(), parts[b].ravel())[0, 1]) < 0.02
-  # Deterministic per key, different across keys; an rbg key draws through jax.random.bits.
-  again = fused_norm.dropout_bits(jax.random.key(0), rows, embed)
-  other = fused_norm.dropout_bits(jax.random.key(1), rows, embed)
-  np.testing.assert_array_equal(keep, fused_norm.keep_from_bits(again, embed, threshold))
-  assert np.mean(keep != np.asarray(fused_norm.keep_from_bits(other, embed, threshold))) > 0.1
-  rbg = fused_norm.keep_from_bits(
-      fused_norm.dropout_bits(jax.random.key(0, impl='rbg'), rows, embed), embed, threshold)
+  # Per row (the row's key must not bias it) and per column (nor the pair index).
+  assert np.all(np.abs((1 - keep.mean(axis=1)) - p) < 6 * np.sqrt(p * (1 - p) / embed))
+  assert np.all(np.abs((1 - keep.mean(axis=0)) - p) < 6 * np.sqrt(p * (1 - p) / rows))
+  # The two halves of one hash (even and odd columns), and neighbouring pairs: uncorrelated.
+  dropped = 1.0 - keep
+  for a, b in ((dropped[:, 0::2], dropped[:, 1::2]), (dropped[:, 1:-1:2], dropped[:, 2::2]),
+               (dropped[1:], dropped[:-1])):
+    assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 5 / np.sqrt(a.size)
+  # Deterministic per key, different across keys; rbg keys draw the row keys as well.
+  again = fused_norm.row_keys(jax.random.key(0), rows)
+  other = fused_norm.row_keys(jax.random.key(1), rows)
+  np.testing.assert_array_equal(keep, fused_norm.keep_mask(again, embed, threshold))
+  assert 0.15 < np.mean(keep != np.asarray(fused_norm.keep_mask(other, embed, threshold))) < 0.21
+  rbg = fused_norm.keep_mask(fused_norm.row_keys(jax.random.key(0, impl='rbg'), rows), embed,
+                             threshold)
   assert abs((1 - float(jnp.mean(rbg))) - p) < 5 * sigma
 
 
-def test_rate_one_drops_everything_and_bad_bits_are_refused():
-  y, bias, residual, bits, scale, offset, _ = operands(16, 96, jnp.float32)
+def test_rows_whose_keys_differ_in_few_bits_draw_unrelated_values():
+  """The pair index enters multiplied by an odd constant: keys that differ by a small XOR hash
+  other values, not the same ones permuted (as key ^ pair would: pair c of one key is pair c ^ d
+  of the other)."""
+  pairs = jnp.arange(512, dtype=jnp.uint32)
+  draws = lambda key: set(np.asarray(fused_norm.pair_draws(jnp.uint32(key), pairs)).tolist())  # noqa: E731
+  first = draws(12345)
+  assert len(first) == 512
+  for difference in (1, 6, 255, 511):
+    assert len(first & draws(12345 ^ difference)) <= 1
+
+
+def test_rate_one_drops_everything_and_bad_keys_are_refused():
+  y, bias, residual, row_keys, scale, offset, _ = operands(16, 96, jnp.float32)
   assert fused_norm.keep_scale(fused_norm.dropout_threshold(1.0)) == 0.0
-  out = fused_norm.dropout_add_layer_norm(y, bias, residual, bits, scale, offset, rate=1.0,
+  out = fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys, scale, offset, rate=1.0,
                                           eps=1e-12, impl='pallas', interpret=True)
   only_residual = fused_norm.reference(jnp.zeros_like(y), jnp.zeros_like(bias), residual, None,
                                        scale, offset, rate=0.0, eps=1e-12)
   np.testing.assert_allclose(out, only_residual, atol=1e-5)
-  with pytest.raises(ValueError, match=r'bits must be dropout_bits\(rng, 16, 96\)'):
-    fused_norm.dropout_add_layer_norm(y, bias, residual, (bits[0][:1], bits[1][:1]), scale,
+  with pytest.raises(ValueError, match=r'keys must be row_keys\(rng, 16\): uint32 \(16,\); '
+                     r'got uint32 \(1,\)'):
+    fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys[:1], scale, offset, rate=0.1,
+                                      eps=1e-12)
+  with pytest.raises(ValueError, match=r'got int32 \(16,\)'):
+    fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys.astype(jnp.int32), scale,
                                       offset, rate=0.1, eps=1e-12)
-  with pytest.raises(ValueError, match='a raw key must be a threefry uint32'):
-    fused_norm.dropout_bits(jnp.zeros((4,), jnp.uint32), 16, 96)
 
 
 def test_fused_layer_norm_module_draws_from_its_dropout_rng():
@@ -142,13 +161,6 @@ def test_fused_layer_norm_module_draws_from_its_dropout_rng():
   np.testing.assert_allclose(no_dropout.apply(params, y, bias, residual, False,
                                               rngs={'dropout': jax.random.key(1)}),
                              evaluation, atol=1e-6)
-
-
-def test_raw_uint32_keys_draw_the_same_bits_as_typed_keys():
-  typed = fused_norm.dropout_bits(jax.random.key(7), 8, 16)
-  raw = fused_norm.dropout_bits(jax.random.PRNGKey(7), 8, 16)
-  for a, b in zip(typed, raw):
-    np.testing.assert_array_equal(a, b)
 
 
 def test_block_rows_divide_the_rows():

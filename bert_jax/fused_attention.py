@@ -66,13 +66,12 @@ def tile_keys(rng, batch: int, heads: int) -> jax.Array:
 
 
 def keep_mask(keys, length: int, threshold: int):
-  """[batch, heads, length, length] keep mask of all tiles (jnp; what the kernels draw): the
-  16-bit draws of keys 2c and 2c + 1 are the halves of fused_norm.pair_draws(key, query * length
-  / 2 + c)."""
+  """[batch, heads, length, length] keep mask of all tiles (jnp; what the kernels draw): each
+  probability's 16-bit draw is fused_norm.value_draws of its index query * length + key_index in
+  the tile."""
   queries = jnp.arange(length, dtype=jnp.uint32)[:, None]
   key_index = jnp.arange(length, dtype=jnp.uint32)[None, :]
-  hashed = fused_norm.pair_draws(keys[..., None], queries * (length // 2) + key_index // 2)
-  draws = (hashed >> (16 * (key_index % 2))) & jnp.uint32(0xFFFF)
+  draws = fused_norm.value_draws(keys[..., None], queries * length + key_index)
   return draws >= jnp.uint32(threshold)
 
 
@@ -107,16 +106,13 @@ def _scores(q, k, seg, scale):
 
 
 def _tile_keep(keys_ref, length: int, threshold: int):
-  """keep_mask of this program's tile, [length, length]: one hash per pair of keys, its halves
-  interleaved (Triton concatenates only along a new minor axis)."""
+  """keep_mask of this program's tile, [length, length]: one hash per pair of keys."""
   key = keys_ref[...].reshape(1, 1)
   pairs = (length, length // 2)
   queries = jax.lax.broadcasted_iota(jnp.uint32, pairs, 0)
   pair = jax.lax.broadcasted_iota(jnp.uint32, pairs, 1)
   hashed = fused_norm.pair_draws(key, queries * (length // 2) + pair)
-  halves = (hashed & jnp.uint32(0xFFFF), hashed >> 16)
-  draws = jnp.concatenate([h[..., None] for h in halves], axis=-1).reshape(length, length)
-  return draws >= jnp.uint32(threshold)
+  return fused_norm.split_pairs(hashed) >= jnp.uint32(threshold)
 
 
 def _forward_kernel(*refs, scale: float, threshold: int, length: int):

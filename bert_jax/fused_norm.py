@@ -97,12 +97,25 @@ def pair_draws(keys, pairs):
   return mix(keys ^ (pairs * jnp.uint32(_SPREAD)))
 
 
+def value_draws(keys, index):
+  """The 16-bit draw of value `index` (uint32; broadcasts with keys): the low or high half of
+  pair_draws(key, index // 2). The jnp statement of what the kernels draw."""
+  return (pair_draws(keys, index // 2) >> (16 * (index % 2))) & jnp.uint32(DRAW_RANGE - 1)
+
+
+def split_pairs(hashed):
+  """[..., n] pair hashes -> [..., 2n] draws in a kernel: value 2c gets the low half of hash c,
+  2c + 1 the high half (value_draws' order; Triton concatenates only along a new minor axis)."""
+  halves = (hashed & jnp.uint32(DRAW_RANGE - 1), hashed >> 16)
+  joined = jnp.concatenate([h[..., None] for h in halves], axis=-1)
+  return joined.reshape(hashed.shape[:-1] + (2 * hashed.shape[-1],))
+
+
 def keep_mask(keys, embed: int, threshold: int):
   """bool [rows, embed]: True where a value's 16-bit draw is at least the threshold (kept);
   keys: row_keys(rng, rows). What the kernels decide."""
   columns = jnp.arange(embed, dtype=jnp.uint32)[None, :]
-  hashed = pair_draws(keys[:, None], columns // 2)
-  return ((hashed >> (16 * (columns % 2))) & jnp.uint32(DRAW_RANGE - 1)) >= threshold
+  return value_draws(keys[:, None], columns) >= threshold
 
 
 def reference(y, bias, residual, keys, scale, offset, *, rate: float, eps: float):
@@ -146,14 +159,10 @@ class _Columns:
     plgpu.store(ref.at[index], value, mask=mask)
 
   def keep(self, keys_ref, first_row, tile, threshold):  # -> bool [tile, width]
-    """keep_mask of the rows: one hash per pair of values, its halves interleaved (Triton
-    concatenates only along a new minor axis)."""
+    """keep_mask of the rows: one hash per pair of values."""
     keys = keys_ref[pl.ds(first_row, tile)][:, None]
     pairs = jax.lax.broadcasted_iota(jnp.uint32, (tile, self.width // 2), 1)
-    hashed = pair_draws(keys, pairs)
-    halves = (hashed & jnp.uint32(DRAW_RANGE - 1), hashed >> 16)
-    draws = jnp.concatenate([h[..., None] for h in halves], axis=-1).reshape(tile, self.width)
-    return draws >= jnp.uint32(threshold)
+    return split_pairs(pair_draws(keys, pairs)) >= jnp.uint32(threshold)
 
   def load_vector(self, ref):  # -> [1, width] float32
     if not self.padded:

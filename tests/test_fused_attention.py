@@ -159,6 +159,9 @@ def test_bad_shapes_are_named():
     fused_attention.attention(q, k, v, segment_ids, tile_keys[..., 0], rate=0.1)
   with pytest.raises(ValueError, match=r'uint32 \(2, 3, 1\); got int32'):
     fused_attention.attention(q, k, v, segment_ids, tile_keys.astype(jnp.int32), rate=0.1)
+  with pytest.raises(ValueError, match=r'q, k, v must be \[batch, length, heads, head_dim\] alike; '
+                     r'got \(2, 32, 3, 16\), \(2, 32, 3, 8\)'):
+    fused_attention.attention(q, k[..., :8], v, segment_ids, tile_keys, rate=0.1)
   qkv = jnp.stack([q, k, v], axis=2)
   with pytest.raises(ValueError, match=r'qkv must be \[batch, length, 3, heads, head_dim\]; '
                      r'got shape \(2, 32, 3, 16\)'):

@@ -114,6 +114,18 @@ def test_dropout_draws_drop_at_the_rate_independently_per_column_and_key():
   assert abs((1 - float(jnp.mean(rbg))) - p) < 5 * sigma
 
 
+def test_kernels_interleaving_of_pair_hashes_is_value_draws():
+  """split_pairs (the kernels' order, a join then a reshape) gives value c the draw value_draws
+  (the jnp oracle) gives it, for any leading shape."""
+  keys = fused_norm.row_keys(jax.random.key(3), 6).reshape(2, 3, 1)
+  hashed = fused_norm.pair_draws(keys, jnp.arange(8, dtype=jnp.uint32))
+  split = fused_norm.split_pairs(hashed)
+  assert split.shape == (2, 3, 16)
+  np.testing.assert_array_equal(
+      split, fused_norm.value_draws(keys, jnp.arange(16, dtype=jnp.uint32)))
+  assert int(jnp.max(split)) < 65536 and len(np.unique(np.asarray(split))) > 80
+
+
 def test_rows_whose_keys_differ_in_few_bits_draw_unrelated_values():
   """The pair index enters multiplied by an odd constant: keys that differ by a small XOR hash
   other values, not the same ones permuted (as key ^ pair would: pair c of one key is pair c ^ d

@@ -93,7 +93,8 @@ _SPREAD = 0x9E3779B9  # Odd (2^32 / golden ratio): spreads the pair index over a
 
 def pair_draws(keys, pairs):
   """mix(key ^ (pair * _SPREAD)): the 16-bit draws of values 2 * pair (low half) and
-  2 * pair + 1 (high half); keys and pairs broadcast (uint32). fused_attention draws the same way."""
+  2 * pair + 1 (high half); keys and pairs broadcast (uint32). fused_attention draws the same
+  way."""
   return mix(keys ^ (pairs * jnp.uint32(_SPREAD)))
 
 

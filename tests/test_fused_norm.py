@@ -131,7 +131,9 @@ def test_rows_whose_keys_differ_in_few_bits_draw_unrelated_values():
   other values, not the same ones permuted (as key ^ pair would: pair c of one key is pair c ^ d
   of the other)."""
   pairs = jnp.arange(512, dtype=jnp.uint32)
-  draws = lambda key: set(np.asarray(fused_norm.pair_draws(jnp.uint32(key), pairs)).tolist())  # noqa: E731
+  def draws(key):
+    return set(np.asarray(fused_norm.pair_draws(jnp.uint32(key), pairs)).tolist())
+
   first = draws(12345)
   assert len(first) == 512
   for difference in (1, 6, 255, 511):

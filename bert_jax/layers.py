@@ -22,8 +22,11 @@ def declare_dense_params(module: nn.Module, in_shape, features, kernel_axes, use
                          param_dtype, kernel_init):
   """A dense layer's `kernel` [in..., out...] and `bias` [out...] (None without) in `module`'s
   scope, with logical axes (kernel_axes: inputs then outputs)."""
+  shape = tuple(in_shape) + tuple(features)
+  if len(kernel_axes) != len(shape):
+    raise ValueError(f'kernel_axes {kernel_axes} do not match kernel shape {shape}.')
   kernel = module.param('kernel', nn.with_logical_partitioning(kernel_init, kernel_axes),
-                        tuple(in_shape) + tuple(features), param_dtype)
+                        shape, param_dtype)
   bias = None
   if use_bias:
     bias = module.param(
@@ -67,9 +70,6 @@ class DenseGeneral(nn.Module):
     axis = (self.axis,) if isinstance(self.axis, int) else tuple(self.axis)
     axis = tuple(a % x.ndim for a in axis)
     in_shape = tuple(x.shape[a] for a in axis)
-    if len(self.kernel_axes) != len(in_shape) + len(features):
-      raise ValueError(f'kernel_axes {self.kernel_axes} do not match kernel shape '
-                       f'{in_shape + features}.')
     kernel, bias = declare_dense_params(self, in_shape, features, self.kernel_axes,
                                         self.use_bias, self.param_dtype, self.kernel_init)
     kernel = jnp.asarray(kernel, self.dtype)

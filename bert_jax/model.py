@@ -7,6 +7,7 @@ flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -135,9 +136,13 @@ class BertSelfAttention(nn.Module):
           (x.shape[-1],), heads, ('embed', 'heads', 'kv'), cfg.param_dtype, cfg.init,
           name=name)() for name in ('query', 'key', 'value')))
       kernel = jnp.stack([jnp.asarray(k, cfg.dtype) for k in kernels], axis=1)  # [embed, 3, H, kv]
-      qkv = jnp.asarray(x, cfg.dtype).reshape(-1, x.shape[-1]) @ kernel.reshape(x.shape[-1], -1)
-      qkv = nn.with_logical_constraint(qkv.reshape(x.shape[:2] + kernel.shape[1:]),
-                                       ('batch', 'length', None, 'heads', 'kv'))
+      x = jnp.asarray(x, cfg.dtype)
+      if _splits_heads():  # [embed, 3 * H * kv] would not tile over heads: keep the n-d dot.
+        qkv = jnp.einsum('ble,ejhd->bljhd', x, kernel)
+      else:  # One 2-d matmul, measured on an H100 (experiments/perf_notes.md).
+        qkv = (x.reshape(-1, x.shape[-1]) @ kernel.reshape(x.shape[-1], -1)).reshape(
+            x.shape[:2] + kernel.shape[1:])
+      qkv = nn.with_logical_constraint(qkv, ('batch', 'length', None, 'heads', 'kv'))
       keys = None
       if fused_attention.dropout_threshold(rate) > 0:
         keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
@@ -156,6 +161,16 @@ class BertSelfAttention(nn.Module):
                                         cfg.attention_dropout_rate, deterministic, cfg.dtype)
 
 
+def _splits_heads() -> bool:
+  """Whether the current mesh splits the 'heads' logical axis over several devices."""
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = nn.logical_to_mesh_axes(('heads',))[0]
+  if mesh.empty or axes is None:
+    return False
+  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(mesh.shape[a] for a in axes) > 1
+
+
 def _splitting_mesh(x, spec):
   """The mesh when it splits activation x (PartitionSpec spec) over several devices, for a
   kernel to run per device under shard_map; None on one device or when the mesh cannot split x
@@ -172,12 +187,11 @@ def short_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   devices each runs the kernels on its rows and heads, under shard_map.
 
   qkv: [batch, length, 3, heads, head_dim] before the bias; qkv_bias: [3, heads, head_dim] (the
-  parameters, in their dtype); segment_ids: [batch, length]; keys: fused_attention.tile_keys for
+  parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids: [batch, length]; keys: fused_attention.tile_keys for
   the whole batch (so the masks do not depend on the mesh).
   """
   attend = functools.partial(fused_attention.attention_qkv, rate=rate,
                              interpret=jax.default_backend() != 'gpu')
-  qkv_bias = qkv_bias.astype(qkv.dtype)
   heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
   mesh = _splitting_mesh(qkv, heads)
   if mesh is None:
@@ -188,7 +202,7 @@ def short_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   spec = jax.sharding.PartitionSpec
   out = spec(heads[0], None, heads[3], None)
   keys_spec = None if keys is None else spec(heads[0], heads[3], None)
-  # The bias is whole on every device; shard_map's transpose sums its gradient over them.
+  # The bias is replicated over the batch axes; shard_map's transpose sums its gradient there.
   return jax.shard_map(attend, mesh=mesh,
                        in_specs=(heads, spec(None, heads[3], None), spec(heads[0], None),
                                  keys_spec),

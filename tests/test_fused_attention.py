@@ -134,7 +134,7 @@ def test_dropout_draws_keep_the_rate_and_are_independent():
 def test_dropout_scales_kept_probabilities_and_rate_one_drops_all():
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32, length=128)
   # Uniform probabilities (q = 0) and v = 1: o = the kept share of a query's keys, scaled by
-  # 1/P(keep), so 1 on average (768 queries of 40-84 keys: standard error about 0.004).
+  # 1/P(keep), so 1 on average (768 queries of 40-80 keys: standard error about 0.004).
   out = fused_attention.attention(jnp.zeros_like(q), k, jnp.ones_like(v), segment_ids, tile_keys,
                                   rate=0.5, interpret=True)
   assert abs(float(out.mean()) - 1.0) < 0.02

@@ -114,9 +114,9 @@ def test_dropout_draws_drop_at_the_rate_independently_per_column_and_key():
   assert abs((1 - float(jnp.mean(rbg))) - p) < 5 * sigma
 
 
-def test_kernels_interleaving_of_pair_hashes_is_value_draws():
-  """split_pairs (the kernels' order, a join then a reshape) gives value c the draw value_draws
-  (the jnp oracle) gives it, for any leading shape."""
+def test_split_pairs_orders_the_draws_as_value_draws():
+  """split_pairs (what the kernels run: a join then a reshape; here in jnp, in the kernels under
+  the interpret-mode kernel tests) gives value c the draw value_draws (the oracle) gives it."""
   keys = fused_norm.row_keys(jax.random.key(3), 6).reshape(2, 3, 1)
   hashed = fused_norm.pair_draws(keys, jnp.arange(8, dtype=jnp.uint32))
   split = fused_norm.split_pairs(hashed)

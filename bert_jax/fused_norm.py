@@ -19,8 +19,9 @@ below `dropout_threshold(rate)` = round(rate * 65536), so the rate is a multiple
 becomes 0.100006) and the kept values are scaled by 65536 / (65536 - threshold), which keeps the
 expectation exact. `keep_mask` is the same decision in jnp. The pair index enters multiplied by an
 odd constant, so two rows' draws coincide only at isolated pairs of values (for any two keys,
-about 2^-14 such pairs expected in a row of 1024), not as a permuted row; two rows draw the same mask only if their random keys
-are equal (for 16384 rows, a chance of about 3% per call that one pair of rows does).
+about 2^-14 such pairs expected in a row of 1024), not as a permuted row; two rows draw the same
+mask only if their random keys are equal (for 16384 rows, a chance of about 3% per call that one
+pair of rows does).
 
 Numerics follow the XLA path of flax's LayerNorm in bf16: z is rounded to the activation dtype
 before its statistics are taken (so forward and backward see the same z), statistics and

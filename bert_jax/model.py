@@ -7,7 +7,6 @@ flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -164,11 +163,7 @@ class BertSelfAttention(nn.Module):
 def _splits_heads() -> bool:
   """Whether the current mesh splits the 'heads' logical axis over several devices."""
   mesh = jax.sharding.get_abstract_mesh()
-  axes = nn.logical_to_mesh_axes(('heads',))[0]
-  if mesh.empty or axes is None:
-    return False
-  axes = (axes,) if isinstance(axes, str) else tuple(axes)
-  return math.prod(mesh.shape[a] for a in axes) > 1
+  return not mesh.empty and sharding.ways(mesh, nn.logical_to_mesh_axes(('heads',))[0]) > 1
 
 
 def _splitting_mesh(x, spec):
@@ -187,8 +182,9 @@ def short_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   devices each runs the kernels on its rows and heads, under shard_map.
 
   qkv: [batch, length, 3, heads, head_dim] before the bias; qkv_bias: [3, heads, head_dim] (the
-  parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids: [batch, length]; keys: fused_attention.tile_keys for
-  the whole batch (so the masks do not depend on the mesh).
+  parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
+  [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
+  depend on the mesh).
   """
   attend = functools.partial(fused_attention.attention_qkv, rate=rate,
                              interpret=jax.default_backend() != 'gpu')

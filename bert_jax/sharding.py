@@ -86,17 +86,23 @@ def logical_to_sharding(logical_specs, mesh: Mesh, rules):
   return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
 
 
+def ways(mesh, axes) -> int:
+  """Devices a PartitionSpec entry (None, a mesh axis name or a tuple of them) splits over."""
+  names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(mesh.shape[name] for name in names)
+
+
 def indivisible(abstract_tree, shardings) -> list[tuple[str, tuple, int, int, str]]:
   """Arrays a sharding cannot split evenly: (path, shape, dim index, ways, mesh axes) each."""
   problems = []
   flat = jax.tree_util.tree_leaves_with_path(abstract_tree)
   for (path, leaf), leaf_sharding in zip(flat, jax.tree.leaves(shardings)):
     for dim, axes in enumerate(leaf_sharding.spec):
-      names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-      ways = math.prod(leaf_sharding.mesh.shape[name] for name in names)
-      if leaf.shape[dim] % ways:
+      split = ways(leaf_sharding.mesh, axes)
+      if leaf.shape[dim] % split:
+        names = (axes,) if isinstance(axes, str) else tuple(axes)
         problems.append((jax.tree_util.keystr(path, simple=True, separator='/'), leaf.shape,
-                         dim, ways, 'x'.join(names)))
+                         dim, split, 'x'.join(names)))
   return problems
 
 

@@ -1,14 +1,24 @@
-"""Attention over short rows (up to 128 tokens) in one Triton program per (row, head), dropout in
-the kernel (Pallas; NVIDIA GPUs).
+"""Attention with dropout in the kernel, over rows of up to 512 tokens (Pallas Triton; NVIDIA
+GPUs).
 
-At BERT's phase-1 length every query of a row sees all its keys in one [128, 128] tile, so one
-program does the whole softmax, and the backward one program per (row, head) as well: no running
-maxima, no dQ accumulator in float32, no separate pass for rowsum(dO * O) (cuDNN's flash backward
-spends about a third of its time on those two at this length; experiments/perf_notes.md).
+Rows of up to 128 tokens (MAX_LENGTH): one program per (row, head). Every query of a row sees all
+its keys in one [128, 128] tile, so one program does the whole softmax, and the backward one
+program per (row, head) as well: no running maxima, no dQ accumulator in float32, no separate
+pass for rowsum(dO * O) (cuDNN's flash backward spends about a third of its time on those two at
+this length; experiments/perf_notes.md).
 
   forward   reads q, k, v, the segment ids; writes o and the log-sum-exp of each query's scores
   backward  reads q, k, v, o, dO, the log-sum-exp; recomputes the probabilities and the dropout
             mask; writes dq, dk, dv and their sums over the tile's tokens
+
+Longer rows (256 and 512, BERT's phase 2): flash attention (`LongBlocks`). The forward runs one
+program per block of 128 queries, a running softmax over blocks of 64 keys; the backward one
+program per block of 64 keys and as many queries: dK, dV of its keys stepping over every query,
+then dQ of its queries stepping over every key (the probabilities recomputed in both, which costs
+two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-3x
+slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
+cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
+(experiments/perf_notes.md).
 
 q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
 (`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the
@@ -34,6 +44,7 @@ for tests).
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,14 +54,19 @@ from bert_jax import fused_norm
 
 IMPLS = ('xla', 'pallas')
 MAX_LENGTH = 128  # Longest row one program holds (its scores are a [length, length] f32 tile).
+MAX_LONG_LENGTH = 512  # Longest row the flash kernels take (BERT's position table).
 NUM_WARPS = 8
 _MASKED = -1e30  # Score of a key outside the query's segment (exp underflows to 0).
+# The kernels' softmax is in base 2 (exp2 is one instruction; Pallas lowers exp to libdevice's
+# expf): scores times log2(e), and the saved log-sum-exp is log2 of the sum.
+_LOG2E = 1.4426950408889634
 
 
-def supported(length: int, head_dim: int) -> bool:
-  """Row lengths and head sizes the kernels take: powers of two, length 16..128, head 16..128."""
+def supported(length: int, head_dim: int, max_length: int = MAX_LONG_LENGTH) -> bool:
+  """Row lengths and head sizes the kernels take: powers of two, length 16..max_length (the
+  one-program kernels up to MAX_LENGTH, the flash kernels above), head 16..128."""
   power_of_two = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
-  return (power_of_two(length) and 16 <= length <= MAX_LENGTH and power_of_two(head_dim)
+  return (power_of_two(length) and 16 <= length <= max_length and power_of_two(head_dim)
           and 16 <= head_dim <= 128)
 
 
@@ -99,19 +115,23 @@ def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
   return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
-def _scores(q, k, seg, scale):
-  """Masked, scaled scores [length, length] in float32."""
-  s = _dot(q, k, trans_b=True) * scale
-  return jnp.where(seg[:, None] == seg[None, :], s, _MASKED)
+def _scores(q, k, seg, scale, seg_k=None):
+  """Masked, scaled scores [queries, keys] in float32, times log2(e), for exp2 (seg_k: the keys'
+  segment ids, when they are not the queries')."""
+  s = _dot(q, k, trans_b=True) * (scale * _LOG2E)
+  return jnp.where(seg[:, None] == (seg if seg_k is None else seg_k)[None, :], s, _MASKED)
 
 
-def _tile_keep(keys_ref, length: int, threshold: int):
-  """keep_mask of this program's tile, [length, length]: one hash per pair of keys."""
+def _tile_keep(keys_ref, length: int, threshold: int, first_query=0, first_key=0,
+               shape=None):
+  """keep_mask of queries first_query.. and keys first_key.. of this program's (row, head),
+  [queries, keys] (shape; the whole [length, length] by default): one hash per pair of keys."""
+  queries, keys = shape or (length, length)
   key = keys_ref[...].reshape(1, 1)
-  pairs = (length, length // 2)
-  queries = jax.lax.broadcasted_iota(jnp.uint32, pairs, 0)
-  pair = jax.lax.broadcasted_iota(jnp.uint32, pairs, 1)
-  hashed = fused_norm.pair_draws(key, queries * (length // 2) + pair)
+  pairs = (queries, keys // 2)
+  query = jax.lax.broadcasted_iota(jnp.uint32, pairs, 0) + jnp.asarray(first_query, jnp.uint32)
+  pair = jax.lax.broadcasted_iota(jnp.uint32, pairs, 1) + jnp.asarray(first_key // 2, jnp.uint32)
+  hashed = fused_norm.pair_draws(key, query * (length // 2) + pair)
   return fused_norm.split_pairs(hashed) >= jnp.uint32(threshold)
 
 
@@ -122,7 +142,7 @@ def _forward_kernel(*refs, scale: float, threshold: int, length: int):
     seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
   s = _scores(q_ref[...], k_ref[...], seg_ref[...], scale)  # [length, length]
   m = jnp.max(s, axis=1)
-  p = jnp.exp(s - m[:, None])
+  p = jnp.exp2(s - m[:, None])
   l = jnp.sum(p, axis=1)
   norm = 1.0 / l
   if threshold:
@@ -131,7 +151,7 @@ def _forward_kernel(*refs, scale: float, threshold: int, length: int):
   v = v_ref[...]
   o = _dot(p.astype(v.dtype), v) * norm[:, None]
   o_ref[...] = o.astype(o_ref.dtype)
-  lse_ref[...] = m + jnp.log(l)
+  lse_ref[...] = m + jnp.log2(l)
 
 
 def _backward_kernel(*refs, scale: float, threshold: int, length: int):
@@ -144,7 +164,7 @@ def _backward_kernel(*refs, scale: float, threshold: int, length: int):
     dqkv_ref[row, :, part, head, :] = value.astype(dqkv_ref.dtype)
     sum_refs[part][...] = jnp.sum(value, axis=0)
   q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-  p = jnp.exp(_scores(q, k, seg_ref[...], scale) - lse_ref[...][:, None])  # [length, length]
+  p = jnp.exp2(_scores(q, k, seg_ref[...], scale) - lse_ref[...][:, None])  # [length, length]
   dp = _dot(do, v, trans_b=True)  # d(dropped probabilities)
   if threshold:
     keep = _tile_keep(keys_ref, length, threshold)
@@ -210,6 +230,175 @@ def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret, 
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 
 
+class LongBlocks(NamedTuple):
+  """Tiling of the kernels for rows longer than MAX_LENGTH (flash attention: running softmax
+  over key blocks). forward: programs of `forward_queries` queries, steps of `forward_keys` keys;
+  backward: each program takes `backward_block` keys (their dK, dV, stepping over the queries)
+  and as many queries (their dQ, stepping over the keys), `backward_step` at a time."""
+  forward_queries: int = 128
+  forward_keys: int = 64
+  backward_block: int = 64
+  backward_step: int = 64
+  forward_warps: int = 8
+  backward_warps: int = 4
+  stages: int = 3
+
+
+LONG_BLOCKS = LongBlocks()
+
+
+def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
+  if threshold:
+    keys_ref, *refs = refs
+  seg_q_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
+  block_queries = q_ref.shape[0]
+  first_query = pl.program_id(2) * block_queries
+  q, seg_q = q_ref[...], seg_q_ref[...]
+
+  def step(j, carry):  # Keys first_key.. of the row: the running max, sum and output.
+    m, l, acc = carry
+    first_key = j * block_keys
+    keys = pl.ds(first_key, block_keys)
+    s = _scores(q, k_ref[keys, :], seg_q, scale, seg_ref[keys])  # [queries, keys]
+    m_next = jnp.maximum(m, jnp.max(s, axis=1))
+    rescale = jnp.exp2(m - m_next)
+    p = jnp.exp2(s - m_next[:, None])
+    l = l * rescale + jnp.sum(p, axis=1)
+    if threshold:
+      p = jnp.where(_tile_keep(keys_ref, length, threshold, first_query, first_key,
+                               p.shape), p, 0.0)
+    v = v_ref[keys, :]
+    acc = acc * rescale[:, None] + _dot(p.astype(v.dtype), v)
+    return m_next, l, acc
+
+  rows = (block_queries,)
+  m, l, acc = jax.lax.fori_loop(
+      0, length // block_keys, step,
+      (jnp.full(rows, _MASKED, jnp.float32), jnp.zeros(rows, jnp.float32),
+       jnp.zeros(q.shape, jnp.float32)))
+  norm = (keep_scale(threshold) if threshold else 1.0) / l
+  o_ref[...] = (acc * norm[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = m + jnp.log2(l)
+
+
+def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, block: int,
+                          step_size: int):
+  """Program j: dK, dV of keys j * block.. (stepping over all queries), then dQ of queries
+  j * block.. (stepping over all keys); the probabilities recomputed in both."""
+  if threshold:
+    keys_ref, *refs = refs
+  seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dqkv_ref, *sum_refs = refs
+  row, head, first = pl.program_id(0), pl.program_id(1), pl.program_id(2) * block
+  mine = pl.ds(first, block)
+  factor = keep_scale(threshold) if threshold else 1.0
+
+  def store(part, value):  # value: [block, head_dim] float32, rows first.. of dq, dk or dv
+    dqkv_ref[row, mine, part, head, :] = value.astype(dqkv_ref.dtype)
+    sum_refs[part][...] = jnp.sum(value, axis=0)
+
+  def delta_of(queries):  # rowsum(dP * P) = rowsum(dO * O): O = dropped @ v.
+    return jnp.sum(do_ref[queries, :].astype(jnp.float32)
+                   * o_ref[queries, :].astype(jnp.float32), axis=1)
+
+  # dK, dV of my keys.
+  k, v, seg_k = k_ref[mine, :], v_ref[mine, :], seg_ref[mine]
+
+  def key_step(i, carry):
+    dk, dv = carry
+    first_query = i * step_size
+    queries = pl.ds(first_query, step_size)
+    q, do, delta = q_ref[queries, :], do_ref[queries, :], delta_of(queries)
+    p = jnp.exp2(_scores(q, k, seg_ref[queries], scale, seg_k) - lse_ref[queries][:, None])
+    dp = _dot(do, v, trans_b=True)
+    if threshold:
+      keep = _tile_keep(keys_ref, length, threshold, first_query, first, p.shape)
+      dropped = jnp.where(keep, p * factor, 0.0)
+      dp = jnp.where(keep, dp * factor, 0.0)
+    else:
+      dropped = p
+    ds = (p * (dp - delta[:, None])).astype(q.dtype)
+    return (dk + _dot(ds, q, trans_a=True),
+            dv + _dot(dropped.astype(do.dtype), do, trans_a=True))
+
+  zeros = jnp.zeros((block, q_ref.shape[1]), jnp.float32)
+  dk, dv = jax.lax.fori_loop(0, length // step_size, key_step, (zeros, zeros))
+  store(1, dk * scale)
+  store(2, dv)
+
+  # dQ of my queries.
+  q, do, seg_q = q_ref[mine, :], do_ref[mine, :], seg_ref[mine]
+  lse, delta = lse_ref[mine], delta_of(mine)
+
+  def query_step(i, dq):
+    first_key = i * step_size
+    keys = pl.ds(first_key, step_size)
+    k = k_ref[keys, :]
+    p = jnp.exp2(_scores(q, k, seg_q, scale, seg_ref[keys]) - lse[:, None])
+    dp = _dot(do, v_ref[keys, :], trans_b=True)
+    if threshold:
+      keep = _tile_keep(keys_ref, length, threshold, first, first_key, p.shape)
+      dp = jnp.where(keep, dp * factor, 0.0)
+    return dq + _dot((p * (dp - delta[:, None])).astype(k.dtype), k)
+
+  store(0, jax.lax.fori_loop(0, length // step_size, query_step, zeros) * scale)
+
+
+def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks):
+  batch, length, _, heads, head_dim = qkv.shape
+  bq = blocks.forward_queries
+  grid = (batch, heads, length // bq)
+  part = lambda j, n, index: pl.BlockSpec(  # noqa: E731
+      (None, n, None, None, head_dim), lambda b, h, i: (b, index(i), j, h, 0))
+  key_specs = [pl.BlockSpec((None, None, 1), lambda b, h, i: (b, h, 0))] if threshold else []
+  kernel = functools.partial(_long_forward_kernel, scale=1.0 / head_dim ** 0.5,
+                             threshold=threshold, length=length, block_keys=blocks.forward_keys)
+  whole = lambda i: 0  # noqa: E731
+  same = lambda i: i  # noqa: E731
+  return pl.pallas_call(
+      kernel, grid=grid,
+      in_specs=[*key_specs, pl.BlockSpec((None, bq), lambda b, h, i: (b, i)),
+                pl.BlockSpec((None, length), lambda b, h, i: (b, 0)),
+                part(0, bq, same), part(1, length, whole), part(2, length, whole)],
+      out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+                 pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
+      out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
+      compiler_params=None if interpret else fused_norm.triton_params(
+          blocks.forward_warps, blocks.stages),
+      interpret=interpret, name='long_attention_fwd',
+  )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
+
+
+def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
+                   blocks: LongBlocks):
+  """As _pallas_backward; the column sums come per block of tokens [batch, heads, blocks,
+  head_dim]."""
+  batch, length, _, heads, head_dim = qkv.shape
+  block = blocks.backward_block
+  grid = (batch, heads, length // block)
+  part = lambda j: pl.BlockSpec((None, length, None, None, head_dim),  # noqa: E731
+                                lambda b, h, i: (b, 0, j, h, 0))
+  head = pl.BlockSpec((None, length, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  key_specs = [pl.BlockSpec((None, None, 1), lambda b, h, i: (b, h, 0))] if threshold else []
+  vector = pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))
+  sums = jax.ShapeDtypeStruct((batch, heads, length // block, head_dim), jnp.float32)
+  kernel = functools.partial(_long_backward_kernel, scale=1.0 / head_dim ** 0.5,
+                             threshold=threshold, length=length, block=block,
+                             step_size=blocks.backward_step)
+  return pl.pallas_call(
+      kernel, grid=grid,
+      in_specs=[*key_specs, pl.BlockSpec((None, length), lambda b, h, i: (b, 0)),
+                part(0), part(1), part(2), head, head,
+                pl.BlockSpec((None, None, length), lambda b, h, i: (b, h, 0))],
+      # dqkv is written whole-array: each program writes its block of three tiles.
+      out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
+      out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
+      compiler_params=None if interpret else fused_norm.triton_params(
+          blocks.backward_warps, blocks.stages),
+      interpret=interpret, name='long_attention_bwd',
+  )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
+
+
 def _add_bias(qkv, bias):
   """qkv + bias as the 2-d add XLA folds into the projection's matmul epilogue."""
   if bias is None:
@@ -218,32 +407,43 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps):
+def _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks):
   qkv = _add_bias(qkv, bias)
-  o, lse_value = _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps)
+  if qkv.shape[1] > MAX_LENGTH:
+    threshold = dropout_threshold(rate) if keys is not None else 0
+    o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
+  else:
+    o, lse_value = _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps)
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(rate, interpret, num_warps, saved, do):
+def _pallas_bwd(rate, interpret, num_warps, blocks, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
-  dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret,
-                                 num_warps)
+  if qkv.shape[1] > MAX_LENGTH:
+    threshold = dropout_threshold(rate) if keys is not None else 0
+    dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
+                                 interpret, blocks)
+  else:
+    dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret,
+                                   num_warps)
   dbias = None
-  if bias is not None:  # [3, heads, head_dim]: the column sums over every row.
-    dbias = jnp.stack([jnp.sum(s, axis=0) for s in sums]).astype(bias.dtype)
+  if bias is not None:  # [3, heads, head_dim]: the column sums over every row (and block).
+    dbias = jnp.stack([jnp.sum(s, axis=(0,) + tuple(range(2, s.ndim - 1))) for s in sums])
+    dbias = dbias.astype(bias.dtype)
   return dqkv, dbias, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _pallas(qkv, bias, segment_ids, keys, rate, interpret, num_warps):
-  return _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _pallas(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks):
+  return _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
-                  interpret: bool = False, num_warps: int | None = None):
+                  interpret: bool = False, num_warps: int | None = None,
+                  long_blocks: LongBlocks | None = None):
   """Softmax attention within segments over one packed projection, dropout `rate` on the
   probabilities.
 
@@ -265,8 +465,8 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
     raise ValueError(f'bias must be [3, heads, head_dim] = {(3, heads, head_dim)}; got '
                      f'{bias.shape}.')
   if not supported(length, head_dim):
-    raise ValueError(f'fused_attention takes lengths 16..{MAX_LENGTH} and head sizes 16..128, '
-                     f'powers of two; got length {length}, head_dim {head_dim}.')
+    raise ValueError(f'fused_attention takes lengths 16..{MAX_LONG_LENGTH} and head sizes '
+                     f'16..128, powers of two; got length {length}, head_dim {head_dim}.')
   if keys is not None and (keys.shape != (batch, heads, 1) or keys.dtype != jnp.uint32):
     raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
                      f'got {keys.dtype} {keys.shape}.')
@@ -278,14 +478,16 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
     q, k, v = (_add_bias(qkv, bias)[:, :, j] for j in range(3))
     return reference(q, k, v, segment_ids, keys, rate=rate)
   return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys, float(rate), bool(interpret),
-                 int(num_warps or NUM_WARPS))
+                 int(num_warps or NUM_WARPS), LongBlocks(*(long_blocks or LONG_BLOCKS)))
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
-              interpret: bool = False, num_warps: int | None = None):
+              interpret: bool = False, num_warps: int | None = None,
+              long_blocks: LongBlocks | None = None):
   """attention_qkv over separate q, k, v [batch, length, heads, head_dim] (stacked first)."""
   if not q.shape == k.shape == v.shape or q.ndim != 4:
     raise ValueError(f'q, k, v must be [batch, length, heads, head_dim] alike; got {q.shape}, '
                      f'{k.shape}, {v.shape}.')
   return attention_qkv(jnp.stack([q, k, v], axis=2), None, segment_ids, keys, rate=rate,
-                       impl=impl, interpret=interpret, num_warps=num_warps)
+                       impl=impl, interpret=interpret, num_warps=num_warps,
+                       long_blocks=long_blocks)

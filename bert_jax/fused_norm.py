@@ -251,9 +251,10 @@ def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
-def triton_params(num_warps: int):
-  """Compiler params of this package's Pallas/Triton kernels (no loops to pipeline)."""
-  return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
+def triton_params(num_warps: int, num_stages: int = 1):
+  """Compiler params of this package's Pallas/Triton kernels (num_stages 1: no loads to
+  pipeline across loop steps)."""
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _block_specs(rows: int, embed: int):

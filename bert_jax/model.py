@@ -48,7 +48,7 @@ class BertConfig:
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
-  # kernels for rows of 16-128 tokens, powers of two, packed or not; cuDNN for others; GPU).
+  # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU).
   attention_impl: str = 'xla'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
@@ -129,7 +129,7 @@ class BertSelfAttention(nn.Module):
     cfg = self.config
     rate = 0.0 if deterministic else cfg.attention_dropout_rate
     heads = (cfg.num_heads, cfg.head_dim)
-    if bias.ndim == 2:  # Segment ids [batch, length]: rows short enough for fused_attention.
+    if bias.ndim == 2:  # Segment ids [batch, length]: rows fused_attention takes.
       # One matmul for the three projections (the same parameters as the path below).
       kernels, biases = zip(*(layers.DenseParams(
           (x.shape[-1],), heads, ('embed', 'heads', 'kv'), cfg.param_dtype, cfg.init,
@@ -145,7 +145,7 @@ class BertSelfAttention(nn.Module):
       keys = None
       if fused_attention.dropout_threshold(rate) > 0:
         keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
-      return short_attention(qkv, jnp.stack(biases), bias, keys, rate=rate)
+      return kernel_attention(qkv, jnp.stack(biases), bias, keys, rate=rate)
     project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         heads, ('embed', 'heads', 'kv'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
@@ -177,7 +177,7 @@ def _splitting_mesh(x, spec):
   return mesh
 
 
-def short_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
+def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
   devices each runs the kernels on its rows and heads, under shard_map.
 

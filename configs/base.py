@@ -56,7 +56,7 @@ def get_config(arg=None):
   # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
   # NVIDIA GPUs, attention dropout drawn in the kernel (needs scan_layers=False and remat 'none'
   # while attention_dropout_rate > 0; see configs/large_gpu.py); 'pallas': the Triton kernels of
-  # bert_jax.fused_attention for rows of 16-128 tokens, powers of two (head size too), packed or
+  # bert_jax.fused_attention for rows of 16-512 tokens, powers of two (head size too), packed or
   # not, and cuDNN for other rows (cuDNN's conditions apply when the run has such rows).
   model.attention_impl = 'xla'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's

@@ -23,6 +23,9 @@ _SEQ = flags.DEFINE_integer('seq', 128, 'Sequence length.')
 _HEADS = flags.DEFINE_integer('heads', 16, 'Heads (head_dim 64).')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
+_LONG = flags.DEFINE_list(
+    'long_blocks', ['128-64-64-64-4-4-2'], 'fused_attention.LongBlocks to time at lengths over '
+    "fused_attention.MAX_LENGTH, each its seven fields joined by '-'.")
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
@@ -49,11 +52,16 @@ def main(argv):
   segment_ids = jnp.ones((b, s), jnp.int32)
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
+  tilings = ([{'num_warps': int(w)} for w in _WARPS.value] if s <= fused_attention.MAX_LENGTH
+             else [{'long_blocks': fused_attention.LongBlocks(*map(int, spec.split('-')))}
+                   for spec in _LONG.value])
   for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
-    for warps in map(int, _WARPS.value):
-      impls[f'ours_dropout{rate}_w{warps}'] = functools.partial(
+    for tiling in tilings:
+      label = '_'.join(str(x) for x in tiling.values() for x in (x if isinstance(x, tuple)
+                                                                   else (f'w{x}',)))
+      impls[f'ours_dropout{rate}_{label}'] = functools.partial(
           fused_attention.attention_qkv, bias=None, segment_ids=segment_ids, keys=tile_keys,
-          rate=rate, num_warps=warps)
+          rate=rate, **tiling)
   for spec in _PALLAS.value:
     blocks_part, rest = spec.split('w')
     bq, bk = map(int, blocks_part.split('x'))

@@ -13,7 +13,7 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
   cudnn_dropout_tanh   cuDNN attention with the paper's attention dropout in the kernel,
                        scan_layers=False, tanh GELU (paper-faithful dropout)
   large_gpu            configs/large_gpu.py: cudnn_dropout_tanh with our attention kernels for
-                       rows up to 128 tokens (attention_impl=pallas), the fused LayerNorm kernels,
+                       rows up to 512 tokens (attention_impl=pallas), the fused LayerNorm kernels,
                        2-d matmuls (flat_matmuls), every matmul on cuBLAS (train.xla_options)
   cudnn_dropout_tanh_cublas   cudnn_dropout_tanh with XLA's Triton GEMMs off (an `env:` entry of a
                        variant adds an XLA flag to that process's XLA_FLAGS)

@@ -1,5 +1,5 @@
-"""Short-row attention: the Pallas kernels (run by the interpreter on CPU) against the jnp
-reference, the reference against the model's XLA attention, the dropout draws, and the model with
+"""Attention with in-kernel dropout: the Pallas kernels, short rows and long (run by the
+interpreter on CPU), against the jnp reference, the reference against the model's XLA attention, the dropout draws, and the model with
 `attention_impl='pallas'` against `'xla'`."""
 
 import dataclasses
@@ -31,23 +31,29 @@ def operands(dtype, seed=0, length=LENGTH, head_dim=HEAD_DIM):
   return q, k, v, segment_ids, fused_attention.tile_keys(keys[4], BATCH, HEADS), cotangent
 
 
-def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate):
+def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long_blocks=None):
   def loss(q, k, v):
     out = fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=rate, impl=impl,
-                                    interpret=True)
+                                    interpret=True, long_blocks=long_blocks)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
   return out, grads
 
 
 @pytest.mark.parametrize('rate', [0.0, 0.1])
-@pytest.mark.parametrize('dtype, length, head_dim', [
-    (jnp.float32, LENGTH, HEAD_DIM), (jnp.bfloat16, LENGTH, HEAD_DIM),
-    (jnp.bfloat16, 128, 64)])  # BERT's phase-1 shape.
-def test_kernels_equal_the_reference(dtype, length, head_dim, rate):
+@pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
+    (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
+    (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
+    # The flash kernels: their default tiling, and one whose backward steps (32) are not its
+    # blocks (64) and whose forward blocks are both smaller.
+    (jnp.float32, 256, HEAD_DIM, None),
+    (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
+    (jnp.bfloat16, 256, 64, None)])
+def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
-  out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate)
+  out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate,
+                               long_blocks)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
   # float32: the same arithmetic; bfloat16: probabilities rounded before or after normalising.
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -58,10 +64,12 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, rate):
 
 
 @pytest.mark.parametrize('rate', [0.0, 0.1])
-def test_packed_projection_gives_the_bias_gradient_from_the_kernels(rate):
-  """attention_qkv (the model's path): the kernels' dqkv layout and their per-tile sums, which
-  make the bias gradient, against the reference's autodiff."""
-  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.float32)
+@pytest.mark.parametrize('length', [LENGTH, 256])
+def test_packed_projection_gives_the_bias_gradient_from_the_kernels(length, rate):
+  """attention_qkv (the model's path): the kernels' dqkv layout and their per-tile sums (per
+  block of tokens, for long rows), which make the bias gradient, against the reference's
+  autodiff."""
+  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.float32, length=length)
   qkv = jnp.stack([q, k, v], axis=2)
   bias = jax.random.normal(jax.random.key(7), (3, HEADS, HEAD_DIM))
 
@@ -151,7 +159,7 @@ def test_dropout_scales_kept_probabilities_and_rate_one_drops_all():
 
 def test_bad_shapes_are_named():
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32)
-  with pytest.raises(ValueError, match=r'lengths 16..128.*got length 24'):
+  with pytest.raises(ValueError, match=r'lengths 16..512.*got length 24'):
     fused_attention.attention(q[:, :24], k[:, :24], v[:, :24], segment_ids[:, :24], tile_keys,
                               rate=0.1)
   with pytest.raises(ValueError,
@@ -169,7 +177,8 @@ def test_bad_shapes_are_named():
   with pytest.raises(ValueError, match=r'bias must be \[3, heads, head_dim\] = \(3, 3, 16\); '
                      r'got \(3, 48\)'):
     fused_attention.attention_qkv(qkv, jnp.zeros((3, 48)), segment_ids, tile_keys, rate=0.1)
-  assert fused_attention.supported(128, 64) and not fused_attention.supported(256, 64)
+  assert all(fused_attention.supported(n, 64) for n in (16, 128, 256, 512))
+  assert not any(fused_attention.supported(n, 64) for n in (8, 384, 1024))
 
 
 def small_config(**overrides):
@@ -185,6 +194,17 @@ def test_model_with_the_fused_attention_computes_the_same_function():
   xla = model_lib.BertForPreTraining(small_config())
   fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
   args = model_inputs()
+  params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
+  test_fused_norm.assert_same_function(xla, fused, params, args)
+
+
+def test_model_with_the_fused_attention_on_long_rows_computes_the_same_function(monkeypatch):
+  """Rows of 256 (phase 2's kind) go to the flash kernels, not to cuDNN's attention."""
+  monkeypatch.setattr(layers, 'cudnn_attention', None)  # Calling it would fail.
+  xla = model_lib.BertForPreTraining(small_config(max_position_embeddings=256))
+  fused = model_lib.BertForPreTraining(small_config(max_position_embeddings=256,
+                                                    attention_impl='pallas'))
+  args = test_fused_norm.model_inputs(length=256)
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
   test_fused_norm.assert_same_function(xla, fused, params, args)
 
@@ -252,8 +272,11 @@ def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():
   config.model.update(attention_impl='pallas', scan_layers=True, remat_policy='full')
   config_lib.validate(config)
   assert not config_lib.needs_cudnn_outside_command_buffers(config)
-  config.model.max_position_embeddings = 256
-  config.data.update(max_seq_length=256, max_predictions_per_seq=40)  # Rows of 256 go to cuDNN.
+  config.model.max_position_embeddings = 512
+  config.data.update(max_seq_length=256, max_predictions_per_seq=40)  # The flash kernels'.
+  config_lib.validate(config)
+  assert not config_lib.needs_cudnn_outside_command_buffers(config)
+  config.data.update(max_seq_length=384, max_predictions_per_seq=60)  # Rows of 384 go to cuDNN.
   assert config_lib.needs_cudnn_outside_command_buffers(config)
   with pytest.raises(config_lib.ConfigError,
                      match=r"attention_impl='pallas' with attention dropout.*scan_layers=False"):

@@ -22,6 +22,9 @@ _BATCH = flags.DEFINE_integer('batch', 128, 'Rows.')
 _SEQ = flags.DEFINE_integer('seq', 128, 'Sequence length.')
 _HEADS = flags.DEFINE_integer('heads', 16, 'Heads (head_dim 64).')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
+_SEGMENTS = flags.DEFINE_enum(
+    'segments', 'full', ['full', 'packed'], "Rows of ours: 'full' (every token real) or 'packed' "
+    '(two segments of 3/8 and 1/2 of the row, then padding), against the reference.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
 _LONG = flags.DEFINE_list(
     'long_blocks', ['128-64-64-64-4-4-2'], 'fused_attention.LongBlocks to time at lengths over '
@@ -50,6 +53,9 @@ def main(argv):
   }
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   segment_ids = jnp.ones((b, s), jnp.int32)
+  if _SEGMENTS.value == 'packed':
+    segment_ids = jnp.asarray([1] * (s * 3 // 8) + [2] * (s // 2) + [0] * (s - s * 7 // 8),
+                              jnp.int32)[None].repeat(b, axis=0)
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
   tilings = ([{'num_warps': int(w)} for w in _WARPS.value] if s <= fused_attention.MAX_LENGTH

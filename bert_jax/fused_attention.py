@@ -15,7 +15,7 @@ Longer rows (256 and 512, BERT's phase 2): flash attention (`LongBlocks`). The f
 program per block of 128 queries, a running softmax over blocks of 64 keys; the backward one
 program per block of 64 keys and as many queries: dK, dV of its keys stepping over every query,
 then dQ of its queries stepping over every key (the probabilities recomputed in both, which costs
-two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-3x
+two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-4.6x
 slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
 (experiments/perf_notes.md).
@@ -62,11 +62,14 @@ _MASKED = -1e30  # Score of a key outside the query's segment (exp underflows to
 _LOG2E = 1.4426950408889634
 
 
-def supported(length: int, head_dim: int, max_length: int = MAX_LONG_LENGTH) -> bool:
-  """Row lengths and head sizes the kernels take: powers of two, length 16..max_length (the
+def _power_of_two(n: int) -> bool:
+  return n > 0 and n & (n - 1) == 0
+
+
+def supported(length: int, head_dim: int) -> bool:
+  """Row lengths and head sizes the kernels take: powers of two, length 16..MAX_LONG_LENGTH (the
   one-program kernels up to MAX_LENGTH, the flash kernels above), head 16..128."""
-  power_of_two = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
-  return (power_of_two(length) and 16 <= length <= max_length and power_of_two(head_dim)
+  return (_power_of_two(length) and 16 <= length <= MAX_LONG_LENGTH and _power_of_two(head_dim)
           and 16 <= head_dim <= 128)
 
 
@@ -135,6 +138,24 @@ def _tile_keep(keys_ref, length: int, threshold: int, first_query=0, first_key=0
   return fused_norm.split_pairs(hashed) >= jnp.uint32(threshold)
 
 
+def _delta(do, o):
+  """rowsum(dP * P) = rowsum(dO * O) (O = dropped probabilities @ v), [queries] float32."""
+  return jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=1)
+
+
+def _tile_grads(p, dp, delta, keep, threshold: int, dtype):
+  """ds (the gradient of the scores before their scale) and the dropped probabilities of a tile
+  [queries, keys], both in dtype, from its probabilities p, dp = dO @ v^T (the gradient of the
+  dropped probabilities) and delta; keep: the tile's keep mask (threshold > 0)."""
+  if threshold:
+    factor = keep_scale(threshold)
+    dropped = jnp.where(keep, p * factor, 0.0)
+    dp = jnp.where(keep, dp * factor, 0.0)
+  else:
+    dropped = p
+  return (p * (dp - delta[:, None])).astype(dtype), dropped.astype(dtype)
+
+
 def _forward_kernel(*refs, scale: float, threshold: int, length: int):
   if threshold:
     keys_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
@@ -165,39 +186,35 @@ def _backward_kernel(*refs, scale: float, threshold: int, length: int):
     sum_refs[part][...] = jnp.sum(value, axis=0)
   q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
   p = jnp.exp2(_scores(q, k, seg_ref[...], scale) - lse_ref[...][:, None])  # [length, length]
-  dp = _dot(do, v, trans_b=True)  # d(dropped probabilities)
-  if threshold:
-    keep = _tile_keep(keys_ref, length, threshold)
-    factor = keep_scale(threshold)
-    dropped = jnp.where(keep, p * factor, 0.0)
-    dp = jnp.where(keep, dp * factor, 0.0)
-  else:
-    dropped = p
-  store(2, _dot(dropped.astype(do.dtype), do, trans_a=True))
-  # rowsum(dP * P) = rowsum(dO * O): O = dropped @ v.
-  delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
-  ds = (p * (dp - delta[:, None])).astype(q.dtype)
+  keep = _tile_keep(keys_ref, length, threshold) if threshold else None
+  ds, dropped = _tile_grads(p, _dot(do, v, trans_b=True), _delta(do, o_ref[...]), keep,
+                            threshold, q.dtype)
+  store(2, _dot(dropped, do, trans_a=True))
   store(0, _dot(ds, k) * scale)
   store(1, _dot(ds, q, trans_a=True) * scale)
 
 
 def _specs(length: int, head_dim: int, has_keys: bool):
-  """BlockSpecs over grid (batch, heads): keys, segment ids, the q / k / v tiles [length,
-  head_dim] of one head in qkv [batch, length, 3, heads, head_dim], an output head tile of
-  [batch, length, heads, head_dim], the log-sum-exps, a per-(row, head) vector [head_dim]."""
+  """BlockSpecs of whole rows over grid (batch, heads, ...): keys, segment ids, the q / k / v
+  tiles [length, head_dim] of one head in qkv [batch, length, 3, heads, head_dim], a head tile of
+  [batch, length, heads, head_dim] (o, dO), the log-sum-exps, a per-(row, head) vector
+  [head_dim]."""
   part = lambda j: pl.BlockSpec((None, length, None, None, head_dim),  # noqa: E731
-                                lambda b, h: (b, 0, j, h, 0))
-  head = pl.BlockSpec((None, length, None, head_dim), lambda b, h: (b, 0, h, 0))
-  seg = pl.BlockSpec((None, length), lambda b, h: (b, 0))
-  keys = [pl.BlockSpec((None, None, 1), lambda b, h: (b, h, 0))] if has_keys else []
-  lse = pl.BlockSpec((None, None, length), lambda b, h: (b, h, 0))
+                                lambda b, h, *_: (b, 0, j, h, 0))
+  head = pl.BlockSpec((None, length, None, head_dim), lambda b, h, *_: (b, 0, h, 0))
+  seg = pl.BlockSpec((None, length), lambda b, h, *_: (b, 0))
+  keys = [pl.BlockSpec((None, None, 1), lambda b, h, *_: (b, h, 0))] if has_keys else []
+  lse = pl.BlockSpec((None, None, length), lambda b, h, *_: (b, h, 0))
   vector = pl.BlockSpec((None, None, head_dim), lambda b, h: (b, h, 0))
   return keys, seg, [part(0), part(1), part(2)], head, lse, vector
 
 
-def _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps):
+def _compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
+  return None if interpret else fused_norm.triton_params(num_warps, num_stages)
+
+
+def _pallas_forward(qkv, segment_ids, keys, threshold, interpret, num_warps):
   batch, length, _, heads, head_dim = qkv.shape
-  threshold = dropout_threshold(rate) if keys is not None else 0
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
   kernel = functools.partial(_forward_kernel, scale=1.0 / head_dim ** 0.5, threshold=threshold,
                              length=length)
@@ -206,16 +223,16 @@ def _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps):
       out_specs=[head, lse],
       out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-      compiler_params=None if interpret else fused_norm.triton_params(num_warps),
+      compiler_params=_compiler_params(interpret, num_warps),
       interpret=interpret, name='short_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv)
 
 
-def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret, num_warps):
+def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
+                     num_warps):
   """dqkv [batch, length, 3, heads, head_dim] and the column sums of dq, dk, dv per (row, head),
   three float32 [batch, heads, head_dim] (the bias gradients before the sum over rows)."""
   batch, length, _, heads, head_dim = qkv.shape
-  threshold = dropout_threshold(rate) if keys is not None else 0
   key_specs, seg, parts, head, lse, vector = _specs(length, head_dim, bool(threshold))
   kernel = functools.partial(_backward_kernel, scale=1.0 / head_dim ** 0.5, threshold=threshold,
                              length=length)
@@ -225,7 +242,7 @@ def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret, 
       # dqkv is written whole-array: one program writes its head's three tiles.
       out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
       out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
-      compiler_params=None if interpret else fused_norm.triton_params(num_warps),
+      compiler_params=_compiler_params(interpret, num_warps),
       interpret=interpret, name='short_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 
@@ -290,35 +307,30 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
   seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dqkv_ref, *sum_refs = refs
   row, head, first = pl.program_id(0), pl.program_id(1), pl.program_id(2) * block
   mine = pl.ds(first, block)
-  factor = keep_scale(threshold) if threshold else 1.0
 
   def store(part, value):  # value: [block, head_dim] float32, rows first.. of dq, dk or dv
     dqkv_ref[row, mine, part, head, :] = value.astype(dqkv_ref.dtype)
     sum_refs[part][...] = jnp.sum(value, axis=0)
 
-  def delta_of(queries):  # rowsum(dP * P) = rowsum(dO * O): O = dropped @ v.
-    return jnp.sum(do_ref[queries, :].astype(jnp.float32)
-                   * o_ref[queries, :].astype(jnp.float32), axis=1)
+  def tile_grads(q, k, v, do, queries, keys, lse, delta, first_query, first_key):
+    """ds and the dropped probabilities of queries x keys (pl.ds each), [queries, keys]."""
+    p = jnp.exp2(_scores(q, k, seg_ref[queries], scale, seg_ref[keys]) - lse[:, None])
+    keep = None
+    if threshold:
+      keep = _tile_keep(keys_ref, length, threshold, first_query, first_key, p.shape)
+    return _tile_grads(p, _dot(do, v, trans_b=True), delta, keep, threshold, q.dtype)
 
   # dK, dV of my keys.
-  k, v, seg_k = k_ref[mine, :], v_ref[mine, :], seg_ref[mine]
+  k, v = k_ref[mine, :], v_ref[mine, :]
 
   def key_step(i, carry):
     dk, dv = carry
     first_query = i * step_size
     queries = pl.ds(first_query, step_size)
-    q, do, delta = q_ref[queries, :], do_ref[queries, :], delta_of(queries)
-    p = jnp.exp2(_scores(q, k, seg_ref[queries], scale, seg_k) - lse_ref[queries][:, None])
-    dp = _dot(do, v, trans_b=True)
-    if threshold:
-      keep = _tile_keep(keys_ref, length, threshold, first_query, first, p.shape)
-      dropped = jnp.where(keep, p * factor, 0.0)
-      dp = jnp.where(keep, dp * factor, 0.0)
-    else:
-      dropped = p
-    ds = (p * (dp - delta[:, None])).astype(q.dtype)
-    return (dk + _dot(ds, q, trans_a=True),
-            dv + _dot(dropped.astype(do.dtype), do, trans_a=True))
+    q, do = q_ref[queries, :], do_ref[queries, :]
+    ds, dropped = tile_grads(q, k, v, do, queries, mine, lse_ref[queries],
+                             _delta(do, o_ref[queries, :]), first_query, first)
+    return dk + _dot(ds, q, trans_a=True), dv + _dot(dropped, do, trans_a=True)
 
   zeros = jnp.zeros((block, q_ref.shape[1]), jnp.float32)
   dk, dv = jax.lax.fori_loop(0, length // step_size, key_step, (zeros, zeros))
@@ -326,19 +338,15 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
   store(2, dv)
 
   # dQ of my queries.
-  q, do, seg_q = q_ref[mine, :], do_ref[mine, :], seg_ref[mine]
-  lse, delta = lse_ref[mine], delta_of(mine)
+  q, do, lse = q_ref[mine, :], do_ref[mine, :], lse_ref[mine]
+  delta = _delta(do, o_ref[mine, :])
 
   def query_step(i, dq):
     first_key = i * step_size
     keys = pl.ds(first_key, step_size)
     k = k_ref[keys, :]
-    p = jnp.exp2(_scores(q, k, seg_q, scale, seg_ref[keys]) - lse[:, None])
-    dp = _dot(do, v_ref[keys, :], trans_b=True)
-    if threshold:
-      keep = _tile_keep(keys_ref, length, threshold, first, first_key, p.shape)
-      dp = jnp.where(keep, dp * factor, 0.0)
-    return dq + _dot((p * (dp - delta[:, None])).astype(k.dtype), k)
+    ds, _ = tile_grads(q, k, v_ref[keys, :], do, mine, keys, lse, delta, first, first_key)
+    return dq + _dot(ds, k)
 
   store(0, jax.lax.fori_loop(0, length // step_size, query_step, zeros) * scale)
 
@@ -346,25 +354,19 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
 def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks):
   batch, length, _, heads, head_dim = qkv.shape
   bq = blocks.forward_queries
-  grid = (batch, heads, length // bq)
-  part = lambda j, n, index: pl.BlockSpec(  # noqa: E731
-      (None, n, None, None, head_dim), lambda b, h, i: (b, index(i), j, h, 0))
-  key_specs = [pl.BlockSpec((None, None, 1), lambda b, h, i: (b, h, 0))] if threshold else []
+  key_specs, seg, parts, _, _, _ = _specs(length, head_dim, bool(threshold))
   kernel = functools.partial(_long_forward_kernel, scale=1.0 / head_dim ** 0.5,
                              threshold=threshold, length=length, block_keys=blocks.forward_keys)
-  whole = lambda i: 0  # noqa: E731
-  same = lambda i: i  # noqa: E731
   return pl.pallas_call(
-      kernel, grid=grid,
-      in_specs=[*key_specs, pl.BlockSpec((None, bq), lambda b, h, i: (b, i)),
-                pl.BlockSpec((None, length), lambda b, h, i: (b, 0)),
-                part(0, bq, same), part(1, length, whole), part(2, length, whole)],
+      kernel, grid=(batch, heads, length // bq),
+      in_specs=[*key_specs, pl.BlockSpec((None, bq), lambda b, h, i: (b, i)), seg,
+                pl.BlockSpec((None, bq, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0)),
+                *parts[1:]],
       out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
                  pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
       out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-      compiler_params=None if interpret else fused_norm.triton_params(
-          blocks.forward_warps, blocks.stages),
+      compiler_params=_compiler_params(interpret, blocks.forward_warps, blocks.stages),
       interpret=interpret, name='long_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
 
@@ -375,26 +377,19 @@ def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpre
   head_dim]."""
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
-  grid = (batch, heads, length // block)
-  part = lambda j: pl.BlockSpec((None, length, None, None, head_dim),  # noqa: E731
-                                lambda b, h, i: (b, 0, j, h, 0))
-  head = pl.BlockSpec((None, length, None, head_dim), lambda b, h, i: (b, 0, h, 0))
-  key_specs = [pl.BlockSpec((None, None, 1), lambda b, h, i: (b, h, 0))] if threshold else []
+  key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
   vector = pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))
   sums = jax.ShapeDtypeStruct((batch, heads, length // block, head_dim), jnp.float32)
   kernel = functools.partial(_long_backward_kernel, scale=1.0 / head_dim ** 0.5,
                              threshold=threshold, length=length, block=block,
                              step_size=blocks.backward_step)
   return pl.pallas_call(
-      kernel, grid=grid,
-      in_specs=[*key_specs, pl.BlockSpec((None, length), lambda b, h, i: (b, 0)),
-                part(0), part(1), part(2), head, head,
-                pl.BlockSpec((None, None, length), lambda b, h, i: (b, h, 0))],
+      kernel, grid=(batch, heads, length // block),
+      in_specs=[*key_specs, seg, *parts, head, head, lse],
       # dqkv is written whole-array: each program writes its block of three tiles.
       out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
       out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
-      compiler_params=None if interpret else fused_norm.triton_params(
-          blocks.backward_warps, blocks.stages),
+      compiler_params=_compiler_params(interpret, blocks.backward_warps, blocks.stages),
       interpret=interpret, name='long_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 
@@ -407,25 +402,23 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks):
+def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks):
   qkv = _add_bias(qkv, bias)
   if qkv.shape[1] > MAX_LENGTH:
-    threshold = dropout_threshold(rate) if keys is not None else 0
     o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
   else:
-    o, lse_value = _pallas_forward(qkv, segment_ids, keys, rate, interpret, num_warps)
+    o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, num_warps)
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(rate, interpret, num_warps, blocks, saved, do):
+def _pallas_bwd(threshold, interpret, num_warps, blocks, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
   if qkv.shape[1] > MAX_LENGTH:
-    threshold = dropout_threshold(rate) if keys is not None else 0
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
   else:
-    dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, rate, interpret,
-                                   num_warps)
+    dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
+                                   interpret, num_warps)
   dbias = None
   if bias is not None:  # [3, heads, head_dim]: the column sums over every row (and block).
     dbias = jnp.stack([jnp.sum(s, axis=(0,) + tuple(range(2, s.ndim - 1))) for s in sums])
@@ -434,11 +427,29 @@ def _pallas_bwd(rate, interpret, num_warps, blocks, saved, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _pallas(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks):
-  return _pallas_fwd(qkv, bias, segment_ids, keys, rate, interpret, num_warps, blocks)[0]
+def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks):
+  """keys: None when threshold is 0 (no dropout)."""
+  return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
+
+
+def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
+  """Tilings the flash kernels compute correctly at `length` (a power of two over MAX_LENGTH):
+  blocks and steps powers of two from 16 (Triton's smallest dot) to the row; warps powers of
+  two; stages at least 1."""
+  for field in LongBlocks._fields[:4]:
+    n = getattr(blocks, field)
+    if not (_power_of_two(n) and 16 <= n <= length):
+      raise ValueError(f'long_blocks.{field}={n}: must be a power of two from 16 to the row '
+                       f'length {length}.')
+  for field in ('forward_warps', 'backward_warps'):
+    n = getattr(blocks, field)
+    if not (_power_of_two(n) and n <= 32):
+      raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
+  if blocks.stages < 1:
+    raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
@@ -450,7 +461,8 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   qkv: [batch, length, 3, heads, head_dim], the query, key and value projections before their
   bias (one matmul's output); bias: [3, heads, head_dim] or None; segment_ids: [batch, length]
   int32 (a query sees the keys of its own segment); keys: tile_keys(rng, batch, heads), or None
-  for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype.
+  for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
+  kernels of rows up to MAX_LENGTH, long_blocks (default LONG_BLOCKS) those of longer rows.
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
@@ -470,6 +482,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   if keys is not None and (keys.shape != (batch, heads, 1) or keys.dtype != jnp.uint32):
     raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
                      f'got {keys.dtype} {keys.shape}.')
+  blocks = LongBlocks(*(long_blocks or LONG_BLOCKS))
+  if length > MAX_LENGTH:
+    _check_long_blocks(blocks, length)
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
@@ -477,8 +492,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   if impl == 'xla':
     q, k, v = (_add_bias(qkv, bias)[:, :, j] for j in range(3))
     return reference(q, k, v, segment_ids, keys, rate=rate)
-  return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys, float(rate), bool(interpret),
-                 int(num_warps or NUM_WARPS), LongBlocks(*(long_blocks or LONG_BLOCKS)))
+  return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys,
+                 threshold if keys is not None else 0, bool(interpret),
+                 int(num_warps or NUM_WARPS), blocks)
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',

@@ -5,11 +5,12 @@ Differs from configs/large.py only in how the same function is computed:
 - fused attention with the paper's attention-probability dropout (0.1) drawn inside the kernel:
   bert_jax.fused_attention's Triton kernels for rows of 16-512 tokens, powers of two, packed or
   not (attention_impl='pallas'; with the query/key/value projection as one matmul feeding them,
-  on an H100 1.33x the peer's seq/s at Large 128, 1.20x with cuDNN's, measured earlier; at Large
+  on an H100 1.34x the peer's seq/s at Large 128, 1.20x with cuDNN's, measured earlier; at Large
   512 83.7 against 89.1 ms a step with cuDNN's), cuDNN's (layers.cudnn_attention) for other rows
   (e.g. SQuAD's 384); cuDNN's dropout needs every layer to be its own call, so the layers are
-  unrolled (scan_layers=False: longer compiles, about 1% slower than a scan unrolled 24-fold on
-  an H100) and attention is not rematerialised;
+  unrolled (scan_layers=False: longer compiles; measured about 1% slower than a scan unrolled
+  24-fold on an H100 when rows of 128 went to cuDNN; kept since rows of 128 and 512 left cuDNN,
+  not remeasured) and attention is not rematerialised;
 - the tanh GELU of the original TF BERT code;
 - each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
   (layer_norm_impl='pallas', bert_jax/fused_norm.py; NVIDIA GPUs);

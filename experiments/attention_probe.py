@@ -3,8 +3,9 @@ dropout), bert_jax.fused_attention (ours, with and without dropout) and JAX's Pa
 attention (no dropout). Ours take q, k, v packed as the model's projection gives them
 (`fused_attention.attention_qkv`).
 
-`python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16]`: one JSON line per
-implementation, milliseconds per forward+backward (20 queued calls after a warm-up).
+`python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
+[--long_blocks=128-64-64-64-8-4-3,...]`: one JSON line per implementation, milliseconds per
+forward+backward (20 queued calls after a warm-up); ours also against their jnp reference.
 """
 
 import functools
@@ -27,8 +28,8 @@ _SEGMENTS = flags.DEFINE_enum(
     '(two segments of 3/8 and 1/2 of the row, then padding), against the reference.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
 _LONG = flags.DEFINE_list(
-    'long_blocks', ['128-64-64-64-4-4-2'], 'fused_attention.LongBlocks to time at lengths over '
-    "fused_attention.MAX_LENGTH, each its seven fields joined by '-'.")
+    'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
+    "fused_attention.MAX_LENGTH, each its seven fields joined by '-' (default: LONG_BLOCKS).")
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
@@ -58,13 +59,14 @@ def main(argv):
                               jnp.int32)[None].repeat(b, axis=0)
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
-  tilings = ([{'num_warps': int(w)} for w in _WARPS.value] if s <= fused_attention.MAX_LENGTH
-             else [{'long_blocks': fused_attention.LongBlocks(*map(int, spec.split('-')))}
-                   for spec in _LONG.value])
+  if s <= fused_attention.MAX_LENGTH:
+    tilings = {f'w{w}': {'num_warps': int(w)} for w in _WARPS.value}
+  else:
+    specs = _LONG.value or ['-'.join(map(str, fused_attention.LONG_BLOCKS))]
+    tilings = {spec.replace('-', '_'): {'long_blocks': fused_attention.LongBlocks(
+        *map(int, spec.split('-')))} for spec in specs}
   for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
-    for tiling in tilings:
-      label = '_'.join(str(x) for x in tiling.values() for x in (x if isinstance(x, tuple)
-                                                                   else (f'w{x}',)))
+    for label, tiling in tilings.items():
       impls[f'ours_dropout{rate}_{label}'] = functools.partial(
           fused_attention.attention_qkv, bias=None, segment_ids=segment_ids, keys=tile_keys,
           rate=rate, **tiling)

@@ -32,7 +32,8 @@ def kind_of(name: str) -> str:
   lowered = name.lower()
   if any(k in lowered for k in ('gemm', 'cublas', 'sm90_xmma', 'nvjet', 'cutlass')):
     return 'matmul'
-  if any(k in lowered for k in ('cudnn', 'flash', 'fmha', 'sdpa', 'short_attention', 'long_attention')):
+  if any(k in lowered for k in ('cudnn', 'flash', 'fmha', 'sdpa', 'short_attention',
+                                'long_attention')):
     return 'attention'
   if 'memcpy' in lowered or 'memset' in lowered:
     return 'copy'

@@ -1,6 +1,6 @@
 """Attention with in-kernel dropout: the Pallas kernels, short rows and long (run by the
-interpreter on CPU), against the jnp reference, the reference against the model's XLA attention, the dropout draws, and the model with
-`attention_impl='pallas'` against `'xla'`."""
+interpreter on CPU), against the jnp reference, the reference against the model's XLA attention,
+the dropout draws, and the model with `attention_impl='pallas'` against `'xla'`."""
 
 import dataclasses
 
@@ -48,7 +48,7 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
-    (jnp.bfloat16, 256, 64, None)])
+    (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None)])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
@@ -61,6 +61,22 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate)
   np.testing.assert_allclose(as32(out), as32(out_ref), rtol=tol, atol=tol)
   for name, a, b in zip('qkv', grads, grads_ref):
     np.testing.assert_allclose(as32(a), as32(b), rtol=tol, atol=tol * 4, err_msg=f'd{name}')
+
+
+def test_flash_kernels_take_rows_whose_real_tokens_come_last():
+  """Queries whose first key blocks are all of another segment (the running softmax starts on
+  masked blocks), a padding-only row, and segments of one token at the end of a row."""
+  q, k, v, _, tile_keys, cotangent = operands(jnp.float32, length=256)
+  segment_ids = jnp.asarray([[0] * 200 + [1] * 56, [0] * 254 + [1, 2]], jnp.int32)
+  for rate in (0.0, 0.1):
+    for padding_only in (False, True):
+      segments = jnp.zeros_like(segment_ids) if padding_only else segment_ids
+      out_ref, grads_ref = value_and_grads('xla', q, k, v, segments, tile_keys, cotangent, rate)
+      out, grads = value_and_grads('pallas', q, k, v, segments, tile_keys, cotangent, rate,
+                                   fused_attention.LongBlocks(64, 16, 32, 16))
+      np.testing.assert_allclose(out, out_ref, rtol=1e-5, atol=1e-5)
+      for name, a, b in zip('qkv', grads, grads_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-5, err_msg=f'd{name}')
 
 
 @pytest.mark.parametrize('rate', [0.0, 0.1])
@@ -177,6 +193,18 @@ def test_bad_shapes_are_named():
   with pytest.raises(ValueError, match=r'bias must be \[3, heads, head_dim\] = \(3, 3, 16\); '
                      r'got \(3, 48\)'):
     fused_attention.attention_qkv(qkv, jnp.zeros((3, 48)), segment_ids, tile_keys, rate=0.1)
+  # A tiling of the flash kernels that would leave queries or keys out, or not lower.
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32, length=256)
+  for blocks, message in (
+      (fused_attention.LongBlocks(forward_queries=512), r'forward_queries=512: .* to the row '
+       r'length 256'),
+      (fused_attention.LongBlocks(backward_block=96), r'backward_block=96: must be a power of two'),
+      (fused_attention.LongBlocks(backward_step=8), r'backward_step=8: must be a power of two '
+       r'from 16'),
+      (fused_attention.LongBlocks(forward_warps=6), r'forward_warps=6: must be a power of two'),
+      (fused_attention.LongBlocks(stages=0), r'stages=0: must be at least 1')):
+    with pytest.raises(ValueError, match=message):
+      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, long_blocks=blocks)
   assert all(fused_attention.supported(n, 64) for n in (16, 128, 256, 512))
   assert not any(fused_attention.supported(n, 64) for n in (8, 384, 1024))
 

@@ -209,10 +209,6 @@ def _specs(length: int, head_dim: int, has_keys: bool):
   return keys, seg, [part(0), part(1), part(2)], head, lse, vector
 
 
-def _compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
-  return None if interpret else fused_norm.triton_params(num_warps, num_stages)
-
-
 def _pallas_forward(qkv, segment_ids, keys, threshold, interpret, num_warps):
   batch, length, _, heads, head_dim = qkv.shape
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
@@ -223,7 +219,7 @@ def _pallas_forward(qkv, segment_ids, keys, threshold, interpret, num_warps):
       out_specs=[head, lse],
       out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-      compiler_params=_compiler_params(interpret, num_warps),
+      compiler_params=fused_norm.compiler_params(interpret, num_warps),
       interpret=interpret, name='short_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv)
 
@@ -242,7 +238,7 @@ def _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interp
       # dqkv is written whole-array: one program writes its head's three tiles.
       out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
       out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
-      compiler_params=_compiler_params(interpret, num_warps),
+      compiler_params=fused_norm.compiler_params(interpret, num_warps),
       interpret=interpret, name='short_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 
@@ -366,7 +362,7 @@ def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBloc
                  pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
       out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
                  jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
-      compiler_params=_compiler_params(interpret, blocks.forward_warps, blocks.stages),
+      compiler_params=fused_norm.compiler_params(interpret, blocks.forward_warps, blocks.stages),
       interpret=interpret, name='long_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
 
@@ -389,7 +385,7 @@ def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpre
       # dqkv is written whole-array: each program writes its block of three tiles.
       out_specs=[pl.BlockSpec(memory_space=pl.ANY), vector, vector, vector],
       out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype), sums, sums, sums],
-      compiler_params=_compiler_params(interpret, blocks.backward_warps, blocks.stages),
+      compiler_params=fused_norm.compiler_params(interpret, blocks.backward_warps, blocks.stages),
       interpret=interpret, name='long_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
 

@@ -251,10 +251,10 @@ def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
-def triton_params(num_warps: int, num_stages: int = 1):
+def compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
   """Compiler params of this package's Pallas/Triton kernels (num_stages 1: no loads to
-  pipeline across loop steps)."""
-  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  pipeline across loop steps); None when interpreted."""
+  return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def _block_specs(rows: int, embed: int):
@@ -279,7 +279,7 @@ def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret
                  jax.ShapeDtypeStruct((rows, embed), y.dtype),
                  jax.ShapeDtypeStruct((rows,), jnp.float32),
                  jax.ShapeDtypeStruct((rows,), jnp.float32)],
-      compiler_params=None if interpret else triton_params(num_warps),
+      compiler_params=compiler_params(interpret, num_warps),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
   return out, (z, keys, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
@@ -303,7 +303,7 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
       out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
                  jax.ShapeDtypeStruct((rows, embed), z.dtype),
                  partial_shape, partial_shape, partial_shape],
-      compiler_params=None if interpret else triton_params(num_warps),
+      compiler_params=compiler_params(interpret, num_warps),
       interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
   sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
   return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)

@@ -45,29 +45,30 @@ INTERMEDIATE = ('bert', 'encoder', 'layer', 'intermediate', 'dense', 'kernel')
 WORD_EMBEDDINGS = ('bert', 'embeddings', 'word_embeddings')
 
 
-def micro_config(preset='data', mesh=(1, 1, 1)):
+def micro_config(preset='data', mesh=(1, 1, 1), seq=SEQ):
   """A micro BERT (dropout on, fp32) whose sharded dims all divide the mesh axes."""
   config = base.get_config()
   config.model.update(
       vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-      max_position_embeddings=SEQ, hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
-  config.data.update(corpus='builtin', max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS,
+      max_position_embeddings=seq, hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
+  config.data.update(corpus='builtin', max_seq_length=seq, max_predictions_per_seq=PREDICTIONS,
                      tokenizer_vocab_size=VOCAB)
   config.train.update(batch_size=BATCH, num_steps=10, learning_rate=1e-2, warmup_steps=1)
   config.mesh.update(preset=preset, data=mesh[0], fsdp=mesh[1], tensor=mesh[2])
   return config
 
 
-def random_batches(num_batches, seed=0):
-  """Fixed pretraining batches: padded tails, NSP-style segments, some zero MLM weights."""
+def random_batches(num_batches, seed=0, seq=SEQ):
+  """Fixed pretraining batches of rows of seq tokens: padded tails, NSP-style segments, some zero
+  MLM weights."""
   rng = np.random.default_rng(seed)
   batches = []
   for _ in range(num_batches):
-    lengths = rng.integers(SEQ // 2, SEQ + 1, BATCH)
-    positions = np.arange(SEQ)
+    lengths = rng.integers(seq // 2, seq + 1, BATCH)
+    positions = np.arange(seq)
     input_mask = (positions[None] < lengths[:, None]).astype(np.int32)
     segment_ids = ((positions[None] >= lengths[:, None] // 2) * input_mask).astype(np.int32)
-    input_ids = rng.integers(5, VOCAB, (BATCH, SEQ)).astype(np.int32) * input_mask
+    input_ids = rng.integers(5, VOCAB, (BATCH, seq)).astype(np.int32) * input_mask
     masked_lm_positions = np.stack(
         [rng.choice(np.arange(1, n), PREDICTIONS, replace=False) for n in lengths])
     masked_lm_weights = (rng.random((BATCH, PREDICTIONS)) < 0.75).astype(np.float32)
@@ -199,16 +200,22 @@ def compare_preset(preset):
   return cases
 
 
-FUSED_KERNEL_CASES = (('fsdp_tensor', (2, 2, 2)), ('data', (8, 1, 1)))
+# (preset, mesh shape, row length): rows of 256 take fused_attention's flash kernels.
+FUSED_KERNEL_CASES = (('fsdp_tensor', (2, 2, 2), SEQ), ('data', (8, 1, 1), SEQ),
+                      ('fsdp_tensor', (2, 2, 2), 256))
+
+
+def fused_kernel_case_name(preset, shape, seq):
+  return f'fused_kernels-{case_name(preset, shape)}-{seq}'
 
 
 def compare_fused_kernels():
   """layer_norm_impl='pallas' and attention_impl='pallas' (their kernels interpreted on CPU,
   under shard_map) on a mesh against the same steps on one device."""
-  batches = random_batches(NUM_STEPS)
   cases = {}
-  for preset, shape in FUSED_KERNEL_CASES:
-    one, many = micro_config(preset), micro_config(preset, shape)
+  for preset, shape, seq in FUSED_KERNEL_CASES:
+    batches = random_batches(NUM_STEPS, seq=seq)
+    one, many = micro_config(preset, seq=seq), micro_config(preset, shape, seq)
     for config in (one, many):
       # Unrolled layers (cuDNN's conditions, which attention_impl='pallas' shares); head_dim 16,
       # the kernels' smallest.
@@ -217,7 +224,7 @@ def compare_fused_kernels():
     ref_losses, ref_state = train(one, batches, jax.devices()[:1])
     losses, state = train(many, batches, jax.devices())
     reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
-    cases['fused_kernels-' + case_name(preset, shape)] = {
+    cases[fused_kernel_case_name(preset, shape, seq)] = {
         'losses': losses, 'reference_losses': ref_losses,
         'diff': max_diffs(reference, losses, state),
         'mesh': list(state.step.sharding.mesh.shape.values())}

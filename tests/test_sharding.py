@@ -62,12 +62,13 @@ def test_training_matches_one_device(multi_device, preset, shape):
   assert result['diff']['params'] <= ATOL
 
 
-@pytest.mark.parametrize('preset,shape', sharding_check.FUSED_KERNEL_CASES,
-                         ids=[sharding_check.case_name(p, s)
-                              for p, s in sharding_check.FUSED_KERNEL_CASES])
-def test_fused_kernels_under_shard_map_match_one_device(multi_device, preset, shape):
-  """The fused LayerNorm and attention kernels (interpreted) on 8 devices = one device."""
-  result = multi_device['cases']['fused_kernels-' + sharding_check.case_name(preset, shape)]
+@pytest.mark.parametrize('preset,shape,seq', sharding_check.FUSED_KERNEL_CASES,
+                         ids=[sharding_check.fused_kernel_case_name(*c)
+                              for c in sharding_check.FUSED_KERNEL_CASES])
+def test_fused_kernels_under_shard_map_match_one_device(multi_device, preset, shape, seq):
+  """The fused LayerNorm and attention kernels (interpreted) on 8 devices = one device, on short
+  rows and on rows of the flash attention kernels."""
+  result = multi_device['cases'][sharding_check.fused_kernel_case_name(preset, shape, seq)]
   assert result['mesh'] == list(shape)
   assert result['diff']['loss'] <= ATOL, (result['losses'], result['reference_losses'])
   assert result['diff']['params'] <= ATOL

@@ -1,11 +1,13 @@
 """Attention alone, forward+backward, at one BERT shape: cuDNN (with and without its in-kernel
 dropout), bert_jax.fused_attention (ours, with and without dropout) and JAX's Pallas Triton flash
 attention (no dropout). Ours take q, k, v packed as the model's projection gives them
-(`fused_attention.attention_qkv`).
+(`fused_attention.attention_qkv`), and JAX's Mosaic GPU flash attention (Hopper wgmma/TMA, no
+dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
-[--long_blocks=128-64-64-64-8-4-3,...]`: one JSON line per implementation, milliseconds per
-forward+backward (20 queued calls after a warm-up); ours also against their jnp reference.
+[--long_blocks=128-64-64-64-8-4-3,...] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`: one JSON line per
+implementation, milliseconds per forward+backward (20 queued calls after a warm-up); ours also
+against their jnp reference.
 """
 
 import functools
@@ -33,6 +35,10 @@ _LONG = flags.DEFINE_list(
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
+_MGPU = flags.DEFINE_list(
+    'mgpu', [], "JAX's Mosaic GPU (Hopper wgmma/TMA) flash attention configurations to time, no "
+    "dropout, no mask, each '{block_q}-{block_kv}-{max_concurrent_steps}-{block_q_dkv}-"
+    "{block_kv_dkv}-{block_q_dq}-{block_kv_dq}-{compute_wgs_bwd}-{dtype}' (dtype f16 or bf16).")
 
 
 def main(argv):
@@ -79,6 +85,17 @@ def main(argv):
     impls[f'pallas_{bq}x{bk}_w{warps}_no_dropout'] = functools.partial(
         pallas_attention.mha, segment_ids=None, sm_scale=scale, block_sizes=blocks,
         num_warps=warps, num_stages=stages)
+  for spec in _MGPU.value:
+    from jax.experimental.pallas.ops.gpu import attention_mgpu  # pylint: disable=g-import-not-at-top # noqa: E501
+    *sizes, dtype = spec.split('-')
+    bq, bkv, steps, bq_dkv, bkv_dkv, bq_dq, bkv_dq, wgs = map(int, sizes)
+    config = attention_mgpu.TuningConfig(
+        block_q=bq, block_kv=bkv, max_concurrent_steps=steps, block_q_dkv=bq_dkv,
+        block_kv_dkv=bkv_dkv, block_q_dq=bq_dq, block_kv_dq=bkv_dq, compute_wgs_bwd=wgs)
+    impls[f'mgpu_{spec}_no_dropout'] = functools.partial(
+        lambda q, k, v, config, dtype: attention_mgpu.attention(
+            q.astype(dtype), k.astype(dtype), v.astype(dtype), config),
+        config=config, dtype={'f16': jnp.float16, 'bf16': jnp.bfloat16}[dtype])
   for name, fn in impls.items():
     args = (qkv,) if name.startswith('ours') else (q, k, v)
     loss = lambda *a, fn=fn: jnp.sum((fn(*a) * g).astype(jnp.float32))  # noqa: E731

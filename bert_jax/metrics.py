@@ -18,8 +18,11 @@ def model_flops_per_sequence(config) -> float:
   return 3.0 * (encoder + p * (2 * h * h + 2 * h * v) + 2 * h * h)
 
 
-def measure_peak_flops(device=None) -> float:
-  """Dense matmul FLOP/s measured on `device`: 8192^3 bf16 on accelerators, 1024^3 fp32 on CPU."""
+def measure_peak_flops(device=None, trials: int | None = None) -> float:
+  """Dense matmul FLOP/s measured on `device`: 8192^3 bf16 on accelerators, 1024^3 fp32 on CPU;
+  the best of `trials` timings (5 on accelerators, 1 on CPU) of `repeats` queued matmuls. One
+  timing of 20 matmuls moved by up to 3% between processes on one H100 (776-802 TFLOP/s), which
+  moved every MFU computed against it; a peak is a maximum, so the best timing is kept."""
   device = device or jax.devices()[0]
   on_cpu = device.platform == 'cpu'
   n, dtype = (1024, jnp.float32) if on_cpu else (8192, jnp.bfloat16)
@@ -28,11 +31,14 @@ def measure_peak_flops(device=None) -> float:
   matmul = jax.jit(lambda x: x @ x)
   matmul(a).block_until_ready()
   repeats = 3 if on_cpu else 20
-  start = time.perf_counter()
-  for _ in range(repeats):
-    out = matmul(a)
-  out.block_until_ready()
-  return 2.0 * n**3 * repeats / (time.perf_counter() - start)
+  best = 0.0
+  for _ in range(trials or (1 if on_cpu else 5)):
+    start = time.perf_counter()
+    for _ in range(repeats):
+      out = matmul(a)
+    out.block_until_ready()
+    best = max(best, 2.0 * n**3 * repeats / (time.perf_counter() - start))
+  return best
 
 
 class MetricWriter:

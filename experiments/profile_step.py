@@ -6,6 +6,10 @@ XLA op (`hlo_op`) of each. Run with XLA_FLAGS=--xla_gpu_enable_command_buffer= t
 kernel's own op rather than its CUDA graph's. Prints one JSON object: milliseconds
 per step in total, by kind (matmul = cuBLAS/cuBLASLt gemms, attention = cuDNN, other = XLA's
 fusions and copies) and the top ops; with --out, the whole table as JSON lines.
+
+`idle` says how long the GPU ran no kernel at all between the traced steps' first and last kernel
+(per step), and where: the largest gaps summed by the kernels on either side of them. Run it with
+command buffers on (the timed step's setting) to see the idle time of the real step.
 """
 
 import collections
@@ -40,6 +44,37 @@ def kind_of(name: str) -> str:
   return 'other'
 
 
+def idle_gaps(events, steps: int, top: int = 15) -> dict:
+  """events: (start_ns, end_ns, label) of every kernel on one device, any stream. Merges them into
+  busy periods and returns per step the span (first start to last end), the busy and idle
+  milliseconds, and the `top` gaps between busy periods summed by (label of the kernel that ended
+  the period before, label of the one that starts the next), with their count per step."""
+  events = sorted(events)
+  if not events:
+    return {'span_ms': 0.0, 'busy_ms': 0.0, 'idle_ms': 0.0, 'gaps': []}
+  by_pair = collections.defaultdict(lambda: [0, 0])
+  busy = 0
+  period_start, period_end, last = events[0][0], events[0][1], events[0][2]
+  for start, end, label in events[1:]:
+    if start > period_end:  # A gap: the period before closes.
+      busy += period_end - period_start
+      entry = by_pair[(last, label)]
+      entry[0] += start - period_end
+      entry[1] += 1
+      period_start, period_end, last = start, end, label
+    elif end > period_end:
+      period_end, last = end, label
+  busy += period_end - period_start
+  span = max(end for _, end, _ in events) - events[0][0]
+  gaps = sorted(by_pair.items(), key=lambda item: -item[1][0])[:top]
+  per_step = lambda ns: round(ns / steps / 1e6, 4)  # noqa: E731
+  return {'span_ms': per_step(span), 'busy_ms': per_step(busy),
+          'idle_ms': per_step(span - busy),
+          'gaps': [{'after': after[:80], 'before': before[:80], 'ms': per_step(ns),
+                    'count': round(count / steps, 1)}
+                   for (after, before), (ns, count) in gaps]}
+
+
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
@@ -63,6 +98,7 @@ def main(argv):
   profile = ProfileData.from_file(path)
   by_op = collections.defaultdict(lambda: [0.0, 0, ''])
   memset_before = collections.Counter()  # Kernel that runs next after each memset (its user).
+  intervals = []  # (start, end, label) of every kernel on the device, for idle_gaps.
   for plane in profile.planes:
     if not plane.name.startswith('/device:GPU:0'):
       continue
@@ -77,6 +113,8 @@ def main(argv):
         # Kernels inside a CUDA graph (command buffer) all carry the buffer's hlo_op: key by
         # kernel name, and keep an XLA op name when there is one.
         op = dict(event.stats).get('hlo_op') or ''
+        intervals.append((event.start_ns, event.start_ns + event.duration_ns,
+                          f'{op} {event.name}'.strip()))
         entry = by_op[event.name]
         entry[0] += event.duration_ns / 1e6
         entry[1] += 1
@@ -92,6 +130,7 @@ def main(argv):
              'kernel_ms_per_step': round(sum(r[1] for r in rows), 2),
              'by_kind_ms': {k: round(v, 2) for k, v in kinds.most_common()},
              'memset_before': {k: round(v / n, 1) for k, v in memset_before.most_common(15)},
+             'idle': idle_gaps(intervals, n),
              'top': [{'op': op, 'ms': round(ms, 3), 'launches': round(c, 1),
                       'kernel': kernel[:80]} for op, ms, c, kernel in rows[:_TOP.value]]}
   print(json.dumps(summary, indent=1), flush=True)

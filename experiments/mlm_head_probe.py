@@ -18,14 +18,13 @@ differences of the loss and gradients from the model's way.
 
 import functools
 import json
-import os
-import sys
 import time
 
 from absl import app
 from absl import flags
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import optax
 
 _ROWS = flags.DEFINE_integer('rows', 5120, 'Masked positions (batch x predictions).')
 _HIDDEN = flags.DEFINE_integer('hidden', 768, 'Hidden size.')
@@ -33,31 +32,29 @@ _VOCAB = flags.DEFINE_integer('vocab', 30522, 'Vocabulary size.')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
 
 
+@jax.custom_vjp
 def upcast_add_bias(logits, bias):
   """logits.astype(float32) + bias, whose backward gives both gradients from one bf16 copy."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return logits.astype(jnp.float32) + bias.astype(jnp.float32)
 
-  @jax.custom_vjp
-  def upcast(logits, bias):
-    return logits.astype(jnp.float32) + bias.astype(jnp.float32)
 
-  def forward(logits, bias):
-    return upcast(logits, bias), (jnp.zeros((0,), logits.dtype), jnp.zeros((0,), bias.dtype))
+def _upcast_forward(logits, bias):
+  # The dtypes travel as empty arrays (residuals must be arrays), as in bert_jax.fused_norm.
+  return upcast_add_bias(logits, bias), (jnp.zeros((0,), logits.dtype),
+                                         jnp.zeros((0,), bias.dtype))
 
-  def backward(dtypes, g):
-    low = g.astype(dtypes[0].dtype)
-    dbias = jnp.sum(low.astype(jnp.float32), axis=tuple(range(g.ndim - 1)))
-    return low, dbias.astype(dtypes[1].dtype)
 
-  upcast.defvjp(forward, backward)
-  return upcast(logits, bias)
+def _upcast_backward(dtypes, g):
+  low = g.astype(dtypes[0].dtype)
+  dbias = jnp.sum(low.astype(jnp.float32), axis=tuple(range(g.ndim - 1)))
+  return low, dbias.astype(dtypes[1].dtype)
+
+
+upcast_add_bias.defvjp(_upcast_forward, _upcast_backward)
 
 
 def head_loss(hidden, table, bias, labels, weights, *, way: str):
   """The MLM loss of hidden [rows, embed] (bf16) against the tied table [vocab, embed]."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
   logits = jnp.einsum('ne,ve->nv', hidden, table.astype(hidden.dtype))
   if way == 'model':
     logits = logits.astype(jnp.float32) + bias.astype(jnp.float32)
@@ -69,8 +66,6 @@ def head_loss(hidden, table, bias, labels, weights, *, way: str):
 
 def main(argv):
   del argv
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   n, h, v = _ROWS.value, _HIDDEN.value, _VOCAB.value
   keys = jax.random.split(jax.random.key(0), 4)
   hidden = jax.random.normal(keys[0], (n, h), jnp.bfloat16)

@@ -5,7 +5,8 @@ attention (no dropout). Ours take q, k, v packed as the model's projection gives
 dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
-[--long_blocks=128-64-64-64-8-4-3,...] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`: one JSON line per
+[--long_blocks=128-64-64-64-8-4-3-0,...] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+one JSON line per
 implementation, milliseconds per forward+backward (20 queued calls after a warm-up); ours also
 against their jnp reference.
 """
@@ -28,10 +29,13 @@ _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
 _SEGMENTS = flags.DEFINE_enum(
     'segments', 'full', ['full', 'packed'], "Rows of ours: 'full' (every token real) or 'packed' "
     '(two segments of 3/8 and 1/2 of the row, then padding), against the reference.')
+_CHECKS = flags.DEFINE_integer(
+    'checks', 1, 'Times each of ours is run against the reference (a race between threads shows '
+    'as gradients that differ from run to run): max_diff_* is the largest over them.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
-    "fused_attention.MAX_LENGTH, each its seven fields joined by '-' (default: LONG_BLOCKS).")
+    "fused_attention.MAX_LENGTH, each its eight fields joined by '-' (default: LONG_BLOCKS).")
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
@@ -116,8 +120,10 @@ def main(argv):
         reference = functools.partial(fn, impl='xla')
         ref_loss = lambda a: jnp.sum((reference(a) * g).astype(jnp.float32))  # noqa: E731
         diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))  # noqa: E731
-        record['max_diff_out'] = diff(fwd(qkv), jax.jit(reference)(qkv))
-        record['max_diff_grads'] = diff(step(qkv)[0], jax.jit(jax.grad(ref_loss))(qkv))
+        out_ref, grads_ref = jax.jit(reference)(qkv), jax.jit(jax.grad(ref_loss))(qkv)
+        record['max_diff_out'] = max(diff(fwd(qkv), out_ref) for _ in range(_CHECKS.value))
+        record['max_diff_grads'] = max(diff(step(qkv)[0], grads_ref)
+                                       for _ in range(_CHECKS.value))
     except Exception as e:  # Report and go on: pylint: disable=broad-except
       record['error'] = str(e).splitlines()[0][:300]
     print(json.dumps(record), flush=True)

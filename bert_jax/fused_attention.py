@@ -255,11 +255,6 @@ class LongBlocks(NamedTuple):
   forward_warps: int = 8
   backward_warps: int = 4
   stages: int = 3
-  # 1: one backward program per (row, head) instead of per block of keys: for each block of keys
-  # it steps over every query once, adding each step's dQ into a float32 accumulator of its own
-  # in memory, so no probabilities are recomputed (five matmuls of seven) and each query's
-  # rowsum(dO * O) is computed once; 0: the per-block programs above.
-  backward_per_row: int = 0
 
 
 LONG_BLOCKS = LongBlocks()
@@ -352,74 +347,6 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
   store(0, jax.lax.fori_loop(0, length // step_size, query_step, zeros) * scale)
 
 
-def _long_backward_row_kernel(*refs, scale: float, threshold: int, length: int, block: int,
-                              step_size: int):
-  """Program (row, head): for each block of keys j * block.., their dK and dV stepping over every
-  query, and each step's share of its queries' dQ added into dq_ref, this program's own float32
-  [length, head_dim] in memory (no other program reads or writes it); the last block of keys
-  writes dQ out. The first block of keys also keeps each query's rowsum(dO * O) in delta_ref
-  [length] for the others."""
-  if threshold:
-    keys_ref, *refs = refs
-  seg_ref, q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dqkv_ref, dq_ref, delta_ref = refs[:10]
-  sum_refs = refs[10:]
-  row, head = pl.program_id(0), pl.program_id(1)
-  head_dim = q_ref.shape[1]
-
-  def key_block(j, sums, first: bool, last: bool):
-    """dK, dV of keys j * block.. and their column sums; dQ's share of these keys (first: the
-    accumulator's first write; last: dQ complete, written out and summed)."""
-    first_key = j * block
-    keys = pl.ds(first_key, block)
-    k, v = k_ref[keys, :], v_ref[keys, :]
-
-    def query_step(i, carry):
-      dk, dv, dq_sum = carry
-      first_query = i * step_size
-      queries = pl.ds(first_query, step_size)
-      q, do = q_ref[queries, :], do_ref[queries, :]
-      if first:
-        delta = _delta(do, o_ref[queries, :])
-        delta_ref[queries] = delta
-      else:
-        delta = delta_ref[queries]
-      p = jnp.exp2(_scores(q, k, seg_ref[queries], scale, seg_ref[keys])
-                   - lse_ref[queries][:, None])
-      keep = None
-      if threshold:
-        keep = _tile_keep(keys_ref, length, threshold, first_query, first_key, p.shape)
-      ds, dropped = _tile_grads(p, _dot(do, v, trans_b=True), delta, keep, threshold, q.dtype)
-      dq = _dot(ds, k)
-      if not first:
-        dq = dq + dq_ref[queries, :]
-      if last:
-        dq = dq * scale
-        dqkv_ref[row, queries, 0, head, :] = dq.astype(dqkv_ref.dtype)
-        dq_sum = dq_sum + jnp.sum(dq, axis=0)
-      else:
-        dq_ref[queries, :] = dq
-      return dk + _dot(ds, q, trans_a=True), dv + _dot(dropped, do, trans_a=True), dq_sum
-
-    zeros = jnp.zeros((block, head_dim), jnp.float32)
-    dk, dv, dq_sum = jax.lax.fori_loop(0, length // step_size, query_step,
-                                       (zeros, zeros, sums[0]))
-    dk = dk * scale
-    dqkv_ref[row, keys, 1, head, :] = dk.astype(dqkv_ref.dtype)
-    dqkv_ref[row, keys, 2, head, :] = dv.astype(dqkv_ref.dtype)
-    return dq_sum, sums[1] + jnp.sum(dk, axis=0), sums[2] + jnp.sum(dv, axis=0)
-
-  blocks = length // block
-  sums = (jnp.zeros((head_dim,), jnp.float32),) * 3
-  sums = key_block(0, sums, first=True, last=blocks == 1)
-  if blocks > 2:
-    sums = jax.lax.fori_loop(
-        1, blocks - 1, lambda j, sums: key_block(j, sums, first=False, last=False), sums)
-  if blocks > 1:
-    sums = key_block(blocks - 1, sums, first=False, last=True)
-  for sum_ref, value in zip(sum_refs, sums):
-    sum_ref[...] = value
-
-
 def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks):
   batch, length, _, heads, head_dim = qkv.shape
   bq = blocks.forward_queries
@@ -447,9 +374,6 @@ def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpre
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
-  if blocks.backward_per_row:
-    return _long_backward_per_row(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                                  blocks)
   vector = pl.BlockSpec((None, None, None, head_dim), lambda b, h, i: (b, h, i, 0))
   sums = jax.ShapeDtypeStruct((batch, heads, length // block, head_dim), jnp.float32)
   kernel = functools.partial(_long_backward_kernel, scale=1.0 / head_dim ** 0.5,
@@ -464,30 +388,6 @@ def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpre
       compiler_params=fused_norm.compiler_params(interpret, blocks.backward_warps, blocks.stages),
       interpret=interpret, name='long_attention_bwd',
   )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
-
-
-def _long_backward_per_row(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                           blocks: LongBlocks):
-  """As _pallas_backward, by _long_backward_row_kernel over grid (batch, heads)."""
-  batch, length, _, heads, head_dim = qkv.shape
-  key_specs, seg, parts, head, lse, vector = _specs(length, head_dim, bool(threshold))
-  kernel = functools.partial(_long_backward_row_kernel, scale=1.0 / head_dim ** 0.5,
-                             threshold=threshold, length=length, block=blocks.backward_block,
-                             step_size=blocks.backward_step)
-  sums = jax.ShapeDtypeStruct((batch, heads, head_dim), jnp.float32)
-  dqkv, _, _, *sums = pl.pallas_call(
-      kernel, grid=(batch, heads), in_specs=[*key_specs, seg, *parts, head, head, lse],
-      # dqkv is written whole-array; then each program's dQ accumulator and rowsum(dO * O).
-      out_specs=[pl.BlockSpec(memory_space=pl.ANY),
-                 pl.BlockSpec((None, None, length, head_dim), lambda b, h: (b, h, 0, 0)), lse,
-                 vector, vector, vector],
-      out_shape=[jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, length, head_dim), jnp.float32),
-                 jax.ShapeDtypeStruct((batch, heads, length), jnp.float32), sums, sums, sums],
-      compiler_params=fused_norm.compiler_params(interpret, blocks.backward_warps, blocks.stages),
-      interpret=interpret, name='long_attention_bwd_per_row',
-  )(*([keys] if threshold else []), segment_ids, qkv, qkv, qkv, o, do, lse_value)
-  return (dqkv, *sums)
 
 
 def _add_bias(qkv, bias):
@@ -546,8 +446,6 @@ def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
-  if blocks.backward_per_row not in (0, 1):
-    raise ValueError(f'long_blocks.backward_per_row={blocks.backward_per_row}: must be 0 or 1.')
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',

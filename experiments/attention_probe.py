@@ -5,10 +5,9 @@ attention (no dropout). Ours take q, k, v packed as the model's projection gives
 dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
-[--long_blocks=128-64-64-64-8-4-3-0,...] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
-one JSON line per
-implementation, milliseconds per forward+backward (20 queued calls after a warm-up); ours also
-against their jnp reference.
+[--long_blocks=128-64-64-64-8-4-3,...] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
+warm-up); ours also against their jnp reference.
 """
 
 import functools
@@ -35,7 +34,7 @@ _CHECKS = flags.DEFINE_integer(
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
-    "fused_attention.MAX_LENGTH, each its eight fields joined by '-' (default: LONG_BLOCKS).")
+    "fused_attention.MAX_LENGTH, each its seven fields joined by '-' (default: LONG_BLOCKS).")
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")

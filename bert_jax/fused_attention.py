@@ -55,7 +55,10 @@ from bert_jax import fused_norm
 IMPLS = ('xla', 'pallas')
 MAX_LENGTH = 128  # Longest row one program holds (its scores are a [length, length] f32 tile).
 MAX_LONG_LENGTH = 512  # Longest row the flash kernels take (BERT's position table).
-NUM_WARPS = 8
+NUM_WARPS = 8  # Warps of the short backward (and of the forward when num_warps is given).
+# Warps of the short forward by default: 0.115 -> 0.084 ms a Large layer with dropout against 8
+# warps on an H100 (experiments/perf_notes.md); the backward needs 8 (4: 0.93 ms fwd+bwd).
+FORWARD_WARPS = 4
 _MASKED = -1e30  # Score of a key outside the query's segment (exp underflows to 0).
 # The kernels' softmax is in base 2 (exp2 is one instruction; Pallas lowers exp to libdevice's
 # expf): scores times log2(e), and the saved log-sum-exp is log2 of the sum.
@@ -398,23 +401,23 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks):
+def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks):
   qkv = _add_bias(qkv, bias)
   if qkv.shape[1] > MAX_LENGTH:
     o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
   else:
-    o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, num_warps)
+    o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, warps[0])
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(threshold, interpret, num_warps, blocks, saved, do):
+def _pallas_bwd(threshold, interpret, warps, blocks, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
   if qkv.shape[1] > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
   else:
     dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                   interpret, num_warps)
+                                   interpret, warps[1])
   dbias = None
   if bias is not None:  # [3, heads, head_dim]: the column sums over every row (and block).
     dbias = jnp.stack([jnp.sum(s, axis=(0,) + tuple(range(2, s.ndim - 1))) for s in sums])
@@ -423,9 +426,9 @@ def _pallas_bwd(threshold, interpret, num_warps, blocks, saved, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks):
-  """keys: None when threshold is 0 (no dropout)."""
-  return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, num_warps, blocks)[0]
+def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks):
+  """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward."""
+  return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
@@ -458,7 +461,8 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   bias (one matmul's output); bias: [3, heads, head_dim] or None; segment_ids: [batch, length]
   int32 (a query sees the keys of its own segment); keys: tile_keys(rng, batch, heads), or None
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
-  kernels of rows up to MAX_LENGTH, long_blocks (default LONG_BLOCKS) those of longer rows.
+  kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward),
+  long_blocks (default LONG_BLOCKS) those of longer rows.
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
@@ -488,9 +492,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   if impl == 'xla':
     q, k, v = (_add_bias(qkv, bias)[:, :, j] for j in range(3))
     return reference(q, k, v, segment_ids, keys, rate=rate)
+  warps = (int(num_warps), int(num_warps)) if num_warps else (FORWARD_WARPS, NUM_WARPS)
   return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys,
-                 threshold if keys is not None else 0, bool(interpret),
-                 int(num_warps or NUM_WARPS), blocks)
+                 threshold if keys is not None else 0, bool(interpret), warps, blocks)
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',

@@ -111,12 +111,16 @@ def _gelu_tanh_fwd(x):
   return gelu_tanh(x), x
 
 
-def _gelu_tanh_bwd(x, g):
+def gelu_tanh_grad(x: jax.Array) -> jax.Array:
+  """d gelu_tanh / dx in float32 (the tanh recomputed)."""
   x32 = x.astype(jnp.float32)
   t = jnp.tanh(_SQRT_2_OVER_PI * (x32 + _GELU_CUBIC * x32 * x32 * x32))
   dt = _SQRT_2_OVER_PI * (1 + 3 * _GELU_CUBIC * x32 * x32)
-  grad = 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * dt
-  return ((g.astype(jnp.float32) * grad).astype(g.dtype),)
+  return 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * dt
+
+
+def _gelu_tanh_bwd(x, g):
+  return ((g.astype(jnp.float32) * gelu_tanh_grad(x)).astype(g.dtype),)
 
 
 gelu_tanh.defvjp(_gelu_tanh_fwd, _gelu_tanh_bwd)

@@ -1,0 +1,156 @@
+"""The feed-forward block's GELU and down-projection with a fused backward (Pallas Triton; NVIDIA
+GPUs). Not yet used by the model: `experiments/epilogue_probe.py --gelu=fused` times it against
+the model's way first (experiments/perf_notes.md).
+
+`gelu_dense(pre, bias, kernel)` = gelu_tanh(pre + bias) @ kernel over rows [tokens, mlp] @ [mlp,
+embed]. Its forward is the model's: XLA folds the bias and the GELU into the up-projection's
+cuBLASLt epilogue (BIAS_GELU_AUX writes the activation and its input in one pass). Its backward
+is where the model's way spends memory passes: cuBLAS writes dH = dY @ kernel^T [tokens, mlp] in
+bf16, then one XLA fusion reads dH and the pre-activation again, writes dPre = dH * gelu'(pre)
+and sums it over the rows for the bias gradient (at BERT-Base 256 x 128 on an H100, 0.25 ms a
+layer for that fusion, about 0.2 for the matmul; experiments/results/h100_base128_profile*.jsonl).
+Here one kernel computes each [block_rows, block_cols] tile of dY @ kernel^T in float32, multiplies
+it by gelu'(pre) there and writes dPre once, with the tile's column sums (the bias gradient before
+the sum over row blocks). dH is never written, the pre-activation is read once, and dPre is not
+read back for the bias.
+
+  forward   XLA: h = gelu_tanh(pre + bias); y = h @ kernel; saves pre + bias and h
+  backward  kernel: dPre = (dY @ kernel^T) * gelu'(pre + bias), its column sums per row block;
+            XLA: dKernel = h^T @ dY
+
+`impl='xla'` is the model's way (layers.gelu_tanh under JAX's autodiff; the test oracle);
+`impl='pallas'` the kernel (`interpret=True` runs it anywhere, for tests).
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from bert_jax import fused_norm
+from bert_jax import layers
+
+IMPLS = ('xla', 'pallas')
+
+
+class Blocks(NamedTuple):
+  """Tiling of the backward kernel: each program computes [rows, cols] of dPre, stepping over
+  the embed axis `depth` at a time; Triton's warps and pipeline stages."""
+  rows: int = 128
+  cols: int = 128
+  depth: int = 64
+  warps: int = 8
+  stages: int = 3
+
+
+BLOCKS = Blocks()
+
+
+def _power_of_two(n: int) -> bool:
+  return n > 0 and n & (n - 1) == 0
+
+
+def check_blocks(blocks: Blocks, tokens: int, mlp: int, embed: int) -> None:
+  """Tilings the kernel computes at [tokens, mlp] @ [mlp, embed]: powers of two from 16 that
+  divide their axis; warps a power of two up to 32; stages at least 1."""
+  for field, size, axis in (('rows', tokens, 'tokens'), ('cols', mlp, 'mlp'),
+                            ('depth', embed, 'embed')):
+    n = getattr(blocks, field)
+    if not (_power_of_two(n) and n >= 16 and size % n == 0):
+      raise ValueError(f'blocks.{field}={n}: must be a power of two from 16 dividing {axis} '
+                       f'({size}).')
+  if not (_power_of_two(blocks.warps) and blocks.warps <= 32):
+    raise ValueError(f'blocks.warps={blocks.warps}: must be a power of two up to 32.')
+  if blocks.stages < 1:
+    raise ValueError(f'blocks.stages={blocks.stages}: must be at least 1.')
+
+
+def _dgelu_kernel(dy_ref, kernel_ref, pre_ref, dpre_ref, sums_ref, *, blocks: Blocks):
+  """Program (i, j): rows i * blocks.rows.. and columns j * blocks.cols.. of dPre."""
+  rows = pl.ds(pl.program_id(0) * blocks.rows, blocks.rows)
+  cols = pl.ds(pl.program_id(1) * blocks.cols, blocks.cols)
+
+  def step(k, acc):  # Embed columns k * depth.. of dY and of the kernel's rows.
+    depth = pl.ds(k * blocks.depth, blocks.depth)
+    return acc + jax.lax.dot_general(dy_ref[rows, depth], kernel_ref[cols, depth],
+                                     (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+
+  dh = jax.lax.fori_loop(0, dy_ref.shape[1] // blocks.depth, step,
+                         jnp.zeros((blocks.rows, blocks.cols), jnp.float32))
+  dpre = dh * layers.gelu_tanh_grad(pre_ref[...])  # [rows, cols] float32
+  dpre_ref[...] = dpre.astype(dpre_ref.dtype)
+  sums_ref[...] = jnp.sum(dpre, axis=0)
+
+
+def dgelu_matmul(dy, kernel, pre, *, blocks: Blocks = BLOCKS, interpret: bool = False):
+  """(dy @ kernel^T) * gelu'(pre) in pre's dtype, and its column sums per block of rows.
+
+  dy: [tokens, embed]; kernel: [mlp, embed] (the down-projection's, in dy's dtype); pre: [tokens,
+  mlp], the GELU's input. Returns dPre [tokens, mlp] and float32 sums [tokens / rows, mlp].
+  """
+  tokens, embed = dy.shape
+  mlp = kernel.shape[0]
+  tile = pl.BlockSpec((blocks.rows, blocks.cols), lambda i, j: (i, j))
+  return pl.pallas_call(
+      functools.partial(_dgelu_kernel, blocks=blocks),
+      grid=(tokens // blocks.rows, mlp // blocks.cols),
+      # dY and the kernel whole: each program reads its rows / columns `depth` at a time (embed
+      # need not be a power of two: 768 = 12 x 64).
+      in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY), tile],
+      out_specs=[tile, pl.BlockSpec((None, blocks.cols), lambda i, j: (i, j))],
+      out_shape=[jax.ShapeDtypeStruct((tokens, mlp), pre.dtype),
+                 jax.ShapeDtypeStruct((tokens // blocks.rows, mlp), jnp.float32)],
+      compiler_params=fused_norm.compiler_params(interpret, blocks.warps, blocks.stages),
+      interpret=interpret, name='dgelu_matmul',
+  )(dy, kernel, pre)
+
+
+def _reference(pre, bias, kernel):
+  return layers.gelu_tanh(pre + bias.astype(pre.dtype)) @ kernel.astype(pre.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _pallas(pre, bias, kernel, blocks, interpret):
+  return _reference(pre, bias, kernel)
+
+
+def _pallas_fwd(pre, bias, kernel, blocks, interpret):
+  pre = pre + bias.astype(pre.dtype)
+  h = layers.gelu_tanh(pre)
+  return h @ kernel.astype(pre.dtype), (pre, h, bias, kernel)
+
+
+def _pallas_bwd(blocks, interpret, saved, dy):
+  pre, h, bias, kernel = saved
+  dpre, sums = dgelu_matmul(dy, kernel.astype(dy.dtype), pre, blocks=blocks,
+                            interpret=interpret)
+  dkernel = jax.lax.dot_general(h, dy, (((0,), (0,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+  return dpre, jnp.sum(sums, axis=0).astype(bias.dtype), dkernel.astype(kernel.dtype)
+
+
+_pallas.defvjp(_pallas_fwd, _pallas_bwd)
+
+
+def gelu_dense(pre, bias, kernel, *, impl: str = 'pallas', interpret: bool = False,
+               blocks: Blocks | None = None):
+  """gelu_tanh(pre + bias) @ kernel in pre's dtype.
+
+  pre: [tokens, mlp], the up-projection's matmul output before its bias; bias: [mlp]; kernel:
+  [mlp, embed] (parameters in their dtype, cast to pre's). The gradients: of pre in its dtype,
+  of bias and kernel in theirs.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
+  if pre.ndim != 2 or bias.shape != pre.shape[1:] or kernel.ndim != 2 or (
+      kernel.shape[0] != pre.shape[1]):
+    raise ValueError(f'gelu_dense takes pre [tokens, mlp], bias [mlp], kernel [mlp, embed]; '
+                     f'got {pre.shape}, {bias.shape}, {kernel.shape}.')
+  if impl == 'xla':
+    return _reference(pre, bias, kernel)
+  blocks = Blocks(*(blocks or BLOCKS))
+  check_blocks(blocks, pre.shape[0], pre.shape[1], kernel.shape[1])
+  return _pallas(pre, bias, kernel, blocks, bool(interpret))

@@ -1,0 +1,67 @@
+"""fused_ffn.gelu_dense: the Pallas backward (run by the interpreter on CPU) against the model's
+way under JAX's autodiff, and its input checks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import fused_ffn
+
+TOKENS, MLP = 64, 128
+
+
+def operands(dtype, embed):
+  keys = jax.random.split(jax.random.key(0), 4)
+  pre = (2 * jax.random.normal(keys[0], (TOKENS, MLP))).astype(dtype)  # GELU's curved part too.
+  bias = 0.1 * jax.random.normal(keys[1], (MLP,))
+  kernel = 0.05 * jax.random.normal(keys[2], (MLP, embed))
+  cotangent = jax.random.normal(keys[3], (TOKENS, embed)).astype(dtype)
+  return pre, bias, kernel, cotangent
+
+
+def value_and_grads(impl, pre, bias, kernel, cotangent, blocks=None):
+  def loss(pre, bias, kernel):
+    out = fused_ffn.gelu_dense(pre, bias, kernel, impl=impl, interpret=True, blocks=blocks)
+    return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(pre, bias, kernel)
+  return out, grads
+
+
+@pytest.mark.parametrize('dtype, embed, blocks', [
+    # An embed that is no power of two (as BERT-Base's 768 = 12 x 64), steps of 16.
+    (jnp.float32, 48, fused_ffn.Blocks(rows=32, cols=64, depth=16)),
+    (jnp.bfloat16, 64, fused_ffn.Blocks(rows=16, cols=32, depth=32))])
+def test_kernel_backward_equals_the_models_way(dtype, embed, blocks):
+  pre, bias, kernel, cotangent = operands(dtype, embed)
+  out_ref, grads_ref = value_and_grads('xla', pre, bias, kernel, cotangent)
+  out, grads = value_and_grads('pallas', pre, bias, kernel, cotangent, blocks)
+  assert out.dtype == dtype and grads[0].dtype == dtype
+  assert grads[1].dtype == grads[2].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_ref, np.float32))
+  # float32: the same arithmetic. bf16: the kernel multiplies dY @ kernel^T by gelu' before
+  # rounding (the model's way rounds it to bf16 first) and sums the bias gradient in float32.
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  for name, a, b in zip(('pre', 'bias', 'kernel'), grads, grads_ref):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=f'd{name}')
+
+
+@pytest.mark.parametrize('blocks, message', [
+    (fused_ffn.Blocks(rows=48), r'blocks.rows=48: must be a power of two from 16 dividing tokens'),
+    (fused_ffn.Blocks(rows=32, cols=256), r'blocks.cols=256: .* dividing mlp \(128\)'),
+    (fused_ffn.Blocks(rows=32, cols=32, depth=32), r'blocks.depth=32: .* dividing embed \(48\)'),
+    (fused_ffn.Blocks(rows=32, cols=32, depth=16, warps=6), r'blocks.warps=6'),
+    (fused_ffn.Blocks(rows=32, cols=32, depth=16, stages=0), r'blocks.stages=0')])
+def test_bad_tilings_are_named_before_compiling(blocks, message):
+  pre, bias, kernel, _ = operands(jnp.float32, 48)
+  with pytest.raises(ValueError, match=message):
+    fused_ffn.gelu_dense(pre, bias, kernel, blocks=blocks)
+
+
+def test_bad_shapes_and_impl_are_named():
+  pre, bias, kernel, _ = operands(jnp.float32, 48)
+  with pytest.raises(ValueError, match=r'pre \[tokens, mlp\], bias \[mlp\], kernel \[mlp, embed\]'):
+    fused_ffn.gelu_dense(pre, bias, kernel.T)
+  with pytest.raises(ValueError, match=r"impl='cuda'; valid: \('xla', 'pallas'\)"):
+    fused_ffn.gelu_dense(pre, bias, kernel, impl='cuda')

@@ -16,6 +16,7 @@ VALID_CHOICES = {
     'model.gelu': ('erf', 'tanh'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'model.layer_norm_impl': ('xla', 'pallas'),
+    'model.ffn_impl': ('xla', 'pallas'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -222,6 +223,11 @@ def _check_model(model, lengths) -> None:
           f"config.model.remat_policy='none' (got {model.remat_policy!r}): a recomputed "
           'attention would draw a new mask. Use remat_policy=\'none\', attention_dropout_rate=0.0 '
           "or attention_impl='xla'.")
+  if model.get('ffn_impl', 'xla') == 'pallas' and model.gelu != 'tanh':
+    raise ConfigError(
+        f"config.model.ffn_impl='pallas' computes the tanh GELU (its kernel's gradient); got "
+        f"config.model.gelu={model.gelu!r}. Set gelu='tanh' (the original BERT code's), or "
+        "ffn_impl='xla'.")
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
@@ -296,13 +302,13 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 
 def check_triton_kernels(config) -> None:
-  """model.layer_norm_impl='pallas' and attention_impl='pallas' run Triton kernels: NVIDIA GPUs
+  """model.layer_norm_impl, attention_impl and ffn_impl 'pallas' run Triton kernels: NVIDIA GPUs
   only (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
   if backend == 'gpu':
     return
-  for key in ('layer_norm_impl', 'attention_impl'):
+  for key in ('layer_norm_impl', 'attention_impl', 'ffn_impl'):
     if config.model.get(key, 'xla') == 'pallas':
       raise ConfigError(
           f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "

@@ -1,6 +1,6 @@
 """The feed-forward block's GELU and down-projection with a fused backward (Pallas Triton; NVIDIA
-GPUs). Not yet used by the model: `experiments/epilogue_probe.py --gelu=fused` times it against
-the model's way first (experiments/perf_notes.md).
+GPUs). The model uses it with `model.ffn_impl='pallas'` (off by default: not yet timed on a GPU;
+`experiments/epilogue_probe.py --gelu=fused` times the block alone against the model's way).
 
 `gelu_dense(pre, bias, kernel)` = gelu_tanh(pre + bias) @ kernel over rows [tokens, mlp] @ [mlp,
 embed]. Its forward is the model's: XLA folds the bias and the GELU into the up-projection's
@@ -108,6 +108,21 @@ def dgelu_matmul(dy, kernel, pre, *, blocks: Blocks = BLOCKS, interpret: bool = 
   )(dy, kernel, pre)
 
 
+def fit_blocks(tokens: int, mlp: int, embed: int, blocks: Blocks = BLOCKS) -> Blocks | None:
+  """blocks with rows, cols and depth halved until each divides its axis (the model's shapes
+  vary: tiny configs, fine-tuning batches); None when an axis has no power-of-two divisor from
+  16 (then gelu_dense computes the same function the XLA way)."""
+  fitted = {}
+  for field, size in (('rows', tokens), ('cols', mlp), ('depth', embed)):
+    n = getattr(blocks, field)
+    while n >= 16 and size % n:
+      n //= 2
+    if n < 16:
+      return None
+    fitted[field] = n
+  return blocks._replace(**fitted)
+
+
 def _reference(pre, bias, kernel):
   return layers.gelu_tanh(pre + bias.astype(pre.dtype)) @ kernel.astype(pre.dtype)
 
@@ -141,7 +156,8 @@ def gelu_dense(pre, bias, kernel, *, impl: str = 'pallas', interpret: bool = Fal
 
   pre: [tokens, mlp], the up-projection's matmul output before its bias; bias: [mlp]; kernel:
   [mlp, embed] (parameters in their dtype, cast to pre's). The gradients: of pre in its dtype,
-  of bias and kernel in theirs.
+  of bias and kernel in theirs. blocks: the kernel's tiling, checked against the shapes; by
+  default BLOCKS fitted to them (`fit_blocks`), or the XLA way where none fits.
   """
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
@@ -149,8 +165,14 @@ def gelu_dense(pre, bias, kernel, *, impl: str = 'pallas', interpret: bool = Fal
       kernel.shape[0] != pre.shape[1]):
     raise ValueError(f'gelu_dense takes pre [tokens, mlp], bias [mlp], kernel [mlp, embed]; '
                      f'got {pre.shape}, {bias.shape}, {kernel.shape}.')
+  shape = (pre.shape[0], pre.shape[1], kernel.shape[1])  # tokens, mlp, embed
+  if blocks is None:  # BLOCKS, fitted to the shapes.
+    blocks = fit_blocks(*shape)
+    if blocks is None:
+      impl = 'xla'
+  else:
+    blocks = Blocks(*blocks)
+    check_blocks(blocks, *shape)
   if impl == 'xla':
     return _reference(pre, bias, kernel)
-  blocks = Blocks(*(blocks or BLOCKS))
-  check_blocks(blocks, pre.shape[0], pre.shape[1], kernel.shape[1])
   return _pallas(pre, bias, kernel, blocks, bool(interpret))

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import fused_attention
+from bert_jax import fused_ffn
 from bert_jax import fused_norm
 from bert_jax import layers
 from bert_jax import sharding
@@ -53,6 +54,9 @@ class BertConfig:
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
+  # The feed-forward block's GELU + down-projection: 'xla' or 'pallas' (fused_ffn's backward
+  # kernel; tanh GELU; NVIDIA GPUs).
+  ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
   nsp: bool = True  # Whether the NSP head exists.
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
@@ -209,21 +213,34 @@ class BertResidualOutput(nn.Module):
   """Dense back to embed, dropout, residual add, LayerNorm (post-LN)."""
   config: BertConfig
   in_axes: tuple[str, ...]  # Logical names of the contracted input axes.
+  # x is (the up-projection before its bias, that bias) and the dense applies bias and GELU
+  # first, in fused_ffn.gelu_dense (model.ffn_impl='pallas'; in_axes ('mlp',)).
+  gelu_first: bool = False
 
   @nn.compact
   def __call__(self, x, residual, deterministic):
     cfg = self.config
     contracted = tuple(range(-len(self.in_axes), 0))
     fused = cfg.layer_norm_impl == 'pallas'
-    # With the fused kernel this matmul's bias goes to the kernel; flattening every encoder dense
-    # layer measured 1.7% slower on an H100 than flattening all but this one (bool keep masks,
-    # before the 16-bit draws; experiments/perf_notes.md), so it keeps the n-d dot there.
-    y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
-                            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            kernel_init=cfg.init, bias_apart=fused,
-                            flatten=cfg.flat_matmuls and not fused, name='dense')(x)
+    if self.gelu_first:
+      pre, pre_bias = x  # [batch, length, mlp], [mlp]
+      kernel, bias = layers.DenseParams(
+          (pre.shape[-1],), (cfg.hidden_size,), self.in_axes + ('embed',),
+          param_dtype=cfg.param_dtype, kernel_init=cfg.init, name='dense')()
+      y = kernel_gelu_dense(pre, pre_bias, kernel)
+      if not fused:
+        y = y + jnp.asarray(bias, cfg.dtype)
+    else:
+      # With the fused kernel this matmul's bias goes to the kernel; flattening every encoder
+      # dense layer measured 1.7% slower on an H100 than flattening all but this one (bool keep
+      # masks, before the 16-bit draws; experiments/perf_notes.md), so it keeps the n-d dot there.
+      y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
+                              dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                              kernel_init=cfg.init, bias_apart=fused,
+                              flatten=cfg.flat_matmuls and not fused, name='dense')(x)
     if fused:
-      y, bias = y
+      if not self.gelu_first:
+        y, bias = y
       y = FusedLayerNorm(cfg, name='LayerNorm')(y, bias, residual, deterministic)
     else:
       y = nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)
@@ -267,6 +284,30 @@ class FusedLayerNorm(nn.Module):
                          out_specs=rows, check_vma=False)(*args)
 
 
+def kernel_gelu_dense(pre, pre_bias, kernel):
+  """fused_ffn.gelu_dense over [batch, length, mlp] rows (its kernel interpreted off GPUs): on a
+  mesh of several devices each runs it on its rows, under shard_map (the parameters gathered,
+  their gradients summed by shard_map's transpose). Returns [batch, length, embed]."""
+  dense = functools.partial(_gelu_dense_rows, interpret=jax.default_backend() != 'gpu')
+  rows = nn.logical_to_mesh_axes(('batch', 'length', 'mlp'))
+  mesh = _splitting_mesh(pre, rows)
+  if mesh is None:
+    return dense(pre, pre_bias, kernel)
+  if rows[1] is not None or rows[2] is not None:
+    raise ValueError(f"ffn_impl='pallas' needs whole rows of the feed-forward width; the mesh "
+                     f"rules split them over {rows[1]!r} / {rows[2]!r}.")
+  spec = jax.sharding.PartitionSpec
+  return jax.shard_map(dense, mesh=mesh, in_specs=(spec(*rows), spec(), spec()),
+                       out_specs=spec(rows[0], None, None), check_vma=False)(
+                           pre, pre_bias, kernel)
+
+
+def _gelu_dense_rows(pre, bias, kernel, *, interpret):
+  """fused_ffn.gelu_dense on [..., mlp] rows."""
+  y = fused_ffn.gelu_dense(pre.reshape(-1, pre.shape[-1]), bias, kernel, interpret=interpret)
+  return y.reshape(pre.shape[:-1] + (kernel.shape[-1],))
+
+
 def _fused_norm_rows(y, bias, residual, keys, scale, offset, *, rate, eps, interpret):
   """fused_norm.dropout_add_layer_norm on [..., embed] rows; keys [...] (one per row)."""
   if keys is not None:
@@ -298,19 +339,26 @@ class BertLayer(nn.Module):
     # x: [batch, length, embed]
     x = BertAttention(cfg, self.layer_index, name='attention')(x, bias, deterministic)
     h = BertIntermediate(cfg, name='intermediate')(x)  # [batch, length, mlp]
-    return BertResidualOutput(cfg, ('mlp',), name='output')(h, x, deterministic)
+    return BertResidualOutput(cfg, ('mlp',), gelu_first=cfg.ffn_impl == 'pallas',
+                              name='output')(h, x, deterministic)
 
 
 class BertIntermediate(nn.Module):
-  """Dense to the feed-forward width, then GELU (exact erf, or the original code's tanh)."""
+  """Dense to the feed-forward width, then GELU (exact erf, or the original code's tanh). With
+  model.ffn_impl='pallas': (the dense before its bias, the bias), for BertResidualOutput's
+  fused_ffn.gelu_dense to apply both."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
+    gelu_later = cfg.ffn_impl == 'pallas'
     h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                            flatten=cfg.flat_matmuls, name='dense')(x)
+                            bias_apart=gelu_later, flatten=cfg.flat_matmuls, name='dense')(x)
+    if gelu_later:
+      h, bias = h
+      return nn.with_logical_constraint(h, ('batch', 'length', 'mlp')), bias
     h = layers.gelu(h, cfg.gelu)
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 

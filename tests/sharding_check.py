@@ -211,7 +211,8 @@ def fused_kernel_case_name(preset, shape, seq):
 
 def compare_fused_kernels():
   """layer_norm_impl='pallas' and attention_impl='pallas' (their kernels interpreted on CPU,
-  under shard_map) on a mesh against the same steps on one device."""
+  under shard_map; ffn_impl='pallas' too on the data mesh) on a mesh against the same steps on
+  one device."""
   cases = {}
   for preset, shape, seq in FUSED_KERNEL_CASES:
     batches = random_batches(NUM_STEPS, seq=seq)
@@ -221,6 +222,8 @@ def compare_fused_kernels():
       # the kernels' smallest.
       config.model.update(layer_norm_impl='pallas', attention_impl='pallas', scan_layers=False,
                           num_heads=2)
+      if preset == 'data':  # fused_ffn's kernel needs whole feed-forward rows (no tensor axis).
+        config.model.update(ffn_impl='pallas', gelu='tanh')
     ref_losses, ref_state = train(one, batches, jax.devices()[:1])
     losses, state = train(many, batches, jax.devices())
     reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))

@@ -1,12 +1,16 @@
 """fused_ffn.gelu_dense: the Pallas backward (run by the interpreter on CPU) against the model's
-way under JAX's autodiff, and its input checks."""
+way under JAX's autodiff, its input checks, and the model with `ffn_impl='pallas'`."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import config_lib
 from bert_jax import fused_ffn
+from bert_jax import model as model_lib
+from configs import tiny
 
 TOKENS, MLP = 64, 128
 
@@ -65,3 +69,57 @@ def test_bad_shapes_and_impl_are_named():
     fused_ffn.gelu_dense(pre, bias, kernel.T)
   with pytest.raises(ValueError, match=r"impl='cuda'; valid: \('xla', 'pallas'\)"):
     fused_ffn.gelu_dense(pre, bias, kernel, impl='cuda')
+
+
+def test_default_tiling_fits_the_shapes_or_falls_back_to_xla():
+  assert fused_ffn.fit_blocks(32768, 3072, 768) == fused_ffn.BLOCKS  # BERT-Base 256 x 128.
+  assert fused_ffn.fit_blocks(48, 64, 32) == fused_ffn.BLOCKS._replace(rows=16, cols=64, depth=32)
+  assert fused_ffn.fit_blocks(40, 64, 32) is None  # 40 tokens: no power of two from 16 divides.
+  pre, bias, kernel, cotangent = operands(jnp.float32, 48)
+  pre = pre[:40]  # Falls back to the same function the XLA way.
+  ref = jax.grad(lambda p: jnp.sum(fused_ffn.gelu_dense(p, bias, kernel, impl='xla')))(pre)
+  got = jax.grad(lambda p: jnp.sum(fused_ffn.gelu_dense(p, bias, kernel, interpret=True)))(pre)
+  np.testing.assert_array_equal(got, ref)
+
+
+def test_model_with_the_fused_ffn_computes_the_same_function_and_gradients():
+  batch, length, embed, mlp = 4, 8, 32, 64
+  assert fused_ffn.fit_blocks(batch * length, mlp, embed) is not None  # The kernel runs.
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
+  mask = jnp.asarray(np.arange(length)[None] < rng.integers(3, length + 1, (batch, 1)), jnp.int32)
+  args = (ids, jnp.zeros_like(ids), mask, jnp.asarray(rng.integers(1, 3, (batch, 2)), jnp.int32))
+  results = []
+  for impl in ('xla', 'pallas'):
+    model = model_lib.BertForPreTraining(model_lib.BertConfig(
+        vocab_size=99, hidden_size=embed, num_layers=2, num_heads=2, intermediate_size=mlp,
+        max_position_embeddings=length, gelu='tanh', ffn_impl=impl))
+    params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
+
+    def loss(p, model=model):
+      out = model.apply({'params': p}, *args, deterministic=False,
+                        rngs={'dropout': jax.random.key(3)})
+      return out['mlm_logits'].sum() + out['nsp_logits'].sum()
+
+    results.append((params,) + jax.value_and_grad(loss)(params))
+  (params_a, value_a, grads_a), (params_b, value_b, grads_b) = results
+  # The same parameters (names, shapes, initial values): checkpoints are the same either way.
+  jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+  np.testing.assert_allclose(value_a, value_b, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               grads_a, grads_b)
+
+
+def test_fused_ffn_needs_the_tanh_gelu_and_a_gpu():
+  config = tiny.get_config()
+  config.model.update(ffn_impl='pallas', gelu='erf')
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"ffn_impl='pallas' computes the tanh GELU .* got "
+                           r"config.model.gelu='erf'. Set gelu='tanh'"):
+    config_lib.validate(config)
+  config.model.gelu = 'tanh'
+  config_lib.validate(config)
+  with pytest.raises(config_lib.ConfigError,
+                     match="ffn_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
+                           r"this run has 1 cpu device\(s\). Use ffn_impl='xla'"):
+    config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)

@@ -65,15 +65,11 @@ _MASKED = -1e30  # Score of a key outside the query's segment (exp underflows to
 _LOG2E = 1.4426950408889634
 
 
-def _power_of_two(n: int) -> bool:
-  return n > 0 and n & (n - 1) == 0
-
-
 def supported(length: int, head_dim: int) -> bool:
   """Row lengths and head sizes the kernels take: powers of two, length 16..MAX_LONG_LENGTH (the
   one-program kernels up to MAX_LENGTH, the flash kernels above), head 16..128."""
-  return (_power_of_two(length) and 16 <= length <= MAX_LONG_LENGTH and _power_of_two(head_dim)
-          and 16 <= head_dim <= 128)
+  return (fused_norm.power_of_two(length) and 16 <= length <= MAX_LONG_LENGTH
+          and fused_norm.power_of_two(head_dim) and 16 <= head_dim <= 128)
 
 
 # A probability is dropped when its 16-bit draw is below round(rate * 2^16); kept ones are scaled
@@ -440,12 +436,12 @@ def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
   two; stages at least 1."""
   for field in LongBlocks._fields[:4]:
     n = getattr(blocks, field)
-    if not (_power_of_two(n) and 16 <= n <= length):
+    if not (fused_norm.power_of_two(n) and 16 <= n <= length):
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two from 16 to the row '
                        f'length {length}.')
   for field in ('forward_warps', 'backward_warps'):
     n = getattr(blocks, field)
-    if not (_power_of_two(n) and n <= 32):
+    if not (fused_norm.power_of_two(n) and n <= 32):
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')

@@ -48,20 +48,16 @@ class Blocks(NamedTuple):
 BLOCKS = Blocks()
 
 
-def _power_of_two(n: int) -> bool:
-  return n > 0 and n & (n - 1) == 0
-
-
 def check_blocks(blocks: Blocks, tokens: int, mlp: int, embed: int) -> None:
   """Tilings the kernel computes at [tokens, mlp] @ [mlp, embed]: powers of two from 16 that
   divide their axis; warps a power of two up to 32; stages at least 1."""
   for field, size, axis in (('rows', tokens, 'tokens'), ('cols', mlp, 'mlp'),
                             ('depth', embed, 'embed')):
     n = getattr(blocks, field)
-    if not (_power_of_two(n) and n >= 16 and size % n == 0):
+    if not (fused_norm.power_of_two(n) and n >= 16 and size % n == 0):
       raise ValueError(f'blocks.{field}={n}: must be a power of two from 16 dividing {axis} '
                        f'({size}).')
-  if not (_power_of_two(blocks.warps) and blocks.warps <= 32):
+  if not (fused_norm.power_of_two(blocks.warps) and blocks.warps <= 32):
     raise ValueError(f'blocks.warps={blocks.warps}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'blocks.stages={blocks.stages}: must be at least 1.')

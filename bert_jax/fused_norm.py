@@ -251,6 +251,11 @@ def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
+def power_of_two(n: int) -> bool:
+  """Whether n is a power of two (Triton's block sizes are)."""
+  return n > 0 and n & (n - 1) == 0
+
+
 def compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
   """Compiler params of this package's Pallas/Triton kernels (num_stages 1: no loads to
   pipeline across loop steps); None when interpreted."""

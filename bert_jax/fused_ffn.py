@@ -64,9 +64,9 @@ def check_blocks(blocks: Blocks, tokens: int, mlp: int, embed: int) -> None:
 
 
 def _dgelu_kernel(dy_ref, kernel_ref, pre_ref, dpre_ref, sums_ref, *, blocks: Blocks):
-  """Program (i, j): rows i * blocks.rows.. and columns j * blocks.cols.. of dPre."""
-  rows = pl.ds(pl.program_id(0) * blocks.rows, blocks.rows)
-  cols = pl.ds(pl.program_id(1) * blocks.cols, blocks.cols)
+  """Program (j, i): columns j * blocks.cols.. and rows i * blocks.rows.. of dPre."""
+  cols = pl.ds(pl.program_id(0) * blocks.cols, blocks.cols)
+  rows = pl.ds(pl.program_id(1) * blocks.rows, blocks.rows)
 
   def step(k, acc):  # Embed columns k * depth.. of dY and of the kernel's rows.
     depth = pl.ds(k * blocks.depth, blocks.depth)
@@ -89,14 +89,17 @@ def dgelu_matmul(dy, kernel, pre, *, blocks: Blocks = BLOCKS, interpret: bool = 
   """
   tokens, embed = dy.shape
   mlp = kernel.shape[0]
-  tile = pl.BlockSpec((blocks.rows, blocks.cols), lambda i, j: (i, j))
+  tile = pl.BlockSpec((blocks.rows, blocks.cols), lambda j, i: (i, j))
   return pl.pallas_call(
       functools.partial(_dgelu_kernel, blocks=blocks),
-      grid=(tokens // blocks.rows, mlp // blocks.cols),
+      # Grid axis 0 is CUDA's fastest: the programs running together share a block of dY's rows
+      # (read once from memory) and step over the columns (the kernel, 4.7 MB at Base, stays in
+      # L2). Rows fastest would read all of dY (50 MB at Base) once per block of columns.
+      grid=(mlp // blocks.cols, tokens // blocks.rows),
       # dY and the kernel whole: each program reads its rows / columns `depth` at a time (embed
       # need not be a power of two: 768 = 12 x 64).
       in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY), tile],
-      out_specs=[tile, pl.BlockSpec((None, blocks.cols), lambda i, j: (i, j))],
+      out_specs=[tile, pl.BlockSpec((None, blocks.cols), lambda j, i: (i, j))],
       out_shape=[jax.ShapeDtypeStruct((tokens, mlp), pre.dtype),
                  jax.ShapeDtypeStruct((tokens // blocks.rows, mlp), jnp.float32)],
       compiler_params=fused_norm.compiler_params(interpret, blocks.warps, blocks.stages),

@@ -89,8 +89,8 @@ def main(argv):
             float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
                   / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
             for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(vjp_grads))]
-    except Exception as e:  # Report and go on: pylint: disable=broad-except
-      record['error'] = str(e).splitlines()[0][:300]
+    except Exception as err:  # Report and go on: pylint: disable=broad-except
+      record['error'] = str(err).splitlines()[0][:300]
     print(json.dumps(record), flush=True)
 
 

@@ -302,17 +302,24 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 
 def check_triton_kernels(config) -> None:
-  """model.layer_norm_impl, attention_impl and ffn_impl 'pallas' run Triton kernels: NVIDIA GPUs
-  only (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
+  """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
+  ffn_impl 'pallas' a Mosaic GPU kernel: Hopper GPUs only (any number: on a mesh each GPU runs
+  them on its rows of the batch under shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
-  if backend == 'gpu':
-    return
-  for key in ('layer_norm_impl', 'attention_impl', 'ffn_impl'):
-    if config.model.get(key, 'xla') == 'pallas':
-      raise ConfigError(
-          f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "
-          f"{count} {backend} device(s). Use {key}='xla' (any device, any mesh).")
+  if backend != 'gpu':
+    for key in ('layer_norm_impl', 'attention_impl', 'ffn_impl'):
+      if config.model.get(key, 'xla') == 'pallas':
+        raise ConfigError(
+            f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "
+            f"{count} {backend} device(s). Use {key}='xla' (any device, any mesh).")
+  elif config.model.get('ffn_impl', 'xla') == 'pallas' and not fused_ffn.on_hopper():
+    device = jax.devices()[0]
+    raise ConfigError(
+        f"config.model.ffn_impl='pallas' runs a Mosaic GPU kernel (wgmma, TMA) on NVIDIA Hopper "
+        f"GPUs (compute capability 9.x); this run has {device.device_kind} (compute capability "
+        f"{getattr(device, 'compute_capability', '?')}). Use ffn_impl='xla'.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).

@@ -55,7 +55,7 @@ class BertConfig:
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
   # The feed-forward block's GELU + down-projection: 'xla' or 'pallas' (fused_ffn's backward
-  # kernel; tanh GELU; NVIDIA GPUs).
+  # kernel; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
   nsp: bool = True  # Whether the NSP head exists.
@@ -285,10 +285,11 @@ class FusedLayerNorm(nn.Module):
 
 
 def kernel_gelu_dense(pre, pre_bias, kernel):
-  """fused_ffn.gelu_dense over [batch, length, mlp] rows (its kernel interpreted off GPUs): on a
-  mesh of several devices each runs it on its rows, under shard_map (the parameters gathered,
-  their gradients summed by shard_map's transpose). Returns [batch, length, embed]."""
-  dense = functools.partial(_gelu_dense_rows, interpret=jax.default_backend() != 'gpu')
+  """fused_ffn.gelu_dense over [batch, length, mlp] rows (its kernel on Hopper GPUs; elsewhere
+  the same backward the XLA way): on a mesh of several devices each runs it on its rows, under
+  shard_map (the parameters gathered, their gradients summed by shard_map's transpose). Returns
+  [batch, length, embed]."""
+  dense = _gelu_dense_rows
   rows = nn.logical_to_mesh_axes(('batch', 'length', 'mlp'))
   mesh = _splitting_mesh(pre, rows)
   if mesh is None:
@@ -302,9 +303,9 @@ def kernel_gelu_dense(pre, pre_bias, kernel):
                            pre, pre_bias, kernel)
 
 
-def _gelu_dense_rows(pre, bias, kernel, *, interpret):
+def _gelu_dense_rows(pre, bias, kernel):
   """fused_ffn.gelu_dense on [..., mlp] rows."""
-  y = fused_ffn.gelu_dense(pre.reshape(-1, pre.shape[-1]), bias, kernel, interpret=interpret)
+  y = fused_ffn.gelu_dense(pre.reshape(-1, pre.shape[-1]), bias, kernel)
   return y.reshape(pre.shape[:-1] + (kernel.shape[-1],))
 
 

@@ -1,7 +1,7 @@
 """Which cuBLASLt epilogues XLA fuses into the feed-forward block, and what they save.
 
 `XLA_FLAGS=... python experiments/epilogue_probe.py --gelu=jax|vjp|fused [--tokens=16384]
-[--embed=1024 --mlp=4096] [--blocks=128-128-64-8-3,...]` times the
+[--embed=1024 --mlp=4096] [--tiles=128-128-64-3-8,...]` times the
 forward+backward of bf16 `gelu_tanh(x @ W1 + b1) @ W2 + b2` (fp32 parameters cast to bf16, as in
 the model) at BERT-Large's FFN width and prints one JSON line: milliseconds per call (20 queued
 calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.
@@ -10,8 +10,8 @@ calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.
 backward); --gelu=vjp is `layers.gelu_tanh`, whose custom VJP saves only its input, so that
 XLA's GELU pattern (tanh with one user) can match and the gemm can write the pre-activation as
 its auxiliary output (BIAS_GELU_AUX). --gelu=fused is `fused_ffn.gelu_dense` (the same forward;
-the backward's dH matmul, GELU gradient and bias-gradient sums in one Pallas kernel), once per
---blocks tiling (`fused_ffn.Blocks` fields joined by '-'), with its largest gradient differences
+the backward's dH matmul and GELU gradient in one Mosaic GPU kernel; Hopper GPUs), once per
+--tiles tiling (`fused_ffn.Tiles` fields joined by '-'), with its largest gradient differences
 from --gelu=vjp's.
 """
 
@@ -29,13 +29,12 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _GELU = flags.DEFINE_enum('gelu', 'vjp', ['jax', 'vjp', 'fused'], 'GELU implementation.')
-_BLOCKS = flags.DEFINE_list('blocks', [], "fused_ffn.Blocks to time with --gelu=fused, each its "
-                            "fields joined by '-' (default: fused_ffn.BLOCKS).")
+_TILES = flags.DEFINE_list('tiles', [], "fused_ffn.Tiles to time with --gelu=fused, each its "
+                           "fields joined by '-' (default: fused_ffn.TILES).")
 _TOKENS = flags.DEFINE_integer('tokens', 16384, 'Rows (batch x length).')
 _EMBED = flags.DEFINE_integer('embed', 1024, 'Model width.')
 _MLP = flags.DEFINE_integer('mlp', 4096, 'Feed-forward width.')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
-_INTERPRET = flags.DEFINE_bool('interpret', False, 'Interpret the fused kernel (off GPUs).')
 
 
 def main(argv):
@@ -45,11 +44,10 @@ def main(argv):
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
   from bert_jax import layers  # pylint: disable=g-import-not-at-top
 
-  def loss(params, x, g, gelu, blocks=None):
+  def loss(params, x, g, gelu, tiles=None):
     if gelu == 'fused':  # The same function; fused_ffn casts its parameters to bf16.
       w1, b1, w2, b2 = params
-      y = fused_ffn.gelu_dense(x @ w1.astype(jnp.bfloat16), b1, w2, blocks=blocks,
-                               interpret=_INTERPRET.value)
+      y = fused_ffn.gelu_dense(x @ w1.astype(jnp.bfloat16), b1, w2, tiles=tiles)
       return jnp.sum(((y + b2.astype(jnp.bfloat16)) * g).astype(jnp.float32))
     act = (lambda h: jax.nn.gelu(h, approximate=True)) if gelu == 'jax' else layers.gelu_tanh
     w1, b1, w2, b2 = (p.astype(jnp.bfloat16) for p in params)
@@ -65,12 +63,12 @@ def main(argv):
   g = jax.random.normal(keys[3], (t, e), jnp.bfloat16)
   runs = {_GELU.value: None}
   if _GELU.value == 'fused':
-    specs = _BLOCKS.value or ['-'.join(map(str, fused_ffn.BLOCKS))]
-    runs = {f'fused_{spec}': fused_ffn.Blocks(*map(int, spec.split('-'))) for spec in specs}
+    specs = _TILES.value or ['-'.join(map(str, fused_ffn.TILES))]
+    runs = {f'fused_{spec}': fused_ffn.Tiles(*map(int, spec.split('-'))) for spec in specs}
     vjp_grads = jax.jit(jax.grad(functools.partial(loss, gelu='vjp'), argnums=(0, 1)))(
         params, x, g)
-  for name, blocks in runs.items():
-    fn = functools.partial(loss, gelu=_GELU.value, blocks=blocks)
+  for name, tiles in runs.items():
+    fn = functools.partial(loss, gelu=_GELU.value, tiles=tiles)
     step = jax.jit(jax.grad(fn, argnums=(0, 1)))
     record = {'gelu': name, 'xla_flags': os.environ.get('XLA_FLAGS', ''), 'tokens': t,
               'embed': e, 'mlp': m, 'device': jax.devices()[0].device_kind}
@@ -84,7 +82,7 @@ def main(argv):
         out = step(params, x, g)
       jax.block_until_ready(out)
       record['fwd_bwd_ms'] = round((time.perf_counter() - start) / _CALLS.value * 1e3, 4)
-      if blocks is not None:  # Largest relative difference of each gradient from the vjp way.
+      if tiles is not None:  # Largest relative difference of each gradient from the vjp way.
         record['max_rel_diff'] = [
             float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
                   / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))

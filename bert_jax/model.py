@@ -181,6 +181,24 @@ def _splitting_mesh(x, spec):
   return mesh
 
 
+def _on_each_device(kernel, args, in_specs, out_specs, *, whole: dict, setting: str):
+  """kernel(*args), on a mesh of several devices under shard_map: each device runs it on its
+  block of the activations (in_specs, out_specs: PartitionSpecs of args and the result, args[0]
+  the activation that decides; parameters whole, their gradients summed by shard_map's
+  transpose). On one device, or where the mesh cannot split args[0] (init's batch of 1), kernel
+  runs on the whole arrays. whole: {what: mesh axes the rules map it to} for what the kernels
+  need unsplit; a ValueError naming `setting` when the rules split one."""
+  mesh = _splitting_mesh(args[0], in_specs[0])
+  if mesh is None:
+    return kernel(*args)
+  split = {what: axes for what, axes in whole.items() if axes is not None}
+  if split:
+    raise ValueError(f"{setting} needs whole {' and '.join(split)}; the mesh rules split them "
+                     f"over {' / '.join(map(repr, split.values()))}.")
+  return jax.shard_map(kernel, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                       check_vma=False)(*args)
+
+
 def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
   devices each runs the kernels on its rows and heads, under shard_map.
@@ -193,20 +211,14 @@ def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
   attend = functools.partial(fused_attention.attention_qkv, rate=rate,
                              interpret=jax.default_backend() != 'gpu')
   heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
-  mesh = _splitting_mesh(qkv, heads)
-  if mesh is None:
-    return attend(qkv, qkv_bias, segment_ids, keys)
-  if heads[1] is not None or heads[4] is not None:
-    raise ValueError(f"attention_impl='pallas' needs whole rows and heads; the mesh rules split "
-                     f"them over {heads[1]!r} / {heads[4]!r}.")
   spec = jax.sharding.PartitionSpec
-  out = spec(heads[0], None, heads[3], None)
   keys_spec = None if keys is None else spec(heads[0], heads[3], None)
   # The bias is replicated over the batch axes; shard_map's transpose sums its gradient there.
-  return jax.shard_map(attend, mesh=mesh,
-                       in_specs=(heads, spec(None, heads[3], None), spec(heads[0], None),
-                                 keys_spec),
-                       out_specs=out, check_vma=False)(qkv, qkv_bias, segment_ids, keys)
+  return _on_each_device(
+      attend, (qkv, qkv_bias, segment_ids, keys),
+      (heads, spec(None, heads[3], None), spec(heads[0], None), keys_spec),
+      spec(heads[0], None, heads[3], None), whole={'rows': heads[1], 'heads': heads[4]},
+      setting="attention_impl='pallas'")
 
 
 class BertResidualOutput(nn.Module):
@@ -270,18 +282,10 @@ class FusedLayerNorm(nn.Module):
                              interpret=jax.default_backend() != 'gpu')
     args = (y, dense_bias, residual.astype(y.dtype), keys, scale, offset)
     rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-    mesh = _splitting_mesh(y, rows)
-    if mesh is None:
-      return norm(*args)
-    # Several devices: each runs the kernels on its rows of the batch (the parameters gathered,
-    # their gradients summed by shard_map's transpose).
-    if rows[2] is not None:
-      raise ValueError(f"layer_norm_impl='pallas' needs whole embed rows; the mesh rules split "
-                       f"them over {rows[2]!r}.")
     whole = jax.sharding.PartitionSpec()
     keys_spec = None if keys is None else jax.sharding.PartitionSpec(*rows[:-1])
-    return jax.shard_map(norm, mesh=mesh, in_specs=(rows, whole, rows, keys_spec, whole, whole),
-                         out_specs=rows, check_vma=False)(*args)
+    return _on_each_device(norm, args, (rows, whole, rows, keys_spec, whole, whole), rows,
+                           whole={'embed rows': rows[2]}, setting="layer_norm_impl='pallas'")
 
 
 def kernel_gelu_dense(pre, pre_bias, kernel):
@@ -289,18 +293,12 @@ def kernel_gelu_dense(pre, pre_bias, kernel):
   the same backward the XLA way): on a mesh of several devices each runs it on its rows, under
   shard_map (the parameters gathered, their gradients summed by shard_map's transpose). Returns
   [batch, length, embed]."""
-  dense = _gelu_dense_rows
   rows = nn.logical_to_mesh_axes(('batch', 'length', 'mlp'))
-  mesh = _splitting_mesh(pre, rows)
-  if mesh is None:
-    return dense(pre, pre_bias, kernel)
-  if rows[1] is not None or rows[2] is not None:
-    raise ValueError(f"ffn_impl='pallas' needs whole rows of the feed-forward width; the mesh "
-                     f"rules split them over {rows[1]!r} / {rows[2]!r}.")
   spec = jax.sharding.PartitionSpec
-  return jax.shard_map(dense, mesh=mesh, in_specs=(spec(*rows), spec(), spec()),
-                       out_specs=spec(rows[0], None, None), check_vma=False)(
-                           pre, pre_bias, kernel)
+  return _on_each_device(_gelu_dense_rows, (pre, pre_bias, kernel), (rows, spec(), spec()),
+                         spec(rows[0], None, None),
+                         whole={'rows': rows[1], 'feed-forward rows': rows[2]},
+                         setting="ffn_impl='pallas'")
 
 
 def _gelu_dense_rows(pre, bias, kernel):

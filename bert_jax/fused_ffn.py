@@ -95,7 +95,7 @@ def on_hopper() -> bool:
 
 def _dgelu_kernel(dy_gmem, kernel_t_gmem, pre_gmem, dpre_gmem, *, tiles: Tiles):
   """One block: tiles of dPre [rows, 2 cols] in a snake, each compute warpgroup one half."""
-  # Imported here: Mosaic GPU's module needs jaxlib's CUDA parts only when a kernel is built.
+  # Imported where a kernel is built: the rest of the model (CPU, TPU) never needs Mosaic GPU.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   tokens, embed = dy_gmem.shape
   mlp = kernel_t_gmem.shape[1]

@@ -282,9 +282,10 @@ class FusedLayerNorm(nn.Module):
                              interpret=jax.default_backend() != 'gpu')
     args = (y, dense_bias, residual.astype(y.dtype), keys, scale, offset)
     rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-    whole = jax.sharding.PartitionSpec()
+    replicated = jax.sharding.PartitionSpec()
     keys_spec = None if keys is None else jax.sharding.PartitionSpec(*rows[:-1])
-    return _on_each_device(norm, args, (rows, whole, rows, keys_spec, whole, whole), rows,
+    return _on_each_device(norm, args,
+                           (rows, replicated, rows, keys_spec, replicated, replicated), rows,
                            whole={'embed rows': rows[2]}, setting="layer_norm_impl='pallas'")
 
 

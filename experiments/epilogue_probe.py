@@ -12,7 +12,8 @@ XLA's GELU pattern (tanh with one user) can match and the gemm can write the pre
 its auxiliary output (BIAS_GELU_AUX). --gelu=fused is `fused_ffn.gelu_dense` (the same forward;
 the backward's dH matmul and GELU gradient in one Mosaic GPU kernel; Hopper GPUs), once per
 --tiles tiling (`fused_ffn.Tiles` fields joined by '-'), with its largest gradient differences
-from --gelu=vjp's.
+from --gelu=vjp's, and whether the kernel ran (`kernel_ran`: off Hopper GPUs the same backward
+computes `fused_ffn.dgelu_reference` instead).
 """
 
 import collections
@@ -72,6 +73,8 @@ def main(argv):
     step = jax.jit(jax.grad(fn, argnums=(0, 1)))
     record = {'gelu': name, 'xla_flags': os.environ.get('XLA_FLAGS', ''), 'tokens': t,
               'embed': e, 'mlp': m, 'device': jax.devices()[0].device_kind}
+    if tiles is not None:  # Off Hopper GPUs gelu_dense's backward runs dgelu_reference instead.
+      record['kernel_ran'] = fused_ffn.on_hopper()
     try:
       hlo = step.lower(params, x, g).compile().as_text()
       record['epilogues'] = dict(collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo)))

@@ -67,7 +67,7 @@ def get_config(arg=None):
   model.layer_norm_impl = 'xla'
   # The feed-forward block's GELU and down-projection: 'xla', or 'pallas' (the same forward; the
   # backward's dH matmul and GELU gradient in one Mosaic GPU kernel, bert_jax/fused_ffn.py; needs
-  # gelu='tanh' and a Hopper GPU; on an H100 +1.6% a step at Base 128, -2.6% at Large 512).
+  # gelu='tanh' and a Hopper GPU; on an H100 +1.6-3.2% a step at Base 128, -2.6-6.4% at Large 512).
   model.ffn_impl = 'xla'
   # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
   # function and parameters). On an H100: with layer_norm_impl='pallas' set it too (1,534 -> 1,604

@@ -439,8 +439,12 @@ def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
     if not (fused_norm.power_of_two(n) and 16 <= n <= length):
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two from 16 to the row '
                        f'length {length}.')
-  fused_norm.check_launch('long_blocks', blocks.stages, forward_warps=blocks.forward_warps,
-                          backward_warps=blocks.backward_warps)
+  for field in ('forward_warps', 'backward_warps'):
+    n = getattr(blocks, field)
+    if not (fused_norm.power_of_two(n) and n <= 32):
+      raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
+  if blocks.stages < 1:
+    raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',

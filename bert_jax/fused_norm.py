@@ -256,16 +256,6 @@ def power_of_two(n: int) -> bool:
   return n > 0 and n & (n - 1) == 0
 
 
-def check_launch(prefix: str, stages: int, **warps: int) -> None:
-  """Raises ValueError naming `{prefix}.{field}` unless each warps value is a power of two up to
-  32 and stages is at least 1 (a kernel tiling's launch fields)."""
-  for field, n in warps.items():
-    if not (power_of_two(n) and n <= 32):
-      raise ValueError(f'{prefix}.{field}={n}: must be a power of two up to 32.')
-  if stages < 1:
-    raise ValueError(f'{prefix}.stages={stages}: must be at least 1.')
-
-
 def compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
   """Compiler params of this package's Pallas/Triton kernels (num_stages 1: no loads to
   pipeline across loop steps); None when interpreted."""

@@ -289,7 +289,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
-  check_triton_kernels(config)
+  check_gpu_kernels(config)
   check_xla_options(config)
   batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
                                  and config.train.phase2_batch_size else [])
@@ -301,7 +301,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
           f'{batch_divisor}.')
 
 
-def check_triton_kernels(config) -> None:
+def check_gpu_kernels(config) -> None:
   """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
   ffn_impl 'pallas' a Mosaic GPU kernel: Hopper GPUs only (any number: on a mesh each GPU runs
   them on its rows of the batch under shard_map)."""
@@ -309,11 +309,13 @@ def check_triton_kernels(config) -> None:
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
   if backend != 'gpu':
-    for key in ('layer_norm_impl', 'attention_impl', 'ffn_impl'):
+    for key, kernels in (('layer_norm_impl', 'Triton kernels on NVIDIA GPUs'),
+                         ('attention_impl', 'Triton kernels on NVIDIA GPUs'),
+                         ('ffn_impl', 'a Mosaic GPU kernel on NVIDIA Hopper GPUs')):
       if config.model.get(key, 'xla') == 'pallas':
         raise ConfigError(
-            f"config.model.{key}='pallas' runs Triton kernels on NVIDIA GPUs; this run has "
-            f"{count} {backend} device(s). Use {key}='xla' (any device, any mesh).")
+            f"config.model.{key}='pallas' runs {kernels}; this run has {count} {backend} "
+            f"device(s). Use {key}='xla' (any device, any mesh).")
   elif config.model.get('ffn_impl', 'xla') == 'pallas' and not fused_ffn.on_hopper():
     device = jax.devices()[0]
     raise ConfigError(
@@ -407,7 +409,7 @@ def _check_path(key: str, value: str, what: str, directory: bool = False) -> Non
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
   """Checks that need the tokenizer; still before compilation."""
-  check_triton_kernels(config)
+  check_gpu_kernels(config)
   if config.model.vocab_size < tokenizer_vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '

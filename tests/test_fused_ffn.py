@@ -73,6 +73,9 @@ def test_bad_tilings_are_named_before_compiling(tiles, message):
   pre, bias, kernel, _ = operands(jnp.bfloat16)
   with pytest.raises(ValueError, match=message):
     fused_ffn.gelu_dense(pre, bias, kernel, tiles=tiles)
+  # impl='xla' runs no kernel, so the tiling it is given is not its concern.
+  np.testing.assert_array_equal(fused_ffn.gelu_dense(pre, bias, kernel, impl='xla', tiles=tiles),
+                                fused_ffn.gelu_dense(pre, bias, kernel, impl='xla'))
 
 
 def test_bad_shapes_and_impl_are_named():
@@ -131,7 +134,7 @@ def test_fused_ffn_needs_the_tanh_gelu_and_a_gpu():
   config.model.gelu = 'tanh'
   config_lib.validate(config)
   with pytest.raises(config_lib.ConfigError,
-                     match="ffn_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
+                     match="ffn_impl='pallas' runs a Mosaic GPU kernel on NVIDIA Hopper GPUs; "
                            r"this run has 1 cpu device\(s\). Use ffn_impl='xla'"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
 
@@ -145,7 +148,7 @@ def test_fused_ffn_on_a_gpu_before_hopper_is_refused(monkeypatch):
                      match=r"ffn_impl='pallas' runs a Mosaic GPU kernel \(wgmma, TMA\) on NVIDIA "
                            r"Hopper GPUs \(compute capability 9.x\); this run has .* Use "
                            r"ffn_impl='xla'"):
-    config_lib.check_triton_kernels(config)
+    config_lib.check_gpu_kernels(config)
   config.model.ffn_impl = 'xla'  # The Triton kernels need no Hopper.
   config.model.layer_norm_impl = 'pallas'
-  config_lib.check_triton_kernels(config)
+  config_lib.check_gpu_kernels(config)

@@ -227,8 +227,8 @@ def gelu_dense(pre, bias, kernel, *, impl: str = 'pallas', tiles: Tiles | None =
 
   pre: [tokens, mlp], the up-projection's matmul output before its bias; bias: [mlp]; kernel:
   [mlp, embed] (parameters in their dtype, cast to pre's). The gradients: of pre in its dtype, of
-  bias and kernel in theirs. tiles: the kernel's tiling, checked against the shapes (default
-  TILES). impl='pallas' runs the kernel where it can (a Hopper GPU, 16-bit pre, shapes the tiling
+  bias and kernel in theirs. tiles: the kernel's tiling, checked against the shapes with
+  impl='pallas' (default TILES). impl='pallas' runs the kernel where it can (a Hopper GPU, 16-bit pre, shapes the tiling
   divides) and otherwise the same custom backward with dgelu_reference in the kernel's place;
   impl='xla' is the model's way under JAX's autodiff.
   """

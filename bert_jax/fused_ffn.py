@@ -1,28 +1,28 @@
-"""The feed-forward block's GELU and down-projection with a fused backward (Pallas Mosaic GPU:
-Hopper's wgmma and TMA). The model uses it with `model.ffn_impl='pallas'`.
+"""The feed-forward block gelu_tanh(x @ W1 + b1) @ W2 with Pallas Mosaic GPU kernels (Hopper's
+wgmma and TMA) on both sides of its GELU. The model uses it with `model.ffn_impl='pallas'`.
 
-`gelu_dense(pre, bias, kernel)` = gelu_tanh(pre + bias) @ kernel over rows [tokens, mlp] @ [mlp,
-embed]. Its forward is the model's: XLA folds the bias and the GELU into the up-projection's
-cuBLASLt epilogue (BIAS_GELU_AUX writes the activation and its input in one pass). Its backward is
-where the model's way spends memory passes: cuBLAS writes dH = dY @ kernel^T [tokens, mlp] in bf16,
-then one XLA fusion reads dH and the pre-activation again and writes dPre = dH * gelu'(pre). Here
-one kernel computes each tile of dY @ kernel^T in float32 on the tensor cores, multiplies it by
-gelu'(pre) (the pre tile fetched by TMA while the matmul runs) and writes dPre once: dH is never
-written or read. The bias gradient is dPre's column sums, by XLA.
+`ffn(x, w1, b1, w2)` over rows: x [tokens, embed], w1 [embed, mlp], b1 [mlp], w2 [mlp, embed].
 
-  forward   XLA: h = gelu_tanh(pre + bias); y = h @ kernel; saves pre + bias and h
-  backward  kernel: dPre = (dY @ kernel^T) * gelu'(pre + bias)
-            XLA: dBias = column sums of dPre; dKernel = h^T @ dY
+  forward   kernel: h = gelu_tanh(x @ W1 + b1) and g = gelu'(x @ W1 + b1), from one tanh
+            XLA:    y = h @ W2
+  backward  kernel: dPre = (dY @ W2^T) * g
+            XLA:    dW2 = h^T @ dY; dW1 = x^T @ dPre; db1 = column sums of dPre; dx = dPre @ W1^T
 
-The kernel follows jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu: a persistent grid of one
-block per SM stepping over output tiles in a snake; in each block a memory warpgroup streams the
-operands through shared memory `stages` steps ahead and two compute warpgroups each multiply one
-[rows, cols] tile (neighbouring columns). It needs an NVIDIA Hopper GPU (compute capability 9.x)
-and 16-bit operands; elsewhere (CPUs, older GPUs, float32, shapes the tiling does not divide) the
-backward computes the same function the XLA way. On an H100 at BERT-Base 256 x 128, 0.34 ms a
-layer against cuBLAS's 0.20 for the matmul alone (0.67 for cuBLAS's matmul and XLA's fusion
-timed alone); in the train step Base 256 x 128 1.6-3.2% faster, Large 128 x 128 0.5% faster,
-Large 32 x 512 2.6-6.4% slower, in two calls (experiments/perf_notes.md): off by default.
+The forward saves h and g (the model's way saves h and the pre-activation, the same memory), so
+the backward's kernel multiplies where XLA's way writes dH, reads it back with the
+pre-activation and recomputes the tanh. Both kernels are one skeleton (`_pingpong_matmul`): a
+persistent grid of one block per SM stepping over [rows, cols] output tiles in a snake; a memory
+warpgroup streams the operands through shared memory `stages` steps ahead; two compute
+warpgroups take the block's tiles in turn, each with its own accumulator, so one's epilogue
+(bias, GELU, stores) runs while the other's matmul has the tensor cores (the ping-pong schedule of
+CUTLASS and FlashAttention-3). They need an NVIDIA Hopper GPU (compute capability 9.x) and
+16-bit activations; elsewhere (CPUs, older GPUs, float32, shapes the tiling does not divide) the
+same custom backward runs on XLA's reference functions.
+
+Measured on one H200 (experiments/perf_notes.md): forward+backward of the block alone at
+BERT-Base 256 x 128 1.30 ms against 1.45 for the model's XLA way (cuBLASLt's GELU_AUX epilogue,
+then cuBLAS and one fusion for dPre) and 1.38 for the earlier backward-only kernel; at Large 128 x
+128 1.10 against 1.14.
 """
 
 import functools
@@ -37,44 +37,50 @@ from bert_jax import layers
 
 IMPLS = ('xla', 'pallas')
 _SMEM_BYTES = 227 * 1024  # Shared memory of one Hopper block.
+_DEPTH = 64  # Contraction step: one 128-byte swizzled row of bf16.
 
 
 class Tiles(NamedTuple):
-  """Tiling of the backward kernel: each compute warpgroup computes [rows, cols] of dPre (a block
-  [rows, 2 cols]), stepping over the embed axis `depth` at a time with `stages` steps of operands
-  in flight; blocks take their tiles in a snake `snake` tiles wide."""
+  """Tiling of both kernels: each compute warpgroup computes [rows, cols] output tiles, stepping
+  over the contracted axis 64 at a time with `forward_stages` / `backward_stages` steps of
+  operands in flight; blocks take their tiles in a snake `snake` tiles wide."""
   rows: int = 128
   cols: int = 128
-  depth: int = 64
-  stages: int = 3
+  forward_stages: int = 3
+  backward_stages: int = 4
   snake: int = 8
 
 
 TILES = Tiles()
 
 
-def smem_bytes(tiles: Tiles) -> int:
-  """Shared memory the kernel allocates: the operand stages and the two pre / dPre tiles."""
-  stage = (tiles.rows * tiles.depth + tiles.depth * 2 * tiles.cols) * 2
-  return tiles.stages * stage + 2 * tiles.rows * tiles.cols * 2
+def smem_bytes(tiles: Tiles) -> dict[str, int]:
+  """Shared memory each kernel allocates: its operand stages and each compute warpgroup's output
+  tiles (forward: h and g, and the bias; backward: g, overwritten by dPre)."""
+  stage = (tiles.rows * _DEPTH + _DEPTH * tiles.cols) * 2
+  tile = tiles.rows * tiles.cols * 2
+  return {'forward': tiles.forward_stages * stage + 2 * (2 * tile + 4 * tiles.cols),
+          'backward': tiles.backward_stages * stage + 2 * tile}
 
 
 def check_tiles(tiles: Tiles, tokens: int, mlp: int, embed: int) -> None:
-  """Tilings the kernel computes at [tokens, mlp] @ [mlp, embed]: rows and cols multiples of 64
-  dividing tokens and mlp / 2; depth 64 (one 128-byte swizzle of bf16) dividing embed; stages
-  and snake at least 1; the buffers within a block's shared memory."""
-  for field, size, axis in (('rows', tokens, 'tokens'), ('cols', mlp // 2, 'mlp / 2')):
+  """Tilings the kernels compute at [tokens, embed] @ [embed, mlp] and [tokens, embed] @ [embed,
+  mlp]^T: rows and cols 64 or 128 (a warpgroup's float32 accumulator in registers) dividing
+  tokens and mlp; embed a multiple of 64; stages and snake at least 1; the buffers within a
+  block's shared memory."""
+  for field, size, axis in (('rows', tokens, 'tokens'), ('cols', mlp, 'mlp')):
     n = getattr(tiles, field)
-    if not (n >= 64 and n % 64 == 0 and size % n == 0):
-      raise ValueError(f'tiles.{field}={n}: must be a multiple of 64 dividing {axis} ({size}).')
-  if tiles.depth != 64 or embed % 64:
-    raise ValueError(f'tiles.depth={tiles.depth}: must be 64, dividing embed ({embed}).')
-  for field in ('stages', 'snake'):
+    if n not in (64, 128) or size % n:
+      raise ValueError(f'tiles.{field}={n}: must be 64 or 128, dividing {axis} ({size}).')
+  if embed % _DEPTH:
+    raise ValueError(f'embed={embed}: the kernels need a multiple of {_DEPTH}.')
+  for field in ('forward_stages', 'backward_stages', 'snake'):
     if getattr(tiles, field) < 1:
       raise ValueError(f'tiles.{field}={getattr(tiles, field)}: must be at least 1.')
-  if smem_bytes(tiles) > _SMEM_BYTES:
-    raise ValueError(f'{tiles} needs {smem_bytes(tiles)} bytes of shared memory, more than a '
-                     f"block's {_SMEM_BYTES}; use fewer stages or smaller tiles.")
+  for kernel, size in smem_bytes(tiles).items():
+    if size > _SMEM_BYTES:
+      raise ValueError(f'{tiles} needs {size} bytes of shared memory in the {kernel} kernel, '
+                       f"more than a block's {_SMEM_BYTES}; use fewer stages or smaller tiles.")
 
 
 def fits(tokens: int, mlp: int, embed: int, tiles: Tiles = TILES) -> bool:
@@ -93,158 +99,267 @@ def on_hopper() -> bool:
       '9')
 
 
-def _dgelu_kernel(dy_gmem, kernel_t_gmem, pre_gmem, dpre_gmem, *, tiles: Tiles):
-  """One block: tiles of dPre [rows, 2 cols] in a snake, each compute warpgroup one half."""
+def gelu_and_grad(x):
+  """gelu_tanh(x) and its derivative (layers.gelu_tanh_grad) from one tanh, in x's dtype."""
+  c, a = layers.SQRT_2_OVER_PI, layers.GELU_CUBIC
+  x2 = x * x
+  t = jnp.tanh(c * x * (1 + a * x2))
+  half_1pt = 0.5 + 0.5 * t
+  return x * half_1pt, half_1pt + (0.5 * c) * x * (1 - t * t) * (1 + (3 * a) * x2)
+
+
+def _plgpu():
   # Imported where a kernel is built: the rest of the model (CPU, TPU) never needs Mosaic GPU.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  tokens, embed = dy_gmem.shape
-  mlp = kernel_t_gmem.shape[1]
-  block_rows, block_cols = tiles.rows, 2 * tiles.cols
-  row_blocks, col_blocks = tokens // block_rows, mlp // block_cols
-  swizzle = 128  # Bytes: a row of 64 bf16 values.
-  transforms = (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))
+  return plgpu
 
-  def pipeline(body, context):
-    return plgpu.emit_pipeline_warp_specialized(
-        body, grid=(embed // tiles.depth,), memory_registers=40,
-        in_specs=[plgpu.BlockSpec((block_rows, tiles.depth), lambda k: (0, k),
-                                  transforms=transforms, memory_space=plgpu.SMEM),
-                  plgpu.BlockSpec((tiles.depth, block_cols), lambda k: (k, 0),
-                                  transforms=transforms, memory_space=plgpu.SMEM)],
-        wg_axis='wg', num_compute_wgs=2, max_concurrent_steps=tiles.stages,
-        compute_context=context)
 
-  ignore = lambda *_, **__: None
+def _swizzled():
+  plgpu = _plgpu()
+  return (plgpu.TilingTransform((8, _DEPTH)), plgpu.SwizzleTransform(2 * _DEPTH))
+
+
+def _pieces(rows, cols):
+  """[64, 64] pieces of a [rows, cols] tile: epilogues work on one at a time (fewer registers)."""
+  for r in range(0, rows, 64):
+    for c in range(0, cols, 64):
+      yield (slice(r, r + 64), slice(c, c + 64))
+
+
+def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch, prologue,
+                     epilogue):
+  """The kernels' skeleton, inside plgpu.kernel(grid=(sms,), num_threads=3): a [m, k] @ b [k, n]
+  in [rows, cols] output tiles. Block `sm` takes tiles sm, sm + sms, ... (a snake over the
+  tiles); its compute warpgroup w takes the odd or even ones of those, calling
+  prologue(rows_slice, cols_slice, w, scratch) before a tile's matmul (to fetch what the epilogue
+  reads) and epilogue(acc, rows_slice, cols_slice, w, scratch) with the [rows, cols] float32
+  product. scratch: the kernel's own shared memory (a pytree of plgpu.SMEM / Barrier)."""
+  plgpu = _plgpu()
+  k_steps = a_gmem.shape[1] // _DEPTH
+  row_tiles, col_tiles = a_gmem.shape[0] // rows, b_gmem.shape[1] // cols
 
   @functools.partial(
       pl.run_scoped,
-      operands=pipeline(ignore, ignore).get_allocations(dy_gmem, kernel_t_gmem),
-      # Each compute warpgroup's tile of pre, fetched while its matmul runs; dPre overwrites it.
-      pre_smem=plgpu.SMEM((2, tiles.rows, tiles.cols), pre_gmem.dtype, transforms=transforms),
-      fetched=plgpu.Barrier(num_barriers=2),
-      collective_axes='wg')
-  def _scope(operands, pre_smem, fetched):
-    wg = lax.axis_index('wg')
+      a_smem=plgpu.SMEM((stages, rows, _DEPTH), a_gmem.dtype, transforms=_swizzled()),
+      b_smem=plgpu.SMEM((stages, _DEPTH, cols), b_gmem.dtype, transforms=_swizzled()),
+      # A stage's operands arrived, one barrier per (compute warpgroup, stage): each barrier's
+      # phases are then waited by one warpgroup only, as Pallas tracks phases per thread.
+      arrived=plgpu.Barrier(num_arrivals=2, num_barriers=2 * stages),
+      consumed=plgpu.Barrier(num_barriers=stages),
+      scratch=scratch, collective_axes='wg')
+  def _scope(a_smem, b_smem, arrived, consumed, scratch):
+    wg, sm = lax.axis_index('wg'), lax.axis_index('sm')
+    block_tiles = lax.div(row_tiles * col_tiles - sm + sms - 1, sms)
 
-    @plgpu.nd_loop((row_blocks * col_blocks,), collective_axes='sm')
-    def _tiles(info):
-      (index,) = info.index
-      i, j = plgpu.planar_snake(index, (row_blocks, col_blocks), 0, tiles.snake)
-      rows, cols = pl.ds(i * block_rows, block_rows), pl.ds(j * block_cols, block_cols)
-      half = pl.ds(wg * tiles.cols, tiles.cols)  # This warpgroup's columns of the block.
+    def tile(j):  # The block's j-th tile: (rows slice, cols slice).
+      i, c = plgpu.planar_snake(sm + j * sms, (row_tiles, col_tiles), 0, snake)
+      return pl.ds(i * rows, rows), pl.ds(c * cols, cols)
 
-      def context(run_pipeline):
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last tile's dPre left pre_smem.
-        plgpu.copy_gmem_to_smem(pre_gmem.at[rows, cols].at[:, half], pre_smem.at[wg],
-                                fetched.at[wg])
+    @pl.when(wg == 2)
+    def _memory():
+      plgpu.set_max_registers(40, action='decrease')
 
-        @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tiles.rows, tiles.cols),
-                                                              jnp.float32))
-        def _accumulate(acc_ref):
-          run_pipeline(acc_ref)
-          dh = acc_ref[...]  # [rows, cols] float32
-          plgpu.barrier_wait(fetched.at[wg])
-          for r in range(0, tiles.rows, 64):  # In [64, 64] pieces: fewer live registers.
-            for c in range(0, tiles.cols, 64):
-              piece = (slice(r, r + 64), slice(c, c + 64))
-              grad = layers.gelu_tanh_grad(pre_smem[(wg,) + piece])
-              pre_smem[(wg,) + piece] = (dh[piece] * grad).astype(pre_smem.dtype)
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(pre_smem.at[wg], dpre_gmem.at[rows, cols].at[:, half])
+      def fetch(step, carry):  # The block's steps in order: tile j's k-th operands.
+        j, k, stage = lax.div(step, k_steps), lax.rem(step, k_steps), lax.rem(step, stages)
+        r, c = tile(j)
 
-      def multiply(step, dy_smem, kernel_t_smem, acc_ref):
-        del step
-        plgpu.wgmma(acc_ref, dy_smem, kernel_t_smem.at[:, half])
-        plgpu.wgmma_wait(0)
-        return acc_ref
+        @pl.when(step >= stages)
+        def _():
+          plgpu.barrier_wait(consumed.at[stage])
 
-      pipeline(multiply, context)(dy_gmem.at[rows, :], kernel_t_gmem.at[:, cols],
-                                  allocations=operands)
+        barrier = arrived.at[lax.rem(j, 2) * stages + stage]
+        depth = pl.ds(k * _DEPTH, _DEPTH)
+        plgpu.copy_gmem_to_smem(a_gmem.at[r, depth], a_smem.at[stage], barrier)
+        plgpu.copy_gmem_to_smem(b_gmem.at[depth, c], b_smem.at[stage], barrier)
+        return carry
+
+      lax.fori_loop(0, block_tiles * k_steps, fetch, None)
+
+    @pl.when(wg < 2)
+    def _compute():
+      plgpu.set_max_registers(232, action='increase')
+
+      def one_tile(t, carry):
+        j = 2 * t + wg
+        r, c = tile(j)
+        prologue(r, c, wg, scratch)
+
+        def matmul(acc_ref):
+          def step(k, acc_ref):
+            stage = lax.rem(j * k_steps + k, stages)
+            plgpu.barrier_wait(arrived.at[wg * stages + stage])
+            plgpu.wgmma(acc_ref, a_smem.at[stage], b_smem.at[stage])
+            plgpu.wgmma_wait(1)  # The previous step's wgmma is done with its stage.
+
+            @pl.when(k > 0)
+            def _():
+              plgpu.barrier_arrive(consumed.at[lax.rem(stage + stages - 1, stages)])
+            return acc_ref
+
+          acc_ref = lax.fori_loop(0, k_steps, step, acc_ref)
+          plgpu.wgmma_wait(0)
+          plgpu.barrier_arrive(consumed.at[lax.rem(j * k_steps + k_steps - 1, stages)])
+          return acc_ref[...]
+
+        epilogue(pl.run_scoped(matmul, plgpu.ACC((rows, cols), jnp.float32)), r, c, wg, scratch)
+        return carry
+
+      lax.fori_loop(0, lax.div(block_tiles - wg + 1, 2), one_tile, None)
 
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def dgelu_matmul(dy, kernel, pre, *, tiles: Tiles = TILES, sms: int | None = None):
-  """(dy @ kernel^T) * gelu'(pre) in pre's dtype, by the Mosaic GPU kernel (Hopper GPUs).
-
-  dy: [tokens, embed]; kernel: [mlp, embed] (the down-projection's, in dy's 16-bit dtype); pre:
-  [tokens, mlp], the GELU's input, in dy's dtype. Returns dPre [tokens, mlp]. sms: blocks of the
-  persistent grid (default: the device's SMs).
-  """
-  import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  check_tiles(tiles, pre.shape[0], pre.shape[1], dy.shape[1])
-  sms = sms or jax.devices()[0].core_count
+def _launch(body, out_type, sms):
+  plgpu = _plgpu()
   return plgpu.kernel(
-      functools.partial(_dgelu_kernel, tiles=tiles),
-      out_type=jax.ShapeDtypeStruct(pre.shape, pre.dtype),
-      grid=(sms,), grid_names=('sm',), num_threads=3, thread_name='wg',
+      body, out_type=out_type, grid=(sms,), grid_names=('sm',), num_threads=3, thread_name='wg',
       # approx_math: tanh as one tanh.approx.f32 (relative error 2^-11, below bf16's rounding).
       compiler_params=plgpu.CompilerParams(
-          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-  )(dy, kernel.T, pre)
+          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
 
 
-def dgelu_reference(dy, kernel, pre):
-  """dgelu_matmul's function the XLA way: dH in float32, times gelu'(pre), in pre's dtype."""
-  dh = jnp.dot(dy, kernel.T, preferred_element_type=jnp.float32)
-  return (dh * layers.gelu_tanh_grad(pre)).astype(pre.dtype)
+def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None):
+  """(h, g) = (gelu_tanh(pre), gelu'(pre)) in x's dtype, pre = x @ w1 + b1 in float32, by the
+  forward kernel (Hopper GPUs). x: [tokens, embed]; w1: [embed, mlp] in x's 16-bit dtype; b1:
+  [mlp] float32. sms: blocks of the persistent grid (default: the device's SMs)."""
+  plgpu = _plgpu()
+  check_tiles(tiles, x.shape[0], w1.shape[1], x.shape[1])
+  sms = sms or jax.devices()[0].core_count
+  rows, cols = tiles.rows, tiles.cols
+
+  def body(x_gmem, w1_gmem, b1_gmem, h_gmem, g_gmem):
+    def prologue(r, c, wg, scratch):
+      out_smem, b1_smem, fetched = scratch
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # Its last tile's h and g have left.
+      plgpu.copy_gmem_to_smem(b1_gmem.at[c], b1_smem.at[wg], fetched.at[wg])
+
+    def epilogue(acc, r, c, wg, scratch):
+      out_smem, b1_smem, fetched = scratch
+      plgpu.barrier_wait(fetched.at[wg])
+      for piece in _pieces(rows, cols):
+        bias = lax.broadcast_in_dim(b1_smem[wg, piece[1]], (64, 64), (1,))
+        h, g = gelu_and_grad(acc[piece] + bias)
+        out_smem[(wg, 0) + piece] = h.astype(out_smem.dtype)
+        out_smem[(wg, 1) + piece] = g.astype(out_smem.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem.at[wg, 0], h_gmem.at[r, c])
+      plgpu.copy_smem_to_gmem(out_smem.at[wg, 1], g_gmem.at[r, c])
+
+    _pingpong_matmul(
+        x_gmem, w1_gmem, rows=rows, cols=cols, stages=tiles.forward_stages, snake=tiles.snake,
+        sms=sms, prologue=prologue, epilogue=epilogue,
+        scratch=(plgpu.SMEM((2, 2, rows, cols), x.dtype, transforms=_swizzled()),
+                 plgpu.SMEM((2, cols), jnp.float32), plgpu.Barrier(num_barriers=2)))
+
+  out = jax.ShapeDtypeStruct((x.shape[0], w1.shape[1]), x.dtype)
+  return _launch(body, (out, out), sms)(x, w1, b1)
 
 
-def _reference(pre, bias, kernel):
-  return layers.gelu_tanh(pre + bias.astype(pre.dtype)) @ kernel.astype(pre.dtype)
+def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None):
+  """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).
+  dy: [tokens, embed]; w2: [mlp, embed] in dy's 16-bit dtype; g: [tokens, mlp] (gelu'(pre))."""
+  plgpu = _plgpu()
+  check_tiles(tiles, g.shape[0], g.shape[1], dy.shape[1])
+  sms = sms or jax.devices()[0].core_count
+  rows, cols = tiles.rows, tiles.cols
+
+  def body(dy_gmem, w2t_gmem, g_gmem, dpre_gmem):
+    def prologue(r, c, wg, scratch):
+      g_smem, fetched = scratch
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # Its last tile's dPre has left g_smem.
+      plgpu.copy_gmem_to_smem(g_gmem.at[r, c], g_smem.at[wg], fetched.at[wg])
+
+    def epilogue(acc, r, c, wg, scratch):
+      g_smem, fetched = scratch
+      plgpu.barrier_wait(fetched.at[wg])
+      for piece in _pieces(rows, cols):
+        grad = g_smem[(wg,) + piece].astype(jnp.float32)
+        g_smem[(wg,) + piece] = (acc[piece] * grad).astype(g_smem.dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(g_smem.at[wg], dpre_gmem.at[r, c])
+
+    _pingpong_matmul(
+        dy_gmem, w2t_gmem, rows=rows, cols=cols, stages=tiles.backward_stages,
+        snake=tiles.snake, sms=sms, prologue=prologue, epilogue=epilogue,
+        scratch=(plgpu.SMEM((2, rows, cols), g.dtype, transforms=_swizzled()),
+                 plgpu.Barrier(num_barriers=2)))
+
+  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms)(dy, w2.T, g)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused(pre, bias, kernel, tiles, use_kernel):
-  return _fused_fwd(pre, bias, kernel, tiles, use_kernel)[0]
+def gelu_reference(x, w1, b1):
+  """gelu_matmul's function the XLA way."""
+  pre = jnp.dot(x, w1, preferred_element_type=jnp.float32) + b1.astype(jnp.float32)
+  return tuple(v.astype(x.dtype) for v in gelu_and_grad(pre))
 
 
-def _fused_fwd(pre, bias, kernel, tiles, use_kernel):
-  del tiles, use_kernel
-  pre = pre + bias.astype(pre.dtype)
-  h = layers.gelu_tanh(pre)
-  return h @ kernel.astype(pre.dtype), (pre, h, bias, kernel)
+def dgelu_reference(dy, w2, g):
+  """dgelu_matmul's function the XLA way."""
+  dh = jnp.dot(dy, w2.T, preferred_element_type=jnp.float32)
+  return (dh * g.astype(jnp.float32)).astype(g.dtype)
+
+
+def _model_way(x, w1, b1, w2):
+  pre = x @ w1.astype(x.dtype) + b1.astype(x.dtype)
+  return layers.gelu_tanh(pre) @ w2.astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _fused(x, w1, b1, w2, tiles, use_kernel):
+  return _fused_fwd(x, w1, b1, w2, tiles, use_kernel)[0]
+
+
+def _fused_fwd(x, w1, b1, w2, tiles, use_kernel):
+  w1_16, b1_32 = w1.astype(x.dtype), b1.astype(jnp.float32)
+  if use_kernel:
+    h, g = gelu_matmul(x, w1_16, b1_32, tiles=tiles)
+  else:
+    h, g = gelu_reference(x, w1_16, b1_32)
+  return h @ w2.astype(x.dtype), (x, h, g, w1, b1, w2)
 
 
 def _fused_bwd(tiles, use_kernel, saved, dy):
-  pre, h, bias, kernel = saved
-  kernel16 = kernel.astype(dy.dtype)
+  x, h, g, w1, b1, w2 = saved
+  w2_16 = w2.astype(dy.dtype)
   if use_kernel:
-    dpre = dgelu_matmul(dy, kernel16, pre, tiles=tiles)
+    dpre = dgelu_matmul(dy, w2_16, g, tiles=tiles)
   else:
-    dpre = dgelu_reference(dy, kernel16, pre)
-  dbias = jnp.sum(dpre, axis=0, dtype=jnp.float32)
-  dkernel = jax.lax.dot_general(h, dy, (((0,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-  return dpre, dbias.astype(bias.dtype), dkernel.astype(kernel.dtype)
+    dpre = dgelu_reference(dy, w2_16, g)
+  f32 = jnp.float32
+  tokens = (((0,), (0,)), ((), ()))  # Contract the rows: x^T @ dPre, h^T @ dY.
+  dx = dpre @ w1.astype(dpre.dtype).T
+  dw1 = lax.dot_general(x, dpre, tokens, preferred_element_type=f32)
+  db1 = jnp.sum(dpre, axis=0, dtype=f32)
+  dw2 = lax.dot_general(h, dy, tokens, preferred_element_type=f32)
+  return dx, dw1.astype(w1.dtype), db1.astype(b1.dtype), dw2.astype(w2.dtype)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def gelu_dense(pre, bias, kernel, *, impl: str = 'pallas', tiles: Tiles | None = None):
-  """gelu_tanh(pre + bias) @ kernel in pre's dtype.
+def ffn(x, w1, b1, w2, *, impl: str = 'pallas', tiles: Tiles | None = None):
+  """gelu_tanh(x @ w1 + b1) @ w2 in x's dtype (the down-projection's bias is the caller's).
 
-  pre: [tokens, mlp], the up-projection's matmul output before its bias; bias: [mlp]; kernel:
-  [mlp, embed] (parameters in their dtype, cast to pre's). The gradients: of pre in its dtype, of
-  bias and kernel in theirs. tiles: the kernel's tiling, checked against the shapes with
-  impl='pallas' (default TILES). impl='pallas' runs the kernel where it can (a Hopper GPU, 16-bit pre, shapes the tiling
-  divides) and otherwise the same custom backward with dgelu_reference in the kernel's place;
-  impl='xla' is the model's way under JAX's autodiff.
+  x: [tokens, embed]; w1: [embed, mlp]; b1: [mlp]; w2: [mlp, embed] (parameters in their dtype,
+  cast to x's; their gradients in theirs). tiles: the kernels' tiling, checked against the
+  shapes with impl='pallas' (default TILES). impl='pallas' runs the kernels where they can (a
+  Hopper GPU, 16-bit x, shapes the tiling divides) and otherwise the same custom VJP with
+  gelu_reference and dgelu_reference in their place; impl='xla' is the model's way under JAX's
+  autodiff.
   """
   if impl not in IMPLS:
     raise ValueError(f'impl={impl!r}; valid: {IMPLS}')
-  if pre.ndim != 2 or bias.shape != pre.shape[1:] or kernel.ndim != 2 or (
-      kernel.shape[0] != pre.shape[1]):
-    raise ValueError(f'gelu_dense takes pre [tokens, mlp], bias [mlp], kernel [mlp, embed]; '
-                     f'got {pre.shape}, {bias.shape}, {kernel.shape}.')
+  if (x.ndim != 2 or w1.ndim != 2 or w1.shape[0] != x.shape[1] or b1.shape != w1.shape[1:]
+      or w2.shape != w1.shape[::-1]):
+    raise ValueError(f'ffn takes x [tokens, embed], w1 [embed, mlp], b1 [mlp], w2 [mlp, embed]; '
+                     f'got {x.shape}, {w1.shape}, {b1.shape}, {w2.shape}.')
   if impl == 'xla':  # No kernel: a tiling given is not used, so not checked.
-    return _reference(pre, bias, kernel)
-  shape = (pre.shape[0], pre.shape[1], kernel.shape[1])  # tokens, mlp, embed
+    return _model_way(x, w1, b1, w2)
+  shape = (x.shape[0], w1.shape[1], x.shape[1])  # tokens, mlp, embed
   if tiles is None:
     tiles, fitted = TILES, fits(*shape)
   else:
     tiles, fitted = Tiles(*tiles), True
     check_tiles(tiles, *shape)
-  use_kernel = fitted and jnp.dtype(pre.dtype).itemsize == 2 and on_hopper()
-  return _fused(pre, bias, kernel, tiles, use_kernel)
+  use_kernel = fitted and jnp.dtype(x.dtype).itemsize == 2 and on_hopper()
+  return _fused(x, w1, b1, w2, tiles, use_kernel)

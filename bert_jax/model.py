@@ -54,8 +54,8 @@ class BertConfig:
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
-  # The feed-forward block's GELU + down-projection: 'xla' or 'pallas' (fused_ffn's backward
-  # kernel; tanh GELU; NVIDIA Hopper GPUs).
+  # The feed-forward block: 'xla' or 'pallas' (fused_ffn's Mosaic GPU kernels on both sides of
+  # the GELU; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
   nsp: bool = True  # Whether the NSP head exists.
@@ -225,8 +225,8 @@ class BertResidualOutput(nn.Module):
   """Dense back to embed, dropout, residual add, LayerNorm (post-LN)."""
   config: BertConfig
   in_axes: tuple[str, ...]  # Logical names of the contracted input axes.
-  # x is (the up-projection before its bias, that bias) and the dense applies bias and GELU
-  # first, in fused_ffn.gelu_dense (model.ffn_impl='pallas'; in_axes ('mlp',)).
+  # x is (the block's input, the up-projection's kernel and bias) and the dense computes the whole
+  # feed-forward block in fused_ffn.ffn (model.ffn_impl='pallas'; in_axes ('mlp',)).
   gelu_first: bool = False
 
   @nn.compact
@@ -235,11 +235,11 @@ class BertResidualOutput(nn.Module):
     contracted = tuple(range(-len(self.in_axes), 0))
     fused = cfg.layer_norm_impl == 'pallas'
     if self.gelu_first:
-      pre, pre_bias = x  # [batch, length, mlp], [mlp]
+      x, up_kernel, up_bias = x  # [batch, length, embed], [embed, mlp], [mlp]
       kernel, bias = layers.DenseParams(
-          (pre.shape[-1],), (cfg.hidden_size,), self.in_axes + ('embed',),
+          (up_kernel.shape[-1],), (cfg.hidden_size,), self.in_axes + ('embed',),
           param_dtype=cfg.param_dtype, kernel_init=cfg.init, name='dense')()
-      y = kernel_gelu_dense(pre, pre_bias, kernel)
+      y = kernel_ffn(jnp.asarray(x, cfg.dtype), up_kernel, up_bias, kernel)
       if not fused:
         y = y + jnp.asarray(bias, cfg.dtype)
     else:
@@ -289,23 +289,24 @@ class FusedLayerNorm(nn.Module):
                            whole={'embed rows': rows[2]}, setting="layer_norm_impl='pallas'")
 
 
-def kernel_gelu_dense(pre, pre_bias, kernel):
-  """fused_ffn.gelu_dense over [batch, length, mlp] rows (its kernel on Hopper GPUs; elsewhere
-  the same backward the XLA way): on a mesh of several devices each runs it on its rows, under
+def kernel_ffn(x, up_kernel, up_bias, kernel):
+  """fused_ffn.ffn over [batch, length, embed] rows (its kernels on Hopper GPUs; elsewhere the
+  same custom VJP the XLA way): on a mesh of several devices each runs it on its rows, under
   shard_map (the parameters gathered, their gradients summed by shard_map's transpose). Returns
   [batch, length, embed]."""
-  rows = nn.logical_to_mesh_axes(('batch', 'length', 'mlp'))
+  rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
+  mlp = nn.logical_to_mesh_axes(('mlp',))[0]
   spec = jax.sharding.PartitionSpec
-  return _on_each_device(_gelu_dense_rows, (pre, pre_bias, kernel), (rows, spec(), spec()),
+  return _on_each_device(_ffn_rows, (x, up_kernel, up_bias, kernel), (rows, spec(), spec(), spec()),
                          spec(rows[0], None, None),
-                         whole={'rows': rows[1], 'feed-forward rows': rows[2]},
+                         whole={'rows': rows[1], 'embed rows': rows[2], 'feed-forward rows': mlp},
                          setting="ffn_impl='pallas'")
 
 
-def _gelu_dense_rows(pre, bias, kernel):
-  """fused_ffn.gelu_dense on [..., mlp] rows."""
-  y = fused_ffn.gelu_dense(pre.reshape(-1, pre.shape[-1]), bias, kernel)
-  return y.reshape(pre.shape[:-1] + (kernel.shape[-1],))
+def _ffn_rows(x, up_kernel, up_bias, kernel):
+  """fused_ffn.ffn on [..., embed] rows."""
+  y = fused_ffn.ffn(x.reshape(-1, x.shape[-1]), up_kernel, up_bias, kernel)
+  return y.reshape(x.shape)
 
 
 def _fused_norm_rows(y, bias, residual, keys, scale, offset, *, rate, eps, interpret):
@@ -345,20 +346,21 @@ class BertLayer(nn.Module):
 
 class BertIntermediate(nn.Module):
   """Dense to the feed-forward width, then GELU (exact erf, or the original code's tanh). With
-  model.ffn_impl='pallas': (the dense before its bias, the bias), for BertResidualOutput's
-  fused_ffn.gelu_dense to apply both."""
+  model.ffn_impl='pallas' its parameters only, (x, kernel, bias), for BertResidualOutput's
+  fused_ffn.ffn to compute the whole block."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    gelu_later = cfg.ffn_impl == 'pallas'
+    if cfg.ffn_impl == 'pallas':
+      kernel, bias = layers.DenseParams((x.shape[-1],), (cfg.intermediate_size,),
+                                        ('embed', 'mlp'), param_dtype=cfg.param_dtype,
+                                        kernel_init=cfg.init, name='dense')()
+      return x, kernel, bias
     h = layers.DenseGeneral(cfg.intermediate_size, ('embed', 'mlp'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                            bias_apart=gelu_later, flatten=cfg.flat_matmuls, name='dense')(x)
-    if gelu_later:
-      h, bias = h
-      return nn.with_logical_constraint(h, ('batch', 'length', 'mlp')), bias
+                            flatten=cfg.flat_matmuls, name='dense')(x)
     h = layers.gelu(h, cfg.gelu)
     return nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
 

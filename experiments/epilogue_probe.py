@@ -1,7 +1,7 @@
 """Which cuBLASLt epilogues XLA fuses into the feed-forward block, and what they save.
 
 `XLA_FLAGS=... python experiments/epilogue_probe.py --gelu=jax|vjp|fused [--tokens=16384]
-[--embed=1024 --mlp=4096] [--tiles=128-128-64-3-8,...]` times the
+[--embed=1024 --mlp=4096] [--tiles=128-128-3-4-8,...]` times the
 forward+backward of bf16 `gelu_tanh(x @ W1 + b1) @ W2 + b2` (fp32 parameters cast to bf16, as in
 the model) at BERT-Large's FFN width and prints one JSON line: milliseconds per call (20 queued
 calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.
@@ -9,11 +9,12 @@ calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.
 --gelu=jax is `jax.nn.gelu(approximate=True)` under JAX's autodiff (it saves the tanh for the
 backward); --gelu=vjp is `layers.gelu_tanh`, whose custom VJP saves only its input, so that
 XLA's GELU pattern (tanh with one user) can match and the gemm can write the pre-activation as
-its auxiliary output (BIAS_GELU_AUX). --gelu=fused is `fused_ffn.gelu_dense` (the same forward;
-the backward's dH matmul and GELU gradient in one Mosaic GPU kernel; Hopper GPUs), once per
+its auxiliary output (BIAS_GELU_AUX). --gelu=fused is `fused_ffn.ffn` (the up-projection, bias and
+GELU in one Mosaic GPU kernel that saves gelu' for the backward; the backward's dH matmul times
+gelu' in another; Hopper GPUs), once per
 --tiles tiling (`fused_ffn.Tiles` fields joined by '-'), with its largest gradient differences
-from --gelu=vjp's, and whether the kernel ran (`kernel_ran`: off Hopper GPUs the same backward
-computes `fused_ffn.dgelu_reference` instead).
+from --gelu=vjp's, and whether the kernel ran (`kernel_ran`: off Hopper GPUs the same custom VJP
+computes `fused_ffn.gelu_reference` and `dgelu_reference` instead).
 """
 
 import collections
@@ -48,7 +49,7 @@ def main(argv):
   def loss(params, x, g, gelu, tiles=None):
     if gelu == 'fused':  # The same function; fused_ffn casts its parameters to bf16.
       w1, b1, w2, b2 = params
-      y = fused_ffn.gelu_dense(x @ w1.astype(jnp.bfloat16), b1, w2, tiles=tiles)
+      y = fused_ffn.ffn(x, w1, b1, w2, tiles=tiles)
       return jnp.sum(((y + b2.astype(jnp.bfloat16)) * g).astype(jnp.float32))
     act = (lambda h: jax.nn.gelu(h, approximate=True)) if gelu == 'jax' else layers.gelu_tanh
     w1, b1, w2, b2 = (p.astype(jnp.bfloat16) for p in params)
@@ -73,7 +74,7 @@ def main(argv):
     step = jax.jit(jax.grad(fn, argnums=(0, 1)))
     record = {'gelu': name, 'xla_flags': os.environ.get('XLA_FLAGS', ''), 'tokens': t,
               'embed': e, 'mlp': m, 'device': jax.devices()[0].device_kind}
-    if tiles is not None:  # Off Hopper GPUs gelu_dense's backward runs dgelu_reference instead.
+    if tiles is not None:  # Off Hopper GPUs ffn runs gelu_reference, dgelu_reference instead.
       record['kernel_ran'] = fused_ffn.on_hopper()
     try:
       hlo = step.lower(params, x, g).compile().as_text()

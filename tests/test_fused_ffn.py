@@ -1,6 +1,8 @@
-"""fused_ffn.gelu_dense: its custom backward against the model's way under JAX's autodiff (on
-CPU the kernel's place is taken by dgelu_reference; the kernel itself needs a Hopper GPU, and is
-traced here), its input checks, and the model with `ffn_impl='pallas'`."""
+"""fused_ffn.ffn: its custom VJP against the model's way under JAX's autodiff (on CPU the
+kernels' places are taken by gelu_reference and dgelu_reference; the kernels need a Hopper GPU,
+and are lowered to Mosaic GPU here), its input checks, and the model with `ffn_impl='pallas'`."""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -10,90 +12,112 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax import fused_ffn
+from bert_jax import layers
 from bert_jax import model as model_lib
 from configs import tiny
 
-TOKENS, MLP, EMBED = 128, 256, 64  # The smallest shapes the default tiling divides.
+TOKENS, MLP, EMBED = 128, 128, 64  # The smallest shapes the default tiling divides.
 
 
 def operands(dtype, tokens=TOKENS):
-  keys = jax.random.split(jax.random.key(0), 4)
-  pre = (2 * jax.random.normal(keys[0], (tokens, MLP))).astype(dtype)  # GELU's curved part too.
-  bias = 0.1 * jax.random.normal(keys[1], (MLP,))
-  kernel = 0.05 * jax.random.normal(keys[2], (MLP, EMBED))
-  cotangent = jax.random.normal(keys[3], (tokens, EMBED)).astype(dtype)
-  return pre, bias, kernel, cotangent
+  keys = jax.random.split(jax.random.key(0), 5)
+  x = jax.random.normal(keys[0], (tokens, EMBED)).astype(dtype)
+  w1 = 0.2 * jax.random.normal(keys[1], (EMBED, MLP))  # Pre-activations of about 1.6: the
+  b1 = 0.1 * jax.random.normal(keys[2], (MLP,))  # GELU's curved part too.
+  w2 = 0.05 * jax.random.normal(keys[3], (MLP, EMBED))
+  cotangent = jax.random.normal(keys[4], (tokens, EMBED)).astype(dtype)
+  return x, w1, b1, w2, cotangent
 
 
-def value_and_grads(impl, pre, bias, kernel, cotangent):
-  def loss(pre, bias, kernel):
-    out = fused_ffn.gelu_dense(pre, bias, kernel, impl=impl)
+def value_and_grads(impl, x, w1, b1, w2, cotangent):
+  def loss(*args):
+    out = fused_ffn.ffn(*args, impl=impl)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
-  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(pre, bias, kernel)
+  (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(x, w1, b1, w2)
   return out, grads
 
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
-def test_custom_backward_equals_the_models_way(dtype):
-  pre, bias, kernel, cotangent = operands(dtype)
+def test_custom_vjp_equals_the_models_way(dtype):
+  x, w1, b1, w2, cotangent = operands(dtype)
   assert fused_ffn.fits(TOKENS, MLP, EMBED)
-  out_ref, grads_ref = value_and_grads('xla', pre, bias, kernel, cotangent)
-  out, grads = value_and_grads('pallas', pre, bias, kernel, cotangent)
+  out_ref, grads_ref = value_and_grads('xla', x, w1, b1, w2, cotangent)
+  out, grads = value_and_grads('pallas', x, w1, b1, w2, cotangent)
   assert out.dtype == dtype and grads[0].dtype == dtype
-  assert grads[1].dtype == grads[2].dtype == jnp.float32
-  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(out_ref, np.float32))
-  # float32: the same arithmetic. bf16: dY @ kernel^T is multiplied by gelu' before rounding
-  # (the model's way rounds it to bf16 first), as in the kernel.
-  tol = 1e-5 if dtype == jnp.float32 else 2e-2
-  for name, a, b in zip(('pre', 'bias', 'kernel'), grads, grads_ref):
+  assert all(g.dtype == jnp.float32 for g in grads[1:])
+  # float32: the same function, the GELU's arithmetic in another order. bf16: the kernels keep
+  # x @ w1 + b1 and dY @ w2^T in float32 where the model's way rounds them to bf16, and save
+  # gelu' in bf16.
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(out_ref, np.float32),
+                             rtol=tol, atol=tol * np.abs(np.asarray(out_ref, np.float32)).max())
+  for name, a, b in zip(('x', 'w1', 'b1', 'w2'), grads, grads_ref):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=f'd{name}')
 
 
-def test_the_kernel_traces_at_bert_base_shapes():
-  """The kernel's body traced to a jaxpr (Mosaic GPU lowers it only on a Hopper GPU): its
-  indexing, tiling and epilogue are consistent at BERT-Base 256 x 128 and at Large."""
-  for tokens, mlp, embed in ((32768, 3072, 768), (16384, 4096, 1024)):
-    dy = jax.ShapeDtypeStruct((tokens, embed), jnp.bfloat16)
-    kernel = jax.ShapeDtypeStruct((mlp, embed), jnp.bfloat16)
-    pre = jax.ShapeDtypeStruct((tokens, mlp), jnp.bfloat16)
-    jaxpr = jax.make_jaxpr(lambda a, b, c: fused_ffn.dgelu_matmul(a, b, c, sms=132))(
-        dy, kernel, pre)
-    assert 'wgmma' in str(jaxpr)  # The kernel's body, traced.
-    assert jaxpr.out_avals[0].shape == (tokens, mlp)
+def test_gelu_and_grad_is_the_models_gelu_and_its_derivative():
+  x = jnp.linspace(-6.0, 6.0, 1001)
+  h, g = fused_ffn.gelu_and_grad(x)
+  np.testing.assert_allclose(h, layers.gelu_tanh(x), rtol=1e-6, atol=1e-5)  # Tails: 1 + t, 1 - t * t.
+  np.testing.assert_allclose(g, layers.gelu_tanh_grad(x), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize('tokens, mlp, embed', [(32768, 3072, 768), (16384, 4096, 1024)])
+def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed):
+  """Both kernels lowered for a CUDA device (Mosaic GPU's layout inference and lowering run on
+  this CPU; compiling them needs a Hopper GPU) at BERT-Base 256 x 128 and Large 128 x 128."""
+  bf16 = jnp.bfloat16
+  x, dy = (jax.ShapeDtypeStruct((tokens, embed), bf16),) * 2
+  w1 = jax.ShapeDtypeStruct((embed, mlp), bf16)
+  w2 = jax.ShapeDtypeStruct((mlp, embed), bf16)
+  b1 = jax.ShapeDtypeStruct((mlp,), jnp.float32)
+  g = jax.ShapeDtypeStruct((tokens, mlp), bf16)
+  for fn, args in ((fused_ffn.gelu_matmul, (x, w1, b1)), (fused_ffn.dgelu_matmul, (dy, w2, g))):
+    lowered = jax.jit(functools.partial(fn, sms=132)).trace(*args).lower(
+        lowering_platforms=('cuda',))
+    text = lowered.as_text()
+    assert 'mosaic_gpu' in text  # The kernel, as a Mosaic GPU custom call.
+    assert [o.shape for o in jax.tree.leaves(lowered.out_info)] == [(tokens, mlp)] * (
+        2 if fn is fused_ffn.gelu_matmul else 1)
 
 
 @pytest.mark.parametrize('tiles, message', [
-    (fused_ffn.Tiles(rows=96), r'tiles.rows=96: must be a multiple of 64 dividing tokens \(128\)'),
-    (fused_ffn.Tiles(cols=256), r'tiles.cols=256: .* dividing mlp / 2 \(128\)'),
-    (fused_ffn.Tiles(depth=32), r'tiles.depth=32: must be 64, dividing embed \(64\)'),
-    (fused_ffn.Tiles(stages=0), r'tiles.stages=0: must be at least 1'),
-    (fused_ffn.Tiles(stages=5), r'needs 311296 bytes of shared memory, more than a block')])
+    (fused_ffn.Tiles(rows=96), r'tiles.rows=96: must be 64 or 128, dividing tokens \(128\)'),
+    (fused_ffn.Tiles(cols=256), r'tiles.cols=256: must be 64 or 128, dividing mlp \(128\)'),
+    (fused_ffn.Tiles(forward_stages=0), r'tiles.forward_stages=0: must be at least 1'),
+    (fused_ffn.Tiles(forward_stages=4),
+     r'needs 263168 bytes of shared memory in the forward kernel, more than a block'),
+    (fused_ffn.Tiles(backward_stages=6),
+     r'needs 262144 bytes of shared memory in the backward kernel, more than a block')])
 def test_bad_tilings_are_named_before_compiling(tiles, message):
-  pre, bias, kernel, _ = operands(jnp.bfloat16)
+  x, w1, b1, w2, _ = operands(jnp.bfloat16)
   with pytest.raises(ValueError, match=message):
-    fused_ffn.gelu_dense(pre, bias, kernel, tiles=tiles)
+    fused_ffn.ffn(x, w1, b1, w2, tiles=tiles)
   # impl='xla' runs no kernel, so the tiling it is given is not its concern.
-  np.testing.assert_array_equal(fused_ffn.gelu_dense(pre, bias, kernel, impl='xla', tiles=tiles),
-                                fused_ffn.gelu_dense(pre, bias, kernel, impl='xla'))
+  np.testing.assert_array_equal(fused_ffn.ffn(x, w1, b1, w2, impl='xla', tiles=tiles),
+                                fused_ffn.ffn(x, w1, b1, w2, impl='xla'))
 
 
 def test_bad_shapes_and_impl_are_named():
-  pre, bias, kernel, _ = operands(jnp.float32)
-  with pytest.raises(ValueError, match=r'pre \[tokens, mlp\], bias \[mlp\], kernel \[mlp, embed\]'):
-    fused_ffn.gelu_dense(pre, bias, kernel.T)
+  x, w1, b1, w2, _ = operands(jnp.float32)
+  with pytest.raises(ValueError, match=r'x \[tokens, embed\], w1 \[embed, mlp\], b1 \[mlp\], '
+                                       r'w2 \[mlp, embed\]; got \(128, 64\), \(128, 64\)'):
+    fused_ffn.ffn(x, w1.T, b1, w2)
   with pytest.raises(ValueError, match=r"impl='cuda'; valid: \('xla', 'pallas'\)"):
-    fused_ffn.gelu_dense(pre, bias, kernel, impl='cuda')
+    fused_ffn.ffn(x, w1, b1, w2, impl='cuda')
+  with pytest.raises(ValueError, match=r'embed=96: the kernels need a multiple of 64'):
+    fused_ffn.check_tiles(fused_ffn.TILES, 128, 128, 96)
 
 
-def test_shapes_the_tiling_does_not_divide_fall_back_to_xla():
+def test_shapes_the_tiling_does_not_divide_run_the_same_vjp_on_xla():
   assert fused_ffn.fits(32768, 3072, 768)  # BERT-Base 256 x 128.
   assert not fused_ffn.fits(40, MLP, EMBED)
-  assert not fused_ffn.on_hopper()  # This CPU: the backward runs dgelu_reference.
-  pre, bias, kernel, _ = operands(jnp.float32, tokens=40)
-  ref = jax.grad(lambda p: jnp.sum(fused_ffn.gelu_dense(p, bias, kernel, impl='xla')))(pre)
-  got = jax.grad(lambda p: jnp.sum(fused_ffn.gelu_dense(p, bias, kernel)))(pre)
-  np.testing.assert_array_equal(got, ref)
+  assert not fused_ffn.on_hopper()  # This CPU: gelu_reference and dgelu_reference.
+  x, w1, b1, w2, _ = operands(jnp.float32, tokens=40)
+  ref = jax.grad(lambda x: jnp.sum(fused_ffn.ffn(x, w1, b1, w2, impl='xla')))(x)
+  got = jax.grad(lambda x: jnp.sum(fused_ffn.ffn(x, w1, b1, w2)))(x)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_model_with_the_fused_ffn_computes_the_same_function_and_gradients():

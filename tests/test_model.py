@@ -323,12 +323,12 @@ def test_kernels_on_a_mesh_that_splits_what_they_need_whole_are_refused(monkeypa
   """model._on_each_device: where the mesh splits the activations, an axis the kernels need
   whole (here the feed-forward width, by the rules) is named before anything is traced."""
   monkeypatch.setattr(model_lib, '_splitting_mesh', lambda x, spec: 'a mesh of 8 devices')
-  pre, bias, kernel = jnp.zeros((2, 4, 8)), jnp.zeros((8,)), jnp.zeros((8, 4))
+  args = jnp.zeros((2, 4, 4)), jnp.zeros((4, 8)), jnp.zeros((8,)), jnp.zeros((8, 4))
   with nn.logical_axis_rules([('batch', 'data'), ('mlp', 'tensor')]):
     with pytest.raises(ValueError, match=r"ffn_impl='pallas' needs whole feed-forward rows; the "
                                          r"mesh rules split them over 'tensor'\."):
-      model_lib.kernel_gelu_dense(pre, bias, kernel)
+      model_lib.kernel_ffn(*args)
   # One device: the kernel runs on the whole arrays.
   monkeypatch.setattr(model_lib, '_splitting_mesh', lambda x, spec: None)
   with nn.logical_axis_rules([('batch', 'data'), ('mlp', 'tensor')]):
-    assert model_lib.kernel_gelu_dense(pre, bias, kernel).shape == (2, 4, 4)
+    assert model_lib.kernel_ffn(*args).shape == (2, 4, 4)

@@ -65,9 +65,9 @@ def get_config(arg=None):
   # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
   # Triton kernel each way, bert_jax/fused_norm.py; NVIDIA GPUs).
   model.layer_norm_impl = 'xla'
-  # The feed-forward block's GELU and down-projection: 'xla', or 'pallas' (the same forward; the
-  # backward's dH matmul and GELU gradient in one Mosaic GPU kernel, bert_jax/fused_ffn.py; needs
-  # gelu='tanh' and a Hopper GPU; on an H100 +1.6-3.2% a step at Base 128, -2.6-6.4% at Large 512).
+  # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, bert_jax/fused_ffn.py:
+  # the up-projection with bias and GELU saving gelu', the backward's dY @ W2^T times it; needs
+  # gelu='tanh' and a Hopper GPU; on an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128).
   model.ffn_impl = 'xla'
   # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
   # function and parameters). On an H100: with layer_norm_impl='pallas' set it too (1,534 -> 1,604

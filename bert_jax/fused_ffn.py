@@ -64,10 +64,10 @@ def smem_bytes(tiles: Tiles) -> dict[str, int]:
 
 
 def check_tiles(tiles: Tiles, tokens: int, mlp: int, embed: int) -> None:
-  """Tilings the kernels compute at [tokens, embed] @ [embed, mlp] and [tokens, embed] @ [embed,
-  mlp]^T: rows and cols 64 or 128 (a warpgroup's float32 accumulator in registers) dividing
-  tokens and mlp; embed a multiple of 64; stages and snake at least 1; the buffers within a
-  block's shared memory."""
+  """Tilings the kernels compute for x @ W1 and dY @ W2^T (both [tokens, embed] @ [embed, mlp]):
+  rows and cols 64 or 128 (a warpgroup's float32 accumulator in registers) dividing tokens and
+  mlp; embed a multiple of 64; stages and snake at least 1; the buffers within a block's shared
+  memory."""
   for field, size, axis in (('rows', tokens, 'tokens'), ('cols', mlp, 'mlp')):
     n = getattr(tiles, field)
     if n not in (64, 128) or size % n:

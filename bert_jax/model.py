@@ -297,8 +297,8 @@ def kernel_ffn(x, up_kernel, up_bias, kernel):
   rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
   mlp = nn.logical_to_mesh_axes(('mlp',))[0]
   spec = jax.sharding.PartitionSpec
-  return _on_each_device(_ffn_rows, (x, up_kernel, up_bias, kernel), (rows, spec(), spec(), spec()),
-                         spec(rows[0], None, None),
+  return _on_each_device(_ffn_rows, (x, up_kernel, up_bias, kernel),
+                         (rows, spec(), spec(), spec()), spec(rows[0], None, None),
                          whole={'rows': rows[1], 'embed rows': rows[2], 'feed-forward rows': mlp},
                          setting="ffn_impl='pallas'")
 
@@ -339,7 +339,8 @@ class BertLayer(nn.Module):
     cfg = self.config
     # x: [batch, length, embed]
     x = BertAttention(cfg, self.layer_index, name='attention')(x, bias, deterministic)
-    h = BertIntermediate(cfg, name='intermediate')(x)  # [batch, length, mlp]
+    # [batch, length, mlp]; with ffn_impl='pallas' x and the dense's parameters.
+    h = BertIntermediate(cfg, name='intermediate')(x)
     return BertResidualOutput(cfg, ('mlp',), gelu_first=cfg.ffn_impl == 'pallas',
                               name='output')(h, x, deterministic)
 

@@ -99,15 +99,6 @@ def on_hopper() -> bool:
       '9')
 
 
-def gelu_and_grad(x):
-  """gelu_tanh(x) and its derivative (layers.gelu_tanh_grad) from one tanh, in x's dtype."""
-  c, a = layers.SQRT_2_OVER_PI, layers.GELU_CUBIC
-  x2 = x * x
-  t = jnp.tanh(c * x * (1 + a * x2))
-  half_1pt = 0.5 + 0.5 * t
-  return x * half_1pt, half_1pt + (0.5 * c) * x * (1 - t * t) * (1 + (3 * a) * x2)
-
-
 def _plgpu():
   # Imported where a kernel is built: the rest of the model (CPU, TPU) never needs Mosaic GPU.
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
@@ -238,7 +229,7 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None):
       plgpu.barrier_wait(fetched.at[wg])
       for piece in _pieces(rows, cols):
         bias = lax.broadcast_in_dim(b1_smem[wg, piece[1]], (64, 64), (1,))
-        h, g = gelu_and_grad(acc[piece] + bias)
+        h, g = layers.gelu_tanh_and_grad(acc[piece] + bias)
         out_smem[(wg, 0) + piece] = h.astype(out_smem.dtype)
         out_smem[(wg, 1) + piece] = g.astype(out_smem.dtype)
       plgpu.commit_smem()
@@ -290,7 +281,7 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None):
 def gelu_reference(x, w1, b1):
   """gelu_matmul's function the XLA way."""
   pre = jnp.dot(x, w1, preferred_element_type=jnp.float32) + b1.astype(jnp.float32)
-  return tuple(v.astype(x.dtype) for v in gelu_and_grad(pre))
+  return tuple(v.astype(x.dtype) for v in layers.gelu_tanh_and_grad(pre))
 
 
 def dgelu_reference(dy, w2, g):

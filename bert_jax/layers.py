@@ -91,8 +91,8 @@ class DenseGeneral(nn.Module):
     return (y, bias) if bias is not None and self.bias_apart else y
 
 
-SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
-GELU_CUBIC = 0.044715
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_CUBIC = 0.044715
 
 
 @jax.custom_vjp
@@ -104,19 +104,26 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
   XLA cannot fold the GELU into the matmul before it (cuBLASLt's GELU_AUX epilogue writes the
   activation and its input in one pass). The backward recomputes the tanh, in float32.
   """
-  return x * (0.5 * (1 + jnp.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * (x * (x * x))))))
+  return x * (0.5 * (1 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x * (x * x))))))
 
 
 def _gelu_tanh_fwd(x):
   return gelu_tanh(x), x
 
 
+def gelu_tanh_and_grad(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """gelu_tanh(x) and its derivative from one tanh, in x's dtype (for Pallas kernels, which
+  cannot hold gelu_tanh's custom VJP: fused_ffn's forward kernel saves the derivative)."""
+  x2 = x * x
+  t = jnp.tanh(_SQRT_2_OVER_PI * x * (1 + _GELU_CUBIC * x2))
+  half_1pt = 0.5 + 0.5 * t
+  return x * half_1pt, half_1pt + (0.5 * _SQRT_2_OVER_PI) * x * (1 - t * t) * (
+      1 + (3 * _GELU_CUBIC) * x2)
+
+
 def gelu_tanh_grad(x: jax.Array) -> jax.Array:
   """d gelu_tanh / dx in float32 (the tanh recomputed)."""
-  x32 = x.astype(jnp.float32)
-  t = jnp.tanh(SQRT_2_OVER_PI * (x32 + GELU_CUBIC * x32 * x32 * x32))
-  dt = SQRT_2_OVER_PI * (1 + 3 * GELU_CUBIC * x32 * x32)
-  return 0.5 * (1 + t) + 0.5 * x32 * (1 - t * t) * dt
+  return gelu_tanh_and_grad(x.astype(jnp.float32))[1]
 
 
 def _gelu_tanh_bwd(x, g):

@@ -1,6 +1,7 @@
 """The model: parameter counts of the paper's configs, shapes, masking, scan/remat equivalence."""
 
 import functools
+import math
 
 import flax
 import flax.linen as nn
@@ -296,6 +297,20 @@ def test_flat_matmuls_compute_the_same_function_and_gradients(layer_norm_impl):
   np.testing.assert_allclose(value_a, value_b, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_tanh_gelu_and_its_derivative_from_one_tanh():
+  """layers.gelu_tanh_and_grad (fused_ffn's kernels; gelu_tanh's backward) against the formula
+  of the original BERT code and its derivative by autodiff."""
+  c = math.sqrt(2 / math.pi)
+  formula = lambda v: 0.5 * v * (1 + jnp.tanh(c * (v + 0.044715 * v ** 3)))  # noqa: E731
+  x = jnp.linspace(-6.0, 6.0, 1001)
+  h, g = layers.gelu_tanh_and_grad(x)
+  # Tails: 1 + t and 1 - t * t cancel in float32.
+  np.testing.assert_allclose(h, formula(x), rtol=1e-6, atol=1e-5)
+  np.testing.assert_allclose(g, jax.vmap(jax.grad(formula))(x), rtol=1e-6, atol=1e-5)
+  np.testing.assert_array_equal(layers.gelu_tanh_grad(x), g)
+  np.testing.assert_allclose(layers.gelu_tanh(x), formula(x), rtol=1e-6, atol=1e-5)
 
 
 def test_flatten_needs_trailing_contracted_axes():

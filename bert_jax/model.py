@@ -227,14 +227,14 @@ class BertResidualOutput(nn.Module):
   in_axes: tuple[str, ...]  # Logical names of the contracted input axes.
   # x is (the block's input, the up-projection's kernel and bias) and the dense computes the whole
   # feed-forward block in fused_ffn.ffn (model.ffn_impl='pallas'; in_axes ('mlp',)).
-  gelu_first: bool = False
+  whole_ffn: bool = False
 
   @nn.compact
   def __call__(self, x, residual, deterministic):
     cfg = self.config
     contracted = tuple(range(-len(self.in_axes), 0))
     fused = cfg.layer_norm_impl == 'pallas'
-    if self.gelu_first:
+    if self.whole_ffn:
       x, up_kernel, up_bias = x  # [batch, length, embed], [embed, mlp], [mlp]
       kernel, bias = layers.DenseParams(
           (up_kernel.shape[-1],), (cfg.hidden_size,), self.in_axes + ('embed',),
@@ -251,7 +251,7 @@ class BertResidualOutput(nn.Module):
                               kernel_init=cfg.init, bias_apart=fused,
                               flatten=cfg.flat_matmuls and not fused, name='dense')(x)
     if fused:
-      if not self.gelu_first:
+      if not self.whole_ffn:
         y, bias = y
       y = FusedLayerNorm(cfg, name='LayerNorm')(y, bias, residual, deterministic)
     else:
@@ -341,7 +341,7 @@ class BertLayer(nn.Module):
     x = BertAttention(cfg, self.layer_index, name='attention')(x, bias, deterministic)
     # [batch, length, mlp]; with ffn_impl='pallas' x and the dense's parameters.
     h = BertIntermediate(cfg, name='intermediate')(x)
-    return BertResidualOutput(cfg, ('mlp',), gelu_first=cfg.ffn_impl == 'pallas',
+    return BertResidualOutput(cfg, ('mlp',), whole_ffn=cfg.ffn_impl == 'pallas',
                               name='output')(h, x, deterministic)
 
 

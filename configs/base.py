@@ -67,7 +67,8 @@ def get_config(arg=None):
   model.layer_norm_impl = 'xla'
   # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, bert_jax/fused_ffn.py:
   # the up-projection with bias and GELU saving gelu', the backward's dY @ W2^T times it; needs
-  # gelu='tanh' and a Hopper GPU; on an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128).
+  # gelu='tanh' and a Hopper GPU; on an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128;
+  # configs/large_gpu.py sets it).
   model.ffn_impl = 'xla'
   # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
   # function and parameters). On an H100: with layer_norm_impl='pallas' set it too (1,534 -> 1,604

@@ -14,7 +14,8 @@ torch.compile. Variants of ours (all bf16 compute, fp32 master weights, AdamW, N
                        scan_layers=False, tanh GELU (paper-faithful dropout)
   large_gpu            configs/large_gpu.py: cudnn_dropout_tanh with our attention kernels for
                        rows up to 512 tokens (attention_impl=pallas), the fused LayerNorm kernels,
-                       2-d matmuls (flat_matmuls), every matmul on cuBLAS (train.xla_options)
+                       2-d matmuls (flat_matmuls), the Mosaic GPU feed-forward kernels
+                       (ffn_impl=pallas, Hopper), every matmul on cuBLAS (train.xla_options)
   cudnn_dropout_tanh_cublas   cudnn_dropout_tanh with XLA's Triton GEMMs off (an `env:` entry of a
                        variant adds an XLA flag to that process's XLA_FLAGS)
 A variant may add flags after `+`: `cudnn_dropout_tanh+env:--xla_gpu_enable_cudnn_layer_norm=true`
@@ -38,6 +39,7 @@ GPU = ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
        '--config.model.attention_impl=cudnn']
 LARGE_GPU = [*GPU[:2], '--config.model.attention_impl=pallas',
              '--config.model.layer_norm_impl=pallas', '--config.model.flat_matmuls=True',
+             '--config.model.ffn_impl=pallas',
              '--config.train.xla_options=xla_gpu_enable_triton_gemm=false']
 VARIANTS = {
     'paper': [],

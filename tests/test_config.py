@@ -31,7 +31,8 @@ def test_large_gpu_keeps_the_papers_model_and_dropout():
   l, g = config_lib.flatten(large.get_config()), config_lib.flatten(large_gpu.get_config())
   changed = {k for k in l if l[k] != g[k]}
   assert changed == {'model.dtype', 'model.attention_impl', 'model.scan_layers', 'model.gelu',
-                     'model.layer_norm_impl', 'model.flat_matmuls', 'train.xla_options'}
+                     'model.layer_norm_impl', 'model.flat_matmuls', 'model.ffn_impl',
+                     'train.xla_options'}
   assert g['model.attention_dropout_rate'] == g['model.hidden_dropout_rate'] == 0.1
 
 

@@ -173,7 +173,10 @@ def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch,
       def one_tile(t, carry):
         j = 2 * t + wg
         r, c = tile(j)
-        prologue(r, c, wg, scratch)
+        # The named scopes are the regions of the kernel's trace (see _launch's trace_dir);
+        # without a trace they emit nothing.
+        with jax.named_scope('prologue'):
+          prologue(r, c, wg, scratch)
 
         def matmul(acc_ref):
           def step(k, acc_ref):
@@ -192,7 +195,10 @@ def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch,
           plgpu.barrier_arrive(consumed.at[lax.rem(j * k_steps + k_steps - 1, stages)])
           return acc_ref[...]
 
-        epilogue(pl.run_scoped(matmul, plgpu.ACC((rows, cols), jnp.float32)), r, c, wg, scratch)
+        with jax.named_scope('matmul'):
+          acc = pl.run_scoped(matmul, plgpu.ACC((rows, cols), jnp.float32))
+        with jax.named_scope('epilogue'):
+          epilogue(acc, r, c, wg, scratch)
         return carry
 
       lax.fori_loop(0, lax.div(block_tiles - wg + 1, 2), one_tile, None)
@@ -200,19 +206,32 @@ def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch,
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def _launch(body, out_type, sms):
+def trace_ranges(tokens: int, mlp: int, tiles: Tiles, sms: int) -> int:
+  """Ranges a compute warpgroup records in a trace of either kernel: three (prologue, matmul,
+  epilogue) per tile it takes, for the block with the most tiles."""
+  block_tiles = -(-(tokens // tiles.rows) * (mlp // tiles.cols) // sms)
+  return 3 * -(-block_tiles // 2)
+
+
+def _launch(body, out_type, sms, trace_dir='', trace_ranges=0):
+  """The kernel over a persistent grid of `sms` blocks. With trace_dir, Mosaic GPU's on-device
+  profiler records each compute warpgroup's prologue, matmul and epilogue of every tile (its
+  clock at their ends: `trace_ranges` ranges per warpgroup, 48 bytes of shared memory per range
+  and block) and writes a Chrome trace there per call (experiments/ffn_kernel_trace.py)."""
   plgpu = _plgpu()
+  traced = dict(profile_space=trace_ranges, profile_dir=trace_dir) if trace_dir else {}
   return plgpu.kernel(
       body, out_type=out_type, grid=(sms,), grid_names=('sm',), num_threads=3, thread_name='wg',
       # approx_math: tanh as one tanh.approx.f32 (relative error 2^-11, below bf16's rounding).
       compiler_params=plgpu.CompilerParams(
-          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+          approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **traced))
 
 
-def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None):
+def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
   """(h, g) = (gelu_tanh(pre), gelu'(pre)) in x's dtype, pre = x @ w1 + b1 in float32, by the
   forward kernel (Hopper GPUs). x: [tokens, embed]; w1: [embed, mlp] in x's 16-bit dtype; b1:
-  [mlp] float32. sms: blocks of the persistent grid (default: the device's SMs)."""
+  [mlp] float32. sms: blocks of the persistent grid (default: the device's SMs); trace_dir: see
+  _launch."""
   plgpu = _plgpu()
   check_tiles(tiles, x.shape[0], w1.shape[1], x.shape[1])
   sms = sms or jax.devices()[0].core_count
@@ -243,12 +262,14 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None):
                  plgpu.SMEM((2, cols), jnp.float32), plgpu.Barrier(num_barriers=2)))
 
   out = jax.ShapeDtypeStruct((x.shape[0], w1.shape[1]), x.dtype)
-  return _launch(body, (out, out), sms)(x, w1, b1)
+  ranges = trace_ranges(x.shape[0], w1.shape[1], tiles, sms)
+  return _launch(body, (out, out), sms, trace_dir, ranges)(x, w1, b1)
 
 
-def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None):
+def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
   """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).
-  dy: [tokens, embed]; w2: [mlp, embed] in dy's 16-bit dtype; g: [tokens, mlp] (gelu'(pre))."""
+  dy: [tokens, embed]; w2: [mlp, embed] in dy's 16-bit dtype; g: [tokens, mlp] (gelu'(pre));
+  sms, trace_dir: as gelu_matmul's."""
   plgpu = _plgpu()
   check_tiles(tiles, g.shape[0], g.shape[1], dy.shape[1])
   sms = sms or jax.devices()[0].core_count
@@ -275,7 +296,9 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None):
         scratch=(plgpu.SMEM((2, rows, cols), g.dtype, transforms=_swizzled()),
                  plgpu.Barrier(num_barriers=2)))
 
-  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms)(dy, w2.T, g)
+  ranges = trace_ranges(g.shape[0], g.shape[1], tiles, sms)
+  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms, trace_dir, ranges)(
+      dy, w2.T, g)
 
 
 def gelu_reference(x, w1, b1):

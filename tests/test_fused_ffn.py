@@ -74,6 +74,80 @@ def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed):
         2 if fn is fused_ffn.gelu_matmul else 1)
 
 
+def _kernel_eqns(jaxpr):
+  """The equations of a traced function's jaxpr and of every jaxpr nested in their params."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+        sub = getattr(sub, 'jaxpr', sub)  # ClosedJaxpr -> Jaxpr
+        if hasattr(sub, 'eqns'):
+          yield from _kernel_eqns(sub)
+
+
+def test_traced_kernels_ask_the_profiler_for_their_regions(tmp_path):
+  """With trace_dir (experiments/ffn_kernel_trace.py) each kernel asks Mosaic GPU's profiler for
+  trace_ranges ranges per warpgroup, written to trace_dir, and its prologue, matmul and epilogue
+  are named regions; without, no profiler. (The traced kernel's lowering needs a GPU backend for
+  the profiler's callback, so this checks the traced function.) At Base's shapes a warpgroup
+  takes at most 24 of the 6,144 tiles of 132 blocks."""
+  tokens, mlp, embed = 32768, 3072, 768
+  tiles = fused_ffn.Tiles(forward_stages=2)
+  assert fused_ffn.trace_ranges(tokens, mlp, tiles, 132) == 3 * 24
+  bf16 = jnp.bfloat16
+  args = {fused_ffn.gelu_matmul: (jax.ShapeDtypeStruct((tokens, embed), bf16),
+                                  jax.ShapeDtypeStruct((embed, mlp), bf16),
+                                  jax.ShapeDtypeStruct((mlp,), jnp.float32)),
+          fused_ffn.dgelu_matmul: (jax.ShapeDtypeStruct((tokens, embed), bf16),
+                                   jax.ShapeDtypeStruct((mlp, embed), bf16),
+                                   jax.ShapeDtypeStruct((tokens, mlp), bf16))}
+  for fn, fn_args in args.items():
+    for trace_dir in ('', str(tmp_path)):
+      traced = jax.jit(functools.partial(fn, tiles=tiles, sms=132, trace_dir=trace_dir)).trace(
+          *fn_args)
+      eqns = list(_kernel_eqns(traced.jaxpr.jaxpr))
+      (params,) = [e.params['compiler_params'] for e in eqns if 'compiler_params' in e.params]
+      assert (params.profile_space, params.profile_dir) == (
+          (72, trace_dir) if trace_dir else (0, ''))
+      names = {scope.name for e in eqns for scope in e.source_info.name_stack.stack}
+      assert {'prologue', 'matmul', 'epilogue'} <= names
+
+
+def test_trace_summary_of_two_warpgroups_taking_turns():
+  """experiments/ffn_kernel_trace.summarize on a hand-made trace: one block whose two compute
+  warpgroups alternate; epilogues of 6 against matmuls of 4 leave the tensor cores idle 2 of
+  every 6 units once the turns settle."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import ffn_kernel_trace  # pylint: disable=g-import-not-at-top
+
+  def ranges(tid, spans):
+    events = []
+    for name, begin, end in spans:
+      events += [{'name': name, 'ph': 'B', 'ts': begin, 'pid': 7, 'tid': tid},
+                 {'name': name, 'ph': 'E', 'ts': end, 'pid': 7, 'tid': tid}]
+    return events
+
+  # wg 0: matmul 0-4, epilogue 4-10, matmul 10-14, epilogue 14-20.
+  # wg 1: waits for the tensor cores, matmul 4-8, epilogue 8-14, matmul 14-18, epilogue 18-24.
+  wg0 = ranges(1, [('prologue', 0, 0), ('matmul', 0, 4), ('epilogue', 4, 10),
+                   ('prologue', 10, 10), ('matmul', 10, 14), ('epilogue', 14, 20)])
+  wg1 = ranges(2, [('prologue', 0, 0), ('matmul', 4, 8), ('epilogue', 8, 14),
+                   ('prologue', 14, 14), ('matmul', 14, 18), ('epilogue', 18, 24)])
+  summary = ffn_kernel_trace.summarize({'traceEvents': wg0 + wg1})
+  assert summary['tiles_traced'] == 4 and summary['blocks'] == 1
+  assert summary['matmul_per_tile'] == 4 and summary['epilogue_per_tile'] == 6
+  assert summary['epilogue_over_matmul'] == 1.5
+  assert summary['block_span'] == 24
+  # Matmuls cover 0-8 and 10-18: 16 of 24.
+  assert summary['tensor_core_busy'] == pytest.approx(16 / 24)
+  with pytest.raises(ValueError, match="'matmul' ends inside 'epilogue'"):
+    ffn_kernel_trace.intervals({'traceEvents': [
+        {'name': 'epilogue', 'ph': 'B', 'ts': 0, 'pid': 0, 'tid': 1},
+        {'name': 'matmul', 'ph': 'E', 'ts': 1, 'pid': 0, 'tid': 1}]})
+
+
 @pytest.mark.parametrize('tiles, message', [
     (fused_ffn.Tiles(rows=96), r'tiles.rows=96: must be 64 or 128, dividing tokens \(128\)'),
     (fused_ffn.Tiles(cols=256), r'tiles.cols=256: must be 64 or 128, dividing mlp \(128\)'),

@@ -1,0 +1,157 @@
+"""Where `fused_ffn`'s kernels spend their time, from Mosaic GPU's on-device trace (Hopper GPUs).
+
+`python experiments/ffn_kernel_trace.py [--kernel=forward,backward] [--tokens=32768 --embed=768
+--mlp=3072] [--tiles=128-128-2-4-8] [--out=results.jsonl]`
+
+For each kernel: its time per call untraced (best of 3 runs of --calls queued calls), then one
+traced call (`trace_dir`: each compute warpgroup's prologue, matmul and epilogue of every tile,
+by the SM's clock), summarised by `summarize` into one JSON line:
+- per tile, the median cycles of each region;
+- `tensor_core_busy`: per block, the share of its span in which either compute warpgroup was in
+  a matmul (the two take turns on the tensor cores), the median over blocks; 1.0 means the
+  epilogues are hidden, and what is missing is time with no matmul running;
+- `epilogue_over_matmul`: the median epilogue over the median matmul. Above 1, a warpgroup's
+  epilogue outlasts the other's matmul, so the tensor cores wait for it.
+
+The trace needs 48 bytes of shared memory per range and block: the forward kernel's default
+tiling leaves too little, hence the default --tiles' 2 forward stages (its untraced time is
+printed too, to compare with the default tiling's). The matmul region includes the waits for
+operands (a warpgroup's first stage), so a matmul longer than its FLOPs need points at memory.
+"""
+
+import collections
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_KERNEL = flags.DEFINE_list('kernel', ['forward', 'backward'], 'forward, backward or both.')
+_TOKENS = flags.DEFINE_integer('tokens', 32768, 'Rows (batch x length).')
+_EMBED = flags.DEFINE_integer('embed', 768, 'Model width.')
+_MLP = flags.DEFINE_integer('mlp', 3072, 'Feed-forward width.')
+_TILES = flags.DEFINE_string('tiles', '128-128-2-4-8', "fused_ffn.Tiles fields joined by '-'.")
+_CALLS = flags.DEFINE_integer('calls', 50, 'Queued calls per timing.')
+_OUT = flags.DEFINE_string('out', '', 'Append the JSON lines here too.')
+
+REGIONS = ('prologue', 'matmul', 'epilogue')
+
+
+def intervals(trace: dict) -> dict[tuple[int, int], dict[str, list[tuple[float, float]]]]:
+  """A Chrome trace of Mosaic GPU's profiler -> {(block, warpgroup): {region: [(begin, end)]}}
+  (pid is the block's SM, tid its warpgroup; begin and end events nest per thread)."""
+  open_regions = collections.defaultdict(list)
+  out = collections.defaultdict(lambda: collections.defaultdict(list))
+  for event in trace['traceEvents']:
+    thread = (event['pid'], event['tid'])
+    if event.get('ph') == 'B':
+      open_regions[thread].append((event['name'], event['ts']))
+    elif event.get('ph') == 'E':
+      name, begin = open_regions[thread].pop()
+      if name != event['name']:
+        raise ValueError(f'trace: {event["name"]!r} ends inside {name!r} on {thread}')
+      out[thread][name].append((begin, event['ts']))
+  return out
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+  total, end = 0.0, float('-inf')
+  for begin, stop in sorted(spans):
+    if stop > end:
+      total += stop - max(begin, end)
+      end = stop
+  return total
+
+
+def summarize(trace: dict) -> dict:
+  """Medians over tiles and blocks of one traced call (see the module docstring); durations in
+  the trace's units (the profiler's: SM clock cycles / 1000)."""
+  threads = intervals(trace)
+  per_region = {name: [stop - begin for regions in threads.values()
+                       for begin, stop in regions.get(name, ())] for name in REGIONS}
+  blocks = collections.defaultdict(list)
+  for (block, _), regions in threads.items():
+    blocks[block].append(regions)
+  busy, spans = [], []
+  for warpgroups in blocks.values():
+    every = [span for regions in warpgroups for name in REGIONS for span in regions.get(name, ())]
+    if not every:
+      continue
+    span = max(stop for _, stop in every) - min(begin for begin, _ in every)
+    matmuls = [span for regions in warpgroups for span in regions.get('matmul', ())]
+    busy.append(_union_length(matmuls) / span if span else 0.0)
+    spans.append(span)
+  median = {name: statistics.median(d) if d else None for name, d in per_region.items()}
+  return {
+      'tiles_traced': len(per_region['matmul']),
+      'blocks': len(spans),
+      **{f'{name}_per_tile': median[name] for name in REGIONS},
+      'epilogue_over_matmul': (median['epilogue'] / median['matmul']
+                               if median['matmul'] and median['epilogue'] is not None else None),
+      'tensor_core_busy': statistics.median(busy) if busy else None,
+      'block_span': statistics.median(spans) if spans else None,
+  }
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
+
+  if not fused_ffn.on_hopper():
+    raise SystemExit(f'the kernels need an NVIDIA Hopper GPU; this run has {jax.devices()[0]}.')
+  tiles = fused_ffn.Tiles(*map(int, _TILES.value.split('-')))
+  tokens, embed, mlp = _TOKENS.value, _EMBED.value, _MLP.value
+  keys = jax.random.split(jax.random.key(0), 4)
+  bf16 = jnp.bfloat16
+  args = {
+      'forward': (jax.random.normal(keys[0], (tokens, embed), bf16),
+                  (jax.random.normal(keys[1], (embed, mlp)) * 0.02).astype(bf16),
+                  jax.random.normal(keys[2], (mlp,), jnp.float32) * 0.02),
+      'backward': (jax.random.normal(keys[0], (tokens, embed), bf16),
+                   (jax.random.normal(keys[1], (mlp, embed)) * 0.02).astype(bf16),
+                   jax.random.uniform(keys[3], (tokens, mlp), bf16)),
+  }
+  kernels = {'forward': fused_ffn.gelu_matmul, 'backward': fused_ffn.dgelu_matmul}
+
+  def best_ms(fn, inputs):
+    jax.block_until_ready(fn(*inputs))
+    best = float('inf')
+    for _ in range(3):
+      start = time.perf_counter()
+      for _ in range(_CALLS.value):
+        out = fn(*inputs)
+      jax.block_until_ready(out)
+      best = min(best, (time.perf_counter() - start) / _CALLS.value * 1e3)
+    return best
+
+  for name in _KERNEL.value:
+    inputs = args[name]
+    timed = {f'ms_{label}': best_ms(jax.jit(lambda *a, t=t: kernels[name](*a, tiles=t)), inputs)
+             for label, t in (('default_tiles', fused_ffn.TILES), ('these_tiles', tiles))}
+    with tempfile.TemporaryDirectory() as trace_dir:
+      traced = jax.jit(lambda *a: kernels[name](*a, tiles=tiles, trace_dir=trace_dir))
+      jax.block_until_ready(traced(*inputs))
+      paths = sorted(glob.glob(os.path.join(trace_dir, '*.json')))
+      if not paths:
+        raise SystemExit(f'no trace in {trace_dir}: {os.listdir(trace_dir)}')
+      with open(paths[-1]) as f:
+        summary = summarize(json.load(f))
+    line = json.dumps({'device': jax.devices()[0].device_kind, 'kernel': name, 'tokens': tokens,
+                       'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **timed, **summary})
+    print(line, flush=True)
+    if _OUT.value:
+      with open(_OUT.value, 'a') as f:
+        f.write(line + '\n')
+
+
+if __name__ == '__main__':
+  app.run(main)

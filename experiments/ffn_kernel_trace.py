@@ -3,7 +3,7 @@
 `python experiments/ffn_kernel_trace.py [--kernel=forward,backward] [--tokens=32768 --embed=768
 --mlp=3072] [--tiles=128-128-2-4-8] [--out=results.jsonl]`
 
-For each kernel: its time per call untraced (best of 3 runs of --calls queued calls), then one
+For each kernel: its time per call untraced (the median of 3 runs of --calls queued calls), then one
 traced call (`trace_dir`: each compute warpgroup's prologue, matmul and epilogue of every tile,
 by the SM's clock), summarised by `summarize` into one JSON line:
 - per tile, the median cycles of each region;
@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
@@ -81,11 +80,12 @@ def summarize(trace: dict) -> dict:
     blocks[block].append(regions)
   busy, spans = [], []
   for warpgroups in blocks.values():
-    every = [span for regions in warpgroups for name in REGIONS for span in regions.get(name, ())]
+    every = [interval for regions in warpgroups for name in REGIONS
+             for interval in regions.get(name, ())]
     if not every:
       continue
     span = max(stop for _, stop in every) - min(begin for begin, _ in every)
-    matmuls = [span for regions in warpgroups for span in regions.get('matmul', ())]
+    matmuls = [interval for regions in warpgroups for interval in regions.get('matmul', ())]
     busy.append(_union_length(matmuls) / span if span else 0.0)
     spans.append(span)
   median = {name: statistics.median(d) if d else None for name, d in per_region.items()}
@@ -105,6 +105,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
+  from fused_norm_bench import timed  # pylint: disable=g-import-not-at-top
 
   if not fused_ffn.on_hopper():
     raise SystemExit(f'the kernels need an NVIDIA Hopper GPU; this run has {jax.devices()[0]}.')
@@ -122,31 +123,24 @@ def main(argv):
   }
   kernels = {'forward': fused_ffn.gelu_matmul, 'backward': fused_ffn.dgelu_matmul}
 
-  def best_ms(fn, inputs):
-    jax.block_until_ready(fn(*inputs))
-    best = float('inf')
-    for _ in range(3):
-      start = time.perf_counter()
-      for _ in range(_CALLS.value):
-        out = fn(*inputs)
-      jax.block_until_ready(out)
-      best = min(best, (time.perf_counter() - start) / _CALLS.value * 1e3)
-    return best
-
   for name in _KERNEL.value:
     inputs = args[name]
-    timed = {f'ms_{label}': best_ms(jax.jit(lambda *a, t=t: kernels[name](*a, tiles=t)), inputs)
-             for label, t in (('default_tiles', fused_ffn.TILES), ('these_tiles', tiles))}
+    untraced = {
+        f'ms_{label}': timed(jax.jit(lambda *a, t=t: kernels[name](*a, tiles=t)), *inputs,
+                             calls=_CALLS.value, repeats=3)[1]
+        for label, t in (('default_tiles', fused_ffn.TILES), ('these_tiles', tiles))}
     with tempfile.TemporaryDirectory() as trace_dir:
       traced = jax.jit(lambda *a: kernels[name](*a, tiles=tiles, trace_dir=trace_dir))
       jax.block_until_ready(traced(*inputs))
+      jax.effects_barrier()  # The profiler writes its trace from a host callback.
       paths = sorted(glob.glob(os.path.join(trace_dir, '*.json')))
       if not paths:
         raise SystemExit(f'no trace in {trace_dir}: {os.listdir(trace_dir)}')
       with open(paths[-1]) as f:
         summary = summarize(json.load(f))
     line = json.dumps({'device': jax.devices()[0].device_kind, 'kernel': name, 'tokens': tokens,
-                       'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **timed, **summary})
+                       'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **untraced,
+                       **summary})
     print(line, flush=True)
     if _OUT.value:
       with open(_OUT.value, 'a') as f:

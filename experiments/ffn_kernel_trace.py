@@ -19,6 +19,7 @@ printed too, to compare with the default tiling's). The matmul region includes t
 operands (a warpgroup's first stage), so a matmul longer than its FLOPs need points at memory.
 """
 
+import argparse
 import collections
 import glob
 import json
@@ -27,18 +28,7 @@ import statistics
 import sys
 import tempfile
 
-from absl import app
-from absl import flags
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-_KERNEL = flags.DEFINE_list('kernel', ['forward', 'backward'], 'forward, backward or both.')
-_TOKENS = flags.DEFINE_integer('tokens', 32768, 'Rows (batch x length).')
-_EMBED = flags.DEFINE_integer('embed', 768, 'Model width.')
-_MLP = flags.DEFINE_integer('mlp', 3072, 'Feed-forward width.')
-_TILES = flags.DEFINE_string('tiles', '128-128-2-4-8', "fused_ffn.Tiles fields joined by '-'.")
-_CALLS = flags.DEFINE_integer('calls', 50, 'Queued calls per timing.')
-_OUT = flags.DEFINE_string('out', '', 'Append the JSON lines here too.')
 
 REGIONS = ('prologue', 'matmul', 'epilogue')
 
@@ -100,8 +90,18 @@ def summarize(trace: dict) -> dict:
   }
 
 
-def main(argv):
-  del argv
+def main():
+  # argparse, not absl flags: tests import this module beside other probes' absl flags.
+  parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
+  parser.add_argument('--kernel', default='forward,backward', help='forward, backward or both.')
+  parser.add_argument('--tokens', type=int, default=32768, help='Rows (batch x length).')
+  parser.add_argument('--embed', type=int, default=768, help='Model width.')
+  parser.add_argument('--mlp', type=int, default=3072, help='Feed-forward width.')
+  parser.add_argument('--tiles', default='128-128-2-4-8',
+                      help="fused_ffn.Tiles fields joined by '-'.")
+  parser.add_argument('--calls', type=int, default=50, help='Queued calls per timing.')
+  parser.add_argument('--out', default='', help='Append the JSON lines here too.')
+  flags = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
@@ -109,8 +109,8 @@ def main(argv):
 
   if not fused_ffn.on_hopper():
     raise SystemExit(f'the kernels need an NVIDIA Hopper GPU; this run has {jax.devices()[0]}.')
-  tiles = fused_ffn.Tiles(*map(int, _TILES.value.split('-')))
-  tokens, embed, mlp = _TOKENS.value, _EMBED.value, _MLP.value
+  tiles = fused_ffn.Tiles(*map(int, flags.tiles.split('-')))
+  tokens, embed, mlp = flags.tokens, flags.embed, flags.mlp
   keys = jax.random.split(jax.random.key(0), 4)
   bf16 = jnp.bfloat16
   args = {
@@ -123,11 +123,11 @@ def main(argv):
   }
   kernels = {'forward': fused_ffn.gelu_matmul, 'backward': fused_ffn.dgelu_matmul}
 
-  for name in _KERNEL.value:
+  for name in flags.kernel.split(','):
     inputs = args[name]
     untraced = {
         f'ms_{label}': timed(jax.jit(lambda *a, t=t: kernels[name](*a, tiles=t)), *inputs,
-                             calls=_CALLS.value, repeats=3)[1]
+                             calls=flags.calls, repeats=3)[1]
         for label, t in (('default_tiles', fused_ffn.TILES), ('these_tiles', tiles))}
     with tempfile.TemporaryDirectory() as trace_dir:
       traced = jax.jit(lambda *a: kernels[name](*a, tiles=tiles, trace_dir=trace_dir))
@@ -142,10 +142,10 @@ def main(argv):
                        'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **untraced,
                        **summary})
     print(line, flush=True)
-    if _OUT.value:
-      with open(_OUT.value, 'a') as f:
+    if flags.out:
+      with open(flags.out, 'a') as f:
         f.write(line + '\n')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

@@ -213,13 +213,17 @@ def trace_ranges(tokens: int, mlp: int, tiles: Tiles, sms: int) -> int:
   return 3 * -(-block_tiles // 2)
 
 
-def _launch(body, out_type, sms, trace_dir='', trace_ranges=0):
-  """The kernel over a persistent grid of `sms` blocks. With trace_dir, Mosaic GPU's on-device
-  profiler records each compute warpgroup's prologue, matmul and epilogue of every tile (its
-  clock at their ends: `trace_ranges` ranges per warpgroup, 48 bytes of shared memory per range
-  and block) and writes a Chrome trace there per call (experiments/ffn_kernel_trace.py)."""
+def _launch(body, out_type, sms, tiles, trace_dir=''):
+  """The kernel over a persistent grid of `sms` blocks; out_type's first output is [tokens, mlp]
+  (both kernels'). With trace_dir, Mosaic GPU's on-device profiler records each compute
+  warpgroup's prologue, matmul and epilogue of every tile (its clock at their ends:
+  trace_ranges(...) ranges per warpgroup, 48 bytes of shared memory per range and block) and
+  writes a Chrome trace there per call (experiments/ffn_kernel_trace.py)."""
   plgpu = _plgpu()
-  traced = dict(profile_space=trace_ranges, profile_dir=trace_dir) if trace_dir else {}
+  traced = {}
+  if trace_dir:
+    tokens, mlp = jax.tree.leaves(out_type)[0].shape
+    traced = dict(profile_space=trace_ranges(tokens, mlp, tiles, sms), profile_dir=trace_dir)
   return plgpu.kernel(
       body, out_type=out_type, grid=(sms,), grid_names=('sm',), num_threads=3, thread_name='wg',
       # approx_math: tanh as one tanh.approx.f32 (relative error 2^-11, below bf16's rounding).
@@ -262,8 +266,7 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
                  plgpu.SMEM((2, cols), jnp.float32), plgpu.Barrier(num_barriers=2)))
 
   out = jax.ShapeDtypeStruct((x.shape[0], w1.shape[1]), x.dtype)
-  ranges = trace_ranges(x.shape[0], w1.shape[1], tiles, sms)
-  return _launch(body, (out, out), sms, trace_dir, ranges)(x, w1, b1)
+  return _launch(body, (out, out), sms, tiles, trace_dir)(x, w1, b1)
 
 
 def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
@@ -296,9 +299,7 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
         scratch=(plgpu.SMEM((2, rows, cols), g.dtype, transforms=_swizzled()),
                  plgpu.Barrier(num_barriers=2)))
 
-  ranges = trace_ranges(g.shape[0], g.shape[1], tiles, sms)
-  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms, trace_dir, ranges)(
-      dy, w2.T, g)
+  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms, tiles, trace_dir)(dy, w2.T, g)
 
 
 def gelu_reference(x, w1, b1):

@@ -1,11 +1,12 @@
 """Where `fused_ffn`'s kernels spend their time, from Mosaic GPU's on-device trace (Hopper GPUs).
 
 `python experiments/ffn_kernel_trace.py [--kernel=forward,backward] [--tokens=32768 --embed=768
---mlp=3072] [--tiles=128-128-2-4-8] [--out=results.jsonl]`
+--mlp=3072] [--tiles=128-128-4-4-8] [--out=results.jsonl]`
 
 For each kernel: its time per call untraced (the median of 3 runs of --calls queued calls), then one
-traced call (`trace_dir`: each compute warpgroup's prologue, matmul and epilogue of every tile,
-by the SM's clock), summarised by `summarize` into one JSON line:
+traced call (`trace_dir`: each compute warpgroup's prologue and epilogue of every tile by the SM's
+clock; its matmul is the time between a tile's prologue and its epilogue), summarised by
+`summarize` into one JSON line:
 - per tile, the median cycles of each region;
 - `tensor_core_busy`: per block, the share of its span in which either compute warpgroup was in
   a matmul (the two take turns on the tensor cores), the median over blocks; 1.0 means the
@@ -13,10 +14,10 @@ by the SM's clock), summarised by `summarize` into one JSON line:
 - `epilogue_over_matmul`: the median epilogue over the median matmul. Above 1, a warpgroup's
   epilogue outlasts the other's matmul, so the tensor cores wait for it.
 
-The trace needs 48 bytes of shared memory per range and block: the forward kernel's default
-tiling leaves too little, hence the default --tiles' 2 forward stages (its untraced time is
-printed too, to compare with the default tiling's). The matmul region includes the waits for
-operands (a warpgroup's first stage), so a matmul longer than its FLOPs need points at memory.
+The trace needs 48 bytes of shared memory per range and block, which the default tiling leaves
+(--tiles' untraced time is printed beside the default tiling's). The matmul region includes the
+waits for operands (a warpgroup's first stage), so a matmul longer than its FLOPs need points at
+memory.
 """
 
 import argparse
@@ -35,7 +36,9 @@ REGIONS = ('prologue', 'matmul', 'epilogue')
 
 def intervals(trace: dict) -> dict[tuple[int, int], dict[str, list[tuple[float, float]]]]:
   """A Chrome trace of Mosaic GPU's profiler -> {(block, warpgroup): {region: [(begin, end)]}}
-  (pid is the block's SM, tid its warpgroup; begin and end events nest per thread)."""
+  (pid is the block's SM, tid its warpgroup; begin and end events nest per thread). The kernels
+  record prologues and epilogues; each tile's 'matmul' is added as the span from its prologue's
+  end to its epilogue's begin."""
   open_regions = collections.defaultdict(list)
   out = collections.defaultdict(lambda: collections.defaultdict(list))
   for event in trace['traceEvents']:
@@ -47,6 +50,11 @@ def intervals(trace: dict) -> dict[tuple[int, int], dict[str, list[tuple[float, 
       if name != event['name']:
         raise ValueError(f'trace: {event["name"]!r} ends inside {name!r} on {thread}')
       out[thread][name].append((begin, event['ts']))
+  for regions in out.values():
+    prologues, epilogues = sorted(regions['prologue']), sorted(regions['epilogue'])
+    if len(prologues) != len(epilogues):
+      raise ValueError(f'trace: {len(prologues)} prologues against {len(epilogues)} epilogues')
+    regions['matmul'] = [(p_end, e_begin) for (_, p_end), (e_begin, _) in zip(prologues, epilogues)]
   return out
 
 
@@ -97,7 +105,7 @@ def main():
   parser.add_argument('--tokens', type=int, default=32768, help='Rows (batch x length).')
   parser.add_argument('--embed', type=int, default=768, help='Model width.')
   parser.add_argument('--mlp', type=int, default=3072, help='Feed-forward width.')
-  parser.add_argument('--tiles', default='128-128-2-4-8',
+  parser.add_argument('--tiles', default='128-128-4-4-8',
                       help="fused_ffn.Tiles fields joined by '-'.")
   parser.add_argument('--calls', type=int, default=50, help='Queued calls per timing.')
   parser.add_argument('--out', default='', help='Append the JSON lines here too.')

@@ -87,13 +87,14 @@ def _kernel_eqns(jaxpr):
 
 def test_traced_kernels_ask_the_profiler_for_their_regions(tmp_path):
   """With trace_dir (experiments/ffn_kernel_trace.py) each kernel asks Mosaic GPU's profiler for
-  trace_ranges ranges per warpgroup, written to trace_dir, and its prologue, matmul and epilogue
-  are named regions; without, no profiler. (The traced kernel's lowering needs a GPU backend for
+  trace_ranges ranges per warpgroup, written to trace_dir, and its prologue and epilogue are named
+  regions; without, no profiler. (The traced kernel's lowering needs a GPU backend for
   the profiler's callback, so this checks the traced function.) At Base's shapes a warpgroup
-  takes at most 24 of the 6,144 tiles of 132 blocks."""
+  takes at most 24 of the 6,144 tiles of 132 blocks, two ranges each; the profiler's header
+  takes one range's room."""
   tokens, mlp, embed = 32768, 3072, 768
-  tiles = fused_ffn.Tiles(forward_stages=2)
-  assert fused_ffn.trace_ranges(tokens, mlp, tiles, 132) == 3 * 24
+  tiles = fused_ffn.TILES
+  assert fused_ffn.trace_ranges(tokens, mlp, tiles, 132) == 2 * 24 + 1
   bf16 = jnp.bfloat16
   args = {fused_ffn.gelu_matmul: (jax.ShapeDtypeStruct((tokens, embed), bf16),
                                   jax.ShapeDtypeStruct((embed, mlp), bf16),
@@ -108,15 +109,16 @@ def test_traced_kernels_ask_the_profiler_for_their_regions(tmp_path):
       eqns = list(_kernel_eqns(traced.jaxpr.jaxpr))
       (params,) = [e.params['compiler_params'] for e in eqns if 'compiler_params' in e.params]
       assert (params.profile_space, params.profile_dir) == (
-          (72, trace_dir) if trace_dir else (0, ''))
+          (49, trace_dir) if trace_dir else (0, ''))
       names = {scope.name for e in eqns for scope in e.source_info.name_stack.stack}
-      assert {'prologue', 'matmul', 'epilogue'} <= names
+      assert {'prologue', 'epilogue'} <= names
 
 
 def test_trace_summary_of_two_warpgroups_taking_turns():
   """experiments/ffn_kernel_trace.summarize on a hand-made trace: one block whose two compute
   warpgroups alternate; epilogues of 6 against matmuls of 4 leave the tensor cores idle 2 of
-  every 6 units once the turns settle."""
+  every 6 units once the turns settle. The kernels record prologues and epilogues; the matmuls
+  are the spans between them."""
   import os  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
@@ -131,10 +133,11 @@ def test_trace_summary_of_two_warpgroups_taking_turns():
 
   # wg 0: matmul 0-4, epilogue 4-10, matmul 10-14, epilogue 14-20.
   # wg 1: waits for the tensor cores, matmul 4-8, epilogue 8-14, matmul 14-18, epilogue 18-24.
-  wg0 = ranges(1, [('prologue', 0, 0), ('matmul', 0, 4), ('epilogue', 4, 10),
-                   ('prologue', 10, 10), ('matmul', 10, 14), ('epilogue', 14, 20)])
-  wg1 = ranges(2, [('prologue', 0, 0), ('matmul', 4, 8), ('epilogue', 8, 14),
-                   ('prologue', 14, 14), ('matmul', 14, 18), ('epilogue', 18, 24)])
+  wg0 = ranges(1, [('prologue', 0, 0), ('epilogue', 4, 10), ('prologue', 10, 10),
+                   ('epilogue', 14, 20)])
+  wg1 = ranges(2, [('prologue', 0, 0), ('epilogue', 8, 14), ('prologue', 14, 14),
+                   ('epilogue', 18, 24)])
+  assert ffn_kernel_trace.intervals({'traceEvents': wg1})[(7, 2)]['matmul'] == [(0, 8), (14, 18)]
   summary = ffn_kernel_trace.summarize({'traceEvents': wg0 + wg1})
   assert summary['tiles_traced'] == 4 and summary['blocks'] == 1
   assert summary['matmul_per_tile'] == 4 and summary['epilogue_per_tile'] == 6
@@ -142,17 +145,19 @@ def test_trace_summary_of_two_warpgroups_taking_turns():
   assert summary['block_span'] == 24
   # Matmuls cover 0-8 and 10-18: 16 of 24.
   assert summary['tensor_core_busy'] == pytest.approx(16 / 24)
-  with pytest.raises(ValueError, match="'matmul' ends inside 'epilogue'"):
+  with pytest.raises(ValueError, match="'prologue' ends inside 'epilogue'"):
     ffn_kernel_trace.intervals({'traceEvents': [
         {'name': 'epilogue', 'ph': 'B', 'ts': 0, 'pid': 0, 'tid': 1},
-        {'name': 'matmul', 'ph': 'E', 'ts': 1, 'pid': 0, 'tid': 1}]})
+        {'name': 'prologue', 'ph': 'E', 'ts': 1, 'pid': 0, 'tid': 1}]})
+  with pytest.raises(ValueError, match='2 prologues against 1 epilogues'):
+    ffn_kernel_trace.intervals({'traceEvents': wg0[:6]})
 
 
 @pytest.mark.parametrize('tiles, message', [
     (fused_ffn.Tiles(rows=96), r'tiles.rows=96: must be 64 or 128, dividing tokens \(128\)'),
     (fused_ffn.Tiles(cols=256), r'tiles.cols=256: must be 64 or 128, dividing mlp \(128\)'),
     (fused_ffn.Tiles(forward_stages=0), r'tiles.forward_stages=0: must be at least 1'),
-    (fused_ffn.Tiles(forward_stages=4),
+    (fused_ffn.Tiles(forward_stages=6),
      r'needs 263168 bytes of shared memory in the forward kernel, more than a block'),
     (fused_ffn.Tiles(backward_stages=6),
      r'needs 262144 bytes of shared memory in the backward kernel, more than a block')])

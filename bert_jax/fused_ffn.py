@@ -38,7 +38,7 @@ from bert_jax import layers
 IMPLS = ('xla', 'pallas')
 _SMEM_BYTES = 227 * 1024  # Shared memory of one Hopper block.
 _DEPTH = 64  # Contraction step: one 128-byte swizzled row of bf16.
-_PART = 64  # Rows of a warpgroup's accumulator (wgmma's m64) an epilogue handles at a time.
+_PIECE = 64  # Epilogues work on [64, 64] pieces of a warpgroup's accumulator (fewer registers).
 
 
 class Tiles(NamedTuple):
@@ -57,10 +57,10 @@ TILES = Tiles()
 
 def smem_bytes(tiles: Tiles) -> dict[str, int]:
   """Shared memory each kernel allocates: its operand stages and each compute warpgroup's output
-  buffers (forward: h and g of 64 rows at a time, and the bias; backward: the g tile,
+  buffers (forward: two slots of a [64, 64] piece of h and g, and the bias; backward: the g tile,
   overwritten by dPre)."""
   stage = (tiles.rows * _DEPTH + _DEPTH * tiles.cols) * 2
-  return {'forward': tiles.forward_stages * stage + 2 * (2 * _PART * tiles.cols * 2
+  return {'forward': tiles.forward_stages * stage + 2 * (2 * 2 * _PIECE * _PIECE * 2
                                                          + 4 * tiles.cols),
           'backward': tiles.backward_stages * stage + 2 * tiles.rows * tiles.cols * 2}
 
@@ -113,10 +113,10 @@ def _swizzled():
 
 
 def _pieces(rows, cols):
-  """[64, 64] pieces of a [rows, cols] tile: epilogues work on one at a time (fewer registers)."""
-  for r in range(0, rows, _PART):
-    for c in range(0, cols, 64):
-      yield (slice(r, r + _PART), slice(c, c + 64))
+  """[64, 64] pieces of a [rows, cols] tile, row by row: epilogues work on one at a time."""
+  for r in range(0, rows, _PIECE):
+    for c in range(0, cols, _PIECE):
+      yield (slice(r, r + _PIECE), slice(c, c + _PIECE))
 
 
 def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch, prologue,
@@ -210,10 +210,10 @@ def _pingpong_matmul(a_gmem, b_gmem, *, rows, cols, stages, snake, sms, scratch,
 
 def trace_ranges(tokens: int, mlp: int, tiles: Tiles, sms: int) -> int:
   """Room for the ranges a compute warpgroup records in a trace of either kernel: two (prologue,
-  epilogue) per tile it takes, for the block with the most tiles, and one more for the
-  profiler's own three entries per warpgroup (a range takes four)."""
+  epilogue) per tile it takes, for the block with the most tiles, and two more: the profiler's
+  own 'Init' range and its three header entries (a range takes four)."""
   block_tiles = -(-(tokens // tiles.rows) * (mlp // tiles.cols) // sms)
-  return 2 * -(-block_tiles // 2) + 1
+  return 2 * -(-block_tiles // 2) + 2
 
 
 def _launch(body, out_type, sms, tiles, trace_dir=''):
@@ -245,34 +245,37 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
   rows, cols = tiles.rows, tiles.cols
 
   def body(x_gmem, w1_gmem, b1_gmem, h_gmem, g_gmem):
+    pieces = list(_pieces(rows, cols))
+    # Stores in flight while the next piece is written: the last piece's two, in the other slot
+    # (a [64, 64] tiling, one piece a tile, has one slot in use and waits for it).
+    in_flight = 2 if len(pieces) % 2 == 0 else 0
+
     def prologue(r, c, wg, scratch):
-      out_smem, b1_smem, fetched = scratch
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # Its last tile's h and g have left.
+      _, b1_smem, fetched = scratch
       plgpu.copy_gmem_to_smem(b1_gmem.at[c], b1_smem.at[wg], fetched.at[wg])
 
     def epilogue(acc, r, c, wg, scratch):
-      # h and g leave 64 rows at a time through a buffer of 64 rows (half a [128, cols] tile's
-      # room, which buys the operands a fourth stage: 0.37 -> 0.29 ms at Base, H100).
+      # h and g leave a [64, 64] piece at a time through two slots, so the stores run under the
+      # next piece's arithmetic and the buffers leave room for a fourth operand stage (whole
+      # [128, 128] tiles and three stages: 0.37 -> 0.29 ms at Base, H100).
       out_smem, b1_smem, fetched = scratch
       plgpu.barrier_wait(fetched.at[wg])
-      for start in range(0, rows, _PART):
-        if start:
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last part has left the buffer.
-        for col in range(0, cols, 64):
-          cols_slice = slice(col, col + 64)
-          bias = lax.broadcast_in_dim(b1_smem[wg, cols_slice], (_PART, 64), (1,))
-          h, g = layers.gelu_tanh_and_grad(acc[start:start + _PART, cols_slice] + bias)
-          out_smem[wg, 0, :, cols_slice] = h.astype(out_smem.dtype)
-          out_smem[wg, 1, :, cols_slice] = g.astype(out_smem.dtype)
+      for i, (rows_slice, cols_slice) in enumerate(pieces):
+        slot = i % 2
+        plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)  # This slot's last stores left.
+        bias = lax.broadcast_in_dim(b1_smem[wg, cols_slice], (_PIECE, _PIECE), (1,))
+        h, g = layers.gelu_tanh_and_grad(acc[rows_slice, cols_slice] + bias)
+        out_smem[wg, slot, 0] = h.astype(out_smem.dtype)
+        out_smem[wg, slot, 1] = g.astype(out_smem.dtype)
         plgpu.commit_smem()
-        part = pl.ds(r.start + start, _PART)
-        plgpu.copy_smem_to_gmem(out_smem.at[wg, 0], h_gmem.at[part, c])
-        plgpu.copy_smem_to_gmem(out_smem.at[wg, 1], g_gmem.at[part, c])
+        at = (pl.ds(r.start + rows_slice.start, _PIECE), pl.ds(c.start + cols_slice.start, _PIECE))
+        plgpu.copy_smem_to_gmem(out_smem.at[wg, slot, 0], h_gmem.at[at])
+        plgpu.copy_smem_to_gmem(out_smem.at[wg, slot, 1], g_gmem.at[at])
 
     _pingpong_matmul(
         x_gmem, w1_gmem, rows=rows, cols=cols, stages=tiles.forward_stages, snake=tiles.snake,
         sms=sms, prologue=prologue, epilogue=epilogue,
-        scratch=(plgpu.SMEM((2, 2, _PART, cols), x.dtype, transforms=_swizzled()),
+        scratch=(plgpu.SMEM((2, 2, 2, _PIECE, _PIECE), x.dtype, transforms=_swizzled()),
                  plgpu.SMEM((2, cols), jnp.float32), plgpu.Barrier(num_barriers=2)))
 
   out = jax.ShapeDtypeStruct((x.shape[0], w1.shape[1]), x.dtype)
@@ -295,13 +298,17 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
       plgpu.copy_gmem_to_smem(g_gmem.at[r, c], g_smem.at[wg], fetched.at[wg])
 
     def epilogue(acc, r, c, wg, scratch):
+      # dPre leaves 64 rows at a time, each part's store running under the next's arithmetic.
       g_smem, fetched = scratch
       plgpu.barrier_wait(fetched.at[wg])
-      for piece in _pieces(rows, cols):
-        grad = g_smem[(wg,) + piece].astype(jnp.float32)
-        g_smem[(wg,) + piece] = (acc[piece] * grad).astype(g_smem.dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(g_smem.at[wg], dpre_gmem.at[r, c])
+      for start in range(0, rows, _PIECE):
+        for col in range(0, cols, _PIECE):
+          piece = (slice(start, start + _PIECE), slice(col, col + _PIECE))
+          grad = g_smem[(wg,) + piece].astype(jnp.float32)
+          g_smem[(wg,) + piece] = (acc[piece] * grad).astype(g_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(g_smem.at[wg, start:start + _PIECE],
+                                dpre_gmem.at[pl.ds(r.start + start, _PIECE), c])
 
     _pingpong_matmul(
         dy_gmem, w2t_gmem, rows=rows, cols=cols, stages=tiles.backward_stages,

@@ -1,7 +1,7 @@
 """Which cuBLASLt epilogues XLA fuses into the feed-forward block, and what they save.
 
 `XLA_FLAGS=... python experiments/epilogue_probe.py --gelu=jax|vjp|fused [--tokens=16384]
-[--embed=1024 --mlp=4096] [--tiles=128-128-3-4-8,...]` times the
+[--embed=1024 --mlp=4096] [--tiles=128-128-4-4-8,...]` times the
 forward+backward of bf16 `gelu_tanh(x @ W1 + b1) @ W2 + b2` (fp32 parameters cast to bf16, as in
 the model) at BERT-Large's FFN width and prints one JSON line: milliseconds per call (20 queued
 calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.

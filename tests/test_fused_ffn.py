@@ -247,3 +247,24 @@ def test_fused_ffn_on_a_gpu_before_hopper_is_refused(monkeypatch):
   config.model.ffn_impl = 'xla'  # The Triton kernels need no Hopper.
   config.model.layer_norm_impl = 'pallas'
   config_lib.check_gpu_kernels(config)
+
+
+def test_epilogue_variants_lower_for_a_cuda_device():
+  """experiments/ffn_epilogue_variants.py: each variant of the forward kernel's epilogue lowers
+  to Mosaic GPU with its number of outputs (it runs on Hopper GPUs only), and an unknown one is
+  named."""
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import ffn_epilogue_variants  # pylint: disable=g-import-not-at-top
+
+  bf16 = jnp.bfloat16
+  args = (jax.ShapeDtypeStruct((1024, 256), bf16), jax.ShapeDtypeStruct((256, 512), bf16),
+          jax.ShapeDtypeStruct((512,), jnp.float32))
+  for variant in ffn_epilogue_variants.VARIANTS:
+    fn = functools.partial(ffn_epilogue_variants.variant_matmul, variant, stages=3, sms=132)
+    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=('cuda',))
+    assert 'mosaic_gpu' in lowered.as_text()
+    assert len(jax.tree.leaves(lowered.out_info)) == (1 if variant in ('out1', 'gelu_h') else 2)
+  with pytest.raises(ValueError, match=r"variant='gelu'; valid: \('out1', 'out2'"):
+    ffn_epilogue_variants.variant_matmul('gelu', *args, stages=3, sms=132)

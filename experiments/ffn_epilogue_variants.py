@@ -18,7 +18,6 @@ prints its error instead. perf_notes.md, fourteenth session, has what these meas
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -92,7 +91,7 @@ def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
-  from fused_norm_bench import timed  # pylint: disable=g-import-not-at-top
+  from fused_norm_bench import emit, timed  # pylint: disable=g-import-not-at-top
 
   if not fused_ffn.on_hopper():
     raise SystemExit(f'the kernels need an NVIDIA Hopper GPU; this run has {jax.devices()[0]}.')
@@ -125,11 +124,7 @@ def main():
             record['max_diff'] = max(
                 float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                 for a, b in zip(out, reference))
-        line = json.dumps(record)
-        print(line, flush=True)
-        if flags.out:
-          with open(flags.out, 'a') as f:
-            f.write(line + '\n')
+        emit(record, flags.out)
 
 
 if __name__ == '__main__':

@@ -113,7 +113,7 @@ def main():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
-  from fused_norm_bench import timed  # pylint: disable=g-import-not-at-top
+  from fused_norm_bench import emit, timed  # pylint: disable=g-import-not-at-top
 
   if not fused_ffn.on_hopper():
     raise SystemExit(f'the kernels need an NVIDIA Hopper GPU; this run has {jax.devices()[0]}.')
@@ -146,13 +146,8 @@ def main():
         raise SystemExit(f'no trace in {trace_dir}: {os.listdir(trace_dir)}')
       with open(paths[-1]) as f:
         summary = summarize(json.load(f))
-    line = json.dumps({'device': jax.devices()[0].device_kind, 'kernel': name, 'tokens': tokens,
-                       'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **untraced,
-                       **summary})
-    print(line, flush=True)
-    if flags.out:
-      with open(flags.out, 'a') as f:
-        f.write(line + '\n')
+    emit({'device': jax.devices()[0].device_kind, 'kernel': name, 'tokens': tokens,
+          'embed': embed, 'mlp': mlp, 'tiles': tiles._asdict(), **untraced, **summary}, flags.out)
 
 
 if __name__ == '__main__':

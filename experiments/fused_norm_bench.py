@@ -35,6 +35,15 @@ def timed(fn, *args, calls=20, repeats=5):
   return out, 1e3 * float(np.median(times))
 
 
+def emit(record: dict, out: str = '') -> None:
+  """Prints `record` as one JSON line, and appends it to the file `out` when given."""
+  line = json.dumps(record)
+  print(line, flush=True)
+  if out:
+    with open(out, 'a', encoding='utf-8') as f:
+      f.write(line + '\n')
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--shapes', default='16384:1024,65536:1024,32768:768')

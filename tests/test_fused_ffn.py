@@ -3,6 +3,8 @@ kernels' places are taken by gelu_reference and dgelu_reference; the kernels nee
 and are lowered to Mosaic GPU here), its input checks, and the model with `ffn_impl='pallas'`."""
 
 import functools
+import os
+import sys
 
 import flax.linen as nn
 import jax
@@ -14,6 +16,11 @@ from bert_jax import config_lib
 from bert_jax import fused_ffn
 from bert_jax import model as model_lib
 from configs import tiny
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'experiments'))
+import ffn_epilogue_variants  # pylint: disable=g-import-not-at-top,wrong-import-position
+import ffn_kernel_trace  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TOKENS, MLP, EMBED = 128, 128, 64  # The smallest shapes the default tiling divides.
 
@@ -119,10 +126,6 @@ def test_trace_summary_of_two_warpgroups_taking_turns():
   warpgroups alternate; epilogues of 6 against matmuls of 4 leave the tensor cores idle 2 of
   every 6 units once the turns settle. The kernels record prologues and epilogues; the matmuls
   are the spans between them."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
-  import ffn_kernel_trace  # pylint: disable=g-import-not-at-top
 
   def ranges(tid, spans):
     events = []
@@ -253,10 +256,6 @@ def test_epilogue_variants_lower_for_a_cuda_device():
   """experiments/ffn_epilogue_variants.py: each variant of the forward kernel's epilogue lowers
   to Mosaic GPU with its number of outputs (it runs on Hopper GPUs only), and an unknown one is
   named."""
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
-  import ffn_epilogue_variants  # pylint: disable=g-import-not-at-top
 
   bf16 = jnp.bfloat16
   args = (jax.ShapeDtypeStruct((1024, 256), bf16), jax.ShapeDtypeStruct((256, 512), bf16),

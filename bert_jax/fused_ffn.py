@@ -303,14 +303,14 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
       # dPre leaves 64 rows at a time, each part's store running under the next's arithmetic.
       g_smem, fetched = scratch
       plgpu.barrier_wait(fetched.at[wg])
-      for start in range(0, rows, _PIECE):
-        for col in range(0, cols, _PIECE):
-          piece = (slice(start, start + _PIECE), slice(col, col + _PIECE))
-          grad = g_smem[(wg,) + piece].astype(jnp.float32)
-          g_smem[(wg,) + piece] = (acc[piece] * grad).astype(g_smem.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(g_smem.at[wg, start:start + _PIECE],
-                                dpre_gmem.at[pl.ds(r.start + start, _PIECE), c])
+      for rows_slice, cols_slice in _pieces(rows, cols):
+        piece = (wg, rows_slice, cols_slice)
+        grad = g_smem[piece].astype(jnp.float32)
+        g_smem[piece] = (acc[rows_slice, cols_slice] * grad).astype(g_smem.dtype)
+        if cols_slice.stop == cols:  # The part's last piece: its 64 rows leave.
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(g_smem.at[wg, rows_slice],
+                                  dpre_gmem.at[pl.ds(r.start + rows_slice.start, _PIECE), c])
 
     _pingpong_matmul(
         dy_gmem, w2t_gmem, rows=rows, cols=cols, stages=tiles.backward_stages,

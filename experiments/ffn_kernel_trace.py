@@ -9,8 +9,10 @@ clock; its matmul is the time between a tile's prologue and its epilogue), summa
 `summarize` into one JSON line:
 - per tile, the median cycles of each region;
 - `tensor_core_busy`: per block, the share of its span in which either compute warpgroup was in
-  a matmul (the two take turns on the tensor cores), the median over blocks; 1.0 means the
-  epilogues are hidden, and what is missing is time with no matmul running;
+  a matmul (the two take turns on the tensor cores), the median over blocks. A matmul span
+  includes its waits for operands, i.e. for the other warpgroup's matmul, so this is the share
+  with a matmul pending, not a measure of the tensor cores' rate: 1.0 means the epilogues are
+  hidden, and below 1.0 the tensor cores had nothing queued;
 - `epilogue_over_matmul`: the median epilogue over the median matmul. Above 1, a warpgroup's
   epilogue outlasts the other's matmul, so the tensor cores wait for it.
 

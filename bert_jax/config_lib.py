@@ -17,6 +17,7 @@ VALID_CHOICES = {
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'model.layer_norm_impl': ('xla', 'pallas'),
     'model.ffn_impl': ('xla', 'pallas'),
+    'model.long_attention_backward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -228,6 +229,15 @@ def _check_model(model, lengths) -> None:
         f"config.model.ffn_impl='pallas' computes the tanh GELU (its kernel's gradient); got "
         f"config.model.gelu={model.gelu!r}. Set gelu='tanh' (the original BERT code's), or "
         "ffn_impl='xla'.")
+  if (model.get('long_attention_backward', 'triton') == 'mosaic'
+      and model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads):
+    head_dim = model.hidden_size // model.num_heads
+    if model.dtype == 'float32' or head_dim not in (64, 128):
+      raise ConfigError(
+          "config.model.long_attention_backward='mosaic' takes 16-bit compute and heads of 64 "
+          f'or 128 (wgmma); got config.model.dtype={model.dtype!r}, head size {head_dim} '
+          f'(hidden_size {model.hidden_size} / num_heads {model.num_heads}). Use '
+          "long_attention_backward='triton'.")
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
@@ -303,8 +313,8 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 def check_gpu_kernels(config) -> None:
   """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
-  ffn_impl 'pallas' a Mosaic GPU kernel: Hopper GPUs only (any number: on a mesh each GPU runs
-  them on its rows of the batch under shard_map)."""
+  ffn_impl 'pallas' and long_attention_backward 'mosaic' Mosaic GPU kernels: Hopper GPUs only
+  (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
@@ -316,12 +326,16 @@ def check_gpu_kernels(config) -> None:
         raise ConfigError(
             f"config.model.{key}='pallas' runs {kernels}; this run has {count} {backend} "
             f"device(s). Use {key}='xla' (any device, any mesh).")
-  elif config.model.get('ffn_impl', 'xla') == 'pallas' and not fused_ffn.on_hopper():
-    device = jax.devices()[0]
-    raise ConfigError(
-        f"config.model.ffn_impl='pallas' runs a Mosaic GPU kernel (wgmma, TMA) on NVIDIA Hopper "
-        f"GPUs (compute capability 9.x); this run has {device.device_kind} (compute capability "
-        f"{getattr(device, 'compute_capability', '?')}). Use ffn_impl='xla'.")
+    return
+  mosaic = (('ffn_impl', 'pallas', "ffn_impl='xla'"),
+            ('long_attention_backward', 'mosaic', "long_attention_backward='triton'"))
+  for key, value, instead in mosaic:
+    if config.model.get(key, None) == value and not fused_ffn.on_hopper():
+      device = jax.devices()[0]
+      raise ConfigError(
+          f"config.model.{key}='{value}' runs a Mosaic GPU kernel (wgmma, TMA) on NVIDIA Hopper "
+          f"GPUs (compute capability 9.x); this run has {device.device_kind} (compute "
+          f"capability {getattr(device, 'compute_capability', '?')}). Use {instead}.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).

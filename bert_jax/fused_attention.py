@@ -246,7 +246,10 @@ class LongBlocks(NamedTuple):
   """Tiling of the kernels for rows longer than MAX_LENGTH (flash attention: running softmax
   over key blocks). forward: programs of `forward_queries` queries, steps of `forward_keys` keys;
   backward: each program takes `backward_block` keys (their dK, dV, stepping over the queries)
-  and as many queries (their dQ, stepping over the keys), `backward_step` at a time."""
+  and as many queries (their dQ, stepping over the keys), `backward_step` at a time.
+  `backward`: 'triton' (the Pallas Triton kernel below) or 'mosaic' (bert_jax.flash_backward:
+  Hopper's wgmma; one warpgroup of `backward_block` keys per 4 of `backward_warps`, `stages`
+  steps of operands in flight)."""
   forward_queries: int = 128
   forward_keys: int = 64
   backward_block: int = 64
@@ -254,9 +257,20 @@ class LongBlocks(NamedTuple):
   forward_warps: int = 8
   backward_warps: int = 4
   stages: int = 3
+  backward: str = 'triton'
 
 
 LONG_BLOCKS = LongBlocks()
+# The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
+MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
+LONG_BACKWARDS = ('triton', 'mosaic')
+
+
+def long_blocks(backward: str) -> LongBlocks:
+  """The tiling of rows over MAX_LENGTH with this backward (LONG_BACKWARDS)."""
+  if backward not in LONG_BACKWARDS:
+    raise ValueError(f'backward={backward!r}; valid: {LONG_BACKWARDS}')
+  return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
 
 
 def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
@@ -366,10 +380,32 @@ def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBloc
   )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
 
 
+def _mosaic_tiles(blocks: LongBlocks):
+  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  return flash_backward.Tiles(block=blocks.backward_block, step=blocks.backward_step,
+                              warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
+
+
+def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
+                     blocks: LongBlocks):
+  """As _long_backward by bert_jax.flash_backward's kernel; rowsum(dO * O) by XLA, once per
+  query; the column sums over the whole batch, [1, heads, 1, head_dim] each (XLA's)."""
+  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
+  dqkv = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
+                                 threshold=threshold, tiles=_mosaic_tiles(blocks),
+                                 interpret=interpret)
+  sums = jnp.sum(dqkv, axis=(0, 1), dtype=jnp.float32)[:, None, :, None, :]  # [3, 1, heads, 1, d]
+  return (dqkv, *sums)
+
+
 def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
                    blocks: LongBlocks):
   """As _pallas_backward; the column sums come per block of tokens [batch, heads, blocks,
   head_dim]."""
+  if blocks.backward == 'mosaic':
+    return _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
+                            blocks)
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
@@ -430,7 +466,7 @@ def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks):
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 
 
-def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
+def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
   """Tilings the flash kernels compute correctly at `length` (a power of two over MAX_LENGTH):
   blocks and steps powers of two from 16 (Triton's smallest dot) to the row; warps powers of
   two; stages at least 1."""
@@ -445,6 +481,14 @@ def _check_long_blocks(blocks: LongBlocks, length: int) -> None:
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
+  if blocks.backward not in LONG_BACKWARDS:
+    raise ValueError(f'long_blocks.backward={blocks.backward!r}; valid: {LONG_BACKWARDS}')
+  if blocks.backward == 'mosaic':
+    if blocks.backward_warps not in (4, 8):
+      raise ValueError(f"long_blocks.backward_warps={blocks.backward_warps}: backward='mosaic' "
+                       'takes 4 or 8 (one or two compute warpgroups).')
+    from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+    flash_backward.check_tiles(_mosaic_tiles(blocks), length, head_dim)
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
@@ -480,7 +524,10 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
                      f'got {keys.dtype} {keys.shape}.')
   blocks = LongBlocks(*(long_blocks or LONG_BLOCKS))
   if length > MAX_LENGTH:
-    _check_long_blocks(blocks, length)
+    _check_long_blocks(blocks, length, head_dim)
+    if blocks.backward == 'mosaic' and jnp.dtype(qkv.dtype).itemsize != 2:
+      raise ValueError(f"long_blocks.backward='mosaic' takes 16-bit q, k, v (wgmma); got "
+                       f"{qkv.dtype}. Use backward='triton'.")
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.

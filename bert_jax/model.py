@@ -51,6 +51,9 @@ class BertConfig:
   # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
   # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU).
   attention_impl: str = 'xla'
+  # The backward of rows over 128 tokens with attention_impl='pallas': 'triton' or 'mosaic'
+  # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/flash_backward.py, Hopper GPUs).
+  long_attention_backward: str = 'triton'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
@@ -149,7 +152,8 @@ class BertSelfAttention(nn.Module):
       keys = None
       if fused_attention.dropout_threshold(rate) > 0:
         keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
-      return kernel_attention(qkv, jnp.stack(biases), bias, keys, rate=rate)
+      return kernel_attention(qkv, jnp.stack(biases), bias, keys, rate=rate,
+                              long_blocks=fused_attention.long_blocks(cfg.long_attention_backward))
     project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         heads, ('embed', 'heads', 'kv'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
@@ -199,16 +203,17 @@ def _on_each_device(kernel, args, in_specs, out_specs, *, whole: dict, setting: 
                        check_vma=False)(*args)
 
 
-def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float):
+def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
+                     long_blocks: fused_attention.LongBlocks | None = None):
   """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
   devices each runs the kernels on its rows and heads, under shard_map.
 
   qkv: [batch, length, 3, heads, head_dim] before the bias; qkv_bias: [3, heads, head_dim] (the
   parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
   [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
-  depend on the mesh).
+  depend on the mesh); long_blocks: the tiling of rows over 128 (fused_attention's default).
   """
-  attend = functools.partial(fused_attention.attention_qkv, rate=rate,
+  attend = functools.partial(fused_attention.attention_qkv, rate=rate, long_blocks=long_blocks,
                              interpret=jax.default_backend() != 'gpu')
   heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
   spec = jax.sharding.PartitionSpec

@@ -59,6 +59,10 @@ def get_config(arg=None):
   # bert_jax.fused_attention for rows of 16-512 tokens, powers of two (head size too), packed or
   # not, and cuDNN for other rows (cuDNN's conditions apply when the run has such rows).
   model.attention_impl = 'xla'
+  # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (the Pallas
+  # Triton kernel) or 'mosaic' (bert_jax/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
+  # and 16-bit compute only).
+  model.long_attention_backward = 'triton'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'

@@ -20,6 +20,9 @@ Differs from configs/large.py only in how the same function is computed:
   Hopper GPUs only: on an A100 or older pass --config.model.ffn_impl=xla, which the run's check
   advises before compiling). On an H200 +1.4-2.4% a step at Base 128 and +1.9% at Large 128; on an
   H100 at Large 512 387 against 386 seq/s without (experiments/perf_notes.md);
+- the attention backward of rows over 128 tokens (phase 2's 512) in a Mosaic GPU kernel
+  (long_attention_backward='mosaic', bert_jax/flash_backward.py; Hopper GPUs only, as ffn_impl):
+  on an H100 the step at Large 32 x 512 79.8 -> 77.7 ms in one call (experiments/perf_notes.md);
 - every matmul of the train step on cuBLAS (train.xla_options turns XLA's Triton gemms off), so
   that XLA folds bias adds and the GELU into cuBLASLt epilogues (with the tanh GELU's custom
   VJP, 1,622 -> 1,654 seq/s on an H100; experiments/perf_notes.md).
@@ -32,7 +35,8 @@ from configs import base, large
 def get_config(arg=None):
   config = large.get_config()
   config.model.update(dtype='bfloat16', attention_impl='pallas', scan_layers=False, gelu='tanh',
-                      layer_norm_impl='pallas', flat_matmuls=True, ffn_impl='pallas')
+                      layer_norm_impl='pallas', flat_matmuls=True, ffn_impl='pallas',
+                      long_attention_backward='mosaic')
   config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
   if arg:
     base.apply_arguments(config, arg)

@@ -34,7 +34,8 @@ _CHECKS = flags.DEFINE_integer(
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
-    "fused_attention.MAX_LENGTH, each its seven fields joined by '-' (default: LONG_BLOCKS).")
+    "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
+    "'triton' or 'mosaic') optional (default: LONG_BLOCKS).")
 _PALLAS = flags.DEFINE_list(
     'pallas', ['128x128w8s2'], "JAX's Pallas flash attention configurations to time, each "
     "'{block_q}x{block_k}w{num_warps}s{num_stages}'.")
@@ -74,7 +75,7 @@ def main(argv):
   else:
     specs = _LONG.value or ['-'.join(map(str, fused_attention.LONG_BLOCKS))]
     tilings = {spec.replace('-', '_'): {'long_blocks': fused_attention.LongBlocks(
-        *map(int, spec.split('-')))} for spec in specs}
+        *(int(p) if p.isdigit() else p for p in spec.split('-')))} for spec in specs}
   for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
     for label, tiling in tilings.items():
       impls[f'ours_dropout{rate}_{label}'] = functools.partial(

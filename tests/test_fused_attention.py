@@ -48,7 +48,9 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
-    (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None)])
+    (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None),
+    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups.
+    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS)])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
@@ -61,6 +63,38 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate)
   np.testing.assert_allclose(as32(out), as32(out_ref), rtol=tol, atol=tol)
   for name, a, b in zip('qkv', grads, grads_ref):
     np.testing.assert_allclose(as32(a), as32(b), rtol=tol, atol=tol * 4, err_msg=f'd{name}')
+
+
+def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
+  """flash_backward with one compute warpgroup of 128 keys, stepping 64 at a time (its pipeline
+  indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter."""
+  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=512, head_dim=64)
+  q, k, v, segment_ids, tile_keys, cotangent = (
+      x[:1, :, :1] if x.ndim == 4 else x[:1] if x.ndim == 2 else x[:1, :1]
+      for x in (q, k, v, segment_ids, tile_keys, cotangent))
+  blocks = fused_attention.MOSAIC_LONG_BLOCKS._replace(backward_block=128, backward_warps=4)
+  _, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, 0.1)
+  _, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, 0.1, blocks)
+  for name, a, b in zip('qkv', grads, grads_ref):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2,
+                               atol=8e-2, err_msg=f'd{name}')
+
+
+def test_mosaic_backward_lowers_for_a_cuda_device_at_berts_phase_2_shape():
+  """The gradient with the Mosaic GPU backward lowers for CUDA here: its kernel (the forward's
+  Triton kernel beside it) at Large's heads, rows of 512."""
+  qkv = jax.ShapeDtypeStruct((2, 512, 3, 16, 64), jnp.bfloat16)
+  args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
+          jax.ShapeDtypeStruct((2, 512), jnp.int32), jax.ShapeDtypeStruct((2, 16, 1), jnp.uint32))
+
+  def loss(qkv, bias, segment_ids, keys):
+    out = fused_attention.attention_qkv(qkv, bias, segment_ids, keys, rate=0.1,
+                                        long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
+    return jnp.sum(out.astype(jnp.float32))
+  lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
+      lowering_platforms=('cuda',))
+  assert 'mosaic_gpu' in lowered.as_text()
+  assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
 
 
 def test_flash_kernels_take_rows_whose_real_tokens_come_last():
@@ -202,7 +236,15 @@ def test_bad_shapes_are_named():
       (fused_attention.LongBlocks(backward_step=8), r'backward_step=8: must be a power of two '
        r'from 16'),
       (fused_attention.LongBlocks(forward_warps=6), r'forward_warps=6: must be a power of two'),
-      (fused_attention.LongBlocks(stages=0), r'stages=0: must be at least 1')):
+      (fused_attention.LongBlocks(stages=0), r'stages=0: must be at least 1'),
+      (fused_attention.LongBlocks(backward='cuda'), r"backward='cuda'; valid: \('triton', "
+       r"'mosaic'\)"),
+      (fused_attention.MOSAIC_LONG_BLOCKS._replace(backward_warps=16),
+       r"backward_warps=16: backward='mosaic' takes 4 or 8"),
+      (fused_attention.MOSAIC_LONG_BLOCKS._replace(backward_block=32),
+       r'tiles.block=32: must be 64 or 128'),
+      (fused_attention.MOSAIC_LONG_BLOCKS, r'head_dim=16: the Mosaic GPU backward takes 64 or '
+       r'128')):
     with pytest.raises(ValueError, match=message):
       fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, long_blocks=blocks)
   assert all(fused_attention.supported(n, 64) for n in (16, 128, 256, 512))
@@ -293,6 +335,27 @@ def test_pallas_attention_is_refused_off_gpus():
                      match="attention_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
                            r"this run has 1 cpu device\(s\). Use attention_impl='xla'"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
+
+
+def test_mosaic_long_backward_is_checked_before_compiling():
+  config = tiny.get_config()  # Heads of 64.
+  config.model.update(attention_impl='pallas', scan_layers=False,
+                      long_attention_backward='mosaic')
+  with pytest.raises(config_lib.ConfigError, match="long_attention_backward='mosaic' takes 16-bit "
+                     r"compute .* got config.model.dtype='float32', head size 64"):
+    config_lib.validate(config)
+  config.model.update(dtype='bfloat16', hidden_size=96, num_heads=3, intermediate_size=384)
+  with pytest.raises(config_lib.ConfigError, match=r"got config.model.dtype='bfloat16', head "
+                     r'size 32 \(hidden_size 96 / num_heads 3\)'):
+    config_lib.validate(config)
+  config.model.update(long_attention_backward='cute')
+  with pytest.raises(config_lib.ConfigError, match='long_attention_backward'):
+    config_lib.validate(config)
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32, length=256, head_dim=64)
+  with pytest.raises(ValueError, match=r"backward='mosaic' takes 16-bit q, k, v \(wgmma\); got "
+                     'float32'):
+    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1,
+                              long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
 
 
 def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():

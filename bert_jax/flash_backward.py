@@ -1,0 +1,261 @@
+"""The backward of the flash attention kernels (rows over 128 tokens) as one Pallas Mosaic GPU
+kernel: Hopper's wgmma from shared memory fed by TMA, a memory warpgroup running ahead of the
+compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`).
+
+Its function is `fused_attention._long_backward`'s (the Triton kernel's): the same masks, the same
+dropout draws, the same gradients, from the forward's saved log-sum-exp (base 2). Each block of
+the grid (head, tile, row) has `warpgroups` compute warpgroups of `block` keys and queries each:
+
+  dK, dV  each warpgroup holds its keys' k and v in shared memory and steps over every query of
+          the row, `step` at a time: the scores transposed [keys, queries] (so that dV = P^T dO
+          and dK = dS^T Q take the probabilities from registers), dP^T = V dO^T
+  dQ      then holds its queries' q and dO and steps over every key: S = Q K^T, dP = dO V^T,
+          dQ = dS K
+
+rowsum(dO * O) comes computed once per query (`delta`, an XLA fusion) instead of once per
+program. The probabilities of the dQ pass are recomputed, as in the Triton kernel: two matmuls
+of seven (cuDNN adds dQ across programs with atomics, which Pallas does not offer at speed).
+Needs an NVIDIA Hopper GPU and 16-bit q, k, v; the layout is `fused_attention`'s packed
+[batch, length, 3, heads, head_dim].
+"""
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+from jax import lax
+import jax.experimental.pallas as pl
+import jax.numpy as jnp
+
+from bert_jax import fused_norm
+
+_MASKED = -1e30  # As fused_attention's: exp2 of it underflows to 0.
+
+
+class Tiles(NamedTuple):
+  """Each of `warpgroups` compute warpgroups takes `block` keys (dK, dV) and `block` queries
+  (dQ); the memory warpgroup streams `step` queries or keys at a time, `stages` steps ahead."""
+  block: int = 64
+  step: int = 64
+  warpgroups: int = 2
+  stages: int = 2
+
+
+TILES = Tiles()
+
+
+def check_tiles(tiles: Tiles, length: int, head_dim: int) -> None:
+  """Tilings the kernel computes at `length` and `head_dim`: block and step 64 (a warpgroup's
+  wgmma rows; 128 for block) dividing the row, warpgroups 1 or 2 with block * warpgroups
+  dividing it, stages at least 2, head_dim 64 or 128 (one or two 128-byte swizzled rows)."""
+  if tiles.block not in (64, 128) or length % (tiles.block * tiles.warpgroups):
+    raise ValueError(f'tiles.block={tiles.block}: must be 64 or 128, with block * warpgroups '
+                     f'({tiles.block * tiles.warpgroups}) dividing the row length {length}.')
+  if tiles.step not in (64, 128) or length % tiles.step:
+    raise ValueError(f'tiles.step={tiles.step}: must be 64 or 128, dividing the row length '
+                     f'{length}.')
+  if tiles.warpgroups not in (1, 2):
+    raise ValueError(f'tiles.warpgroups={tiles.warpgroups}: must be 1 or 2.')
+  if tiles.stages < 2:
+    raise ValueError(f'tiles.stages={tiles.stages}: must be at least 2.')
+  if head_dim not in (64, 128):
+    raise ValueError(f'head_dim={head_dim}: the Mosaic GPU backward takes 64 or 128.')
+
+
+def _plgpu():
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  return plgpu
+
+
+def _interpret_params():
+  # Not yet exported by jax.experimental.pallas.mosaic_gpu (jax 0.10).
+  from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=g-import-not-at-top
+  return params.InterpretGPUParams()
+
+
+def _draws_kept(key, queries, keys, length: int, threshold: int):
+  """fused_attention.keep_mask at these queries and keys (uint32 arrays of one shape): the 16-bit
+  draw of index query * length + key is the low (even key) or high (odd key) half of
+  fused_norm.pair_draws(key, index // 2)."""
+  index = queries * jnp.uint32(length) + keys
+  hashed = fused_norm.pair_draws(key, index >> 1)
+  draw = jnp.where((index & 1) == 1, hashed >> 16, hashed & jnp.uint32(fused_norm.DRAW_RANGE - 1))
+  return draw >= jnp.uint32(threshold)
+
+
+def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
+             interpret: bool = False):
+  """dqkv [batch, length, 3, heads, head_dim] in qkv's dtype.
+
+  qkv: the forward's packed projection (bias added); segment_ids [batch, length] int32; keys:
+  [batch, heads, 1] uint32 (ignored when threshold is 0); lse: the forward's base-2 log-sum-exp
+  [batch, heads, length] float32; delta: rowsum(dO * O) [batch, heads, length] float32; do:
+  [batch, length, heads, head_dim]. interpret: run on Mosaic GPU's interpreter (any device; slow,
+  for tests)."""
+  plgpu = _plgpu()
+  batch, length, _, heads, head_dim = qkv.shape
+  check_tiles(tiles, length, head_dim)
+  block, step, wgs = tiles.block, tiles.step, tiles.warpgroups
+  dtype = qkv.dtype
+  scale = 1.0 / head_dim ** 0.5
+  log2_scale = scale * math.log2(math.e)
+  keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
+  swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  wgmma_rows, wgmma_cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+
+  def load(ref, layout):
+    # A [n] vector in the layout of a WGMMA tile's rows or columns (the interpreter has no
+    # plgpu.load; it ignores layouts).
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def wgmma_layout(x):
+    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
+  def iota(shape, dim):
+    return wgmma_layout(lax.broadcasted_iota(jnp.uint32, shape, dim))
+
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref,
+             tiles_smem, seg_smem, stats_smem, fetched_kv, fetched_q):
+    b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
+    first = lax.axis_index('tile') * (wgs * block) + wg * block  # This warpgroup's tokens.
+    mine = pl.ds(first, block)
+    key = keys_ref[b, h, 0] if threshold else None
+    part = lambda j: qkv_ref.at[b, :, j, h, :]  # noqa: E731  [length, head_dim] views
+    d_out = do_ref.at[b, :, h, :]
+    lse_row, delta_row, seg_row = lse_ref.at[b, h, :], delta_ref.at[b, h, :], seg_ref.at[b]
+
+    def fetch(pairs, barrier):
+      """Copy this warpgroup's rows of each (gmem view, smem buffer) and wait for them (the
+      barrier expects one arrival per copy)."""
+      for src, dst in pairs:
+        plgpu.copy_gmem_to_smem(src.at[mine], dst, barrier.at[wg])
+      plgpu.barrier_wait(barrier.at[wg])
+
+    def store(tile, j):
+      """tile [block, head_dim] float32 -> rows `mine` of part j of dqkv, through tiles_smem."""
+      tiles_smem[wg, 0] = tile.astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(tiles_smem.at[wg, 0], dqkv_ref.at[b, mine, j, h, :])
+      plgpu.wait_smem_to_gmem(0)
+
+    def matmul(a, b_, transpose_b=False, acc=None):
+      """a @ b_ (b_^T with transpose_b; b_ a shared-memory ref, a one or a register tile) by
+      wgmma in float32: a new product, or added to acc. (The interpreter has no transposed refs
+      or run_state: jnp's dot of the loaded values there.)"""
+      if interpret:
+        a = a if isinstance(a, jax.Array) else a[...]
+        b_ = b_[...].T if transpose_b else b_[...]
+        product = lax.dot(a, b_, preferred_element_type=jnp.float32)
+        return product if acc is None else acc + product
+      b_ = plgpu.transpose_ref(b_, (1, 0)) if transpose_b else b_
+
+      def new(acc_ref):
+        plgpu.wgmma(acc_ref, a, b_)
+        return acc_ref[...]
+
+      def accumulate(acc_ref):
+        plgpu.wgmma(acc_ref, a, b_)
+
+      if acc is None:
+        return pl.run_scoped(new, plgpu.ACC((block, b_.shape[1]), jnp.float32))
+      return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+    def kept(queries, keys_):
+      return _draws_kept(key, queries, keys_, length, threshold)
+
+    # dK and dV of my keys: [keys, queries] tiles, stepping over the queries.
+    def key_pass(run):
+      fetch(((part(1), tiles_smem.at[wg, 0]), (part(2), tiles_smem.at[wg, 1]),
+             (seg_row, seg_smem.at[wg])), fetched_kv)
+      zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+      seg_k = load(seg_smem.at[wg], wgmma_rows)
+      dk, dv = run((zeros, zeros, seg_k))[:2]
+      store(dv, 2)
+      store(dk * scale, 1)
+
+    def query_step(indices, q_smem, do_smem, lse_smem, delta_smem, seg_smem, carry):
+      dk, dv, seg_k = carry
+      k_smem, v_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
+      shape = (block, step)
+      s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
+      seg_q = load(seg_smem, wgmma_cols)
+      same = (lax.broadcast_in_dim(seg_k, shape, [0]) == lax.broadcast_in_dim(seg_q, shape, [1]))
+      lse = load(lse_smem, wgmma_cols)
+      p_t = jnp.exp2(jnp.where(same, s_t, _MASKED) - lax.broadcast_in_dim(lse, shape, [1]))
+      dp_t = matmul(v_smem, do_smem, transpose_b=True)
+      if threshold:
+        first_query = indices[0] * step
+        keep = kept(iota(shape, 1) + first_query.astype(jnp.uint32),
+                    iota(shape, 0) + first.astype(jnp.uint32))
+        dropped = jnp.where(keep, p_t * keep_scale, 0.0)
+        dp_t = jnp.where(keep, dp_t * keep_scale, 0.0)
+      else:
+        dropped = p_t
+      dv = matmul(dropped.astype(dtype), do_smem, acc=dv)
+      delta = load(delta_smem, wgmma_cols)
+      ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, shape, [1]))
+      dk = matmul(ds_t.astype(dtype), q_smem, acc=dk)
+      return dk, dv, seg_k
+
+    tile = lambda: plgpu.BlockSpec((step, head_dim), lambda i: (i, 0),  # noqa: E731
+                                   transforms=swizzled)
+    vec = lambda: plgpu.BlockSpec((step,), lambda i: (i,))  # noqa: E731
+    plgpu.emit_pipeline_warp_specialized(
+        query_step, grid=(length // step,), memory_registers=40,
+        max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
+        compute_context=key_pass,
+        in_specs=[tile(), tile(), vec(), vec(), vec()],
+    )(part(0), d_out, lse_row, delta_row, seg_row)
+
+    # dQ of my queries: [queries, keys] tiles, stepping over the keys.
+    def query_pass(run):
+      fetch(((part(0), tiles_smem.at[wg, 0]), (d_out, tiles_smem.at[wg, 1]),
+             (seg_row, seg_smem.at[wg]), (lse_row, stats_smem.at[wg, 0]),
+             (delta_row, stats_smem.at[wg, 1])), fetched_q)
+      zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+      vecs = (load(seg_smem.at[wg], wgmma_rows),
+              *(load(stats_smem.at[wg, i], wgmma_rows) for i in range(2)))
+      dq = run((zeros, *vecs))[0]
+      store(dq * scale, 0)
+
+    def key_step(indices, k_smem, v_smem, seg_smem, carry):
+      dq, seg_q, lse, delta = carry
+      q_smem, do_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
+      shape = (block, step)
+      s = matmul(q_smem, k_smem, transpose_b=True) * log2_scale
+      seg_k = load(seg_smem, wgmma_cols)
+      same = (lax.broadcast_in_dim(seg_q, shape, [0]) == lax.broadcast_in_dim(seg_k, shape, [1]))
+      p = jnp.exp2(jnp.where(same, s, _MASKED) - lax.broadcast_in_dim(lse, shape, [0]))
+      dp = matmul(do_smem, v_smem, transpose_b=True)
+      if threshold:
+        first_key = indices[0] * step
+        keep = kept(iota(shape, 0) + first.astype(jnp.uint32),
+                    iota(shape, 1) + first_key.astype(jnp.uint32))
+        dp = jnp.where(keep, dp * keep_scale, 0.0)
+      ds = p * (dp - lax.broadcast_in_dim(delta, shape, [0]))
+      dq = matmul(ds.astype(dtype), k_smem, acc=dq)
+      return dq, seg_q, lse, delta
+
+    plgpu.emit_pipeline_warp_specialized(
+        key_step, grid=(length // step,), memory_registers=40,
+        max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
+        compute_context=query_pass,
+        in_specs=[tile(), tile(), vec()],
+    )(part(1), part(2), seg_row)
+
+  scratch = [
+      plgpu.SMEM((wgs, 2, block, head_dim), dtype, transforms=swizzled),  # k, v; then q, dO
+      plgpu.SMEM((wgs, block), jnp.int32),  # segment ids of my keys, then of my queries
+      plgpu.SMEM((wgs, 2, block), jnp.float32),  # lse, delta of my queries
+      plgpu.Barrier(num_arrivals=3, num_barriers=wgs),  # k, v, segment ids arrived
+      plgpu.Barrier(num_arrivals=5, num_barriers=wgs),  # q, dO, segment ids, lse, delta
+  ]
+  keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
+  return plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct(qkv.shape, dtype), scratch_types=scratch,
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
+      num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',
+      interpret=_interpret_params() if interpret else None,
+  )(qkv, segment_ids, keys, lse, delta, do)

@@ -19,7 +19,6 @@ Needs an NVIDIA Hopper GPU and 16-bit q, k, v; the layout is `fused_attention`'s
 [batch, length, 3, heads, head_dim].
 """
 
-import functools
 import math
 from typing import NamedTuple
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from bert_jax import fused_norm
 
 _MASKED = -1e30  # As fused_attention's: exp2 of it underflows to 0.
+_SUM_ROWS = 64  # Rows of the wgmma that sums a gradient tile's columns (wgmma's least).
 
 
 class Tiles(NamedTuple):
@@ -85,7 +86,8 @@ def _draws_kept(key, queries, keys, length: int, threshold: int):
 
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
              interpret: bool = False):
-  """dqkv [batch, length, 3, heads, head_dim] in qkv's dtype.
+  """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
+  [batch, heads, length // tiles.block, 3, head_dim] float32: the bias gradient's shares).
 
   qkv: the forward's packed projection (bias added); segment_ids [batch, length] int32; keys:
   [batch, heads, 1] uint32 (ignored when threshold is 0); lse: the forward's base-2 log-sum-exp
@@ -114,8 +116,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   def iota(shape, dim):
     return wgmma_layout(lax.broadcasted_iota(jnp.uint32, shape, dim))
 
-  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref,
-             tiles_smem, seg_smem, stats_smem, fetched_kv, fetched_q):
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
+             tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, fetched_q):
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     first = lax.axis_index('tile') * (wgs * block) + wg * block  # This warpgroup's tokens.
     mine = pl.ds(first, block)
@@ -132,16 +134,24 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       plgpu.barrier_wait(barrier.at[wg])
 
     def store(tile, j):
-      """tile [block, head_dim] float32 -> rows `mine` of part j of dqkv, through tiles_smem."""
+      """tile [block, head_dim] float32 -> rows `mine` of part j of dqkv, through tiles_smem;
+      and its column sums as stored (16-bit) to sums_ref [.., j, :], by a wgmma of ones: every
+      row of ones @ tile is the sum (the bias gradient's share of these tokens)."""
       tiles_smem[wg, 0] = tile.astype(dtype)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(tiles_smem.at[wg, 0], dqkv_ref.at[b, mine, j, h, :])
+      column_sums = matmul(wgmma_layout(jnp.ones((_SUM_ROWS, block), dtype)),
+                           tiles_smem.at[wg, 0], rows=_SUM_ROWS)
+      sums_smem[wg] = column_sums
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(sums_smem.at[wg, pl.ds(0, 1)],
+                              sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
       plgpu.wait_smem_to_gmem(0)
 
-    def matmul(a, b_, transpose_b=False, acc=None):
+    def matmul(a, b_, transpose_b=False, acc=None, rows=block):
       """a @ b_ (b_^T with transpose_b; b_ a shared-memory ref, a one or a register tile) by
-      wgmma in float32: a new product, or added to acc. (The interpreter has no transposed refs
-      or run_state: jnp's dot of the loaded values there.)"""
+      wgmma in float32: a new [rows, ...] product, or added to acc. (The interpreter has no
+      transposed refs or run_state: jnp's dot of the loaded values there.)"""
       if interpret:
         a = a if isinstance(a, jax.Array) else a[...]
         b_ = b_[...].T if transpose_b else b_[...]
@@ -157,7 +167,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
         plgpu.wgmma(acc_ref, a, b_)
 
       if acc is None:
-        return pl.run_scoped(new, plgpu.ACC((block, b_.shape[1]), jnp.float32))
+        return pl.run_scoped(new, plgpu.ACC((rows, b_.shape[1]), jnp.float32))
       return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
     def kept(queries, keys_):
@@ -247,12 +257,15 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       plgpu.SMEM((wgs, 2, block, head_dim), dtype, transforms=swizzled),  # k, v; then q, dO
       plgpu.SMEM((wgs, block), jnp.int32),  # segment ids of my keys, then of my queries
       plgpu.SMEM((wgs, 2, block), jnp.float32),  # lse, delta of my queries
+      plgpu.SMEM((wgs, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=3, num_barriers=wgs),  # k, v, segment ids arrived
       plgpu.Barrier(num_arrivals=5, num_barriers=wgs),  # q, dO, segment ids, lse, delta
   ]
   keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
   return plgpu.kernel(
-      kernel, out_type=jax.ShapeDtypeStruct(qkv.shape, dtype), scratch_types=scratch,
+      kernel, scratch_types=scratch,
+      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
+                jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)),
       compiler_params=plgpu.CompilerParams(approx_math=True),
       grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
       num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',

@@ -389,14 +389,13 @@ def _mosaic_tiles(blocks: LongBlocks):
 def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
                      blocks: LongBlocks):
   """As _long_backward by bert_jax.flash_backward's kernel; rowsum(dO * O) by XLA, once per
-  query; the column sums over the whole batch, [1, heads, 1, head_dim] each (XLA's)."""
+  query; the column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
-  dqkv = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                 threshold=threshold, tiles=_mosaic_tiles(blocks),
-                                 interpret=interpret)
-  sums = jnp.sum(dqkv, axis=(0, 1), dtype=jnp.float32)[:, None, :, None, :]  # [3, 1, heads, 1, d]
-  return (dqkv, *sums)
+  dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
+                                       threshold=threshold, tiles=_mosaic_tiles(blocks),
+                                       interpret=interpret)
+  return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
 def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,

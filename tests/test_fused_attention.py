@@ -67,17 +67,33 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate)
 
 def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   """flash_backward with one compute warpgroup of 128 keys, stepping 64 at a time (its pipeline
-  indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter."""
+  indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter, through the
+  model's path (attention_qkv with the projection's bias): dqkv, and the bias gradient from the
+  kernel's column sums, which are those of dqkv as stored."""
   q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=512, head_dim=64)
-  q, k, v, segment_ids, tile_keys, cotangent = (
-      x[:1, :, :1] if x.ndim == 4 else x[:1] if x.ndim == 2 else x[:1, :1]
+  q, k, v, segment_ids, tile_keys, cotangent = (  # One row (two segments, padding), one head.
+      x[1:, :, :1] if x.ndim == 4 else x[1:] if x.ndim == 2 else x[1:, :1]
       for x in (q, k, v, segment_ids, tile_keys, cotangent))
+  qkv = jnp.stack([q, k, v], axis=2)
+  bias = jax.random.normal(jax.random.key(7), (3, 1, 64))
   blocks = fused_attention.MOSAIC_LONG_BLOCKS._replace(backward_block=128, backward_warps=4)
-  _, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, 0.1)
-  _, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, 0.1, blocks)
-  for name, a, b in zip('qkv', grads, grads_ref):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=2e-2,
-                               atol=8e-2, err_msg=f'd{name}')
+
+  def grads(impl):
+    loss = lambda qkv, bias: jnp.sum(fused_attention.attention_qkv(  # noqa: E731
+        qkv, bias, segment_ids, tile_keys, rate=0.1, impl=impl, interpret=True,
+        long_blocks=blocks).astype(jnp.float32) * cotangent.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1))(qkv, bias)
+
+  (dqkv, dbias), (dqkv_ref, dbias_ref) = grads('pallas'), grads('xla')
+  as32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  np.testing.assert_allclose(as32(dqkv), as32(dqkv_ref), rtol=2e-2, atol=8e-2)
+  np.testing.assert_allclose(dbias, jnp.sum(as32(dqkv), axis=(0, 1)), rtol=1e-5, atol=1e-4)
+  # Against the reference's dqkv summed in float32 (its own bias gradient sums in bf16); the
+  # key bias's is 0 in exact arithmetic (softmax ignores a per-query constant), rounding in both.
+  del dbias_ref
+  np.testing.assert_allclose(dbias[::2], jnp.sum(as32(dqkv_ref), axis=(0, 1))[::2], rtol=2e-2,
+                             atol=5e-2)
+  assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
 def test_mosaic_backward_lowers_for_a_cuda_device_at_berts_phase_2_shape():

@@ -10,11 +10,13 @@ one JSON line per implementation, milliseconds per forward+backward (20 queued c
 warm-up); ours also against their jnp reference.
 """
 
+import contextlib
 import functools
 import json
 import os
 import sys
 import time
+import unittest.mock
 
 from absl import app
 from absl import flags
@@ -32,6 +34,10 @@ _CHECKS = flags.DEFINE_integer(
     'checks', 1, 'Times each of ours is run against the reference (a race between threads shows '
     'as gradients that differ from run to run): max_diff_* is the largest over them.')
 _WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
+_BIAS = flags.DEFINE_bool(
+    'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
+    'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '
+    "over dqkv instead ('_xla_sums').")
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -70,6 +76,8 @@ def main(argv):
                               jnp.int32)[None].repeat(b, axis=0)
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
+  qkv_bias = jax.random.normal(keys[1], (3, h, d), jnp.float32) if _BIAS.value else None
+  patches = {}  # impl -> a context manager the impl is traced and timed under
   if s <= fused_attention.MAX_LENGTH:
     tilings = {f'w{w}': {'num_warps': int(w)} for w in _WARPS.value}
   else:
@@ -78,9 +86,15 @@ def main(argv):
         *(int(p) if p.isdigit() else p for p in spec.split('-')))} for spec in specs}
   for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
     for label, tiling in tilings.items():
-      impls[f'ours_dropout{rate}_{label}'] = functools.partial(
-          fused_attention.attention_qkv, bias=None, segment_ids=segment_ids, keys=tile_keys,
+      ours = functools.partial(
+          fused_attention.attention_qkv, bias=qkv_bias, segment_ids=segment_ids, keys=tile_keys,
           rate=rate, **tiling)
+      impls[f'ours_dropout{rate}_{label}'] = ours
+      if _BIAS.value and label.endswith('mosaic'):
+        impls[f'ours_dropout{rate}_{label}_xla_sums'] = ours
+        patches[f'ours_dropout{rate}_{label}_xla_sums'] = functools.partial(
+            unittest.mock.patch.object, fused_attention, '_mosaic_backward',
+            _mosaic_backward_xla_sums)
   for spec in _PALLAS.value:
     blocks_part, rest = spec.split('w')
     bq, bk = map(int, blocks_part.split('x'))
@@ -106,27 +120,52 @@ def main(argv):
     loss = lambda *a, fn=fn: jnp.sum((fn(*a) * g).astype(jnp.float32))  # noqa: E731
     step = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
     fwd = jax.jit(fn)
+    if name.startswith('ours') and _BIAS.value:  # The bias's gradient too, as the model takes it.
+      bias_loss = lambda a, bias, fn=fn: jnp.sum(  # noqa: E731
+          (fn(a, bias=bias) * g).astype(jnp.float32))
+      step = jax.jit(lambda a, grad=jax.grad(bias_loss, argnums=(0, 1)): grad(a, qkv_bias))
     record = {'impl': name, 'batch': b, 'seq': s, 'heads': h,
               'device': jax.devices()[0].device_kind}
-    try:
-      for label, f in (('fwd_ms', fwd), ('fwd_bwd_ms', step)):
-        jax.block_until_ready(f(*args))
-        start = time.perf_counter()
-        for _ in range(_CALLS.value):
-          out = f(*args)
-        jax.block_until_ready(out)
-        record[label] = round((time.perf_counter() - start) / _CALLS.value * 1e3, 4)
-      if name.startswith('ours'):  # Against the jnp reference of the same function, here.
-        reference = functools.partial(fn, impl='xla')
-        ref_loss = lambda a: jnp.sum((reference(a) * g).astype(jnp.float32))  # noqa: E731
-        diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))  # noqa: E731
-        out_ref, grads_ref = jax.jit(reference)(qkv), jax.jit(jax.grad(ref_loss))(qkv)
-        record['max_diff_out'] = max(diff(fwd(qkv), out_ref) for _ in range(_CHECKS.value))
-        record['max_diff_grads'] = max(diff(step(qkv)[0], grads_ref)
-                                       for _ in range(_CHECKS.value))
-    except Exception as e:  # Report and go on: pylint: disable=broad-except
-      record['error'] = str(e).splitlines()[0][:300]
-    print(json.dumps(record), flush=True)
+    with patches.get(name, contextlib.nullcontext)():
+      _time_one(jax, jnp, fn, name, args, step, fwd, record, qkv, g)
+
+
+def _mosaic_backward_xla_sums(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
+                              blocks):
+  """fused_attention._mosaic_backward with the bias gradient's column sums by XLA over dqkv (the
+  kernel's own sums dropped), as in the first version of the kernel."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax import flash_backward, fused_attention  # pylint: disable=g-import-not-at-top
+  delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
+  dqkv, _ = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
+                                    threshold=threshold, tiles=fused_attention._mosaic_tiles(blocks),  # pylint: disable=protected-access
+                                    interpret=interpret)
+  sums = jnp.sum(dqkv, axis=(0, 1), dtype=jnp.float32)[:, None, :, None, :]
+  return (dqkv, *sums)
+
+
+def _time_one(jax, jnp, fn, name, args, step, fwd, record, qkv, g):
+  """Times fwd and step (forward+backward) and, for ours, checks them against the reference;
+  prints the record."""
+  try:
+    for label, f in (('fwd_ms', fwd), ('fwd_bwd_ms', step)):
+      jax.block_until_ready(f(*args))
+      start = time.perf_counter()
+      for _ in range(_CALLS.value):
+        out = f(*args)
+      jax.block_until_ready(out)
+      record[label] = round((time.perf_counter() - start) / _CALLS.value * 1e3, 4)
+    if name.startswith('ours'):  # Against the jnp reference of the same function, here.
+      reference = functools.partial(fn, impl='xla')
+      ref_loss = lambda a: jnp.sum((reference(a) * g).astype(jnp.float32))  # noqa: E731
+      diff = lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))  # noqa: E731
+      out_ref, grads_ref = jax.jit(reference)(qkv), jax.jit(jax.grad(ref_loss))(qkv)
+      record['max_diff_out'] = max(diff(fwd(qkv), out_ref) for _ in range(_CHECKS.value))
+      record['max_diff_grads'] = max(diff(step(qkv)[0], grads_ref)
+                                     for _ in range(_CHECKS.value))
+  except Exception as e:  # Report and go on: pylint: disable=broad-except
+    record['error'] = str(e).splitlines()[0][:300]
+  print(json.dumps(record), flush=True)
 
 
 if __name__ == '__main__':

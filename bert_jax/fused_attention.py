@@ -18,7 +18,9 @@ then dQ of its queries stepping over every key (the probabilities recomputed in 
 two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-4.6x
 slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
-(experiments/perf_notes.md).
+(experiments/perf_notes.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that
+backward as bert_jax.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
+0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms.
 
 q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
 (`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the

@@ -230,7 +230,8 @@ def _check_model(model, lengths) -> None:
         f"config.model.gelu={model.gelu!r}. Set gelu='tanh' (the original BERT code's), or "
         "ffn_impl='xla'.")
   if (model.get('long_attention_backward', 'triton') == 'mosaic'
-      and model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads):
+      and model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads
+      and max(lengths) > 128):  # Only rows over 128 tokens (fused_attention.MAX_LENGTH) take it.
     head_dim = model.hidden_size // model.num_heads
     if model.dtype == 'float32' or head_dim not in (64, 128):
       raise ConfigError(

@@ -470,7 +470,8 @@ _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
   """Tilings the flash kernels compute correctly at `length` (a power of two over MAX_LENGTH):
   blocks and steps powers of two from 16 (Triton's smallest dot) to the row; warps powers of
-  two; stages at least 1."""
+  two; stages at least 1; the backward one of LONG_BACKWARDS, 'mosaic' with 4 or 8 warps and
+  what flash_backward.check_tiles allows."""
   for field in LongBlocks._fields[:4]:
     n = getattr(blocks, field)
     if not (fused_norm.power_of_two(n) and 16 <= n <= length):

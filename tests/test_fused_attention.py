@@ -354,9 +354,11 @@ def test_pallas_attention_is_refused_off_gpus():
 
 
 def test_mosaic_long_backward_is_checked_before_compiling():
-  config = tiny.get_config()  # Heads of 64.
+  config = tiny.get_config()  # Heads of 64, rows of 64: the Mosaic backward is never used.
   config.model.update(attention_impl='pallas', scan_layers=False,
                       long_attention_backward='mosaic')
+  config_lib.validate(config)
+  config.data.max_seq_length = config.model.max_position_embeddings = 256
   with pytest.raises(config_lib.ConfigError, match="long_attention_backward='mosaic' takes 16-bit "
                      r"compute .* got config.model.dtype='float32', head size 64"):
     config_lib.validate(config)

@@ -94,7 +94,7 @@ def main(argv):
         impls[f'ours_dropout{rate}_{label}_xla_sums'] = ours
         patches[f'ours_dropout{rate}_{label}_xla_sums'] = functools.partial(
             unittest.mock.patch.object, fused_attention, '_mosaic_backward',
-            _mosaic_backward_xla_sums)
+            functools.partial(_mosaic_backward_xla_sums, fused_attention._mosaic_backward))  # pylint: disable=protected-access
   for spec in _PALLAS.value:
     blocks_part, rest = spec.split('w')
     bq, bk = map(int, blocks_part.split('x'))
@@ -130,16 +130,13 @@ def main(argv):
       _time_one(jax, jnp, fn, name, args, step, fwd, record, qkv, g)
 
 
-def _mosaic_backward_xla_sums(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                              blocks):
-  """fused_attention._mosaic_backward with the bias gradient's column sums by XLA over dqkv (the
-  kernel's own sums dropped), as in the first version of the kernel."""
+def _mosaic_backward_xla_sums(mosaic_backward, *args):
+  """mosaic_backward (fused_attention._mosaic_backward, unpatched) on args, its bias gradient
+  from an XLA pass over dqkv instead, the first version's way. The kernel still computes its own
+  sums (unused here), so against the plain backward this times that XLA pass, not the kernel's
+  sums."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import flash_backward, fused_attention  # pylint: disable=g-import-not-at-top
-  delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
-  dqkv, _ = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                    threshold=threshold, tiles=fused_attention._mosaic_tiles(blocks),  # pylint: disable=protected-access
-                                    interpret=interpret)
+  dqkv, *_ = mosaic_backward(*args)
   sums = jnp.sum(dqkv, axis=(0, 1), dtype=jnp.float32)[:, None, :, None, :]
   return (dqkv, *sums)
 

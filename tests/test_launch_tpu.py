@@ -189,7 +189,9 @@ def test_run_and_stop_scripts_work_on_a_worker(tmp_path):
   started = on_worker(run_command)
   assert started.returncode == 0, started.stderr
   assert 'worker 3: started pid' in started.stdout
-  _wait_for(lambda: (home / 'argv').exists() and (home / 'argv').read_text().endswith('\0'))
+  # The fake python writes argv, then env: wait for both to be whole before reading either.
+  _wait_for(lambda: (home / 'argv').exists() and (home / 'argv').read_text().endswith('\0')
+            and (home / 'env').exists() and (home / 'env').read_text().endswith('\n'))
   assert (home / 'argv').read_text().split('\0')[:-1] == ['-m', 'bert_jax.main', *BERT_FLAGS]
   assert (home / 'env').read_text().split() == ['3', '--xla_a=1']
   log = (home / 'bert_jax' / 'logs' / 'run.log').read_text()
@@ -212,8 +214,11 @@ def _alive(pid):
   except ProcessLookupError:
     return False
   # The orphaned run may stay a zombie until something reaps it: count that as gone.
-  with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
-    return f.read().split(')')[-1].split()[0] != 'Z'
+  try:
+    with open(f'/proc/{pid}/stat', encoding='utf-8') as f:
+      return f.read().split(')')[-1].split()[0] != 'Z'
+  except FileNotFoundError:  # Reaped between the signal and the read.
+    return False
 
 
 def test_the_script_passes_shellcheck():

@@ -18,6 +18,7 @@ VALID_CHOICES = {
     'model.layer_norm_impl': ('xla', 'pallas'),
     'model.ffn_impl': ('xla', 'pallas'),
     'model.long_attention_backward': ('triton', 'mosaic'),
+    'model.short_attention_backward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -229,21 +230,37 @@ def _check_model(model, lengths) -> None:
         f"config.model.ffn_impl='pallas' computes the tanh GELU (its kernel's gradient); got "
         f"config.model.gelu={model.gelu!r}. Set gelu='tanh' (the original BERT code's), or "
         "ffn_impl='xla'.")
-  if (model.get('long_attention_backward', 'triton') == 'mosaic'
-      and model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads
-      and max(lengths) > 128):  # Only rows over 128 tokens (fused_attention.MAX_LENGTH) take it.
-    head_dim = model.hidden_size // model.num_heads
-    if model.dtype == 'float32' or head_dim not in (64, 128):
-      raise ConfigError(
-          "config.model.long_attention_backward='mosaic' takes 16-bit compute and heads of 64 "
-          f'or 128 (wgmma); got config.model.dtype={model.dtype!r}, head size {head_dim} '
-          f'(hidden_size {model.hidden_size} / num_heads {model.num_heads}). Use '
-          "long_attention_backward='triton'.")
+  if model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads:
+    _check_mosaic_attention(model, lengths)
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
         f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
+
+
+def _check_mosaic_attention(model, lengths) -> None:
+  """long_attention_backward and short_attention_backward 'mosaic' (bert_jax/flash_backward.py)
+  take 16-bit compute and heads of 64 or 128 (wgmma), short rows of 64 or 128 tokens (a wgmma's
+  64 rows); checked only when the run has rows that the kernel would take."""
+  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  head_dim = model.hidden_size // model.num_heads
+  kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
+  for key, rows in (
+      ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
+      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH])):
+    if model.get(key, 'triton') != 'mosaic' or not rows:
+      continue
+    if model.dtype == 'float32' or head_dim not in (64, 128):
+      raise ConfigError(
+          f"config.model.{key}='mosaic' takes 16-bit compute and heads of 64 or 128 (wgmma); "
+          f'got config.model.dtype={model.dtype!r}, head size {head_dim} (hidden_size '
+          f"{model.hidden_size} / num_heads {model.num_heads}). Use {key}='triton'.")
+    if key == 'short_attention_backward' and any(n % 64 for n in rows):
+      raise ConfigError(
+          f"config.model.short_attention_backward='mosaic' takes rows of 64 or 128 tokens (a "
+          f'wgmma\'s 64 rows); this run has rows of {sorted(set(rows))}. Use '
+          "short_attention_backward='triton'.")
 
 
 def _check_data(config) -> None:
@@ -314,8 +331,9 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 def check_gpu_kernels(config) -> None:
   """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
-  ffn_impl 'pallas' and long_attention_backward 'mosaic' Mosaic GPU kernels: Hopper GPUs only
-  (any number: on a mesh each GPU runs them on its rows of the batch under shard_map)."""
+  ffn_impl 'pallas' and long_ or short_attention_backward 'mosaic' Mosaic GPU kernels: Hopper
+  GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
+  shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
@@ -329,7 +347,8 @@ def check_gpu_kernels(config) -> None:
             f"device(s). Use {key}='xla' (any device, any mesh).")
     return
   mosaic = (('ffn_impl', 'pallas', "ffn_impl='xla'"),
-            ('long_attention_backward', 'mosaic', "long_attention_backward='triton'"))
+            ('long_attention_backward', 'mosaic', "long_attention_backward='triton'"),
+            ('short_attention_backward', 'mosaic', "short_attention_backward='triton'"))
   for key, value, instead in mosaic:
     if config.model.get(key, None) == value and not fused_ffn.on_hopper():
       device = jax.devices()[0]

@@ -265,14 +265,23 @@ class LongBlocks(NamedTuple):
 LONG_BLOCKS = LongBlocks()
 # The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
 MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
-LONG_BACKWARDS = ('triton', 'mosaic')
+# The backwards of short rows (attention_qkv's short_backward) and long (LongBlocks.backward).
+BACKWARDS = ('triton', 'mosaic')
 
 
 def long_blocks(backward: str) -> LongBlocks:
-  """The tiling of rows over MAX_LENGTH with this backward (LONG_BACKWARDS)."""
-  if backward not in LONG_BACKWARDS:
-    raise ValueError(f'backward={backward!r}; valid: {LONG_BACKWARDS}')
+  """The tiling of rows over MAX_LENGTH with this backward (BACKWARDS)."""
+  if backward not in BACKWARDS:
+    raise ValueError(f'backward={backward!r}; valid: {BACKWARDS}')
   return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
+
+
+def short_mosaic_tiles(length: int):
+  """flash_backward's tiling of rows up to MAX_LENGTH (short_backward='mosaic'): a warpgroup of
+  64 keys per 64 tokens of the row (two at 128), steps of 64, both steps in flight."""
+  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  return flash_backward.Tiles(block=64, step=64, warpgroups=max(1, min(2, length // 64)),
+                              stages=2)
 
 
 def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
@@ -388,15 +397,14 @@ def _mosaic_tiles(blocks: LongBlocks):
                               warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
 
 
-def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                     blocks: LongBlocks):
-  """As _long_backward by bert_jax.flash_backward's kernel; rowsum(dO * O) by XLA, once per
-  query; the column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
+def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
+  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles); rowsum(dO * O)
+  by XLA, once per query; the column sums [batch, heads, blocks, head_dim] of dq, dk, dv as
+  stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
   dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                       threshold=threshold, tiles=_mosaic_tiles(blocks),
-                                       interpret=interpret)
+                                       threshold=threshold, tiles=tiles, interpret=interpret)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
@@ -406,7 +414,7 @@ def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpre
   head_dim]."""
   if blocks.backward == 'mosaic':
     return _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                            blocks)
+                            _mosaic_tiles(blocks))
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
@@ -434,7 +442,9 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks):
+def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
+                short_backward):
+  del short_backward  # The backward's.
   qkv = _add_bias(qkv, bias)
   if qkv.shape[1] > MAX_LENGTH:
     o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
@@ -443,11 +453,15 @@ def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, block
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(threshold, interpret, warps, blocks, saved, do):
+def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
-  if qkv.shape[1] > MAX_LENGTH:
+  length = qkv.shape[1]
+  if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
+  elif short_backward == 'mosaic':
+    dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
+                                   interpret, short_mosaic_tiles(length))
   else:
     dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, warps[1])
@@ -458,10 +472,11 @@ def _pallas_bwd(threshold, interpret, warps, blocks, saved, do):
   return dqkv, dbias, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, short_backward):
   """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward."""
-  return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks)[0]
+  return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
+                     short_backward)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
@@ -470,7 +485,7 @@ _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
   """Tilings the flash kernels compute correctly at `length` (a power of two over MAX_LENGTH):
   blocks and steps powers of two from 16 (Triton's smallest dot) to the row; warps powers of
-  two; stages at least 1; the backward one of LONG_BACKWARDS, 'mosaic' with 4 or 8 warps and
+  two; stages at least 1; the backward one of BACKWARDS, 'mosaic' with 4 or 8 warps and
   what flash_backward.check_tiles allows."""
   for field in LongBlocks._fields[:4]:
     n = getattr(blocks, field)
@@ -483,8 +498,8 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
-  if blocks.backward not in LONG_BACKWARDS:
-    raise ValueError(f'long_blocks.backward={blocks.backward!r}; valid: {LONG_BACKWARDS}')
+  if blocks.backward not in BACKWARDS:
+    raise ValueError(f'long_blocks.backward={blocks.backward!r}; valid: {BACKWARDS}')
   if blocks.backward == 'mosaic':
     if blocks.backward_warps not in (4, 8):
       raise ValueError(f"long_blocks.backward_warps={blocks.backward_warps}: backward='mosaic' "
@@ -495,7 +510,7 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
                   interpret: bool = False, num_warps: int | None = None,
-                  long_blocks: LongBlocks | None = None):
+                  long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
   """Softmax attention within segments over one packed projection, dropout `rate` on the
   probabilities.
 
@@ -504,7 +519,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   int32 (a query sees the keys of its own segment); keys: tile_keys(rng, batch, heads), or None
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
   kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward),
-  long_blocks (default LONG_BLOCKS) those of longer rows.
+  long_blocks (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up
+  to MAX_LENGTH, 'triton' (one program per row and head) or 'mosaic' (flash_backward's kernel,
+  short_mosaic_tiles; Hopper, 16-bit, heads of 64 or 128, rows of 64 or 128).
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
@@ -525,11 +542,21 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
     raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
                      f'got {keys.dtype} {keys.shape}.')
   blocks = LongBlocks(*(long_blocks or LONG_BLOCKS))
+  if short_backward not in BACKWARDS:
+    raise ValueError(f'short_backward={short_backward!r}; valid: {BACKWARDS}')
   if length > MAX_LENGTH:
     _check_long_blocks(blocks, length, head_dim)
-    if blocks.backward == 'mosaic' and jnp.dtype(qkv.dtype).itemsize != 2:
-      raise ValueError(f"long_blocks.backward='mosaic' takes 16-bit q, k, v (wgmma); got "
-                       f"{qkv.dtype}. Use backward='triton'.")
+  mosaic = blocks.backward if length > MAX_LENGTH else short_backward
+  name = 'long_blocks.backward' if length > MAX_LENGTH else 'short_backward'
+  if mosaic == 'mosaic' and jnp.dtype(qkv.dtype).itemsize != 2:
+    raise ValueError(f"{name}='mosaic' takes 16-bit q, k, v (wgmma); got {qkv.dtype}. Use "
+                     f"{name}='triton'.")
+  if length <= MAX_LENGTH and short_backward == 'mosaic':
+    if length % 64:
+      raise ValueError(f"short_backward='mosaic' takes rows of 64 or 128 tokens (a wgmma's 64 "
+                       f"rows); got length {length}. Use short_backward='triton'.")
+    from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+    flash_backward.check_tiles(short_mosaic_tiles(length), length, head_dim)
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
@@ -539,16 +566,17 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
     return reference(q, k, v, segment_ids, keys, rate=rate)
   warps = (int(num_warps), int(num_warps)) if num_warps else (FORWARD_WARPS, NUM_WARPS)
   return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys,
-                 threshold if keys is not None else 0, bool(interpret), warps, blocks)
+                 threshold if keys is not None else 0, bool(interpret), warps, blocks,
+                 short_backward)
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
               interpret: bool = False, num_warps: int | None = None,
-              long_blocks: LongBlocks | None = None):
+              long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
   """attention_qkv over separate q, k, v [batch, length, heads, head_dim] (stacked first)."""
   if not q.shape == k.shape == v.shape or q.ndim != 4:
     raise ValueError(f'q, k, v must be [batch, length, heads, head_dim] alike; got {q.shape}, '
                      f'{k.shape}, {v.shape}.')
   return attention_qkv(jnp.stack([q, k, v], axis=2), None, segment_ids, keys, rate=rate,
                        impl=impl, interpret=interpret, num_warps=num_warps,
-                       long_blocks=long_blocks)
+                       long_blocks=long_blocks, short_backward=short_backward)

@@ -5,7 +5,8 @@ attention (no dropout). Ours take q, k, v packed as the model's projection gives
 dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
-[--long_blocks=128-64-64-64-8-4-3,...] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+[--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default] [--short_backward=triton,mosaic]
+[--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
 """
@@ -33,7 +34,12 @@ _SEGMENTS = flags.DEFINE_enum(
 _CHECKS = flags.DEFINE_integer(
     'checks', 1, 'Times each of ours is run against the reference (a race between threads shows '
     'as gradients that differ from run to run): max_diff_* is the largest over them.')
-_WARPS = flags.DEFINE_list('warps', ['4', '8'], 'num_warps of our kernels to time.')
+_WARPS = flags.DEFINE_list(
+    'warps', ['4', '8'], "num_warps of our short kernels to time (both kernels), or 'default' "
+    '(fused_attention.FORWARD_WARPS forward, NUM_WARPS backward, as the model runs them).')
+_SHORT = flags.DEFINE_list(
+    'short_backward', ['triton'], 'Backwards of our short kernels to time (rows up to '
+    "fused_attention.MAX_LENGTH): 'triton', 'mosaic' (bert_jax.flash_backward).")
 _BIAS = flags.DEFINE_bool(
     'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
     'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '
@@ -79,7 +85,9 @@ def main(argv):
   qkv_bias = jax.random.normal(keys[1], (3, h, d), jnp.float32) if _BIAS.value else None
   patches = {}  # impl -> a context manager the impl is traced and timed under
   if s <= fused_attention.MAX_LENGTH:
-    tilings = {f'w{w}': {'num_warps': int(w)} for w in _WARPS.value}
+    tilings = {f'w{w}_{backward}': {'num_warps': None if w == 'default' else int(w),
+                                    'short_backward': backward}
+               for w in _WARPS.value for backward in _SHORT.value}
   else:
     specs = _LONG.value or ['-'.join(map(str, fused_attention.LONG_BLOCKS))]
     tilings = {spec.replace('-', '_'): {'long_blocks': fused_attention.LongBlocks(

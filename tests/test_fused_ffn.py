@@ -250,11 +250,12 @@ def test_fused_ffn_on_a_gpu_before_hopper_is_refused(monkeypatch):
   config.model.ffn_impl = 'xla'  # The Triton kernels need no Hopper.
   config.model.layer_norm_impl = 'pallas'
   config_lib.check_gpu_kernels(config)
-  config.model.long_attention_backward = 'mosaic'  # The other Mosaic GPU kernel does.
-  with pytest.raises(config_lib.ConfigError,
-                     match=r"long_attention_backward='mosaic' runs a Mosaic GPU kernel .* Use "
-                           r"long_attention_backward='triton'"):
-    config_lib.check_gpu_kernels(config)
+  for key in ('long_attention_backward', 'short_attention_backward'):  # The other Mosaic kernel.
+    config.model[key] = 'mosaic'
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"{key}='mosaic' runs a Mosaic GPU kernel .* Use {key}='triton'"):
+      config_lib.check_gpu_kernels(config)
+    config.model[key] = 'triton'
 
 
 def test_epilogue_variants_lower_for_a_cuda_device():

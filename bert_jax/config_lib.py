@@ -19,6 +19,7 @@ VALID_CHOICES = {
     'model.ffn_impl': ('xla', 'pallas'),
     'model.long_attention_backward': ('triton', 'mosaic'),
     'model.short_attention_backward': ('triton', 'mosaic'),
+    'model.attention_forward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -240,15 +241,17 @@ def _check_model(model, lengths) -> None:
 
 
 def _check_mosaic_attention(model, lengths) -> None:
-  """long_attention_backward and short_attention_backward 'mosaic' (bert_jax/flash_backward.py)
-  take 16-bit compute and heads of 64 or 128 (wgmma), short rows of 64 or 128 tokens (a wgmma's
-  64 rows); checked only when the run has rows that the kernel would take."""
+  """long_attention_backward, short_attention_backward and attention_forward 'mosaic' (bert_jax/
+  flash_backward.py, flash_forward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows
+  of 64 tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel
+  would take."""
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
   for key, rows in (
       ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
-      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH])):
+      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH]),
+      ('attention_forward', kernel_rows)):
     if model.get(key, 'triton') != 'mosaic' or not rows:
       continue
     if model.dtype == 'float32' or head_dim not in (64, 128):
@@ -256,11 +259,10 @@ def _check_mosaic_attention(model, lengths) -> None:
           f"config.model.{key}='mosaic' takes 16-bit compute and heads of 64 or 128 (wgmma); "
           f'got config.model.dtype={model.dtype!r}, head size {head_dim} (hidden_size '
           f"{model.hidden_size} / num_heads {model.num_heads}). Use {key}='triton'.")
-    if key == 'short_attention_backward' and any(n % 64 for n in rows):
+    if any(n % 64 for n in rows):
       raise ConfigError(
-          f"config.model.short_attention_backward='mosaic' takes rows of 64 or 128 tokens (a "
-          f'wgmma\'s 64 rows); this run has rows of {sorted(set(rows))}. Use '
-          "short_attention_backward='triton'.")
+          f"config.model.{key}='mosaic' takes rows of 64 tokens or more (a wgmma's 64 rows); "
+          f"this run has rows of {sorted(set(rows))}. Use {key}='triton'.")
 
 
 def _check_data(config) -> None:
@@ -331,7 +333,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 def check_gpu_kernels(config) -> None:
   """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
-  ffn_impl 'pallas' and long_ or short_attention_backward 'mosaic' Mosaic GPU kernels: Hopper
+  ffn_impl 'pallas' and the attention kernels set to 'mosaic' Mosaic GPU kernels: Hopper
   GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
   shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -348,7 +350,8 @@ def check_gpu_kernels(config) -> None:
     return
   mosaic = (('ffn_impl', 'pallas', "ffn_impl='xla'"),
             ('long_attention_backward', 'mosaic', "long_attention_backward='triton'"),
-            ('short_attention_backward', 'mosaic', "short_attention_backward='triton'"))
+            ('short_attention_backward', 'mosaic', "short_attention_backward='triton'"),
+            ('attention_forward', 'mosaic', "attention_forward='triton'"))
   for key, value, instead in mosaic:
     if config.model.get(key, None) == value and not fused_ffn.on_hopper():
       device = jax.devices()[0]

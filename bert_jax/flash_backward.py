@@ -28,7 +28,7 @@ neighbouring values are different pairs of the pair hash, so each value hashes a
 """
 
 import math
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 from jax import lax
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from bert_jax import fused_norm
 
-_MASKED = -1e30  # As fused_attention's: exp2 of it underflows to 0.
+MASKED = -1e30  # A masked score, as fused_attention's: exp2 of it underflows to 0.
 _SUM_ROWS = 64  # Rows of the wgmma that sums a gradient tile's columns (wgmma's least).
 
 
@@ -68,7 +68,7 @@ def check_tiles(tiles: Tiles, length: int, head_dim: int) -> None:
   if tiles.stages < 2:
     raise ValueError(f'tiles.stages={tiles.stages}: must be at least 2.')
   if head_dim not in (64, 128):
-    raise ValueError(f'head_dim={head_dim}: the Mosaic GPU backward takes 64 or 128.')
+    raise ValueError(f'head_dim={head_dim}: the Mosaic GPU kernels take 64 or 128.')
 
 
 def _plgpu():
@@ -92,6 +92,81 @@ def _draws_kept(key, queries, keys, length: int, threshold: int):
   return draw >= jnp.uint32(threshold)
 
 
+def tile_kept(iota, key, shape, first_row, first_col, rows_are_keys: bool, length: int,
+              threshold: int):
+  """The keep mask of a [rows, cols] tile whose rows are tokens first_row.. (keys if
+  rows_are_keys, else queries) and columns tokens first_col..; iota: KernelOps.iota."""
+  rows = iota(shape, 0) + first_row.astype(jnp.uint32)
+  cols = iota(shape, 1) + first_col.astype(jnp.uint32)
+  queries, keys = (cols, rows) if rows_are_keys else (rows, cols)
+  return _draws_kept(key, queries, keys, length, threshold)
+
+
+class KernelOps(NamedTuple):
+  """What a Mosaic GPU attention kernel does with tiles, the same on the GPU and on Mosaic GPU's
+  interpreter (which has no plgpu.load, layouts, wgmma, transposed refs or run_state).
+
+  load(ref, layout): a [n] vector in a WGMMA tile's row or column layout; wgmma_layout(x): x in
+  the WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
+  acc=None): a @ b (b^T with transpose_b; b a shared-memory ref, a one or a register tile) by
+  wgmma in float32, a new [rows, ...] product or added to acc; vector(n, value): a [n] float32
+  vector of value in the rows' layout; swizzled: the shared-memory transforms of a [rows,
+  head_dim] 16-bit tile; wgmma_rows, wgmma_cols: the vector layouts; plgpu: the Mosaic GPU
+  module; interpret: plgpu.kernel's argument of that name."""
+  load: Callable
+  wgmma_layout: Callable
+  iota: Callable
+  matmul: Callable
+  vector: Callable
+  swizzled: tuple
+  wgmma_rows: Any
+  wgmma_cols: Any
+  plgpu: Any
+  interpret: Any
+
+
+def kernel_ops(interpret: bool) -> KernelOps:
+  """The KernelOps of the GPU, or of the interpreter."""
+  plgpu = _plgpu()
+
+  def load(ref, layout):
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+  def wgmma_layout(x):
+    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
+  def iota(shape, dim):
+    return wgmma_layout(lax.broadcasted_iota(jnp.uint32, shape, dim))
+
+  def matmul(a, b_, rows, transpose_b=False, acc=None):
+    if interpret:
+      a = a if isinstance(a, jax.Array) else a[...]
+      b_ = b_[...].T if transpose_b else b_[...]
+      product = lax.dot(a, b_, preferred_element_type=jnp.float32)
+      return product if acc is None else acc + product
+    b_ = plgpu.transpose_ref(b_, (1, 0)) if transpose_b else b_
+
+    def new(acc_ref):
+      plgpu.wgmma(acc_ref, a, b_)
+      return acc_ref[...]
+
+    def accumulate(acc_ref):
+      plgpu.wgmma(acc_ref, a, b_)
+
+    if acc is None:
+      return pl.run_scoped(new, plgpu.ACC((rows, b_.shape[1]), jnp.float32))
+    return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+  def vector(n, value):
+    x = jnp.full((n,), value, jnp.float32)
+    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA.reduce(1))
+
+  return KernelOps(load, wgmma_layout, iota, matmul, vector,
+                   (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)),
+                   plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0), plgpu,
+                   _interpret_params() if interpret else None)
+
+
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
              interpret: bool = False):
   """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
@@ -102,7 +177,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   [batch, heads, length] float32; delta: rowsum(dO * O) [batch, heads, length] float32; do:
   [batch, length, heads, head_dim]. interpret: run on Mosaic GPU's interpreter (any device; slow,
   for tests)."""
-  plgpu = _plgpu()
+  ops = kernel_ops(interpret)
+  plgpu = ops.plgpu
   batch, length, _, heads, head_dim = qkv.shape
   check_tiles(tiles, length, head_dim)
   block, step, wgs = tiles.block, tiles.step, tiles.warpgroups
@@ -110,19 +186,11 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)
   keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
-  swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  wgmma_rows, wgmma_cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+  load, wgmma_layout, iota, swizzled = ops.load, ops.wgmma_layout, ops.iota, ops.swizzled
+  wgmma_rows, wgmma_cols = ops.wgmma_rows, ops.wgmma_cols
 
-  def load(ref, layout):
-    # A [n] vector in the layout of a WGMMA tile's rows or columns (the interpreter has no
-    # plgpu.load; it ignores layouts).
-    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
-
-  def wgmma_layout(x):
-    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA)
-
-  def iota(shape, dim):
-    return wgmma_layout(lax.broadcasted_iota(jnp.uint32, shape, dim))
+  def matmul(a, b_, transpose_b=False, acc=None, rows=block):
+    return ops.matmul(a, b_, rows, transpose_b, acc)
 
   def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
              tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, fetched_q):
@@ -156,42 +224,17 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
                               sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
       plgpu.wait_smem_to_gmem(0)
 
-    def matmul(a, b_, transpose_b=False, acc=None, rows=block):
-      """a @ b_ (b_^T with transpose_b; b_ a shared-memory ref, a one or a register tile) by
-      wgmma in float32: a new [rows, ...] product, or added to acc. (The interpreter has no
-      transposed refs or run_state: jnp's dot of the loaded values there.)"""
-      if interpret:
-        a = a if isinstance(a, jax.Array) else a[...]
-        b_ = b_[...].T if transpose_b else b_[...]
-        product = lax.dot(a, b_, preferred_element_type=jnp.float32)
-        return product if acc is None else acc + product
-      b_ = plgpu.transpose_ref(b_, (1, 0)) if transpose_b else b_
-
-      def new(acc_ref):
-        plgpu.wgmma(acc_ref, a, b_)
-        return acc_ref[...]
-
-      def accumulate(acc_ref):
-        plgpu.wgmma(acc_ref, a, b_)
-
-      if acc is None:
-        return pl.run_scoped(new, plgpu.ACC((rows, b_.shape[1]), jnp.float32))
-      return pl.run_state(accumulate)(plgpu.ACC.init(acc))
-
     def tile_probs(s, seg_mine, seg_step, lse, first_step, keys_mine):
       """The probabilities of a [block, step] tile of base-2 scores s, whose rows are my tokens
       (keys if keys_mine, else queries) and columns this step's (from first_step); lse: the
       queries' log-sum-exps. With the tile's keep mask (None without dropout)."""
       rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
       cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
-      p = jnp.exp2(jnp.where(rows(seg_mine) == cols(seg_step), s, _MASKED)
+      p = jnp.exp2(jnp.where(rows(seg_mine) == cols(seg_step), s, MASKED)
                    - (cols(lse) if keys_mine else rows(lse)))
       if not threshold:
         return p, None
-      mine = iota(s.shape, 0) + first.astype(jnp.uint32)
-      other = iota(s.shape, 1) + first_step.astype(jnp.uint32)
-      queries, keys_ = (other, mine) if keys_mine else (mine, other)
-      return p, _draws_kept(key, queries, keys_, length, threshold)
+      return p, tile_kept(iota, key, s.shape, first, first_step, keys_mine, length, threshold)
 
     def dropped(x, keep):  # x where kept, scaled by 1 / P(keep); 0 elsewhere.
       return x if keep is None else jnp.where(keep, x * keep_scale, 0.0)
@@ -278,5 +321,5 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       compiler_params=plgpu.CompilerParams(approx_math=True),
       grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
       num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',
-      interpret=_interpret_params() if interpret else None,
+      interpret=ops.interpret,
   )(qkv, segment_ids, keys, lse, delta, do)

@@ -265,14 +265,15 @@ class LongBlocks(NamedTuple):
 LONG_BLOCKS = LongBlocks()
 # The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
 MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
-# The backwards of short rows (attention_qkv's short_backward) and long (LongBlocks.backward).
-BACKWARDS = ('triton', 'mosaic')
+# The kernels of each part (attention_qkv's forward and short_backward, LongBlocks.backward):
+# Pallas Triton, or Pallas Mosaic GPU (bert_jax.flash_forward, flash_backward: Hopper's wgmma).
+KERNELS = ('triton', 'mosaic')
 
 
 def long_blocks(backward: str) -> LongBlocks:
-  """The tiling of rows over MAX_LENGTH with this backward (BACKWARDS)."""
-  if backward not in BACKWARDS:
-    raise ValueError(f'backward={backward!r}; valid: {BACKWARDS}')
+  """The tiling of rows over MAX_LENGTH with this backward (KERNELS)."""
+  if backward not in KERNELS:
+    raise ValueError(f'backward={backward!r}; valid: {KERNELS}')
   return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
 
 
@@ -442,24 +443,30 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
-                short_backward):
-  del short_backward  # The backward's.
+def _mosaic_forward(qkv, segment_ids, keys, threshold, interpret):
+  from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
+  return flash_forward.forward(qkv, segment_ids, keys, threshold=threshold,
+                               tiles=flash_forward.tiles_for(qkv.shape[1]), interpret=interpret)
+
+
+def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, kinds):
   qkv = _add_bias(qkv, bias)
-  if qkv.shape[1] > MAX_LENGTH:
+  if kinds[0] == 'mosaic':
+    o, lse_value = _mosaic_forward(qkv, segment_ids, keys, threshold, interpret)
+  elif qkv.shape[1] > MAX_LENGTH:
     o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
   else:
     o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, warps[0])
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
+def _pallas_bwd(threshold, interpret, warps, blocks, kinds, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
   length = qkv.shape[1]
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
-  elif short_backward == 'mosaic':
+  elif kinds[1] == 'mosaic':
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, short_mosaic_tiles(length))
   else:
@@ -473,10 +480,11 @@ def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, short_backward):
-  """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward."""
+def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, kinds):
+  """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward;
+  kinds: KERNELS of the forward and of the short backward."""
   return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
-                     short_backward)[0]
+                     kinds)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
@@ -485,7 +493,7 @@ _pallas.defvjp(_pallas_fwd, _pallas_bwd)
 def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
   """Tilings the flash kernels compute correctly at `length` (a power of two over MAX_LENGTH):
   blocks and steps powers of two from 16 (Triton's smallest dot) to the row; warps powers of
-  two; stages at least 1; the backward one of BACKWARDS, 'mosaic' with 4 or 8 warps and
+  two; stages at least 1; the backward one of KERNELS, 'mosaic' with 4 or 8 warps and
   what flash_backward.check_tiles allows."""
   for field in LongBlocks._fields[:4]:
     n = getattr(blocks, field)
@@ -498,8 +506,8 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
       raise ValueError(f'long_blocks.{field}={n}: must be a power of two up to 32.')
   if blocks.stages < 1:
     raise ValueError(f'long_blocks.stages={blocks.stages}: must be at least 1.')
-  if blocks.backward not in BACKWARDS:
-    raise ValueError(f'long_blocks.backward={blocks.backward!r}; valid: {BACKWARDS}')
+  if blocks.backward not in KERNELS:
+    raise ValueError(f'long_blocks.backward={blocks.backward!r}; valid: {KERNELS}')
   if blocks.backward == 'mosaic':
     if blocks.backward_warps not in (4, 8):
       raise ValueError(f"long_blocks.backward_warps={blocks.backward_warps}: backward='mosaic' "
@@ -508,9 +516,37 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
     flash_backward.check_tiles(_mosaic_tiles(blocks), length, head_dim)
 
 
+def _check_mosaic_kernels(forward: str, short_backward: str, blocks: LongBlocks, dtype,
+                          length: int, head_dim: int) -> None:
+  """The kernels of each part are KERNELS; those of them that are 'mosaic' and serve rows of
+  this length take 16-bit operands (wgmma), rows of 64 tokens or more (a wgmma's 64 rows) and
+  what flash_backward.check_tiles allows."""
+  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
+  parts = [('forward', forward, flash_forward.tiles_for),
+           ('short_backward', short_backward, short_mosaic_tiles)]
+  for name, kind, _ in parts:
+    if kind not in KERNELS:
+      raise ValueError(f'{name}={kind!r}; valid: {KERNELS}')
+  if length > MAX_LENGTH:  # The long backward's tiles are checked with the rest of its blocks.
+    parts[1] = ('long_blocks.backward', blocks.backward, None)
+  for name, kind, tiles in parts:
+    if kind != 'mosaic':
+      continue
+    if jnp.dtype(dtype).itemsize != 2:
+      raise ValueError(f"{name}='mosaic' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
+                       f"{name}='triton'.")
+    if length % 64:
+      raise ValueError(f"{name}='mosaic' takes rows of 64 tokens or more (a wgmma's 64 rows); "
+                       f"got length {length}. Use {name}='triton'.")
+    if tiles is not None:
+      flash_backward.check_tiles(tiles(length), length, head_dim)
+
+
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
                   interpret: bool = False, num_warps: int | None = None,
-                  long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
+                  long_blocks: LongBlocks | None = None, short_backward: str = 'triton',
+                  forward: str = 'triton'):
   """Softmax attention within segments over one packed projection, dropout `rate` on the
   probabilities.
 
@@ -521,7 +557,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward),
   long_blocks (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up
   to MAX_LENGTH, 'triton' (one program per row and head) or 'mosaic' (flash_backward's kernel,
-  short_mosaic_tiles; Hopper, 16-bit, heads of 64 or 128, rows of 64 or 128).
+  short_mosaic_tiles); forward: the forward of every row, 'triton' or 'mosaic' (flash_forward's
+  kernel). The Mosaic GPU kernels need Hopper, 16-bit q, k, v, heads of 64 or 128 and rows of 64
+  tokens or more.
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
@@ -542,21 +580,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
     raise ValueError(f'keys must be tile_keys(rng, {batch}, {heads}): uint32 {(batch, heads, 1)}; '
                      f'got {keys.dtype} {keys.shape}.')
   blocks = LongBlocks(*(long_blocks or LONG_BLOCKS))
-  if short_backward not in BACKWARDS:
-    raise ValueError(f'short_backward={short_backward!r}; valid: {BACKWARDS}')
   if length > MAX_LENGTH:
     _check_long_blocks(blocks, length, head_dim)
-  mosaic = blocks.backward if length > MAX_LENGTH else short_backward
-  name = 'long_blocks.backward' if length > MAX_LENGTH else 'short_backward'
-  if mosaic == 'mosaic' and jnp.dtype(qkv.dtype).itemsize != 2:
-    raise ValueError(f"{name}='mosaic' takes 16-bit q, k, v (wgmma); got {qkv.dtype}. Use "
-                     f"{name}='triton'.")
-  if length <= MAX_LENGTH and short_backward == 'mosaic':
-    if length % 64:
-      raise ValueError(f"short_backward='mosaic' takes rows of 64 or 128 tokens (a wgmma's 64 "
-                       f"rows); got length {length}. Use short_backward='triton'.")
-    from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-    flash_backward.check_tiles(short_mosaic_tiles(length), length, head_dim)
+  _check_mosaic_kernels(forward, short_backward, blocks, qkv.dtype, length, head_dim)
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
@@ -567,16 +593,18 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   warps = (int(num_warps), int(num_warps)) if num_warps else (FORWARD_WARPS, NUM_WARPS)
   return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys,
                  threshold if keys is not None else 0, bool(interpret), warps, blocks,
-                 short_backward)
+                 (forward, short_backward))
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
               interpret: bool = False, num_warps: int | None = None,
-              long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
+              long_blocks: LongBlocks | None = None, short_backward: str = 'triton',
+              forward: str = 'triton'):
   """attention_qkv over separate q, k, v [batch, length, heads, head_dim] (stacked first)."""
   if not q.shape == k.shape == v.shape or q.ndim != 4:
     raise ValueError(f'q, k, v must be [batch, length, heads, head_dim] alike; got {q.shape}, '
                      f'{k.shape}, {v.shape}.')
   return attention_qkv(jnp.stack([q, k, v], axis=2), None, segment_ids, keys, rate=rate,
                        impl=impl, interpret=interpret, num_warps=num_warps,
-                       long_blocks=long_blocks, short_backward=short_backward)
+                       long_blocks=long_blocks, short_backward=short_backward,
+                       forward=forward)

@@ -32,11 +32,11 @@ def operands(dtype, seed=0, length=LENGTH, head_dim=HEAD_DIM):
 
 
 def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long_blocks=None,
-                    short_backward='triton'):
+                    short_backward='triton', forward='triton'):
   def loss(q, k, v):
     out = fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=rate, impl=impl,
                                     interpret=True, long_blocks=long_blocks,
-                                    short_backward=short_backward)
+                                    short_backward=short_backward, forward=forward)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
   return out, grads
@@ -46,22 +46,28 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 @pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
     (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
     (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
-    # Its backward by the Mosaic GPU kernel (short_backward='mosaic'): rows of 128 and 64.
+    # Its backward by the Mosaic GPU kernel (short_backward='mosaic'): rows of 128 and 64; and
+    # both ways by the Mosaic GPU kernels (forward='mosaic' too), rows of 128.
     (jnp.bfloat16, 128, 64, 'short_mosaic'), (jnp.bfloat16, 64, 64, 'short_mosaic'),
+    (jnp.bfloat16, 128, 64, 'all_mosaic'),
     # The flash kernels: their default tiling, and one whose backward steps (32) are not its
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
     (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None),
-    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups.
-    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS)])
+    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups;
+    # the Mosaic GPU forward (bert_jax.flash_forward) before it.
+    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS),
+    (jnp.bfloat16, 256, 64, 'all_mosaic')])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
-  short_backward = 'mosaic' if long_blocks == 'short_mosaic' else 'triton'
-  long_blocks = None if long_blocks == 'short_mosaic' else long_blocks
+  kinds = {'short_mosaic': ('mosaic', 'triton'), 'all_mosaic': ('mosaic', 'mosaic')}
+  short_backward, forward = kinds.get(long_blocks, ('triton', 'triton'))
+  if long_blocks in kinds:
+    long_blocks = fused_attention.MOSAIC_LONG_BLOCKS if length > 128 else None
   out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate,
-                               long_blocks, short_backward)
+                               long_blocks, short_backward, forward)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
   # float32: the same arithmetic; bfloat16: probabilities rounded before or after normalising.
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -101,10 +107,12 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
+@pytest.mark.parametrize('forward', ['triton', 'mosaic'])
 @pytest.mark.parametrize('length', [128, 512])
-def test_mosaic_backward_lowers_for_a_cuda_device_at_berts_shapes(length):
-  """The gradient with the Mosaic GPU backward lowers for CUDA here: its kernel (the forward's
-  Triton kernel beside it) at Large's heads, rows of 128 (short_backward) and 512 (long_blocks)."""
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, forward):
+  """The gradient with the Mosaic GPU backward lowers for CUDA here: its kernel, after the Triton
+  forward or the Mosaic GPU one, at Large's heads, rows of 128 (short_backward) and 512
+  (long_blocks)."""
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
           jax.ShapeDtypeStruct((2, length), jnp.int32),
@@ -113,11 +121,12 @@ def test_mosaic_backward_lowers_for_a_cuda_device_at_berts_shapes(length):
   def loss(qkv, bias, segment_ids, keys):
     out = fused_attention.attention_qkv(qkv, bias, segment_ids, keys, rate=0.1,
                                         long_blocks=fused_attention.MOSAIC_LONG_BLOCKS,
-                                        short_backward='mosaic')
+                                        short_backward='mosaic', forward=forward)
     return jnp.sum(out.astype(jnp.float32))
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
       lowering_platforms=('cuda',))
-  assert 'mosaic_gpu' in lowered.as_text()
+  text = lowered.as_text()
+  assert 'mosaic_gpu' in text and ('attention_fwd_mgpu' in text) == (forward == 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
 
 
@@ -267,7 +276,7 @@ def test_bad_shapes_are_named():
        r"backward_warps=16: backward='mosaic' takes 4 or 8"),
       (fused_attention.MOSAIC_LONG_BLOCKS._replace(backward_block=32),
        r'tiles.block=32: must be 64 or 128'),
-      (fused_attention.MOSAIC_LONG_BLOCKS, r'head_dim=16: the Mosaic GPU backward takes 64 or '
+      (fused_attention.MOSAIC_LONG_BLOCKS, r'head_dim=16: the Mosaic GPU kernels take 64 or '
        r'128')):
     with pytest.raises(ValueError, match=message):
       fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, long_blocks=blocks)
@@ -384,30 +393,36 @@ def test_mosaic_long_backward_is_checked_before_compiling():
                               long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
 
 
-def test_mosaic_short_backward_is_checked_before_compiling():
+@pytest.mark.parametrize('key', ['short_attention_backward', 'attention_forward'])
+def test_mosaic_short_backward_and_forward_are_checked_before_compiling(key):
   config = tiny.get_config()  # Rows of 64, heads of 64, float32 compute.
-  config.model.update(attention_impl='pallas', scan_layers=False,
-                      short_attention_backward='mosaic')
-  with pytest.raises(config_lib.ConfigError, match="short_attention_backward='mosaic' takes "
-                     r"16-bit compute .* got config.model.dtype='float32', head size 64"):
+  config.model.update({'attention_impl': 'pallas', 'scan_layers': False, key: 'mosaic'})
+  with pytest.raises(config_lib.ConfigError, match=f"{key}='mosaic' takes 16-bit compute .* got "
+                     "config.model.dtype='float32', head size 64"):
     config_lib.validate(config)
   config.model.dtype = 'bfloat16'
   config_lib.validate(config)
   config.data.max_seq_length = 32
-  with pytest.raises(config_lib.ConfigError, match=r"takes rows of 64 or 128 tokens .* this run "
-                     r'has rows of \[32\]'):
+  with pytest.raises(config_lib.ConfigError, match=rf"{key}='mosaic' takes rows of 64 tokens or "
+                     r'more .* this run has rows of \[32\]'):
     config_lib.validate(config)
-  config.data.max_seq_length = 256  # No row of 128 or fewer: the kernel is never used.
+  config.data.max_seq_length = 256  # No row of 128 or fewer: the short backward is never used.
   config.model.max_position_embeddings, config.data.max_predictions_per_seq = 256, 40
   config_lib.validate(config)
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32, length=128, head_dim=64)
-  with pytest.raises(ValueError, match=r"short_backward='mosaic' takes 16-bit q, k, v"):
-    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, short_backward='mosaic')
+  for part in ('short_backward', 'forward'):
+    with pytest.raises(ValueError, match=rf"{part}='mosaic' takes 16-bit q, k, v"):
+      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'mosaic'})
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=32, head_dim=64)
-  with pytest.raises(ValueError, match=r"takes rows of 64 or 128 tokens .* got length 32"):
-    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, short_backward='mosaic')
-  with pytest.raises(ValueError, match=r"short_backward='cute'; valid: \('triton', 'mosaic'\)"):
-    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, short_backward='cute')
+  for part in ('short_backward', 'forward'):
+    with pytest.raises(ValueError, match=rf"{part}='mosaic' takes rows of 64 tokens or more .* "
+                       'got length 32'):
+      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'mosaic'})
+    with pytest.raises(ValueError, match=rf"{part}='cute'; valid: \('triton', 'mosaic'\)"):
+      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'cute'})
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=128, head_dim=32)
+  with pytest.raises(ValueError, match='head_dim=32: the Mosaic GPU kernels take 64 or 128'):
+    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, forward='mosaic')
 
 
 def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():

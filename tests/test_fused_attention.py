@@ -330,6 +330,19 @@ def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_functio
     np.testing.assert_allclose(outputs[0][name], outputs[1][name], rtol=1e-5, atol=1e-5)
 
 
+def test_model_hands_its_kernel_choices_to_the_attention(monkeypatch):
+  """attention_forward, short_ and long_attention_backward reach fused_attention.attention_qkv."""
+  calls = []  # The keyword arguments of each call (the kernels themselves are not run).
+  monkeypatch.setattr(fused_attention, 'attention_qkv', lambda qkv, *a, **kw: calls.append(
+      kw) or jnp.zeros(qkv.shape[:2] + qkv.shape[3:], qkv.dtype))
+  model = model_lib.BertForPreTraining(small_config(
+      attention_impl='pallas', attention_forward='mosaic', short_attention_backward='mosaic',
+      long_attention_backward='mosaic'))
+  model.init(jax.random.key(0), *model_inputs())
+  assert calls and all(c['forward'] == c['short_backward'] == c['long_blocks'].backward == 'mosaic'
+                       for c in calls)
+
+
 def test_model_layers_draw_their_own_tile_keys(monkeypatch):
   drawn = []
   tile_keys = fused_attention.tile_keys

@@ -1,6 +1,7 @@
 """The backward of the flash attention kernels (rows over 128 tokens) as one Pallas Mosaic GPU
 kernel: Hopper's wgmma from shared memory fed by TMA, a memory warpgroup running ahead of the
-compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`).
+compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`; rows of 64 or 128 take it
+with `short_backward='mosaic'`, not yet timed on a GPU).
 
 Its function is `fused_attention._long_backward`'s (the Triton kernel's): the same masks, the same
 dropout draws, the same gradients, from the forward's saved log-sum-exp (base 2). Each block of

@@ -18,7 +18,7 @@ VALID_CHOICES = {
     'model.layer_norm_impl': ('xla', 'pallas'),
     'model.ffn_impl': ('xla', 'pallas'),
     'model.long_attention_backward': ('triton', 'mosaic'),
-    'model.short_attention_backward': ('triton', 'mosaic'),
+    'model.short_attention_backward': ('triton', 'mosaic', 'mosaic_flash'),
     'model.attention_forward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
@@ -241,8 +241,8 @@ def _check_model(model, lengths) -> None:
 
 
 def _check_mosaic_attention(model, lengths) -> None:
-  """long_attention_backward, short_attention_backward and attention_forward 'mosaic' (bert_jax/
-  flash_backward.py, flash_forward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows
+  """long_attention_backward, short_attention_backward and attention_forward on Mosaic GPU
+  ('mosaic', 'mosaic_flash'; bert_jax/flash_backward.py, flash_forward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows
   of 64 tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel
   would take."""
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
@@ -252,16 +252,17 @@ def _check_mosaic_attention(model, lengths) -> None:
       ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
       ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH]),
       ('attention_forward', kernel_rows)):
-    if model.get(key, 'triton') != 'mosaic' or not rows:
+    value = model.get(key, 'triton')
+    if not value.startswith('mosaic') or not rows:
       continue
     if model.dtype == 'float32' or head_dim not in (64, 128):
       raise ConfigError(
-          f"config.model.{key}='mosaic' takes 16-bit compute and heads of 64 or 128 (wgmma); "
+          f"config.model.{key}='{value}' takes 16-bit compute and heads of 64 or 128 (wgmma); "
           f'got config.model.dtype={model.dtype!r}, head size {head_dim} (hidden_size '
           f"{model.hidden_size} / num_heads {model.num_heads}). Use {key}='triton'.")
     if any(n % 64 for n in rows):
       raise ConfigError(
-          f"config.model.{key}='mosaic' takes rows of 64 tokens or more (a wgmma's 64 rows); "
+          f"config.model.{key}='{value}' takes rows of 64 tokens or more (a wgmma's 64 rows); "
           f"this run has rows of {sorted(set(rows))}. Use {key}='triton'.")
 
 
@@ -348,12 +349,14 @@ def check_gpu_kernels(config) -> None:
             f"config.model.{key}='pallas' runs {kernels}; this run has {count} {backend} "
             f"device(s). Use {key}='xla' (any device, any mesh).")
     return
-  mosaic = (('ffn_impl', 'pallas', "ffn_impl='xla'"),
-            ('long_attention_backward', 'mosaic', "long_attention_backward='triton'"),
-            ('short_attention_backward', 'mosaic', "short_attention_backward='triton'"),
-            ('attention_forward', 'mosaic', "attention_forward='triton'"))
-  for key, value, instead in mosaic:
-    if config.model.get(key, None) == value and not fused_ffn.on_hopper():
+  mosaic = (('ffn_impl', ('pallas',), "ffn_impl='xla'"),
+            ('long_attention_backward', ('mosaic',), "long_attention_backward='triton'"),
+            ('short_attention_backward', ('mosaic', 'mosaic_flash'),
+             "short_attention_backward='triton'"),
+            ('attention_forward', ('mosaic',), "attention_forward='triton'"))
+  for key, values, instead in mosaic:
+    value = config.model.get(key, None)
+    if value in values and not fused_ffn.on_hopper():
       device = jax.devices()[0]
       raise ConfigError(
           f"config.model.{key}='{value}' runs a Mosaic GPU kernel (wgmma, TMA) on NVIDIA Hopper "

@@ -109,8 +109,8 @@ class KernelOps(NamedTuple):
 
   load(ref, layout): a [n] vector in a WGMMA tile's row or column layout; wgmma_layout(x): x in
   the WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
-  acc=None): a @ b (b^T with transpose_b; b a shared-memory ref, a one or a register tile) by
-  wgmma in float32, a new [rows, ...] product or added to acc; vector(n, value): a [n] float32
+  acc=None, transpose_a=False): a @ b (b^T with transpose_b, a^T with transpose_a; b a
+  shared-memory ref, a one or a register tile) by wgmma in float32, a new [rows, ...] product or added to acc; vector(n, value): a [n] float32
   vector of value in the rows' layout; swizzled: the shared-memory transforms of a [rows,
   head_dim] 16-bit tile; wgmma_rows, wgmma_cols: the vector layouts; plgpu: the Mosaic GPU
   module; interpret: plgpu.kernel's argument of that name."""
@@ -139,13 +139,14 @@ def kernel_ops(interpret: bool) -> KernelOps:
   def iota(shape, dim):
     return wgmma_layout(lax.broadcasted_iota(jnp.uint32, shape, dim))
 
-  def matmul(a, b_, rows, transpose_b=False, acc=None):
+  def matmul(a, b_, rows, transpose_b=False, acc=None, transpose_a=False):
     if interpret:
-      a = a if isinstance(a, jax.Array) else a[...]
+      a = a if isinstance(a, jax.Array) else a[...].T if transpose_a else a[...]
       b_ = b_[...].T if transpose_b else b_[...]
       product = lax.dot(a, b_, preferred_element_type=jnp.float32)
       return product if acc is None else acc + product
     b_ = plgpu.transpose_ref(b_, (1, 0)) if transpose_b else b_
+    a = plgpu.transpose_ref(a, (1, 0)) if transpose_a else a
 
     def new(acc_ref):
       plgpu.wgmma(acc_ref, a, b_)
@@ -166,6 +167,22 @@ def kernel_ops(interpret: bool) -> KernelOps:
                    (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)),
                    plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0), plgpu,
                    _interpret_params() if interpret else None)
+
+
+def store_grad(ops: KernelOps, tile, staging, sums_smem, dst, sums_dst) -> None:
+  """tile ([rows, head_dim], 16-bit) -> dst (a gmem view) through staging (a shared-memory tile
+  like it); and its column sums as stored to sums_dst (a [1, head_dim] gmem view) through
+  sums_smem ([_SUM_ROWS, head_dim] float32), by a wgmma of ones over staging: every row of
+  ones @ tile is the sum (the bias gradient's share of these tokens)."""
+  plgpu = ops.plgpu
+  staging[...] = tile
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(staging, dst)
+  ones = ops.wgmma_layout(jnp.ones((_SUM_ROWS, tile.shape[0]), tile.dtype))
+  sums_smem[...] = ops.matmul(ones, staging, _SUM_ROWS)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(sums_smem.at[pl.ds(0, 1)], sums_dst)
+  plgpu.wait_smem_to_gmem(0)
 
 
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
@@ -210,20 +227,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
         plgpu.copy_gmem_to_smem(src.at[mine], dst, barrier.at[wg])
       plgpu.barrier_wait(barrier.at[wg])
 
-    def store(tile, j):
-      """tile [block, head_dim] float32 -> rows `mine` of part j of dqkv, through tiles_smem;
-      and its column sums as stored (16-bit) to sums_ref [.., j, :], by a wgmma of ones: every
-      row of ones @ tile is the sum (the bias gradient's share of these tokens)."""
-      tiles_smem[wg, 0] = tile.astype(dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(tiles_smem.at[wg, 0], dqkv_ref.at[b, mine, j, h, :])
-      column_sums = matmul(wgmma_layout(jnp.ones((_SUM_ROWS, block), dtype)),
-                           tiles_smem.at[wg, 0], rows=_SUM_ROWS)
-      sums_smem[wg] = column_sums
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(sums_smem.at[wg, pl.ds(0, 1)],
-                              sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
-      plgpu.wait_smem_to_gmem(0)
+    def store(tile, j):  # Rows `mine` of part j of dqkv, through k's buffer.
+      store_grad(ops, tile.astype(dtype), tiles_smem.at[wg, 0], sums_smem.at[wg],
+                 dqkv_ref.at[b, mine, j, h, :],
+                 sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
 
     def tile_probs(s, seg_mine, seg_step, lse, first_step, keys_mine):
       """The probabilities of a [block, step] tile of base-2 scores s, whose rows are my tokens
@@ -322,5 +329,109 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       compiler_params=plgpu.CompilerParams(approx_math=True),
       grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
       num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',
+      interpret=ops.interpret,
+  )(qkv, segment_ids, keys, lse, delta, do)
+
+
+ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.
+
+
+def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
+                 interpret: bool = False):
+  """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)
+  holding the whole row, so nothing is recomputed (five matmuls, the draws once). Returns dqkv
+  and the column sums [batch, heads, length // 64, 3, head_dim] as backward does.
+
+  Warpgroup w (one per 64 tokens) takes queries 64w.. against every key block j: S = Q K_j^T,
+  dP = dO V_j^T, dS; dQ += dS K_j; it leaves the dropped probabilities and dS of each block in
+  shared memory. After all warpgroups have, it takes keys 64w.. over every query block i:
+  dV += P_iw^T dO_i and dK += dS_iw^T Q_i (wgmma's transposed shared-memory operand)."""
+  ops = kernel_ops(interpret)
+  plgpu = ops.plgpu
+  batch, length, _, heads, head_dim = qkv.shape
+  if length not in ROW_LENGTHS:
+    raise ValueError(f'length={length}: row_backward takes rows of {ROW_LENGTHS} tokens.')
+  check_tiles(Tiles(block=64, step=64, warpgroups=length // 64), length, head_dim)
+  blocks, block = length // 64, 64
+  dtype = qkv.dtype
+  scale = 1.0 / head_dim ** 0.5
+  log2_scale = scale * math.log2(math.e)
+  keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
+
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
+             tiles_smem, seg_smem, stats_smem, probs_smem, grads_smem, staging_smem, sums_smem,
+             fetched, written):
+    b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
+    mine = pl.ds(wg * block, block)
+    key = keys_ref[b, h, 0] if threshold else None
+    # This warpgroup's 64 tokens of q, k, v, dO and their segment ids, lse and delta: tiles_smem
+    # [4, blocks, 64, head_dim] and the rest [.., blocks, 64] hold the whole row once all arrive.
+    sources = [qkv_ref.at[b, mine, j, h, :] for j in range(3)] + [do_ref.at[b, mine, h, :]]
+    for j, src in enumerate(sources):
+      plgpu.copy_gmem_to_smem(src, tiles_smem.at[j, wg], fetched)
+    plgpu.copy_gmem_to_smem(seg_ref.at[b, mine], seg_smem.at[wg], fetched)
+    plgpu.copy_gmem_to_smem(lse_ref.at[b, h, mine], stats_smem.at[0, wg], fetched)
+    plgpu.copy_gmem_to_smem(delta_ref.at[b, h, mine], stats_smem.at[1, wg], fetched)
+    plgpu.barrier_wait(fetched)
+    q, k, v, d_out = (lambda i, j=j: tiles_smem.at[j, i] for j in range(4))
+
+    def dropped(x, keep):  # x where kept, scaled by 1 / P(keep); 0 elsewhere.
+      return x if keep is None else jnp.where(keep, x * keep_scale, 0.0)
+
+    def store(tile, j):  # Rows `mine` of part j of dqkv.
+      store_grad(ops, tile.astype(dtype), staging_smem.at[wg], sums_smem.at[wg],
+                 dqkv_ref.at[b, mine, j, h, :], sums_ref.at[b, h, wg, pl.ds(j, 1)])
+
+    # My queries against each block of keys.
+    seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
+    lse_q, delta_q = (ops.load(stats_smem.at[i, wg], ops.wgmma_rows) for i in range(2))
+    dq = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+    for j in range(blocks):
+      s = ops.matmul(q(wg), k(j), block, transpose_b=True) * log2_scale  # [queries, keys]
+      rows = lambda x, shape=s.shape: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
+      seg_k = lax.broadcast_in_dim(ops.load(seg_smem.at[j], ops.wgmma_cols), s.shape, [1])
+      p = jnp.exp2(jnp.where(rows(seg_q) == seg_k, s, MASKED) - rows(lse_q))
+      keep = None
+      if threshold:
+        keep = tile_kept(ops.iota, key, s.shape, wg * block, jnp.int32(j * block), False,
+                         length, threshold)
+      dp = dropped(ops.matmul(d_out(wg), v(j), block, transpose_b=True), keep)
+      ds = (p * (dp - rows(delta_q))).astype(dtype)
+      probs_smem[wg, j] = dropped(p, keep).astype(dtype)
+      grads_smem[wg, j] = ds
+      dq = ops.matmul(ds, k(j), block, acc=dq)
+    store(dq * scale, 0)
+    plgpu.commit_smem()  # Every warpgroup's probabilities and dS, before the others read them.
+    plgpu.barrier_arrive(written)
+    plgpu.barrier_wait(written)
+
+    # My keys over each block of queries.
+    dk = dv = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+    for i in range(blocks):
+      dv = ops.matmul(probs_smem.at[i, wg], d_out(i), block, acc=dv, transpose_a=True)
+      dk = ops.matmul(grads_smem.at[i, wg], q(i), block, acc=dk, transpose_a=True)
+    store(dv, 2)
+    store(dk * scale, 1)
+
+  scratch = [
+      plgpu.SMEM((4, blocks, block, head_dim), dtype, transforms=ops.swizzled),  # q, k, v, dO
+      plgpu.SMEM((blocks, block), jnp.int32),  # segment ids
+      plgpu.SMEM((2, blocks, block), jnp.float32),  # lse, delta
+      # The dropped probabilities and dS, [query block, key block, 64, 64].
+      plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
+      plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
+      plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled),  # stores
+      plgpu.SMEM((blocks, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
+      plgpu.Barrier(num_arrivals=7 * blocks),  # every warpgroup's seven copies arrived
+      plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
+  ]
+  keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
+  return plgpu.kernel(
+      kernel, scratch_types=scratch,
+      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
+                jax.ShapeDtypeStruct((batch, heads, blocks, 3, head_dim), jnp.float32)),
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      grid=(heads, batch), grid_names=('heads', 'batch'),
+      num_threads=blocks, thread_name='wg', kernel_name='row_attention_bwd_mgpu',
       interpret=ops.interpret,
   )(qkv, segment_ids, keys, lse, delta, do)

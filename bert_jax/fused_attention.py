@@ -268,6 +268,10 @@ MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
 # The kernels of each part (attention_qkv's forward and short_backward, LongBlocks.backward):
 # Pallas Triton, or Pallas Mosaic GPU (bert_jax.flash_forward, flash_backward: Hopper's wgmma).
 KERNELS = ('triton', 'mosaic')
+# The backward of rows up to MAX_LENGTH: also 'mosaic_flash', flash_backward.backward (the long
+# rows' kernel, short_mosaic_tiles) where 'mosaic' is flash_backward.row_backward (one block per
+# row and head, nothing recomputed).
+SHORT_BACKWARDS = KERNELS + ('mosaic_flash',)
 
 
 def long_blocks(backward: str) -> LongBlocks:
@@ -278,8 +282,8 @@ def long_blocks(backward: str) -> LongBlocks:
 
 
 def short_mosaic_tiles(length: int):
-  """flash_backward's tiling of rows up to MAX_LENGTH (short_backward='mosaic'): a warpgroup of
-  64 keys per 64 tokens of the row (two at 128), steps of 64, both steps in flight."""
+  """flash_backward's tiling of rows up to MAX_LENGTH (short_backward='mosaic_flash'): a
+  warpgroup of 64 keys per 64 tokens of the row (two at 128), steps of 64, both in flight."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   return flash_backward.Tiles(block=64, step=64, warpgroups=max(1, min(2, length // 64)),
                               stages=2)
@@ -399,13 +403,17 @@ def _mosaic_tiles(blocks: LongBlocks):
 
 
 def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
-  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles); rowsum(dO * O)
-  by XLA, once per query; the column sums [batch, heads, blocks, head_dim] of dq, dk, dv as
-  stored (16-bit)."""
+  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles), or by its
+  row_backward (tiles None); rowsum(dO * O) by XLA, once per query; the column sums [batch,
+  heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
-  dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                       threshold=threshold, tiles=tiles, interpret=interpret)
+  if tiles is None:
+    dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, delta, do,
+                                             threshold=threshold, interpret=interpret)
+  else:
+    dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
+                                         threshold=threshold, tiles=tiles, interpret=interpret)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
@@ -466,9 +474,10 @@ def _pallas_bwd(threshold, interpret, warps, blocks, kinds, saved, do):
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
-  elif kinds[1] == 'mosaic':
+  elif kinds[1] in ('mosaic', 'mosaic_flash'):
+    tiles = short_mosaic_tiles(length) if kinds[1] == 'mosaic_flash' else None
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                   interpret, short_mosaic_tiles(length))
+                                   interpret, tiles)
   else:
     dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, warps[1])
@@ -518,26 +527,28 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
 
 def _check_mosaic_kernels(forward: str, short_backward: str, blocks: LongBlocks, dtype,
                           length: int, head_dim: int) -> None:
-  """The kernels of each part are KERNELS; those of them that are 'mosaic' and serve rows of
-  this length take 16-bit operands (wgmma), rows of 64 tokens or more (a wgmma's 64 rows) and
-  what flash_backward.check_tiles allows."""
+  """The kernels of each part are KERNELS (SHORT_BACKWARDS for the short backward); those of
+  them that run on Mosaic GPU and serve rows of this length take 16-bit operands (wgmma), rows
+  of 64 tokens or more (a wgmma's 64 rows) and what flash_backward.check_tiles allows."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
-  parts = [('forward', forward, flash_forward.tiles_for),
-           ('short_backward', short_backward, short_mosaic_tiles)]
-  for name, kind, _ in parts:
-    if kind not in KERNELS:
-      raise ValueError(f'{name}={kind!r}; valid: {KERNELS}')
+  row_tiles = lambda n: flash_backward.Tiles(64, 64, n // 64)  # noqa: E731  row_backward's
+  parts = [('forward', forward, KERNELS, flash_forward.tiles_for),
+           ('short_backward', short_backward, SHORT_BACKWARDS,
+            short_mosaic_tiles if short_backward == 'mosaic_flash' else row_tiles)]
+  for name, kind, valid, _ in parts:
+    if kind not in valid:
+      raise ValueError(f'{name}={kind!r}; valid: {valid}')
   if length > MAX_LENGTH:  # The long backward's tiles are checked with the rest of its blocks.
-    parts[1] = ('long_blocks.backward', blocks.backward, None)
-  for name, kind, tiles in parts:
-    if kind != 'mosaic':
+    parts[1] = ('long_blocks.backward', blocks.backward, KERNELS, None)
+  for name, kind, _, tiles in parts:
+    if not kind.startswith('mosaic'):
       continue
     if jnp.dtype(dtype).itemsize != 2:
-      raise ValueError(f"{name}='mosaic' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
+      raise ValueError(f"{name}='{kind}' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
                        f"{name}='triton'.")
     if length % 64:
-      raise ValueError(f"{name}='mosaic' takes rows of 64 tokens or more (a wgmma's 64 rows); "
+      raise ValueError(f"{name}='{kind}' takes rows of 64 tokens or more (a wgmma's 64 rows); "
                        f"got length {length}. Use {name}='triton'.")
     if tiles is not None:
       flash_backward.check_tiles(tiles(length), length, head_dim)
@@ -556,8 +567,8 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
   kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward),
   long_blocks (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up
-  to MAX_LENGTH, 'triton' (one program per row and head) or 'mosaic' (flash_backward's kernel,
-  short_mosaic_tiles); forward: the forward of every row, 'triton' or 'mosaic' (flash_forward's
+  to MAX_LENGTH, one of SHORT_BACKWARDS: 'triton' (one program per row and head), 'mosaic'
+  (flash_backward.row_backward) or 'mosaic_flash' (flash_backward.backward); forward: the forward of every row, 'triton' or 'mosaic' (flash_forward's
   kernel). The Mosaic GPU kernels need Hopper, 16-bit q, k, v, heads of 64 or 128 and rows of 64
   tokens or more.
 

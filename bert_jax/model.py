@@ -55,7 +55,8 @@ class BertConfig:
   # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/flash_backward.py, Hopper GPUs).
   long_attention_backward: str = 'triton'
   # The backward of rows up to 128 tokens with attention_impl='pallas': 'triton' (one program per
-  # row and head) or 'mosaic' (flash_backward's kernel on rows of 64 or 128; Hopper GPUs).
+  # row and head), 'mosaic' (flash_backward.row_backward, rows of 64 or 128, nothing recomputed)
+  # or 'mosaic_flash' (the long rows' flash_backward.backward); the Mosaic ones Hopper GPUs only.
   short_attention_backward: str = 'triton'
   # The forward of every row with attention_impl='pallas': 'triton' or 'mosaic' (bert_jax/
   # flash_forward.py; rows of 64 tokens or more; Hopper GPUs).

@@ -40,7 +40,8 @@ _WARPS = flags.DEFINE_list(
     '(fused_attention.FORWARD_WARPS forward, NUM_WARPS backward, as the model runs them).')
 _SHORT = flags.DEFINE_list(
     'short_backward', ['triton'], 'Backwards of our short kernels to time (rows up to '
-    "fused_attention.MAX_LENGTH): 'triton', 'mosaic' (bert_jax.flash_backward).")
+    "fused_attention.MAX_LENGTH): fused_attention.SHORT_BACKWARDS ('triton'; 'mosaic': "
+    "flash_backward.row_backward; 'mosaic_flash': flash_backward.backward).")
 _BIAS = flags.DEFINE_bool(
     'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
     'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '

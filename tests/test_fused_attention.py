@@ -46,10 +46,11 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 @pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
     (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
     (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
-    # Its backward by the Mosaic GPU kernel (short_backward='mosaic'): rows of 128 and 64; and
-    # both ways by the Mosaic GPU kernels (forward='mosaic' too), rows of 128.
+    # Its backward by the Mosaic GPU kernels (short_backward 'mosaic': one block per row and
+    # head; 'mosaic_flash': the flash backward), rows of 128 and 64; and both ways on Mosaic GPU
+    # (forward='mosaic' too), rows of 128.
     (jnp.bfloat16, 128, 64, 'short_mosaic'), (jnp.bfloat16, 64, 64, 'short_mosaic'),
-    (jnp.bfloat16, 128, 64, 'all_mosaic'),
+    (jnp.bfloat16, 128, 64, 'short_mosaic_flash'), (jnp.bfloat16, 128, 64, 'all_mosaic'),
     # The flash kernels: their default tiling, and one whose backward steps (32) are not its
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
@@ -62,7 +63,8 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
-  kinds = {'short_mosaic': ('mosaic', 'triton'), 'all_mosaic': ('mosaic', 'mosaic')}
+  kinds = {'short_mosaic': ('mosaic', 'triton'), 'short_mosaic_flash': ('mosaic_flash', 'triton'),
+           'all_mosaic': ('mosaic', 'mosaic')}
   short_backward, forward = kinds.get(long_blocks, ('triton', 'triton'))
   if long_blocks in kinds:
     long_blocks = fused_attention.MOSAIC_LONG_BLOCKS if length > 128 else None
@@ -108,11 +110,12 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
 
 
 @pytest.mark.parametrize('forward', ['triton', 'mosaic'])
-@pytest.mark.parametrize('length', [128, 512])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, forward):
-  """The gradient with the Mosaic GPU backward lowers for CUDA here: its kernel, after the Triton
-  forward or the Mosaic GPU one, at Large's heads, rows of 128 (short_backward) and 512
-  (long_blocks)."""
+@pytest.mark.parametrize('length, short_backward', [
+    (128, 'mosaic'), (128, 'mosaic_flash'), (512, 'triton')])
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, forward):
+  """The gradient with a Mosaic GPU backward lowers for CUDA here: its kernel, after the Triton
+  forward or the Mosaic GPU one, at Large's heads, rows of 128 (short_backward, both kernels)
+  and 512 (long_blocks)."""
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
           jax.ShapeDtypeStruct((2, length), jnp.int32),
@@ -121,12 +124,14 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, forward)
   def loss(qkv, bias, segment_ids, keys):
     out = fused_attention.attention_qkv(qkv, bias, segment_ids, keys, rate=0.1,
                                         long_blocks=fused_attention.MOSAIC_LONG_BLOCKS,
-                                        short_backward='mosaic', forward=forward)
+                                        short_backward=short_backward, forward=forward)
     return jnp.sum(out.astype(jnp.float32))
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
       lowering_platforms=('cuda',))
   text = lowered.as_text()
-  assert 'mosaic_gpu' in text and ('attention_fwd_mgpu' in text) == (forward == 'mosaic')
+  assert ('attention_fwd_mgpu' in text) == (forward == 'mosaic')
+  assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
+  assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
 
 
@@ -431,7 +436,7 @@ def test_mosaic_short_backward_and_forward_are_checked_before_compiling(key):
     with pytest.raises(ValueError, match=rf"{part}='mosaic' takes rows of 64 tokens or more .* "
                        'got length 32'):
       fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'mosaic'})
-    with pytest.raises(ValueError, match=rf"{part}='cute'; valid: \('triton', 'mosaic'\)"):
+    with pytest.raises(ValueError, match=rf"{part}='cute'; valid: \('triton', 'mosaic'"):
       fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'cute'})
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=128, head_dim=32)
   with pytest.raises(ValueError, match='head_dim=32: the Mosaic GPU kernels take 64 or 128'):

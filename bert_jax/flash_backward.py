@@ -336,11 +336,13 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.
 
 
-def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
+def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)
-  holding the whole row, so nothing is recomputed (five matmuls, the draws once). Returns dqkv
-  and the column sums [batch, heads, length // 64, 3, head_dim] as backward does.
+  holding the whole row, so nothing is recomputed (five matmuls, the draws once). It takes the
+  forward's output o [batch, length, heads, head_dim] where backward takes delta: rowsum(dO * O)
+  comes from the tiles it loads anyway. Returns dqkv and the column sums [batch, heads,
+  length // 64, 3, head_dim] as backward does.
 
   Warpgroup w (one per 64 tokens) takes queries 64w.. against every key block j: S = Q K_j^T,
   dP = dO V_j^T, dS; dQ += dS K_j; it leaves the dropped probabilities and dS of each block in
@@ -358,20 +360,21 @@ def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
   log2_scale = scale * math.log2(math.e)
   keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
 
-  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
-             tiles_smem, seg_smem, stats_smem, probs_smem, grads_smem, staging_smem, sums_smem,
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, o_ref, do_ref, dqkv_ref, sums_ref,
+             tiles_smem, seg_smem, lse_smem, probs_smem, grads_smem, staging_smem, sums_smem,
              fetched, written):
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     mine = pl.ds(wg * block, block)
     key = keys_ref[b, h, 0] if threshold else None
-    # This warpgroup's 64 tokens of q, k, v, dO and their segment ids, lse and delta: tiles_smem
-    # [4, blocks, 64, head_dim] and the rest [.., blocks, 64] hold the whole row once all arrive.
+    # This warpgroup's 64 tokens of q, k, v, dO and their segment ids and lse: tiles_smem [4,
+    # blocks, 64, head_dim] and the rest [blocks, 64] hold the whole row once all arrive; and
+    # its o, in the buffer of its stores.
     sources = [qkv_ref.at[b, mine, j, h, :] for j in range(3)] + [do_ref.at[b, mine, h, :]]
     for j, src in enumerate(sources):
       plgpu.copy_gmem_to_smem(src, tiles_smem.at[j, wg], fetched)
     plgpu.copy_gmem_to_smem(seg_ref.at[b, mine], seg_smem.at[wg], fetched)
-    plgpu.copy_gmem_to_smem(lse_ref.at[b, h, mine], stats_smem.at[0, wg], fetched)
-    plgpu.copy_gmem_to_smem(delta_ref.at[b, h, mine], stats_smem.at[1, wg], fetched)
+    plgpu.copy_gmem_to_smem(lse_ref.at[b, h, mine], lse_smem.at[wg], fetched)
+    plgpu.copy_gmem_to_smem(o_ref.at[b, mine, h, :], staging_smem.at[wg], fetched)
     plgpu.barrier_wait(fetched)
     q, k, v, d_out = (lambda i, j=j: tiles_smem.at[j, i] for j in range(4))
 
@@ -384,7 +387,9 @@ def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
 
     # My queries against each block of keys.
     seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
-    lse_q, delta_q = (ops.load(stats_smem.at[i, wg], ops.wgmma_rows) for i in range(2))
+    lse_q = ops.load(lse_smem.at[wg], ops.wgmma_rows)
+    delta_q = jnp.sum(staging_smem[wg].astype(jnp.float32)  # rowsum(dO * O) [64]
+                      * tiles_smem[3, wg].astype(jnp.float32), axis=1)
     dq = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
     for j in range(blocks):
       s = ops.matmul(q(wg), k(j), block, transpose_b=True) * log2_scale  # [queries, keys]
@@ -416,11 +421,11 @@ def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
   scratch = [
       plgpu.SMEM((4, blocks, block, head_dim), dtype, transforms=ops.swizzled),  # q, k, v, dO
       plgpu.SMEM((blocks, block), jnp.int32),  # segment ids
-      plgpu.SMEM((2, blocks, block), jnp.float32),  # lse, delta
+      plgpu.SMEM((blocks, block), jnp.float32),  # lse
       # The dropped probabilities and dS, [query block, key block, 64, 64].
       plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
       plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
-      plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled),  # stores
+      plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled),  # o, then stores
       plgpu.SMEM((blocks, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=7 * blocks),  # every warpgroup's seven copies arrived
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
@@ -434,4 +439,4 @@ def row_backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int,
       grid=(heads, batch), grid_names=('heads', 'batch'),
       num_threads=blocks, thread_name='wg', kernel_name='row_attention_bwd_mgpu',
       interpret=ops.interpret,
-  )(qkv, segment_ids, keys, lse, delta, do)
+  )(qkv, segment_ids, keys, lse, o, do)

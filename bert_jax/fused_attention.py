@@ -403,15 +403,15 @@ def _mosaic_tiles(blocks: LongBlocks):
 
 
 def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
-  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles), or by its
-  row_backward (tiles None); rowsum(dO * O) by XLA, once per query; the column sums [batch,
-  heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
+  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles), rowsum(dO * O)
+  by XLA, once per query; or by its row_backward (tiles None), which computes that itself; the
+  column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
   if tiles is None:
-    dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, delta, do,
+    dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, o, do,
                                              threshold=threshold, interpret=interpret)
   else:
+    delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
     dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
                                          threshold=threshold, tiles=tiles, interpret=interpret)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))

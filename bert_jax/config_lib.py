@@ -242,9 +242,9 @@ def _check_model(model, lengths) -> None:
 
 def _check_mosaic_attention(model, lengths) -> None:
   """long_attention_backward, short_attention_backward and attention_forward on Mosaic GPU
-  ('mosaic', 'mosaic_flash'; bert_jax/flash_backward.py, flash_forward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows
-  of 64 tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel
-  would take."""
+  ('mosaic', 'mosaic_flash'; bert_jax/flash_backward.py, flash_forward.py) take 16-bit compute,
+  heads of 64 or 128 (wgmma) and rows of 64 tokens or more (a wgmma's 64 rows); checked only when
+  the run has rows that the kernel would take."""
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]

@@ -107,13 +107,13 @@ class KernelOps(NamedTuple):
   """What a Mosaic GPU attention kernel does with tiles, the same on the GPU and on Mosaic GPU's
   interpreter (which has no plgpu.load, layouts, wgmma, transposed refs or run_state).
 
-  load(ref, layout): a [n] vector in a WGMMA tile's row or column layout; wgmma_layout(x): x in
-  the WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
-  acc=None, transpose_a=False): a @ b (b^T with transpose_b, a^T with transpose_a; b a
-  shared-memory ref, a one or a register tile) by wgmma in float32, a new [rows, ...] product or added to acc; vector(n, value): a [n] float32
-  vector of value in the rows' layout; swizzled: the shared-memory transforms of a [rows,
-  head_dim] 16-bit tile; wgmma_rows, wgmma_cols: the vector layouts; plgpu: the Mosaic GPU
-  module; interpret: plgpu.kernel's argument of that name."""
+  load(ref, layout): a [n] vector in a WGMMA tile's row or column layout; wgmma_layout(x): x in the
+  WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
+  acc=None, transpose_a=False): a @ b (b^T with transpose_b, a^T with transpose_a; b a shared-memory
+  ref, a one or a register tile) by wgmma in float32, a new [rows, ...] product or added to acc;
+  vector(n, value): a [n] float32 vector of value in the rows' layout; swizzled: the shared-memory
+  transforms of a [rows, head_dim] 16-bit tile; wgmma_rows, wgmma_cols: the vector layouts; plgpu:
+  the Mosaic GPU module; interpret: plgpu.kernel's argument of that name."""
   load: Callable
   wgmma_layout: Callable
   iota: Callable

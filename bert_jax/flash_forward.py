@@ -3,9 +3,9 @@
 keys and values ahead of the compute warpgroups, for rows of 64 to 512 tokens.
 
 Its function is the Triton forwards' (`fused_attention._forward_kernel` for rows up to 128,
-`_long_forward_kernel` above): the same segment masks, the same dropout draws
-(`flash_backward._draws_kept`, which is `fused_attention.keep_mask`), the output and the base-2
-log-sum-exp that either backward takes. Each block of the grid (head, tile, row) has
+`_long_forward_kernel` for longer ones): the same segment masks, the same dropout draws
+(`flash_backward.tile_kept`, which are `fused_attention.keep_mask`'s), the output and the base-2
+log-sum-exp that every backward takes. Each block of the grid (head, tile, row) has
 `warpgroups` compute warpgroups of `block` queries each; a warpgroup holds its queries' q in
 shared memory and steps over every key of the row, `step` at a time:
 
@@ -35,9 +35,9 @@ TILES = Tiles(block=64, step=128, warpgroups=2, stages=2)
 
 
 def tiles_for(length: int, tiles: Tiles | None = None) -> Tiles:
-  """tiles (default TILES) fitted to a row of `length` tokens: steps no longer than half the row
-  (two steps at least, for the pipeline), one warpgroup of queries per 64 tokens up to
-  tiles.warpgroups, stages no more than the steps."""
+  """tiles (default TILES) fitted to a row of `length` tokens: steps of at most half the row
+  (so that rows of 128 or more take two steps at least, for the pipeline) and at least 64, one
+  warpgroup of queries per 64 tokens up to tiles.warpgroups, stages no more than the steps."""
   tiles = tiles or TILES
   step = min(tiles.step, max(64, length // 2))
   return tiles._replace(step=step,
@@ -79,7 +79,8 @@ def forward(qkv, segment_ids, keys, *, threshold: int, tiles: Tiles = TILES,
       plgpu.barrier_wait(fetched.at[wg])
       acc = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
       seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
-      acc, m, l, _ = run((acc, ops.vector(block, flash_backward.MASKED), ops.vector(block, 0.0), seg_q))
+      m, l = ops.vector(block, flash_backward.MASKED), ops.vector(block, 0.0)
+      acc, m, l, _ = run((acc, m, l, seg_q))
       o = acc * rows(keep_scale / l, acc.shape)
       q_smem[wg] = o.astype(dtype)  # q's buffer: every wgmma that read it has finished.
       lse_smem[wg] = m + jnp.log(l) * math.log2(math.e)

@@ -20,7 +20,10 @@ slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with 
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
 (experiments/perf_notes.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that
 backward as bert_jax.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
-0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms.
+0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `forward='mosaic'`
+(bert_jax.flash_forward) and `short_backward='mosaic'` (flash_backward.row_backward, one block per
+row and head) put the forward of every row and the backward of rows of 64 or 128 on Mosaic GPU
+too, with the same masks and draws; they are not yet timed on a GPU.
 
 q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
 (`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the
@@ -565,12 +568,12 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   bias (one matmul's output); bias: [3, heads, head_dim] or None; segment_ids: [batch, length]
   int32 (a query sees the keys of its own segment); keys: tile_keys(rng, batch, heads), or None
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
-  kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward),
-  long_blocks (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up
-  to MAX_LENGTH, one of SHORT_BACKWARDS: 'triton' (one program per row and head), 'mosaic'
-  (flash_backward.row_backward) or 'mosaic_flash' (flash_backward.backward); forward: the forward of every row, 'triton' or 'mosaic' (flash_forward's
-  kernel). The Mosaic GPU kernels need Hopper, 16-bit q, k, v, heads of 64 or 128 and rows of 64
-  tokens or more.
+  kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward), long_blocks
+  (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up to MAX_LENGTH,
+  one of SHORT_BACKWARDS: 'triton' (one program per row and head), 'mosaic'
+  (flash_backward.row_backward) or 'mosaic_flash' (flash_backward.backward); forward: the forward of
+  every row, 'triton' or 'mosaic' (flash_forward's kernel). The Mosaic GPU kernels need Hopper,
+  16-bit q, k, v, heads of 64 or 128 and rows of 64 tokens or more.
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the

@@ -1,7 +1,8 @@
 """The backward of the flash attention kernels (rows over 128 tokens) as one Pallas Mosaic GPU
 kernel: Hopper's wgmma from shared memory fed by TMA, a memory warpgroup running ahead of the
-compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`; rows of 64 or 128 take it
-with `short_backward='mosaic'`, not yet timed on a GPU).
+compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`). Rows of 64 or 128 take it
+with `short_backward='mosaic_flash'`, and `row_backward` below (one block per row and head,
+nothing recomputed) with `short_backward='mosaic'`; neither is timed on a GPU yet.
 
 Its function is `fused_attention._long_backward`'s (the Triton kernel's): the same masks, the same
 dropout draws, the same gradients, from the forward's saved log-sum-exp (base 2). Each block of
@@ -28,6 +29,7 @@ neighbouring values are different pairs of the pair hash, so each value hashes a
 (experiments/perf_notes.md).
 """
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -101,6 +103,27 @@ def tile_kept(iota, key, shape, first_row, first_col, rows_are_keys: bool, lengt
   cols = iota(shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (cols, rows) if rows_are_keys else (rows, cols)
   return _draws_kept(key, queries, keys, length, threshold)
+
+
+def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
+               rows_are_keys: bool, length: int, threshold: int):
+  """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
+  first_row.. (keys if rows_are_keys, else queries) and columns tokens first_col.., masked
+  outside each query's segment (seg_rows, seg_cols: their segment ids); lse: the queries'
+  base-2 log-sum-exps. With the tile's keep mask (None without dropout)."""
+  rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
+  cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
+  p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, MASKED)
+               - (cols(lse) if rows_are_keys else rows(lse)))
+  if not threshold:
+    return p, None
+  return p, tile_kept(ops.iota, key, s.shape, first_row, first_col, rows_are_keys, length,
+                      threshold)
+
+
+def dropped(x, keep, threshold: int):
+  """x where kept, scaled by 1 / P(keep), 0 elsewhere (x itself when keep is None)."""
+  return x if keep is None else jnp.where(keep, x * fused_norm.keep_scale(threshold), 0.0)
 
 
 class KernelOps(NamedTuple):
@@ -203,8 +226,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)
-  keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
-  load, wgmma_layout, iota, swizzled = ops.load, ops.wgmma_layout, ops.iota, ops.swizzled
+  load, wgmma_layout, swizzled = ops.load, ops.wgmma_layout, ops.swizzled
   wgmma_rows, wgmma_cols = ops.wgmma_rows, ops.wgmma_cols
 
   def matmul(a, b_, transpose_b=False, acc=None, rows=block):
@@ -232,20 +254,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
                  dqkv_ref.at[b, mine, j, h, :],
                  sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
 
-    def tile_probs(s, seg_mine, seg_step, lse, first_step, keys_mine):
-      """The probabilities of a [block, step] tile of base-2 scores s, whose rows are my tokens
-      (keys if keys_mine, else queries) and columns this step's (from first_step); lse: the
-      queries' log-sum-exps. With the tile's keep mask (None without dropout)."""
-      rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
-      cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
-      p = jnp.exp2(jnp.where(rows(seg_mine) == cols(seg_step), s, MASKED)
-                   - (cols(lse) if keys_mine else rows(lse)))
-      if not threshold:
-        return p, None
-      return p, tile_kept(iota, key, s.shape, first, first_step, keys_mine, length, threshold)
-
-    def dropped(x, keep):  # x where kept, scaled by 1 / P(keep); 0 elsewhere.
-      return x if keep is None else jnp.where(keep, x * keep_scale, 0.0)
+    # A [block, step] tile's probabilities and keep mask, its rows my tokens.
+    probs = functools.partial(tile_probs, ops, key=key, first_row=first, length=length,
+                              threshold=threshold)
+    drop = functools.partial(dropped, threshold=threshold)
 
     # dK and dV of my keys: [keys, queries] tiles, stepping over the queries.
     def key_pass(run):
@@ -262,10 +274,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       k_smem, v_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
       # [my keys, these queries]: the scores transposed, in base 2.
       s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
-      p_t, keep = tile_probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
-                             indices[0] * step, keys_mine=True)
-      dp_t = dropped(matmul(v_smem, do_smem, transpose_b=True), keep)
-      dv = matmul(dropped(p_t, keep).astype(dtype), do_smem, acc=dv)
+      p_t, keep = probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
+                        first_col=indices[0] * step, rows_are_keys=True)
+      dp_t = drop(matmul(v_smem, do_smem, transpose_b=True), keep)
+      dv = matmul(drop(p_t, keep).astype(dtype), do_smem, acc=dv)
       delta = load(delta_smem, wgmma_cols)
       ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, s_t.shape, [1]))
       dk = matmul(ds_t.astype(dtype), q_smem, acc=dk)
@@ -299,9 +311,9 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       dq, seg_q, lse, delta = carry
       q_smem, do_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
       s = matmul(q_smem, k_smem, transpose_b=True) * log2_scale  # [my queries, these keys]
-      p, keep = tile_probs(s, seg_q, load(seg_smem, wgmma_cols), lse, indices[0] * step,
-                           keys_mine=False)
-      dp = dropped(matmul(do_smem, v_smem, transpose_b=True), keep)
+      p, keep = probs(s, seg_q, load(seg_smem, wgmma_cols), lse, first_col=indices[0] * step,
+                      rows_are_keys=False)
+      dp = drop(matmul(do_smem, v_smem, transpose_b=True), keep)
       ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
       dq = matmul(ds.astype(dtype), k_smem, acc=dq)
       return dq, seg_q, lse, delta
@@ -358,7 +370,6 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)
-  keep_scale = fused_norm.keep_scale(threshold) if threshold else 1.0
 
   def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, o_ref, do_ref, dqkv_ref, sums_ref,
              tiles_smem, seg_smem, lse_smem, probs_smem, grads_smem, staging_smem, sums_smem,
@@ -378,8 +389,7 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
     plgpu.barrier_wait(fetched)
     q, k, v, d_out = (lambda i, j=j: tiles_smem.at[j, i] for j in range(4))
 
-    def dropped(x, keep):  # x where kept, scaled by 1 / P(keep); 0 elsewhere.
-      return x if keep is None else jnp.where(keep, x * keep_scale, 0.0)
+    drop = functools.partial(dropped, threshold=threshold)
 
     def store(tile, j):  # Rows `mine` of part j of dqkv.
       store_grad(ops, tile.astype(dtype), staging_smem.at[wg], sums_smem.at[wg],
@@ -393,16 +403,12 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
     dq = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
     for j in range(blocks):
       s = ops.matmul(q(wg), k(j), block, transpose_b=True) * log2_scale  # [queries, keys]
-      rows = lambda x, shape=s.shape: lax.broadcast_in_dim(x, shape, [0])  # noqa: E731
-      seg_k = lax.broadcast_in_dim(ops.load(seg_smem.at[j], ops.wgmma_cols), s.shape, [1])
-      p = jnp.exp2(jnp.where(rows(seg_q) == seg_k, s, MASKED) - rows(lse_q))
-      keep = None
-      if threshold:
-        keep = tile_kept(ops.iota, key, s.shape, wg * block, jnp.int32(j * block), False,
-                         length, threshold)
-      dp = dropped(ops.matmul(d_out(wg), v(j), block, transpose_b=True), keep)
-      ds = (p * (dp - rows(delta_q))).astype(dtype)
-      probs_smem[wg, j] = dropped(p, keep).astype(dtype)
+      p, keep = tile_probs(ops, s, seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q,
+                           key=key, first_row=wg * block, first_col=jnp.int32(j * block),
+                           rows_are_keys=False, length=length, threshold=threshold)
+      dp = drop(ops.matmul(d_out(wg), v(j), block, transpose_b=True), keep)
+      ds = (p * (dp - lax.broadcast_in_dim(delta_q, s.shape, [0]))).astype(dtype)
+      probs_smem[wg, j] = drop(p, keep).astype(dtype)
       grads_smem[wg, j] = ds
       dq = ops.matmul(ds, k(j), block, acc=dq)
     store(dq * scale, 0)

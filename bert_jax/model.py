@@ -222,8 +222,8 @@ def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
   parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
   [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
   depend on the mesh); long_blocks: the tiling of rows over 128 (fused_attention's default);
-  short_backward, forward: the kernels of the backward of rows up to 128 and of the forward
-  (fused_attention.KERNELS).
+  short_backward, forward: the kernels of the backward of rows up to 128
+  (fused_attention.SHORT_BACKWARDS) and of the forward (fused_attention.KERNELS).
   """
   attend = functools.partial(fused_attention.attention_qkv, rate=rate, long_blocks=long_blocks,
                              short_backward=short_backward, forward=forward,

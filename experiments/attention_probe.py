@@ -5,8 +5,8 @@ attention (no dropout). Ours take q, k, v packed as the model's projection gives
 dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
-[--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default] [--short_backward=triton,mosaic]
-[--forward=triton,mosaic,mosaic:64-64-2-3] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+[--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
+[--short_backward=triton,mosaic,mosaic_flash] [--forward=triton,mosaic,mosaic:64-64-2-3] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
 """
@@ -110,8 +110,8 @@ def main(argv):
       patches[name] = [functools.partial(
           unittest.mock.patch.object, flash_forward, 'TILES',
           flash_forward.Tiles(*map(int, forward_tiles.split('-'))))] if forward_tiles else []
-      mosaic_backward = 'mosaic' in (tiling.get('short_backward'),
-                                     getattr(tiling.get('long_blocks'), 'backward', None))
+      mosaic_backward = any(str(kind).startswith('mosaic') for kind in (
+          tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None)))
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = patches[name] + [functools.partial(

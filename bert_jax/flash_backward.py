@@ -56,6 +56,21 @@ class Tiles(NamedTuple):
 TILES = Tiles()
 
 
+def fit_tiles(tiles: Tiles, length: int) -> Tiles:
+  """tiles fitted to a row of `length` tokens: steps of at most half the row (so that rows of
+  128 or more take two steps at least, for the pipeline) and at least 64, one warpgroup per 64
+  tokens up to tiles.warpgroups, stages no more than the steps."""
+  step = min(tiles.step, max(64, length // 2))
+  return tiles._replace(step=step,
+                        warpgroups=max(1, min(tiles.warpgroups, length // tiles.block)),
+                        stages=max(2, min(tiles.stages, length // step)))
+
+
+def row_tiles(length: int) -> Tiles:
+  """row_backward's warpgroups as Tiles: one of 64 tokens per 64 of the row."""
+  return Tiles(block=64, step=64, warpgroups=length // 64)
+
+
 def check_tiles(tiles: Tiles, length: int, head_dim: int) -> None:
   """Tilings the kernel computes at `length` and `head_dim`: block and step 64 (a warpgroup's
   wgmma rows; 128 for block) dividing the row, warpgroups 1 or 2 with block * warpgroups
@@ -365,7 +380,7 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
   batch, length, _, heads, head_dim = qkv.shape
   if length not in ROW_LENGTHS:
     raise ValueError(f'length={length}: row_backward takes rows of {ROW_LENGTHS} tokens.')
-  check_tiles(Tiles(block=64, step=64, warpgroups=length // 64), length, head_dim)
+  check_tiles(row_tiles(length), length, head_dim)
   blocks, block = length // 64, 64
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5

@@ -35,14 +35,8 @@ TILES = Tiles(block=64, step=128, warpgroups=2, stages=2)
 
 
 def tiles_for(length: int, tiles: Tiles | None = None) -> Tiles:
-  """tiles (default TILES) fitted to a row of `length` tokens: steps of at most half the row
-  (so that rows of 128 or more take two steps at least, for the pipeline) and at least 64, one
-  warpgroup of queries per 64 tokens up to tiles.warpgroups, stages no more than the steps."""
-  tiles = tiles or TILES
-  step = min(tiles.step, max(64, length // 2))
-  return tiles._replace(step=step,
-                        warpgroups=max(1, min(tiles.warpgroups, length // tiles.block)),
-                        stages=max(2, min(tiles.stages, length // step)))
+  """tiles (default TILES) fitted to a row of `length` tokens (flash_backward.fit_tiles)."""
+  return flash_backward.fit_tiles(tiles or TILES, length)
 
 
 def forward(qkv, segment_ids, keys, *, threshold: int, tiles: Tiles = TILES,

@@ -288,8 +288,8 @@ def short_mosaic_tiles(length: int):
   """flash_backward's tiling of rows up to MAX_LENGTH (short_backward='mosaic_flash'): a
   warpgroup of 64 keys per 64 tokens of the row (two at 128), steps of 64, both in flight."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  return flash_backward.Tiles(block=64, step=64, warpgroups=max(1, min(2, length // 64)),
-                              stages=2)
+  return flash_backward.fit_tiles(flash_backward.Tiles(block=64, step=64, warpgroups=2,
+                                                       stages=2), length)
 
 
 def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
@@ -535,10 +535,9 @@ def _check_mosaic_kernels(forward: str, short_backward: str, blocks: LongBlocks,
   of 64 tokens or more (a wgmma's 64 rows) and what flash_backward.check_tiles allows."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
-  row_tiles = lambda n: flash_backward.Tiles(64, 64, n // 64)  # noqa: E731  row_backward's
   parts = [('forward', forward, KERNELS, flash_forward.tiles_for),
            ('short_backward', short_backward, SHORT_BACKWARDS,
-            short_mosaic_tiles if short_backward == 'mosaic_flash' else row_tiles)]
+            short_mosaic_tiles if short_backward == 'mosaic_flash' else flash_backward.row_tiles)]
   for name, kind, valid, _ in parts:
     if kind not in valid:
       raise ValueError(f'{name}={kind!r}; valid: {valid}')

@@ -387,22 +387,21 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
   log2_scale = scale * math.log2(math.e)
 
   def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, o_ref, do_ref, dqkv_ref, sums_ref,
-             tiles_smem, seg_smem, lse_smem, probs_smem, grads_smem, staging_smem, sums_smem,
-             fetched, written):
+             q_smem, k_smem, v_smem, do_smem, seg_smem, lse_smem, probs_smem, grads_smem,
+             staging_smem, sums_smem, fetched, written):
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     mine = pl.ds(wg * block, block)
     key = keys_ref[b, h, 0] if threshold else None
-    # This warpgroup's 64 tokens of q, k, v, dO and their segment ids and lse: tiles_smem [4,
-    # blocks, 64, head_dim] and the rest [blocks, 64] hold the whole row once all arrive; and
-    # its o, in the buffer of its stores.
+    # This warpgroup's 64 tokens of q, k, v, dO and their segment ids and lse: each buffer
+    # [blocks, 64, ...] holds the whole row once all arrive; and its o, in the buffer of its
+    # stores.
     sources = [qkv_ref.at[b, mine, j, h, :] for j in range(3)] + [do_ref.at[b, mine, h, :]]
-    for j, src in enumerate(sources):
-      plgpu.copy_gmem_to_smem(src, tiles_smem.at[j, wg], fetched)
+    for src, dst in zip(sources, (q_smem, k_smem, v_smem, do_smem)):
+      plgpu.copy_gmem_to_smem(src, dst.at[wg], fetched)
     plgpu.copy_gmem_to_smem(seg_ref.at[b, mine], seg_smem.at[wg], fetched)
     plgpu.copy_gmem_to_smem(lse_ref.at[b, h, mine], lse_smem.at[wg], fetched)
     plgpu.copy_gmem_to_smem(o_ref.at[b, mine, h, :], staging_smem.at[wg], fetched)
     plgpu.barrier_wait(fetched)
-    q, k, v, d_out = (lambda i, j=j: tiles_smem.at[j, i] for j in range(4))
 
     drop = functools.partial(dropped, threshold=threshold)
 
@@ -410,43 +409,50 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
       store_grad(ops, tile.astype(dtype), staging_smem.at[wg], sums_smem.at[wg],
                  dqkv_ref.at[b, mine, j, h, :], sums_ref.at[b, h, wg, pl.ds(j, 1)])
 
-    # My queries against each block of keys.
+    # The blocks are stepped by fori_loop, not a Python loop: a shared-memory view taken at a
+    # constant index and read by an accumulating wgmma (a run_state) fails to lower under jax
+    # 0.11's Warpgroup semantics ("Shaped arrays must be represented by ir.Values").
     seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
     lse_q = ops.load(lse_smem.at[wg], ops.wgmma_rows)
     delta_q = jnp.sum(staging_smem[wg].astype(jnp.float32)  # rowsum(dO * O) [64]
-                      * tiles_smem[3, wg].astype(jnp.float32), axis=1)
-    dq = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
-    for j in range(blocks):
-      s = ops.matmul(q(wg), k(j), block, transpose_b=True) * log2_scale  # [queries, keys]
+                      * do_smem[wg].astype(jnp.float32), axis=1)
+
+    def query_step(j, dq):  # My queries against block j of keys.
+      s = ops.matmul(q_smem.at[wg], k_smem.at[j], block, transpose_b=True) * log2_scale
       p, keep = tile_probs(ops, s, seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q,
-                           key=key, first_row=wg * block, first_col=jnp.int32(j * block),
+                           key=key, first_row=wg * block, first_col=j * block,
                            rows_are_keys=False, length=length, threshold=threshold)
-      dp = drop(ops.matmul(d_out(wg), v(j), block, transpose_b=True), keep)
+      dp = drop(ops.matmul(do_smem.at[wg], v_smem.at[j], block, transpose_b=True), keep)
       ds = (p * (dp - lax.broadcast_in_dim(delta_q, s.shape, [0]))).astype(dtype)
       probs_smem[wg, j] = drop(p, keep).astype(dtype)
       grads_smem[wg, j] = ds
-      dq = ops.matmul(ds, k(j), block, acc=dq)
-    store(dq * scale, 0)
+      return ops.matmul(ds, k_smem.at[j], block, acc=dq)
+
+    zeros = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+    store(lax.fori_loop(0, blocks, query_step, zeros) * scale, 0)
     plgpu.commit_smem()  # Every warpgroup's probabilities and dS, before the others read them.
     plgpu.barrier_arrive(written)
     plgpu.barrier_wait(written)
 
-    # My keys over each block of queries.
-    dk = dv = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
-    for i in range(blocks):
-      dv = ops.matmul(probs_smem.at[i, wg], d_out(i), block, acc=dv, transpose_a=True)
-      dk = ops.matmul(grads_smem.at[i, wg], q(i), block, acc=dk, transpose_a=True)
+    def key_step(i, carry):  # My keys over block i of queries.
+      dk, dv = carry
+      dv = ops.matmul(probs_smem.at[i, wg], do_smem.at[i], block, acc=dv, transpose_a=True)
+      dk = ops.matmul(grads_smem.at[i, wg], q_smem.at[i], block, acc=dk, transpose_a=True)
+      return dk, dv
+
+    dk, dv = lax.fori_loop(0, blocks, key_step, (zeros, zeros))
     store(dv, 2)
     store(dk * scale, 1)
 
+  tile = plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled)
   scratch = [
-      plgpu.SMEM((4, blocks, block, head_dim), dtype, transforms=ops.swizzled),  # q, k, v, dO
+      tile, tile, tile, tile,  # q, k, v, dO
       plgpu.SMEM((blocks, block), jnp.int32),  # segment ids
       plgpu.SMEM((blocks, block), jnp.float32),  # lse
       # The dropped probabilities and dS, [query block, key block, 64, 64].
       plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
       plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
-      plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled),  # o, then stores
+      tile,  # o, then stores
       plgpu.SMEM((blocks, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=7 * blocks),  # every warpgroup's seven copies arrived
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS

@@ -19,3 +19,21 @@ def shared_data_dir() -> pathlib.Path:
   if not path.is_dir():  # Set but wrong is a mistake to report, not a reason to skip.
     pytest.fail(f'BERT_JAX_DATA={value!r} is not a directory.')
   return path
+
+
+@pytest.fixture(params=['Lane', 'Warpgroup'])
+def mosaic_semantics(request, monkeypatch):
+  """Each Mosaic GPU kernel the library builds lowered under this lowering semantics (its
+  plgpu.CompilerParams default): jax 0.10 defaults to Lane, the GPU image's jax 0.11 to
+  Warpgroup, which rejects some programs Lane lowers (a constant index read by an accumulating
+  wgmma, flash_backward.row_backward before 0.11's first GPU run)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
+  semantics = getattr(mgpu.LoweringSemantics, request.param)
+  params = plgpu.CompilerParams
+
+  def pinned(*args, **kwargs):
+    kwargs.setdefault('lowering_semantics', semantics)
+    return params(*args, **kwargs)
+  monkeypatch.setattr(plgpu, 'CompilerParams', pinned)
+  return request.param

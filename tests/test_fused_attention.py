@@ -112,10 +112,12 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
 @pytest.mark.parametrize('forward', ['triton', 'mosaic'])
 @pytest.mark.parametrize('length, short_backward', [
     (128, 'mosaic'), (128, 'mosaic_flash'), (512, 'triton')])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, forward):
-  """The gradient with a Mosaic GPU backward lowers for CUDA here: its kernel, after the Triton
-  forward or the Mosaic GPU one, at Large's heads, rows of 128 (short_backward, both kernels)
-  and 512 (long_blocks)."""
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, forward,
+                                                               mosaic_semantics):
+  """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
+  semantics: its kernel, after the Triton forward or the Mosaic GPU one, at Large's heads, rows
+  of 128 (short_backward, both kernels) and 512 (long_blocks)."""
+  del mosaic_semantics
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
           jax.ShapeDtypeStruct((2, length), jnp.int32),

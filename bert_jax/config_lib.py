@@ -18,8 +18,7 @@ VALID_CHOICES = {
     'model.layer_norm_impl': ('xla', 'pallas'),
     'model.ffn_impl': ('xla', 'pallas'),
     'model.long_attention_backward': ('triton', 'mosaic'),
-    'model.short_attention_backward': ('triton', 'mosaic', 'mosaic_flash'),
-    'model.attention_forward': ('triton', 'mosaic'),
+    'model.short_attention_backward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -241,19 +240,18 @@ def _check_model(model, lengths) -> None:
 
 
 def _check_mosaic_attention(model, lengths) -> None:
-  """long_attention_backward, short_attention_backward and attention_forward on Mosaic GPU
-  ('mosaic', 'mosaic_flash'; bert_jax/flash_backward.py, flash_forward.py) take 16-bit compute,
-  heads of 64 or 128 (wgmma) and rows of 64 tokens or more (a wgmma's 64 rows); checked only when
-  the run has rows that the kernel would take."""
+  """long_attention_backward and short_attention_backward on Mosaic GPU ('mosaic';
+  bert_jax/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows of 64
+  tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel would
+  take."""
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
   for key, rows in (
       ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
-      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH]),
-      ('attention_forward', kernel_rows)):
+      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH])):
     value = model.get(key, 'triton')
-    if not value.startswith('mosaic') or not rows:
+    if value != 'mosaic' or not rows:
       continue
     if model.dtype == 'float32' or head_dim not in (64, 128):
       raise ConfigError(
@@ -351,9 +349,7 @@ def check_gpu_kernels(config) -> None:
     return
   mosaic = (('ffn_impl', ('pallas',), "ffn_impl='xla'"),
             ('long_attention_backward', ('mosaic',), "long_attention_backward='triton'"),
-            ('short_attention_backward', ('mosaic', 'mosaic_flash'),
-             "short_attention_backward='triton'"),
-            ('attention_forward', ('mosaic',), "attention_forward='triton'"))
+            ('short_attention_backward', ('mosaic',), "short_attention_backward='triton'"))
   for key, values, instead in mosaic:
     value = config.model.get(key, None)
     if value in values and not fused_ffn.on_hopper():

@@ -1,8 +1,8 @@
 """The backward of the flash attention kernels (rows over 128 tokens) as one Pallas Mosaic GPU
 kernel: Hopper's wgmma from shared memory fed by TMA, a memory warpgroup running ahead of the
-compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`). Rows of 64 or 128 take it
-with `short_backward='mosaic_flash'`, and `row_backward` below (one block per row and head,
-nothing recomputed) with `short_backward='mosaic'`; neither is timed on a GPU yet.
+compute warpgroups (`fused_attention.LongBlocks(backward='mosaic')`). Rows of 64 or 128 take
+`row_backward` below instead (`short_backward='mosaic'`): one block per row and head, nothing
+recomputed.
 
 Its function is `fused_attention._long_backward`'s (the Triton kernel's): the same masks, the same
 dropout draws, the same gradients, from the forward's saved log-sum-exp (base 2). Each block of
@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from bert_jax import fused_norm
 
-MASKED = -1e30  # A masked score, as fused_attention's: exp2 of it underflows to 0.
+_MASKED = -1e30  # A masked score, as fused_attention's: exp2 of it underflows to 0.
 _SUM_ROWS = 64  # Rows of the wgmma that sums a gradient tile's columns (wgmma's least).
 
 
@@ -54,16 +54,6 @@ class Tiles(NamedTuple):
 
 
 TILES = Tiles()
-
-
-def fit_tiles(tiles: Tiles, length: int) -> Tiles:
-  """tiles fitted to a row of `length` tokens: steps of at most half the row (so that rows of
-  128 or more take two steps at least, for the pipeline) and at least 64, one warpgroup per 64
-  tokens up to tiles.warpgroups, stages no more than the steps."""
-  step = min(tiles.step, max(64, length // 2))
-  return tiles._replace(step=step,
-                        warpgroups=max(1, min(tiles.warpgroups, length // tiles.block)),
-                        stages=max(2, min(tiles.stages, length // step)))
 
 
 def row_tiles(length: int) -> Tiles:
@@ -128,7 +118,7 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
   base-2 log-sum-exps. With the tile's keep mask (None without dropout)."""
   rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
   cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
-  p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, MASKED)
+  p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, _MASKED)
                - (cols(lse) if rows_are_keys else rows(lse)))
   if not threshold:
     return p, None
@@ -149,14 +139,13 @@ class KernelOps(NamedTuple):
   WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
   acc=None, transpose_a=False): a @ b (b^T with transpose_b, a^T with transpose_a; b a shared-memory
   ref, a one or a register tile) by wgmma in float32, a new [rows, ...] product or added to acc;
-  vector(n, value): a [n] float32 vector of value in the rows' layout; swizzled: the shared-memory
-  transforms of a [rows, head_dim] 16-bit tile; wgmma_rows, wgmma_cols: the vector layouts; plgpu:
-  the Mosaic GPU module; interpret: plgpu.kernel's argument of that name."""
+  swizzled: the shared-memory transforms of a [rows, head_dim] 16-bit tile; wgmma_rows,
+  wgmma_cols: the vector layouts; plgpu: the Mosaic GPU module; interpret: plgpu.kernel's
+  argument of that name."""
   load: Callable
   wgmma_layout: Callable
   iota: Callable
   matmul: Callable
-  vector: Callable
   swizzled: tuple
   wgmma_rows: Any
   wgmma_cols: Any
@@ -197,11 +186,7 @@ def kernel_ops(interpret: bool) -> KernelOps:
       return pl.run_scoped(new, plgpu.ACC((rows, b_.shape[1]), jnp.float32))
     return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
-  def vector(n, value):
-    x = jnp.full((n,), value, jnp.float32)
-    return x if interpret else plgpu.layout_cast(x, plgpu.Layout.WGMMA.reduce(1))
-
-  return KernelOps(load, wgmma_layout, iota, matmul, vector,
+  return KernelOps(load, wgmma_layout, iota, matmul,
                    (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)),
                    plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0), plgpu,
                    _interpret_params() if interpret else None)

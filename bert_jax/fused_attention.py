@@ -20,10 +20,11 @@ slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with 
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
 (experiments/perf_notes.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that
 backward as bert_jax.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
-0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `forward='mosaic'`
-(bert_jax.flash_forward) and `short_backward='mosaic'` (flash_backward.row_backward, one block per
-row and head) put the forward of every row and the backward of rows of 64 or 128 on Mosaic GPU
-too, with the same masks and draws; they are not yet timed on a GPU.
+0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `short_backward='mosaic'`
+(flash_backward.row_backward, one block per row and head holding the whole row, nothing
+recomputed) runs the backward of rows of 64 or 128 on Mosaic GPU, with the same masks and draws:
+at Base 256 x 128 on an H100 0.432 -> 0.339 ms a layer forward+backward with dropout, the step
+42.6 -> 41.2 ms.
 
 q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
 (`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the
@@ -268,13 +269,10 @@ class LongBlocks(NamedTuple):
 LONG_BLOCKS = LongBlocks()
 # The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
 MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
-# The kernels of each part (attention_qkv's forward and short_backward, LongBlocks.backward):
-# Pallas Triton, or Pallas Mosaic GPU (bert_jax.flash_forward, flash_backward: Hopper's wgmma).
+# The kernels of each backward (attention_qkv's short_backward, LongBlocks.backward): Pallas
+# Triton, or Pallas Mosaic GPU (bert_jax.flash_backward: Hopper's wgmma; row_backward for rows up
+# to MAX_LENGTH, backward for longer ones).
 KERNELS = ('triton', 'mosaic')
-# The backward of rows up to MAX_LENGTH: also 'mosaic_flash', flash_backward.backward (the long
-# rows' kernel, short_mosaic_tiles) where 'mosaic' is flash_backward.row_backward (one block per
-# row and head, nothing recomputed).
-SHORT_BACKWARDS = KERNELS + ('mosaic_flash',)
 
 
 def long_blocks(backward: str) -> LongBlocks:
@@ -282,14 +280,6 @@ def long_blocks(backward: str) -> LongBlocks:
   if backward not in KERNELS:
     raise ValueError(f'backward={backward!r}; valid: {KERNELS}')
   return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
-
-
-def short_mosaic_tiles(length: int):
-  """flash_backward's tiling of rows up to MAX_LENGTH (short_backward='mosaic_flash'): a
-  warpgroup of 64 keys per 64 tokens of the row (two at 128), steps of 64, both in flight."""
-  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  return flash_backward.fit_tiles(flash_backward.Tiles(block=64, step=64, warpgroups=2,
-                                                       stages=2), length)
 
 
 def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
@@ -454,33 +444,26 @@ def _add_bias(qkv, bias):
   return flat.reshape(qkv.shape)
 
 
-def _mosaic_forward(qkv, segment_ids, keys, threshold, interpret):
-  from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
-  return flash_forward.forward(qkv, segment_ids, keys, threshold=threshold,
-                               tiles=flash_forward.tiles_for(qkv.shape[1]), interpret=interpret)
-
-
-def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, kinds):
+def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
+                short_backward):
+  del short_backward
   qkv = _add_bias(qkv, bias)
-  if kinds[0] == 'mosaic':
-    o, lse_value = _mosaic_forward(qkv, segment_ids, keys, threshold, interpret)
-  elif qkv.shape[1] > MAX_LENGTH:
+  if qkv.shape[1] > MAX_LENGTH:
     o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
   else:
     o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, warps[0])
   return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
-def _pallas_bwd(threshold, interpret, warps, blocks, kinds, saved, do):
+def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
   qkv, bias, segment_ids, keys, o, lse_value = saved
   length = qkv.shape[1]
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
-  elif kinds[1] in ('mosaic', 'mosaic_flash'):
-    tiles = short_mosaic_tiles(length) if kinds[1] == 'mosaic_flash' else None
+  elif short_backward == 'mosaic':
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                   interpret, tiles)
+                                   interpret, None)
   else:
     dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, warps[1])
@@ -492,11 +475,11 @@ def _pallas_bwd(threshold, interpret, warps, blocks, kinds, saved, do):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, kinds):
+def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, short_backward):
   """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward;
-  kinds: KERNELS of the forward and of the short backward."""
+  short_backward: the KERNELS of the short backward."""
   return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
-                     kinds)[0]
+                     short_backward)[0]
 
 
 _pallas.defvjp(_pallas_fwd, _pallas_bwd)
@@ -528,38 +511,32 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
     flash_backward.check_tiles(_mosaic_tiles(blocks), length, head_dim)
 
 
-def _check_mosaic_kernels(forward: str, short_backward: str, blocks: LongBlocks, dtype,
-                          length: int, head_dim: int) -> None:
-  """The kernels of each part are KERNELS (SHORT_BACKWARDS for the short backward); those of
-  them that run on Mosaic GPU and serve rows of this length take 16-bit operands (wgmma), rows
-  of 64 tokens or more (a wgmma's 64 rows) and what flash_backward.check_tiles allows."""
+def _check_mosaic_kernels(short_backward: str, blocks: LongBlocks, dtype, length: int,
+                          head_dim: int) -> None:
+  """The backward of each length is one of KERNELS; a Mosaic GPU one serving rows of this length
+  takes 16-bit operands (wgmma), rows of 64 tokens or more (a wgmma's 64 rows) and what
+  flash_backward.check_tiles allows."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
-  parts = [('forward', forward, KERNELS, flash_forward.tiles_for),
-           ('short_backward', short_backward, SHORT_BACKWARDS,
-            short_mosaic_tiles if short_backward == 'mosaic_flash' else flash_backward.row_tiles)]
-  for name, kind, valid, _ in parts:
-    if kind not in valid:
-      raise ValueError(f'{name}={kind!r}; valid: {valid}')
-  if length > MAX_LENGTH:  # The long backward's tiles are checked with the rest of its blocks.
-    parts[1] = ('long_blocks.backward', blocks.backward, KERNELS, None)
-  for name, kind, _, tiles in parts:
-    if not kind.startswith('mosaic'):
-      continue
-    if jnp.dtype(dtype).itemsize != 2:
-      raise ValueError(f"{name}='{kind}' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
-                       f"{name}='triton'.")
-    if length % 64:
-      raise ValueError(f"{name}='{kind}' takes rows of 64 tokens or more (a wgmma's 64 rows); "
-                       f"got length {length}. Use {name}='triton'.")
-    if tiles is not None:
-      flash_backward.check_tiles(tiles(length), length, head_dim)
+  if short_backward not in KERNELS:
+    raise ValueError(f'short_backward={short_backward!r}; valid: {KERNELS}')
+  # The long backward's tiles are checked with the rest of its blocks.
+  name, kind = (('long_blocks.backward', blocks.backward) if length > MAX_LENGTH
+                else ('short_backward', short_backward))
+  if kind != 'mosaic':
+    return
+  if jnp.dtype(dtype).itemsize != 2:
+    raise ValueError(f"{name}='{kind}' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
+                     f"{name}='triton'.")
+  if length % 64:
+    raise ValueError(f"{name}='{kind}' takes rows of 64 tokens or more (a wgmma's 64 rows); "
+                     f"got length {length}. Use {name}='triton'.")
+  if length <= MAX_LENGTH:
+    flash_backward.check_tiles(flash_backward.row_tiles(length), length, head_dim)
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
                   interpret: bool = False, num_warps: int | None = None,
-                  long_blocks: LongBlocks | None = None, short_backward: str = 'triton',
-                  forward: str = 'triton'):
+                  long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
   """Softmax attention within segments over one packed projection, dropout `rate` on the
   probabilities.
 
@@ -569,10 +546,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
   kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward), long_blocks
   (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up to MAX_LENGTH,
-  one of SHORT_BACKWARDS: 'triton' (one program per row and head), 'mosaic'
-  (flash_backward.row_backward) or 'mosaic_flash' (flash_backward.backward); forward: the forward of
-  every row, 'triton' or 'mosaic' (flash_forward's kernel). The Mosaic GPU kernels need Hopper,
-  16-bit q, k, v, heads of 64 or 128 and rows of 64 tokens or more.
+  one of KERNELS: 'triton' (one program per row and head) or 'mosaic'
+  (flash_backward.row_backward: Hopper, 16-bit q, k, v, heads of 64 or 128, rows of 64 or 128
+  tokens).
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the
@@ -595,7 +571,7 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   blocks = LongBlocks(*(long_blocks or LONG_BLOCKS))
   if length > MAX_LENGTH:
     _check_long_blocks(blocks, length, head_dim)
-  _check_mosaic_kernels(forward, short_backward, blocks, qkv.dtype, length, head_dim)
+  _check_mosaic_kernels(short_backward, blocks, qkv.dtype, length, head_dim)
   threshold = dropout_threshold(rate)
   keys = keys if threshold > 0 else None
   if keys is not None and keep_scale(threshold) == 0:  # Everything dropped.
@@ -606,18 +582,16 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   warps = (int(num_warps), int(num_warps)) if num_warps else (FORWARD_WARPS, NUM_WARPS)
   return _pallas(qkv, bias, segment_ids.astype(jnp.int32), keys,
                  threshold if keys is not None else 0, bool(interpret), warps, blocks,
-                 (forward, short_backward))
+                 short_backward)
 
 
 def attention(q, k, v, segment_ids, keys, *, rate: float, impl: str = 'pallas',
               interpret: bool = False, num_warps: int | None = None,
-              long_blocks: LongBlocks | None = None, short_backward: str = 'triton',
-              forward: str = 'triton'):
+              long_blocks: LongBlocks | None = None, short_backward: str = 'triton'):
   """attention_qkv over separate q, k, v [batch, length, heads, head_dim] (stacked first)."""
   if not q.shape == k.shape == v.shape or q.ndim != 4:
     raise ValueError(f'q, k, v must be [batch, length, heads, head_dim] alike; got {q.shape}, '
                      f'{k.shape}, {v.shape}.')
   return attention_qkv(jnp.stack([q, k, v], axis=2), None, segment_ids, keys, rate=rate,
                        impl=impl, interpret=interpret, num_warps=num_warps,
-                       long_blocks=long_blocks, short_backward=short_backward,
-                       forward=forward)
+                       long_blocks=long_blocks, short_backward=short_backward)

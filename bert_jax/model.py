@@ -55,12 +55,9 @@ class BertConfig:
   # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/flash_backward.py, Hopper GPUs).
   long_attention_backward: str = 'triton'
   # The backward of rows up to 128 tokens with attention_impl='pallas': 'triton' (one program per
-  # row and head), 'mosaic' (flash_backward.row_backward, rows of 64 or 128, nothing recomputed)
-  # or 'mosaic_flash' (the long rows' flash_backward.backward); the Mosaic ones Hopper GPUs only.
+  # row and head) or 'mosaic' (flash_backward.row_backward: rows of 64 or 128, nothing
+  # recomputed; Hopper GPUs).
   short_attention_backward: str = 'triton'
-  # The forward of every row with attention_impl='pallas': 'triton' or 'mosaic' (bert_jax/
-  # flash_forward.py; rows of 64 tokens or more; Hopper GPUs).
-  attention_forward: str = 'triton'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
   layer_norm_impl: str = 'xla'
@@ -161,8 +158,7 @@ class BertSelfAttention(nn.Module):
         keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
       return kernel_attention(qkv, jnp.stack(biases), bias, keys, rate=rate,
                               long_blocks=fused_attention.long_blocks(cfg.long_attention_backward),
-                              short_backward=cfg.short_attention_backward,
-                              forward=cfg.attention_forward)
+                              short_backward=cfg.short_attention_backward)
     project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         heads, ('embed', 'heads', 'kv'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
@@ -214,7 +210,7 @@ def _on_each_device(kernel, args, in_specs, out_specs, *, whole: dict, setting: 
 
 def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
                      long_blocks: fused_attention.LongBlocks | None = None,
-                     short_backward: str = 'triton', forward: str = 'triton'):
+                     short_backward: str = 'triton'):
   """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
   devices each runs the kernels on its rows and heads, under shard_map.
 
@@ -222,11 +218,10 @@ def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
   parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
   [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
   depend on the mesh); long_blocks: the tiling of rows over 128 (fused_attention's default);
-  short_backward, forward: the kernels of the backward of rows up to 128
-  (fused_attention.SHORT_BACKWARDS) and of the forward (fused_attention.KERNELS).
+  short_backward: the kernel of the backward of rows up to 128 (fused_attention.KERNELS).
   """
   attend = functools.partial(fused_attention.attention_qkv, rate=rate, long_blocks=long_blocks,
-                             short_backward=short_backward, forward=forward,
+                             short_backward=short_backward,
                              interpret=jax.default_backend() != 'gpu')
   heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
   spec = jax.sharding.PartitionSpec

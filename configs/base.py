@@ -63,13 +63,10 @@ def get_config(arg=None):
   # Triton kernel) or 'mosaic' (bert_jax/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
   # and 16-bit compute only).
   model.long_attention_backward = 'triton'
-  # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head),
+  # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head) or
   # 'mosaic' (bert_jax/flash_backward.py's row_backward: one block per row and head, nothing
-  # recomputed) or 'mosaic_flash' (its flash backward); rows of 64 or 128, Hopper GPUs, 16-bit.
+  # recomputed; rows of 64 or 128, Hopper GPUs, 16-bit compute).
   model.short_attention_backward = 'triton'
-  # And the forward of every row: 'triton', or 'mosaic' (bert_jax/flash_forward.py; rows of 64
-  # tokens or more; Hopper GPUs, 16-bit compute).
-  model.attention_forward = 'triton'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'

@@ -6,14 +6,13 @@ dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
 [--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
-[--short_backward=triton,mosaic,mosaic_flash] [--forward=triton,mosaic,mosaic:64-64-2-3] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+[--short_backward=triton,mosaic] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
 """
 
 import contextlib
 import functools
-import itertools
 import json
 import os
 import sys
@@ -40,16 +39,12 @@ _WARPS = flags.DEFINE_list(
     '(fused_attention.FORWARD_WARPS forward, NUM_WARPS backward, as the model runs them).')
 _SHORT = flags.DEFINE_list(
     'short_backward', ['triton'], 'Backwards of our short kernels to time (rows up to '
-    "fused_attention.MAX_LENGTH): fused_attention.SHORT_BACKWARDS ('triton'; 'mosaic': "
-    "flash_backward.row_backward; 'mosaic_flash': flash_backward.backward).")
+    "fused_attention.MAX_LENGTH): fused_attention.KERNELS ('triton'; 'mosaic': "
+    'flash_backward.row_backward).')
 _BIAS = flags.DEFINE_bool(
     'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
     'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '
     "over dqkv instead ('_xla_sums').")
-_FORWARD = flags.DEFINE_list(
-    'forward', ['triton'], "Forwards of ours to time: 'triton', 'mosaic' (bert_jax.flash_forward "
-    "with its TILES fitted to the row), or 'mosaic:{block}-{step}-{warpgroups}-{stages}' (those "
-    'tiles instead of TILES).')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -89,7 +84,6 @@ def main(argv):
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
   qkv_bias = jax.random.normal(keys[1], (3, h, d), jnp.float32) if _BIAS.value else None
-  from bert_jax import flash_forward  # pylint: disable=g-import-not-at-top
   patches = {}  # impl -> the context managers the impl is traced and timed under
   if s <= fused_attention.MAX_LENGTH:
     tilings = {f'w{w}_{backward}': {'num_warps': None if w == 'default' else int(w),
@@ -100,21 +94,16 @@ def main(argv):
     tilings = {spec.replace('-', '_'): {'long_blocks': fused_attention.LongBlocks(
         *(int(p) if p.isdigit() else p for p in spec.split('-')))} for spec in specs}
   for rate in (0.1, 0.0) if fused_attention.supported(s, d) else ():
-    for (label, tiling), forward in itertools.product(tilings.items(), _FORWARD.value):
-      kind, _, forward_tiles = forward.partition(':')
-      name = f'ours_dropout{rate}_{label}' + ('' if kind == 'triton' else '_f' + forward.replace(
-          ':', '').replace('-', '_'))
+    for label, tiling in tilings.items():
+      name = f'ours_dropout{rate}_{label}'
       impls[name] = functools.partial(
           fused_attention.attention_qkv, bias=qkv_bias, segment_ids=segment_ids, keys=tile_keys,
-          rate=rate, forward=kind, **tiling)
-      patches[name] = [functools.partial(
-          unittest.mock.patch.object, flash_forward, 'TILES',
-          flash_forward.Tiles(*map(int, forward_tiles.split('-'))))] if forward_tiles else []
-      mosaic_backward = any(str(kind).startswith('mosaic') for kind in (
-          tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None)))
+          rate=rate, **tiling)
+      mosaic_backward = 'mosaic' in (
+          tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
-        patches[f'{name}_xla_sums'] = patches[name] + [functools.partial(
+        patches[f'{name}_xla_sums'] = [functools.partial(
             unittest.mock.patch.object, fused_attention, '_mosaic_backward',
             functools.partial(_mosaic_backward_xla_sums, fused_attention._mosaic_backward))]  # pylint: disable=protected-access
   for spec in _PALLAS.value:

@@ -3,6 +3,7 @@ interpreter on CPU), against the jnp reference, the reference against the model'
 the dropout draws, and the model with `attention_impl='pallas'` against `'xla'`."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -32,11 +33,11 @@ def operands(dtype, seed=0, length=LENGTH, head_dim=HEAD_DIM):
 
 
 def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long_blocks=None,
-                    short_backward='triton', forward='triton'):
+                    short_backward='triton'):
   def loss(q, k, v):
     out = fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=rate, impl=impl,
                                     interpret=True, long_blocks=long_blocks,
-                                    short_backward=short_backward, forward=forward)
+                                    short_backward=short_backward)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
   return out, grads
@@ -46,30 +47,24 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 @pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
     (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
     (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
-    # Its backward by the Mosaic GPU kernels (short_backward 'mosaic': one block per row and
-    # head; 'mosaic_flash': the flash backward), rows of 128 and 64; and both ways on Mosaic GPU
-    # (forward='mosaic' too), rows of 128.
+    # Its backward by the Mosaic GPU kernel (short_backward 'mosaic': one block per row and
+    # head), rows of 128 and 64.
     (jnp.bfloat16, 128, 64, 'short_mosaic'), (jnp.bfloat16, 64, 64, 'short_mosaic'),
-    (jnp.bfloat16, 128, 64, 'short_mosaic_flash'), (jnp.bfloat16, 128, 64, 'all_mosaic'),
     # The flash kernels: their default tiling, and one whose backward steps (32) are not its
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
     (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None),
-    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups;
-    # the Mosaic GPU forward (bert_jax.flash_forward) before it.
-    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS),
-    (jnp.bfloat16, 256, 64, 'all_mosaic')])
+    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups.
+    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS)])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
-  kinds = {'short_mosaic': ('mosaic', 'triton'), 'short_mosaic_flash': ('mosaic_flash', 'triton'),
-           'all_mosaic': ('mosaic', 'mosaic')}
-  short_backward, forward = kinds.get(long_blocks, ('triton', 'triton'))
-  if long_blocks in kinds:
-    long_blocks = fused_attention.MOSAIC_LONG_BLOCKS if length > 128 else None
+  short_backward = 'triton'
+  if long_blocks == 'short_mosaic':
+    short_backward, long_blocks = 'mosaic', None
   out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate,
-                               long_blocks, short_backward, forward)
+                               long_blocks, short_backward)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
   # float32: the same arithmetic; bfloat16: probabilities rounded before or after normalising.
   tol = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -109,14 +104,12 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
-@pytest.mark.parametrize('forward', ['triton', 'mosaic'])
-@pytest.mark.parametrize('length, short_backward', [
-    (128, 'mosaic'), (128, 'mosaic_flash'), (512, 'triton')])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, forward,
+@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (512, 'triton')])
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
                                                                mosaic_semantics):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
-  semantics: its kernel, after the Triton forward or the Mosaic GPU one, at Large's heads, rows
-  of 128 (short_backward, both kernels) and 512 (long_blocks)."""
+  semantics: its kernel, after the Triton forward, at Large's heads, rows of 128
+  (short_backward) and 512 (long_blocks)."""
   del mosaic_semantics
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
@@ -126,12 +119,11 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   def loss(qkv, bias, segment_ids, keys):
     out = fused_attention.attention_qkv(qkv, bias, segment_ids, keys, rate=0.1,
                                         long_blocks=fused_attention.MOSAIC_LONG_BLOCKS,
-                                        short_backward=short_backward, forward=forward)
+                                        short_backward=short_backward)
     return jnp.sum(out.astype(jnp.float32))
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
       lowering_platforms=('cuda',))
   text = lowered.as_text()
-  assert ('attention_fwd_mgpu' in text) == (forward == 'mosaic')
   assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
   assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
@@ -338,15 +330,14 @@ def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_functio
 
 
 def test_model_hands_its_kernel_choices_to_the_attention(monkeypatch):
-  """attention_forward, short_ and long_attention_backward reach fused_attention.attention_qkv."""
+  """short_ and long_attention_backward reach fused_attention.attention_qkv."""
   calls = []  # The keyword arguments of each call (the kernels themselves are not run).
   monkeypatch.setattr(fused_attention, 'attention_qkv', lambda qkv, *a, **kw: calls.append(
       kw) or jnp.zeros(qkv.shape[:2] + qkv.shape[3:], qkv.dtype))
   model = model_lib.BertForPreTraining(small_config(
-      attention_impl='pallas', attention_forward='mosaic', short_attention_backward='mosaic',
-      long_attention_backward='mosaic'))
+      attention_impl='pallas', short_attention_backward='mosaic', long_attention_backward='mosaic'))
   model.init(jax.random.key(0), *model_inputs())
-  assert calls and all(c['forward'] == c['short_backward'] == c['long_blocks'].backward == 'mosaic'
+  assert calls and all(c['short_backward'] == c['long_blocks'].backward == 'mosaic'
                        for c in calls)
 
 
@@ -413,8 +404,8 @@ def test_mosaic_long_backward_is_checked_before_compiling():
                               long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
 
 
-@pytest.mark.parametrize('key', ['short_attention_backward', 'attention_forward'])
-def test_mosaic_short_backward_and_forward_are_checked_before_compiling(key):
+def test_mosaic_short_backward_is_checked_before_compiling():
+  key = 'short_attention_backward'
   config = tiny.get_config()  # Rows of 64, heads of 64, float32 compute.
   config.model.update({'attention_impl': 'pallas', 'scan_layers': False, key: 'mosaic'})
   with pytest.raises(config_lib.ConfigError, match=f"{key}='mosaic' takes 16-bit compute .* got "
@@ -429,20 +420,19 @@ def test_mosaic_short_backward_and_forward_are_checked_before_compiling(key):
   config.data.max_seq_length = 256  # No row of 128 or fewer: the short backward is never used.
   config.model.max_position_embeddings, config.data.max_predictions_per_seq = 256, 40
   config_lib.validate(config)
+  attend = functools.partial(fused_attention.attention, rate=0.1)
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.float32, length=128, head_dim=64)
-  for part in ('short_backward', 'forward'):
-    with pytest.raises(ValueError, match=rf"{part}='mosaic' takes 16-bit q, k, v"):
-      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'mosaic'})
+  with pytest.raises(ValueError, match=r"short_backward='mosaic' takes 16-bit q, k, v"):
+    attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic')
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=32, head_dim=64)
-  for part in ('short_backward', 'forward'):
-    with pytest.raises(ValueError, match=rf"{part}='mosaic' takes rows of 64 tokens or more .* "
-                       'got length 32'):
-      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'mosaic'})
-    with pytest.raises(ValueError, match=rf"{part}='cute'; valid: \('triton', 'mosaic'"):
-      fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, **{part: 'cute'})
+  with pytest.raises(ValueError, match=r"short_backward='mosaic' takes rows of 64 tokens or more "
+                     '.* got length 32'):
+    attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic')
+  with pytest.raises(ValueError, match=r"short_backward='cute'; valid: \('triton', 'mosaic'\)"):
+    attend(q, k, v, segment_ids, tile_keys, short_backward='cute')
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=128, head_dim=32)
   with pytest.raises(ValueError, match='head_dim=32: the Mosaic GPU kernels take 64 or 128'):
-    fused_attention.attention(q, k, v, segment_ids, tile_keys, rate=0.1, forward='mosaic')
+    attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic')
 
 
 def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():

@@ -40,6 +40,7 @@ GPU = ['--config.model.scan_layers=False', '--config.model.gelu=tanh',
 LARGE_GPU = [*GPU[:2], '--config.model.attention_impl=pallas',
              '--config.model.layer_norm_impl=pallas', '--config.model.flat_matmuls=True',
              '--config.model.ffn_impl=pallas', '--config.model.long_attention_backward=mosaic',
+             '--config.model.short_attention_backward=mosaic',
              '--config.train.xla_options=xla_gpu_enable_triton_gemm=false']
 VARIANTS = {
     'paper': [],

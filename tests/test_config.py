@@ -32,7 +32,8 @@ def test_large_gpu_keeps_the_papers_model_and_dropout():
   changed = {k for k in l if l[k] != g[k]}
   assert changed == {'model.dtype', 'model.attention_impl', 'model.scan_layers', 'model.gelu',
                      'model.layer_norm_impl', 'model.flat_matmuls', 'model.ffn_impl',
-                     'model.long_attention_backward', 'train.xla_options'}
+                     'model.long_attention_backward', 'model.short_attention_backward',
+                     'train.xla_options'}
   assert g['model.attention_dropout_rate'] == g['model.hidden_dropout_rate'] == 0.1
 
 

@@ -104,12 +104,13 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
-@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (512, 'triton')])
+@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
+                                                    (512, 'triton')])
 def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
                                                                mosaic_semantics):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
-  semantics: its kernel, after the Triton forward, at Large's heads, rows of 128
-  (short_backward) and 512 (long_blocks)."""
+  semantics: its kernel, after the Triton forward, at Large's heads, rows of 128 and 64
+  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks)."""
   del mosaic_semantics
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),

@@ -394,14 +394,14 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
       store_grad(ops, tile.astype(dtype), staging_smem.at[wg], sums_smem.at[wg],
                  dqkv_ref.at[b, mine, j, h, :], sums_ref.at[b, h, wg, pl.ds(j, 1)])
 
-    # The blocks are stepped by fori_loop, not a Python loop: a shared-memory view taken at a
-    # constant index and read by an accumulating wgmma (a run_state) fails to lower under jax
-    # 0.11's Warpgroup semantics ("Shaped arrays must be represented by ir.Values").
     seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
     lse_q = ops.load(lse_smem.at[wg], ops.wgmma_rows)
     delta_q = jnp.sum(staging_smem[wg].astype(jnp.float32)  # rowsum(dO * O) [64]
                       * do_smem[wg].astype(jnp.float32), axis=1)
 
+    # The blocks are stepped by fori_loop, not a Python loop: a shared-memory view taken at a
+    # constant index and read by an accumulating wgmma (a run_state) fails to lower under jax
+    # 0.11's Warpgroup semantics ("Shaped arrays must be represented by ir.Values").
     def query_step(j, dq):  # My queries against block j of keys.
       s = ops.matmul(q_smem.at[wg], k_smem.at[j], block, transpose_b=True) * log2_scale
       p, keep = tile_probs(ops, s, seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q,

@@ -84,7 +84,7 @@ def main(argv):
   tile_keys = fused_attention.tile_keys(keys[0], b, h)
   qkv = jnp.stack([q, k, v], axis=2)  # Ours take the packed projection (the model's layout).
   qkv_bias = jax.random.normal(keys[1], (3, h, d), jnp.float32) if _BIAS.value else None
-  patches = {}  # impl -> the context managers the impl is traced and timed under
+  patches = {}  # impl -> a context manager the impl is traced and timed under
   if s <= fused_attention.MAX_LENGTH:
     tilings = {f'w{w}_{backward}': {'num_warps': None if w == 'default' else int(w),
                                     'short_backward': backward}
@@ -103,9 +103,9 @@ def main(argv):
           tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
-        patches[f'{name}_xla_sums'] = [functools.partial(
+        patches[f'{name}_xla_sums'] = functools.partial(
             unittest.mock.patch.object, fused_attention, '_mosaic_backward',
-            functools.partial(_mosaic_backward_xla_sums, fused_attention._mosaic_backward))]  # pylint: disable=protected-access
+            functools.partial(_mosaic_backward_xla_sums, fused_attention._mosaic_backward))  # pylint: disable=protected-access
   for spec in _PALLAS.value:
     blocks_part, rest = spec.split('w')
     bq, bk = map(int, blocks_part.split('x'))
@@ -137,9 +137,7 @@ def main(argv):
       step = jax.jit(lambda a, grad=jax.grad(bias_loss, argnums=(0, 1)): grad(a, qkv_bias))
     record = {'impl': name, 'batch': b, 'seq': s, 'heads': h,
               'device': jax.devices()[0].device_kind}
-    with contextlib.ExitStack() as stack:
-      for patch in patches.get(name, []):
-        stack.enter_context(patch())
+    with patches.get(name, contextlib.nullcontext)():
       _time_one(jax, jnp, fn, name, args, step, fwd, record, qkv, g)
 
 

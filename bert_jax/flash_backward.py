@@ -494,7 +494,9 @@ def pipelined_row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int
   if head_dim != 64:
     raise ValueError(f'head_dim={head_dim}: pipelined_row_backward takes 64 (two slots of '
                      'heads of 128 do not fit in shared memory).')
-  sms = sms or jax.devices()[0].core_count
+  # The device's SMs (a few on the interpreter, which has none: each block still takes several
+  # items).
+  sms = sms or getattr(jax.devices()[0], 'core_count', 0) or 4
   blocks, block = length // 64, 64
   items = batch * heads
   dtype = qkv.dtype

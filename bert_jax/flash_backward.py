@@ -406,6 +406,22 @@ def _row_scratch(ops: KernelOps, blocks: int, dtype):
   return [ops.plgpu.SMEM(shape, dtype, transforms=ops.swizzled) for _ in range(2)]
 
 
+def _launch_rows(ops: KernelOps, kernel, scratch, grid, grid_names, name, qkv, segment_ids,
+                 keys, lse, o, do):
+  """A row kernel on (qkv, segment_ids, keys, lse, o, do), one warpgroup per 64 tokens: (dqkv,
+  the column sums [batch, heads, length // 64, 3, head_dim]); keys None without dropout."""
+  batch, length, _, heads, head_dim = qkv.shape
+  keys = jnp.zeros((batch, heads, 1), jnp.uint32) if keys is None else keys
+  return ops.plgpu.kernel(
+      kernel, scratch_types=scratch,
+      out_type=(jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),
+                jax.ShapeDtypeStruct((batch, heads, length // 64, 3, head_dim), jnp.float32)),
+      compiler_params=ops.plgpu.CompilerParams(approx_math=True), grid=grid,
+      grid_names=grid_names, num_threads=length // 64, thread_name='wg', kernel_name=name,
+      interpret=ops.interpret,
+  )(qkv, segment_ids, keys, lse, o, do)
+
+
 def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)
@@ -465,16 +481,8 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
       plgpu.Barrier(num_arrivals=7 * blocks),  # every warpgroup's seven copies arrived
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
   ]
-  keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
-  return plgpu.kernel(
-      kernel, scratch_types=scratch,
-      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
-                jax.ShapeDtypeStruct((batch, heads, blocks, 3, head_dim), jnp.float32)),
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      grid=(heads, batch), grid_names=('heads', 'batch'),
-      num_threads=blocks, thread_name='wg', kernel_name='row_attention_bwd_mgpu',
-      interpret=ops.interpret,
-  )(qkv, segment_ids, keys, lse, o, do)
+  return _launch_rows(ops, kernel, scratch, (heads, batch), ('heads', 'batch'),
+                      'row_attention_bwd_mgpu', qkv, segment_ids, keys, lse, o, do)
 
 
 def pipelined_row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
@@ -587,12 +595,5 @@ def pipelined_row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup is done with the item
   ]
-  keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
-  return plgpu.kernel(
-      kernel, scratch_types=scratch,
-      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
-                jax.ShapeDtypeStruct((batch, heads, blocks, 3, head_dim), jnp.float32)),
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      grid=(sms,), grid_names=('sm',), num_threads=blocks, thread_name='wg',
-      kernel_name='pipelined_row_attention_bwd_mgpu', interpret=ops.interpret,
-  )(qkv, segment_ids, keys, lse, o, do)
+  return _launch_rows(ops, kernel, scratch, (sms,), ('sm',), 'pipelined_row_attention_bwd_mgpu',
+                      qkv, segment_ids, keys, lse, o, do)

@@ -100,16 +100,6 @@ def _draws_kept(key, queries, keys, length: int, threshold: int):
   return draw >= jnp.uint32(threshold)
 
 
-def tile_kept(iota, key, shape, first_row, first_col, rows_are_keys: bool, length: int,
-              threshold: int):
-  """The keep mask of a [rows, cols] tile whose rows are tokens first_row.. (keys if
-  rows_are_keys, else queries) and columns tokens first_col..; iota: KernelOps.iota."""
-  rows = iota(shape, 0) + first_row.astype(jnp.uint32)
-  cols = iota(shape, 1) + first_col.astype(jnp.uint32)
-  queries, keys = (cols, rows) if rows_are_keys else (rows, cols)
-  return _draws_kept(key, queries, keys, length, threshold)
-
-
 def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
                rows_are_keys: bool, length: int, threshold: int):
   """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
@@ -122,8 +112,10 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
                - (cols(lse) if rows_are_keys else rows(lse)))
   if not threshold:
     return p, None
-  return p, tile_kept(ops.iota, key, s.shape, first_row, first_col, rows_are_keys, length,
-                      threshold)
+  row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
+  col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
+  queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
+  return p, _draws_kept(key, queries, keys, length, threshold)
 
 
 def dropped(x, keep, threshold: int):

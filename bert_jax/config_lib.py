@@ -18,7 +18,7 @@ VALID_CHOICES = {
     'model.layer_norm_impl': ('xla', 'pallas'),
     'model.ffn_impl': ('xla', 'pallas'),
     'model.long_attention_backward': ('triton', 'mosaic'),
-    'model.short_attention_backward': ('triton', 'mosaic', 'mosaic_pipelined'),
+    'model.short_attention_backward': ('triton', 'mosaic'),
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
@@ -240,10 +240,10 @@ def _check_model(model, lengths) -> None:
 
 
 def _check_mosaic_attention(model, lengths) -> None:
-  """long_attention_backward and short_attention_backward on Mosaic GPU ('mosaic',
-  'mosaic_pipelined'; bert_jax/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma;
-  64 only for 'mosaic_pipelined') and rows of 64 tokens or more (a wgmma's 64 rows); checked only
-  when the run has rows that the kernel would take."""
+  """long_attention_backward and short_attention_backward on Mosaic GPU ('mosaic';
+  bert_jax/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows of 64
+  tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel would
+  take."""
   from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
@@ -251,13 +251,11 @@ def _check_mosaic_attention(model, lengths) -> None:
       ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
       ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH])):
     value = model.get(key, 'triton')
-    if value == 'triton' or not rows:
+    if value != 'mosaic' or not rows:
       continue
-    heads = (64,) if value == 'mosaic_pipelined' else (64, 128)
-    if model.dtype == 'float32' or head_dim not in heads:
+    if model.dtype == 'float32' or head_dim not in (64, 128):
       raise ConfigError(
-          f"config.model.{key}='{value}' takes 16-bit compute and heads of "
-          f"{' or '.join(map(str, heads))} (wgmma); "
+          f"config.model.{key}='{value}' takes 16-bit compute and heads of 64 or 128 (wgmma); "
           f'got config.model.dtype={model.dtype!r}, head size {head_dim} (hidden_size '
           f"{model.hidden_size} / num_heads {model.num_heads}). Use {key}='triton'.")
     if any(n % 64 for n in rows):
@@ -351,8 +349,7 @@ def check_gpu_kernels(config) -> None:
     return
   mosaic = (('ffn_impl', ('pallas',), "ffn_impl='xla'"),
             ('long_attention_backward', ('mosaic',), "long_attention_backward='triton'"),
-            ('short_attention_backward', ('mosaic', 'mosaic_pipelined'),
-             "short_attention_backward='triton'"))
+            ('short_attention_backward', ('mosaic',), "short_attention_backward='triton'"))
   for key, values, instead in mosaic:
     value = config.model.get(key, None)
     if value in values and not fused_ffn.on_hopper():

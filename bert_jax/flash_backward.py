@@ -340,100 +340,35 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.
 
 
-def _row_passes(ops: KernelOps, q, k, v, d_out, seg, lse, probs_smem, grads_smem, o_rows, *, wg,
-                key, between, length: int, threshold: int):
-  """The two passes of the row kernels for warpgroup wg over one (row, head) held whole in
-  shared memory: q, k, v, d_out [blocks, 64, head_dim] and seg, lse [blocks, 64] refs; o_rows
-  [64, head_dim], the forward's output of my queries (rowsum(dO * O) comes from it).
-
-  My queries against every block j of keys: S, dP, dS, dQ += dS K_j, leaving the dropped
-  probabilities and dS in probs_smem, grads_smem [query block, key block, 64, 64]. Then
-  between(dq) (it must commit them and wait for every warpgroup's). Then my keys over every
-  block i of queries: dV += P_iw^T dO_i, dK += dS_iw^T Q_i (wgmma's transposed operand). The
-  blocks are stepped by fori_loop, not a Python loop: a shared-memory view taken at a constant
-  index and read by an accumulating wgmma (a run_state) fails to lower under jax 0.11's
-  Warpgroup semantics ("Shaped arrays must be represented by ir.Values"). Returns (dq, dk, dv)
-  float32, unscaled."""
-  blocks, block, head_dim = q.shape[0], q.shape[1], q.shape[2]
-  dtype = q.dtype
-  log2_scale = math.log2(math.e) / head_dim ** 0.5
-  drop = functools.partial(dropped, threshold=threshold)
-  seg_q, lse_q = ops.load(seg.at[wg], ops.wgmma_rows), ops.load(lse.at[wg], ops.wgmma_rows)
-  delta_q = jnp.sum(o_rows[...].astype(jnp.float32)  # rowsum(dO * O) [64]
-                    * d_out[wg].astype(jnp.float32), axis=1)
-
-  def query_step(j, dq):  # My queries against block j of keys.
-    s = ops.matmul(q.at[wg], k.at[j], block, transpose_b=True) * log2_scale
-    p, keep = tile_probs(ops, s, seg_q, ops.load(seg.at[j], ops.wgmma_cols), lse_q, key=key,
-                         first_row=wg * block, first_col=j * block, rows_are_keys=False,
-                         length=length, threshold=threshold)
-    dp = drop(ops.matmul(d_out.at[wg], v.at[j], block, transpose_b=True), keep)
-    ds = (p * (dp - lax.broadcast_in_dim(delta_q, s.shape, [0]))).astype(dtype)
-    probs_smem[wg, j] = drop(p, keep).astype(dtype)
-    grads_smem[wg, j] = ds
-    return ops.matmul(ds, k.at[j], block, acc=dq)
-
-  def key_step(i, carry):  # My keys over block i of queries.
-    dk, dv = carry
-    dv = ops.matmul(probs_smem.at[i, wg], d_out.at[i], block, acc=dv, transpose_a=True)
-    dk = ops.matmul(grads_smem.at[i, wg], q.at[i], block, acc=dk, transpose_a=True)
-    return dk, dv
-
-  zeros = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
-  dq = lax.fori_loop(0, blocks, query_step, zeros)
-  between(dq)
-  dk, dv = lax.fori_loop(0, blocks, key_step, (zeros, zeros))
-  return dq, dk, dv
-
-
-def _check_rows(length: int, head_dim: int, name: str) -> None:
-  if length not in ROW_LENGTHS:
-    raise ValueError(f'length={length}: {name} takes rows of {ROW_LENGTHS} tokens.')
-  check_tiles(row_tiles(length), length, head_dim)
-
-
-def _row_scratch(ops: KernelOps, blocks: int, dtype):
-  """The probabilities and dS of a row kernel, [query block, key block, 64, 64] each."""
-  shape = (blocks, blocks, 64, 64)
-  return [ops.plgpu.SMEM(shape, dtype, transforms=ops.swizzled) for _ in range(2)]
-
-
-def _launch_rows(ops: KernelOps, kernel, scratch, grid, grid_names, name, qkv, segment_ids,
-                 keys, lse, o, do):
-  """A row kernel on (qkv, segment_ids, keys, lse, o, do), one warpgroup per 64 tokens: (dqkv,
-  the column sums [batch, heads, length // 64, 3, head_dim]); keys None without dropout."""
-  batch, length, _, heads, head_dim = qkv.shape
-  keys = jnp.zeros((batch, heads, 1), jnp.uint32) if keys is None else keys
-  return ops.plgpu.kernel(
-      kernel, scratch_types=scratch,
-      out_type=(jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),
-                jax.ShapeDtypeStruct((batch, heads, length // 64, 3, head_dim), jnp.float32)),
-      compiler_params=ops.plgpu.CompilerParams(approx_math=True), grid=grid,
-      grid_names=grid_names, num_threads=length // 64, thread_name='wg', kernel_name=name,
-      interpret=ops.interpret,
-  )(qkv, segment_ids, keys, lse, o, do)
-
-
 def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)
-  holding the whole row, so nothing is recomputed (five matmuls, the draws once; _row_passes).
-  It takes the forward's output o [batch, length, heads, head_dim] where backward takes delta:
-  rowsum(dO * O) comes from the tiles it loads anyway. Returns dqkv and the column sums [batch,
-  heads, length // 64, 3, head_dim] as backward does. Warpgroup w holds tokens 64w.."""
+  holding the whole row, so nothing is recomputed (five matmuls, the draws once). It takes the
+  forward's output o [batch, length, heads, head_dim] where backward takes delta: rowsum(dO * O)
+  comes from the tiles it loads anyway. Returns dqkv and the column sums [batch, heads,
+  length // 64, 3, head_dim] as backward does.
+
+  Warpgroup w (one per 64 tokens) takes queries 64w.. against every key block j: S = Q K_j^T,
+  dP = dO V_j^T, dS; dQ += dS K_j; it leaves the dropped probabilities and dS of each block in
+  shared memory. After all warpgroups have, it takes keys 64w.. over every query block i:
+  dV += P_iw^T dO_i and dK += dS_iw^T Q_i (wgmma's transposed shared-memory operand)."""
   ops = kernel_ops(interpret)
   plgpu = ops.plgpu
   batch, length, _, heads, head_dim = qkv.shape
-  _check_rows(length, head_dim, 'row_backward')
+  if length not in ROW_LENGTHS:
+    raise ValueError(f'length={length}: row_backward takes rows of {ROW_LENGTHS} tokens.')
+  check_tiles(row_tiles(length), length, head_dim)
   blocks, block = length // 64, 64
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
+  log2_scale = scale * math.log2(math.e)
 
   def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, o_ref, do_ref, dqkv_ref, sums_ref,
              q_smem, k_smem, v_smem, do_smem, seg_smem, lse_smem, probs_smem, grads_smem,
              staging_smem, sums_smem, fetched, written):
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     mine = pl.ds(wg * block, block)
+    key = keys_ref[b, h, 0] if threshold else None
     # This warpgroup's 64 tokens of q, k, v, dO and their segment ids and lse: each buffer
     # [blocks, 64, ...] holds the whole row once all arrive; and its o, in the buffer of its
     # stores.
@@ -445,20 +380,44 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
     plgpu.copy_gmem_to_smem(o_ref.at[b, mine, h, :], staging_smem.at[wg], fetched)
     plgpu.barrier_wait(fetched)
 
+    drop = functools.partial(dropped, threshold=threshold)
+
     def store(tile, j):  # Rows `mine` of part j of dqkv.
       store_grad(ops, tile.astype(dtype), staging_smem.at[wg], sums_smem.at[wg],
                  dqkv_ref.at[b, mine, j, h, :], sums_ref.at[b, h, wg, pl.ds(j, 1)])
 
-    def between(dq):
-      store(dq * scale, 0)
-      plgpu.commit_smem()  # Every warpgroup's probabilities and dS, before the others read them.
-      plgpu.barrier_arrive(written)
-      plgpu.barrier_wait(written)
+    seg_q = ops.load(seg_smem.at[wg], ops.wgmma_rows)
+    lse_q = ops.load(lse_smem.at[wg], ops.wgmma_rows)
+    delta_q = jnp.sum(staging_smem[wg].astype(jnp.float32)  # rowsum(dO * O) [64]
+                      * do_smem[wg].astype(jnp.float32), axis=1)
 
-    _, dk, dv = _row_passes(
-        ops, q_smem, k_smem, v_smem, do_smem, seg_smem, lse_smem, probs_smem, grads_smem,
-        staging_smem.at[wg], wg=wg, key=keys_ref[b, h, 0] if threshold else None,
-        between=between, length=length, threshold=threshold)
+    # The blocks are stepped by fori_loop, not a Python loop: a shared-memory view taken at a
+    # constant index and read by an accumulating wgmma (a run_state) fails to lower under jax
+    # 0.11's Warpgroup semantics ("Shaped arrays must be represented by ir.Values").
+    def query_step(j, dq):  # My queries against block j of keys.
+      s = ops.matmul(q_smem.at[wg], k_smem.at[j], block, transpose_b=True) * log2_scale
+      p, keep = tile_probs(ops, s, seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q,
+                           key=key, first_row=wg * block, first_col=j * block,
+                           rows_are_keys=False, length=length, threshold=threshold)
+      dp = drop(ops.matmul(do_smem.at[wg], v_smem.at[j], block, transpose_b=True), keep)
+      ds = (p * (dp - lax.broadcast_in_dim(delta_q, s.shape, [0]))).astype(dtype)
+      probs_smem[wg, j] = drop(p, keep).astype(dtype)
+      grads_smem[wg, j] = ds
+      return ops.matmul(ds, k_smem.at[j], block, acc=dq)
+
+    zeros = ops.wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
+    store(lax.fori_loop(0, blocks, query_step, zeros) * scale, 0)
+    plgpu.commit_smem()  # Every warpgroup's probabilities and dS, before the others read them.
+    plgpu.barrier_arrive(written)
+    plgpu.barrier_wait(written)
+
+    def key_step(i, carry):  # My keys over block i of queries.
+      dk, dv = carry
+      dv = ops.matmul(probs_smem.at[i, wg], do_smem.at[i], block, acc=dv, transpose_a=True)
+      dk = ops.matmul(grads_smem.at[i, wg], q_smem.at[i], block, acc=dk, transpose_a=True)
+      return dk, dv
+
+    dk, dv = lax.fori_loop(0, blocks, key_step, (zeros, zeros))
     store(dv, 2)
     store(dk * scale, 1)
 
@@ -467,125 +426,21 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
       tile, tile, tile, tile,  # q, k, v, dO
       plgpu.SMEM((blocks, block), jnp.int32),  # segment ids
       plgpu.SMEM((blocks, block), jnp.float32),  # lse
-      *_row_scratch(ops, blocks, dtype),
+      # The dropped probabilities and dS, [query block, key block, 64, 64].
+      plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
+      plgpu.SMEM((blocks, blocks, block, block), dtype, transforms=ops.swizzled),
       tile,  # o, then stores
       plgpu.SMEM((blocks, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=7 * blocks),  # every warpgroup's seven copies arrived
       plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
   ]
-  return _launch_rows(ops, kernel, scratch, (heads, batch), ('heads', 'batch'),
-                      'row_attention_bwd_mgpu', qkv, segment_ids, keys, lse, o, do)
-
-
-def pipelined_row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
-                           sms: int | None = None, interpret: bool = False):
-  """row_backward's function on a persistent grid of `sms` blocks (default: the device's SMs),
-  each taking (row, head) items sm, sm + sms, ... so that the loads of the item after next and
-  the stores of this one run under the next one's matmuls (row_backward, one item per block and
-  one block per SM, waits for both). q, k, v, dO, the segment ids and lse come in two slots (the
-  next item's is in flight while this one computes); o in one, fetched for the next item once
-  this one's rowsum(dO * O) is taken. The gradients leave through this slot's q, k, v once every
-  warpgroup is done with it, their column sums from registers. 212 KiB of shared memory at rows
-  of 128, so heads of 64 only."""
-  ops = kernel_ops(interpret)
-  plgpu = ops.plgpu
-  batch, length, _, heads, head_dim = qkv.shape
-  _check_rows(length, head_dim, 'pipelined_row_backward')
-  if head_dim != 64:
-    raise ValueError(f'head_dim={head_dim}: pipelined_row_backward takes 64 (two slots of '
-                     'heads of 128 do not fit in shared memory).')
-  # The device's SMs (a few on the interpreter, which has none: each block still takes several
-  # items).
-  sms = sms or getattr(jax.devices()[0], 'core_count', 0) or 4
-  blocks, block = length // 64, 64
-  items = batch * heads
-  dtype = qkv.dtype
-  scale = 1.0 / head_dim ** 0.5
-
-  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, o_ref, do_ref, dqkv_ref, sums_ref,
-             q_smem, k_smem, v_smem, do_smem, seg_smem, lse_smem, o_smem, probs_smem,
-             grads_smem, sums_smem, fetched, o_fetched, written, done):
-    sm, wg = lax.axis_index('sm'), lax.axis_index('wg')
-    mine = pl.ds(wg * block, block)
-    count = lax.div(items - sm + sms - 1, sms)  # This block's items.
-
-    def row_head(t):  # The block's t-th item.
-      return lax.div(sm + t * sms, heads), lax.rem(sm + t * sms, heads)
-
-    def fetch(t, slot):  # My rows of item t's q, k, v, dO, segment ids and lse into slot.
-      b, h = row_head(t)
-      sources = [qkv_ref.at[b, mine, j, h, :] for j in range(3)] + [do_ref.at[b, mine, h, :]]
-      for src, dst in zip(sources, (q_smem, k_smem, v_smem, do_smem)):
-        plgpu.copy_gmem_to_smem(src, dst.at[slot, wg], fetched.at[slot])
-      plgpu.copy_gmem_to_smem(seg_ref.at[b, mine], seg_smem.at[slot, wg], fetched.at[slot])
-      plgpu.copy_gmem_to_smem(lse_ref.at[b, h, mine], lse_smem.at[slot, wg], fetched.at[slot])
-
-    def fetch_o(t):
-      b, h = row_head(t)
-      plgpu.copy_gmem_to_smem(o_ref.at[b, mine, h, :], o_smem.at[wg], o_fetched)
-
-    for t in range(2):
-      @pl.when(t < count)
-      def _():
-        fetch(t, t)
-        if t == 0:
-          fetch_o(0)
-
-    def item(t, carry):
-      b, h = row_head(t)
-      slot = lax.rem(t, 2)
-      q, k, v, d_out = (buf.at[slot] for buf in (q_smem, k_smem, v_smem, do_smem))
-      plgpu.barrier_wait(fetched.at[slot])
-      plgpu.barrier_wait(o_fetched)
-
-      def between(dq):
-        del dq  # Stored with dk and dv.
-        plgpu.commit_smem()  # Every warpgroup's probabilities and dS, before the others read.
-        plgpu.barrier_arrive(written)
-        plgpu.barrier_wait(written)
-
-        @pl.when(t + 1 < count)  # My o is read: the next item's may come.
-        def _():
-          fetch_o(t + 1)
-
-      dq, dk, dv = _row_passes(
-          ops, q, k, v, d_out, seg_smem.at[slot], lse_smem.at[slot], probs_smem, grads_smem,
-          o_smem.at[wg], wg=wg, key=keys_ref[b, h, 0] if threshold else None, between=between,
-          length=length, threshold=threshold)
-      # Every warpgroup is done with this slot and the probabilities: the gradients leave
-      # through my rows of q, k, v, with their column sums as stored.
-      plgpu.barrier_arrive(done)
-      plgpu.barrier_wait(done)
-      for j, (grad, buf) in enumerate(((dq * scale, q), (dk * scale, k), (dv, v))):
-        stored = grad.astype(dtype)
-        buf[wg] = stored
-        sums_smem[wg, j] = jnp.sum(stored.astype(jnp.float32), axis=0)
-      plgpu.commit_smem()
-      for j, buf in enumerate((q, k, v)):
-        plgpu.copy_smem_to_gmem(buf.at[wg], dqkv_ref.at[b, mine, j, h, :])
-      plgpu.copy_smem_to_gmem(sums_smem.at[wg], sums_ref.at[b, h, wg])
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # This slot may take the next loads.
-
-      @pl.when(t + 2 < count)
-      def _():
-        fetch(t + 2, slot)
-      return carry
-
-    lax.fori_loop(0, count, item, None)
-    plgpu.wait_smem_to_gmem(0)
-
-  tiles = plgpu.SMEM((2, blocks, block, head_dim), dtype, transforms=ops.swizzled)
-  scratch = [
-      tiles, tiles, tiles, tiles,  # q, k, v, dO: two slots
-      plgpu.SMEM((2, blocks, block), jnp.int32),  # segment ids
-      plgpu.SMEM((2, blocks, block), jnp.float32),  # lse
-      plgpu.SMEM((blocks, block, head_dim), dtype, transforms=ops.swizzled),  # o
-      *_row_scratch(ops, blocks, dtype),
-      plgpu.SMEM((blocks, 3, head_dim), jnp.float32),  # column sums of dq, dk, dv
-      plgpu.Barrier(num_arrivals=6 * blocks, num_barriers=2),  # a slot's six copies a warpgroup
-      plgpu.Barrier(num_arrivals=blocks),  # every warpgroup's o
-      plgpu.Barrier(num_arrivals=blocks),  # every warpgroup wrote its probabilities and dS
-      plgpu.Barrier(num_arrivals=blocks),  # every warpgroup is done with the item
-  ]
-  return _launch_rows(ops, kernel, scratch, (sms,), ('sm',), 'pipelined_row_attention_bwd_mgpu',
-                      qkv, segment_ids, keys, lse, o, do)
+  keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
+  return plgpu.kernel(
+      kernel, scratch_types=scratch,
+      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
+                jax.ShapeDtypeStruct((batch, heads, blocks, 3, head_dim), jnp.float32)),
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      grid=(heads, batch), grid_names=('heads', 'batch'),
+      num_threads=blocks, thread_name='wg', kernel_name='row_attention_bwd_mgpu',
+      interpret=ops.interpret,
+  )(qkv, segment_ids, keys, lse, o, do)

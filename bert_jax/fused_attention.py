@@ -273,9 +273,6 @@ MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
 # Triton, or Pallas Mosaic GPU (bert_jax.flash_backward: Hopper's wgmma; row_backward for rows up
 # to MAX_LENGTH, backward for longer ones).
 KERNELS = ('triton', 'mosaic')
-# The backward of rows up to MAX_LENGTH: also 'mosaic_pipelined', flash_backward's
-# pipelined_row_backward (row_backward on a persistent grid; heads of 64; not yet timed on a GPU).
-SHORT_BACKWARDS = KERNELS + ('mosaic_pipelined',)
 
 
 def long_blocks(backward: str) -> LongBlocks:
@@ -398,21 +395,18 @@ def _mosaic_tiles(blocks: LongBlocks):
                               warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
 
 
-def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, kind):
-  """As _long_backward by bert_jax.flash_backward's kernel (kind: its Tiles), rowsum(dO * O) by
-  XLA, once per query; or by its row_backward (kind 'mosaic') or pipelined_row_backward
-  ('mosaic_pipelined'), which compute that themselves; the column sums [batch, heads, blocks,
-  head_dim] of dq, dk, dv as stored (16-bit)."""
+def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
+  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles), rowsum(dO * O)
+  by XLA, once per query; or by its row_backward (tiles None), which computes that itself; the
+  column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  if isinstance(kind, str):
-    kernel = (flash_backward.row_backward if kind == 'mosaic'
-              else flash_backward.pipelined_row_backward)
-    dqkv, sums = kernel(qkv, segment_ids, keys, lse_value, o, do, threshold=threshold,
-                        interpret=interpret)
+  if tiles is None:
+    dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, o, do,
+                                             threshold=threshold, interpret=interpret)
   else:
     delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
     dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                         threshold=threshold, tiles=kind, interpret=interpret)
+                                         threshold=threshold, tiles=tiles, interpret=interpret)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
@@ -467,9 +461,9 @@ def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                  interpret, blocks)
-  elif short_backward != 'triton':
+  elif short_backward == 'mosaic':
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                   interpret, short_backward)
+                                   interpret, None)
   else:
     dqkv, *sums = _pallas_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, warps[1])
@@ -483,7 +477,7 @@ def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def _pallas(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks, short_backward):
   """keys: None when threshold is 0 (no dropout); warps: of the short forward and backward;
-  short_backward: one of SHORT_BACKWARDS."""
+  short_backward: the KERNELS of the short backward."""
   return _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, blocks,
                      short_backward)[0]
 
@@ -519,17 +513,16 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
 
 def _check_mosaic_kernels(short_backward: str, blocks: LongBlocks, dtype, length: int,
                           head_dim: int) -> None:
-  """The backward of each length is one of KERNELS (SHORT_BACKWARDS for rows up to MAX_LENGTH);
-  a Mosaic GPU one serving rows of this length takes 16-bit operands (wgmma), rows of 64 tokens
-  or more (a wgmma's 64 rows) and what flash_backward.check_tiles allows ('mosaic_pipelined':
-  heads of 64)."""
+  """The backward of each length is one of KERNELS; a Mosaic GPU one serving rows of this length
+  takes 16-bit operands (wgmma), rows of 64 tokens or more (a wgmma's 64 rows) and what
+  flash_backward.check_tiles allows."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-  if short_backward not in SHORT_BACKWARDS:
-    raise ValueError(f'short_backward={short_backward!r}; valid: {SHORT_BACKWARDS}')
+  if short_backward not in KERNELS:
+    raise ValueError(f'short_backward={short_backward!r}; valid: {KERNELS}')
   # The long backward's tiles are checked with the rest of its blocks.
   name, kind = (('long_blocks.backward', blocks.backward) if length > MAX_LENGTH
                 else ('short_backward', short_backward))
-  if kind == 'triton':
+  if kind != 'mosaic':
     return
   if jnp.dtype(dtype).itemsize != 2:
     raise ValueError(f"{name}='{kind}' takes 16-bit q, k, v (wgmma); got {dtype}. Use "
@@ -539,10 +532,6 @@ def _check_mosaic_kernels(short_backward: str, blocks: LongBlocks, dtype, length
                      f"got length {length}. Use {name}='triton'.")
   if length <= MAX_LENGTH:
     flash_backward.check_tiles(flash_backward.row_tiles(length), length, head_dim)
-    if kind == 'mosaic_pipelined' and head_dim != 64:
-      raise ValueError(f"short_backward='mosaic_pipelined' takes heads of 64 (two slots of "
-                       f"larger ones do not fit in shared memory); got {head_dim}. Use "
-                       "short_backward='mosaic'.")
 
 
 def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pallas',
@@ -557,10 +546,9 @@ def attention_qkv(qkv, bias, segment_ids, keys, *, rate: float, impl: str = 'pal
   for no dropout. Returns [batch, length, heads, head_dim] in qkv's dtype. num_warps tiles the
   kernels of rows up to MAX_LENGTH (default: FORWARD_WARPS forward, NUM_WARPS backward), long_blocks
   (default LONG_BLOCKS) those of longer rows. short_backward: the backward of rows up to MAX_LENGTH,
-  one of SHORT_BACKWARDS: 'triton' (one program per row and head), 'mosaic'
+  one of KERNELS: 'triton' (one program per row and head) or 'mosaic'
   (flash_backward.row_backward: Hopper, 16-bit q, k, v, heads of 64 or 128, rows of 64 or 128
-  tokens) or 'mosaic_pipelined' (flash_backward.pipelined_row_backward: the same on a persistent
-  grid, heads of 64).
+  tokens).
 
   The backward writes the three gradients into one [batch, length, 3, heads, head_dim] array (the
   projection's matmul takes it whole) and sums each over its tile's tokens in the kernel, so the

@@ -55,8 +55,8 @@ class BertConfig:
   # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/flash_backward.py, Hopper GPUs).
   long_attention_backward: str = 'triton'
   # The backward of rows up to 128 tokens with attention_impl='pallas': 'triton' (one program per
-  # row and head), 'mosaic' (flash_backward.row_backward: rows of 64 or 128, nothing
-  # recomputed; Hopper GPUs) or 'mosaic_pipelined' (the same on a persistent grid; heads of 64).
+  # row and head) or 'mosaic' (flash_backward.row_backward: rows of 64 or 128, nothing
+  # recomputed; Hopper GPUs).
   short_attention_backward: str = 'triton'
   dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
   # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
@@ -218,7 +218,7 @@ def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
   parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
   [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
   depend on the mesh); long_blocks: the tiling of rows over 128 (fused_attention's default);
-  short_backward: the kernel of the backward of rows up to 128 (fused_attention.SHORT_BACKWARDS).
+  short_backward: the kernel of the backward of rows up to 128 (fused_attention.KERNELS).
   """
   attend = functools.partial(fused_attention.attention_qkv, rate=rate, long_blocks=long_blocks,
                              short_backward=short_backward,

@@ -63,10 +63,9 @@ def get_config(arg=None):
   # Triton kernel) or 'mosaic' (bert_jax/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
   # and 16-bit compute only).
   model.long_attention_backward = 'triton'
-  # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head),
+  # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head) or
   # 'mosaic' (bert_jax/flash_backward.py's row_backward: one block per row and head, nothing
-  # recomputed; rows of 64 or 128, Hopper GPUs, 16-bit compute) or 'mosaic_pipelined' (its
-  # pipelined_row_backward: the same on a persistent grid, heads of 64; not yet timed).
+  # recomputed; rows of 64 or 128, Hopper GPUs, 16-bit compute).
   model.short_attention_backward = 'triton'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).

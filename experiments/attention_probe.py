@@ -6,8 +6,7 @@ dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
 [--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
-[--short_backward=triton,mosaic,mosaic_pipelined] [--checks=1]
-[--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+[--short_backward=triton,mosaic] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
 """
@@ -40,8 +39,8 @@ _WARPS = flags.DEFINE_list(
     '(fused_attention.FORWARD_WARPS forward, NUM_WARPS backward, as the model runs them).')
 _SHORT = flags.DEFINE_list(
     'short_backward', ['triton'], 'Backwards of our short kernels to time (rows up to '
-    "fused_attention.MAX_LENGTH): fused_attention.SHORT_BACKWARDS ('triton'; 'mosaic': "
-    "flash_backward.row_backward; 'mosaic_pipelined': its pipelined_row_backward).")
+    "fused_attention.MAX_LENGTH): fused_attention.KERNELS ('triton'; 'mosaic': "
+    'flash_backward.row_backward).')
 _BIAS = flags.DEFINE_bool(
     'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
     'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '
@@ -100,8 +99,8 @@ def main(argv):
       impls[name] = functools.partial(
           fused_attention.attention_qkv, bias=qkv_bias, segment_ids=segment_ids, keys=tile_keys,
           rate=rate, **tiling)
-      mosaic_backward = any(str(kind).startswith('mosaic') for kind in (
-          tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None)))
+      mosaic_backward = 'mosaic' in (
+          tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = functools.partial(

@@ -4,7 +4,6 @@ the dropout draws, and the model with `attention_impl='pallas'` against `'xla'`.
 
 import dataclasses
 import functools
-import re
 
 import flax.linen as nn
 import jax
@@ -50,10 +49,9 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 @pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
     (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
     (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
-    # Its backward by the Mosaic GPU kernels (short_backward 'mosaic': one block per row and
-    # head; 'mosaic_pipelined': a persistent grid, several items per block), rows of 128, 64.
-    (jnp.bfloat16, 128, 64, 'mosaic'), (jnp.bfloat16, 64, 64, 'mosaic'),
-    (jnp.bfloat16, 128, 64, 'mosaic_pipelined'), (jnp.bfloat16, 64, 64, 'mosaic_pipelined'),
+    # Its backward by the Mosaic GPU kernel (short_backward 'mosaic': one block per row and
+    # head), rows of 128 and 64.
+    (jnp.bfloat16, 128, 64, 'short_mosaic'), (jnp.bfloat16, 64, 64, 'short_mosaic'),
     # The flash kernels: their default tiling, and one whose backward steps (32) are not its
     # blocks (64) and whose forward blocks are both smaller.
     (jnp.float32, 256, HEAD_DIM, None),
@@ -65,8 +63,8 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate)
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
   short_backward = 'triton'
-  if isinstance(long_blocks, str):  # A short backward's name.
-    short_backward, long_blocks = long_blocks, None
+  if long_blocks == 'short_mosaic':
+    short_backward, long_blocks = 'mosaic', None
   out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate,
                                long_blocks, short_backward)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
@@ -110,20 +108,14 @@ def test_the_race_detector_finds_a_race(monkeypatch):
   assert _races_found(racy, monkeypatch)
 
 
-@pytest.mark.parametrize('kernel', ['row_backward', 'pipelined_row_backward'])
-def test_row_kernels_have_no_shared_memory_races(kernel, monkeypatch):
-  """Their barriers order each warpgroup's probabilities and dS before the other reads them,
-  and (pipelined, three items a block) every read of a slot before its next loads."""
-  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=128, head_dim=64)
-  segment_ids = jnp.concatenate([segment_ids, segment_ids[:1]])  # Three rows: six items.
-  qkv = jnp.concatenate([jnp.stack([q, k, v], axis=2)] * 2)[:3]
-  do = jnp.concatenate([cotangent] * 2)[:3]
-  keys = fused_attention.tile_keys(jax.random.key(3), 3, HEADS)
+def test_row_backward_has_no_shared_memory_races(monkeypatch):
+  """Its barriers order each warpgroup's probabilities and dS before the other reads them."""
+  q, k, v, segment_ids, keys, do = operands(jnp.bfloat16, length=128, head_dim=64)
+  qkv = jnp.stack([q, k, v], axis=2)
   threshold = fused_attention.dropout_threshold(0.1)
   o, lse = fused_attention._pallas_forward(qkv, segment_ids, keys, threshold, True, 4)  # pylint: disable=protected-access
-  extra = {'sms': 2} if kernel == 'pipelined_row_backward' else {}
-  run = lambda: getattr(flash_backward, kernel)(  # noqa: E731
-      qkv, segment_ids, keys, lse, o, do, threshold=threshold, interpret=True, **extra)
+  run = lambda: flash_backward.row_backward(  # noqa: E731
+      qkv, segment_ids, keys, lse, o, do, threshold=threshold, interpret=True)
   assert not _races_found(run, monkeypatch)
 
 
@@ -157,14 +149,13 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
-@pytest.mark.parametrize('length, short_backward', [
-    (128, 'mosaic'), (64, 'mosaic'), (128, 'mosaic_pipelined'), (512, 'triton')])
+@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
+                                                    (512, 'triton')])
 def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
                                                                mosaic_semantics):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
   semantics: its kernel, after the Triton forward, at Large's heads, rows of 128 and 64
-  (short_backward: row_backward with two warpgroups and one, and its pipelined form) and 512
-  (long_blocks)."""
+  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks)."""
   del mosaic_semantics
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
@@ -179,10 +170,8 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
       lowering_platforms=('cuda',))
   text = lowered.as_text()
-  assert bool(re.search('(?<!pipelined_)row_attention_bwd_mgpu', text)) == (
-      short_backward == 'mosaic')
-  assert ('pipelined_row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic_pipelined')
-  assert ('long_attention_bwd_mgpu' in text) == (short_backward == 'triton')
+  assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
+  assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
 
 
@@ -485,26 +474,11 @@ def test_mosaic_short_backward_is_checked_before_compiling():
   with pytest.raises(ValueError, match=r"short_backward='mosaic' takes rows of 64 tokens or more "
                      '.* got length 32'):
     attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic')
-  with pytest.raises(ValueError, match=r"short_backward='cute'; valid: \('triton', 'mosaic', "
-                     r"'mosaic_pipelined'\)"):
+  with pytest.raises(ValueError, match=r"short_backward='cute'; valid: \('triton', 'mosaic'\)"):
     attend(q, k, v, segment_ids, tile_keys, short_backward='cute')
   q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=128, head_dim=32)
   with pytest.raises(ValueError, match='head_dim=32: the Mosaic GPU kernels take 64 or 128'):
     attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic')
-  # The pipelined kernel's two slots fit heads of 64 only.
-  q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=128, head_dim=128)
-  with pytest.raises(ValueError, match="short_backward='mosaic_pipelined' takes heads of 64 .* "
-                     'got 128'):
-    attend(q, k, v, segment_ids, tile_keys, short_backward='mosaic_pipelined')
-  config.data.max_seq_length = config.model.max_position_embeddings = 128
-  config.data.max_predictions_per_seq = 20
-  config.model.update(short_attention_backward='mosaic_pipelined', hidden_size=256, num_heads=2,
-                      intermediate_size=1024)
-  with pytest.raises(config_lib.ConfigError, match="short_attention_backward='mosaic_pipelined' "
-                     r'takes 16-bit compute and heads of 64 \(wgmma\); .* head size 128'):
-    config_lib.validate(config)
-  config.model.update(num_heads=4)
-  config_lib.validate(config)
 
 
 def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():

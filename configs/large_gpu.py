@@ -26,8 +26,9 @@ Differs from configs/large.py only in how the same function is computed:
 - the attention backward of rows of 128 (phase 1) in another Mosaic GPU kernel, one block per row
   and head holding the whole row (short_attention_backward='mosaic', flash_backward.row_backward;
   Hopper GPUs only): on an H100 at Base 256 x 128 attention alone 0.432 -> 0.339 ms a layer
-  forward+backward, the step 42.6 -> 41.2 ms (6,012 -> 6,212 seq/s, 52.8% -> 54.2% MFU); not yet
-  timed in the Large 128 step. Its compile adds about 2.4 s a layer (Base's warm-up 60 -> 89 s);
+  forward+backward, the step 42.6 -> 41.2 ms (6,012 -> 6,212 seq/s, 52.8% -> 54.2% MFU), 43.07 ->
+  42.48 ms on another H100; at Large 128 x 128 1,869 -> 1,888 seq/s (56.9% -> 57.7%). Its
+  compile adds about 2.4 s a layer (Large 128's warm-up 147 -> 180 s);
 - every matmul of the train step on cuBLAS (train.xla_options turns XLA's Triton gemms off), so
   that XLA folds bias adds and the GELU into cuBLASLt epilogues (with the tanh GELU's custom
   VJP, 1,622 -> 1,654 seq/s on an H100; experiments/perf_notes.md).

@@ -46,25 +46,23 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
 
 
 @pytest.mark.parametrize('rate', [0.0, 0.1])
-@pytest.mark.parametrize('dtype, length, head_dim, long_blocks', [
-    (jnp.float32, LENGTH, HEAD_DIM, None), (jnp.bfloat16, LENGTH, HEAD_DIM, None),
-    (jnp.bfloat16, 128, 64, None),  # BERT's phase-1 shape.
-    # Its backward by the Mosaic GPU kernel (short_backward 'mosaic': one block per row and
+@pytest.mark.parametrize('dtype, length, head_dim, long_blocks, short_backward', [
+    (jnp.float32, LENGTH, HEAD_DIM, None, 'triton'),
+    (jnp.bfloat16, LENGTH, HEAD_DIM, None, 'triton'),
+    (jnp.bfloat16, 128, 64, None, 'triton'),  # BERT's phase-1 shape.
+    # Its backward by the Mosaic GPU kernel (flash_backward.row_backward: one block per row and
     # head), rows of 128 and 64.
-    (jnp.bfloat16, 128, 64, 'short_mosaic'), (jnp.bfloat16, 64, 64, 'short_mosaic'),
+    (jnp.bfloat16, 128, 64, None, 'mosaic'), (jnp.bfloat16, 64, 64, None, 'mosaic'),
     # The flash kernels: their default tiling, and one whose backward steps (32) are not its
     # blocks (64) and whose forward blocks are both smaller.
-    (jnp.float32, 256, HEAD_DIM, None),
-    (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32)),
-    (jnp.bfloat16, 256, 64, None), (jnp.float32, 512, HEAD_DIM, None),
+    (jnp.float32, 256, HEAD_DIM, None, 'triton'),
+    (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32), 'triton'),
+    (jnp.bfloat16, 256, 64, None, 'triton'), (jnp.float32, 512, HEAD_DIM, None, 'triton'),
     # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups.
-    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS)])
-def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, rate):
+    (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS, 'triton')])
+def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short_backward, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
-  short_backward = 'triton'
-  if long_blocks == 'short_mosaic':
-    short_backward, long_blocks = 'mosaic', None
   out, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, rate,
                                long_blocks, short_backward)
   assert out.dtype == dtype and all(g.dtype == dtype for g in grads)

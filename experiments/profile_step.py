@@ -10,6 +10,8 @@ fusions and copies) and the top ops; with --out, the whole table as JSON lines.
 `idle` says how long the GPU ran no kernel at all between the traced steps' first and last kernel
 (per step), and where: the largest gaps summed by the kernels on either side of them. Run it with
 command buffers on (the timed step's setting) to see the idle time of the real step.
+`timed_step_ms` is --timed_steps steps timed untraced first, as bert_jax.benchmark times them, in
+the same process: the step's wall time beside the trace's span and busy time.
 """
 
 import collections
@@ -18,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 from absl import app
 from absl import flags
@@ -30,6 +33,7 @@ _CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protect
 _TOP = flags.DEFINE_integer('top', 40, 'Ops to list.')
 _OUT = flags.DEFINE_string('out', '', 'Write every op as JSON lines here.')
 _HLO_OUT = flags.DEFINE_string('hlo_out', '', 'Write the optimized HLO of the step here.')
+_TIMED = flags.DEFINE_integer('timed_steps', 20, 'Steps timed untraced before the trace (0: none).')
 
 
 def kind_of(name: str) -> str:
@@ -89,6 +93,13 @@ def main(argv):
     for _ in range(3):
       state, stats = step(state, batch)
     jax.block_until_ready(stats)
+    # The same steps timed as bert_jax.benchmark times them, untraced, in this process: the
+    # trace's span compares with this, not with a benchmark run on another machine.
+    start = time.perf_counter()
+    for _ in range(_TIMED.value):
+      state, stats = step(state, batch)
+    jax.block_until_ready(stats)
+    timed_ms = 1000 * (time.perf_counter() - start) / max(_TIMED.value, 1)
     trace_dir = tempfile.mkdtemp()
     with jax.profiler.trace(trace_dir):
       for _ in range(_STEPS.value):
@@ -127,6 +138,7 @@ def main(argv):
     kinds[kind_of(kernel + ' ' + op)] += ms
   summary = {'device': jax.devices()[0].device_kind, 'batch': config.train.batch_size,
              'seq': config.data.max_seq_length, 'layers': config.model.num_layers,
+             'timed_step_ms': round(timed_ms, 2) if _TIMED.value else None,
              'kernel_ms_per_step': round(sum(r[1] for r in rows), 2),
              'by_kind_ms': {k: round(v, 2) for k, v in kinds.most_common()},
              'memset_before': {k: round(v / n, 1) for k, v in memset_before.most_common(15)},

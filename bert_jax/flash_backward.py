@@ -24,9 +24,9 @@ tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDI
 At BERT-Large 32 x 512 on an H100, with the paper's dropout: 0.705 ms a layer forward+backward
 (the forward the Triton kernel's) against 0.829 with the Triton backward and 0.779 for cuDNN's
 attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571. The step 79.8 ->
-77.7 ms. Its dropout costs 0.18 ms a layer: in the transposed tiles of the dK/dV pass a thread's
-neighbouring values are different pairs of the pair hash, so each value hashes alone
-(experiments/perf_notes.md).
+77.7 ms. Its dropout costs 0.18 ms a layer: each value hashes alone (`_draws_kept`), where the
+Triton kernels hash each pair of keys once (experiments/perf_notes.md). `PAIRED_DRAWS` (off: not
+yet run on a GPU) hashes pairs once in these kernels too, through the registers (`paired_draws`).
 """
 
 import functools
@@ -37,6 +37,7 @@ import jax
 from jax import lax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax import fused_norm
 
@@ -100,6 +101,74 @@ def _draws_kept(key, queries, keys, length: int, threshold: int):
   return draw >= jnp.uint32(threshold)
 
 
+# Draw the dropout one hash per pair of keys (paired_draws below) in the kernels on the GPU. Off:
+# not yet timed or checked on a GPU (experiments/perf_notes.md, nineteenth session).
+PAIRED_DRAWS = False
+
+
+def paired_draws(index, key, *, rows_are_keys: bool):
+  """The 16-bit draws of a [rows, cols] uint32 tile `index` of draw indices (query * length +
+  key, `length` even) in the WGMMA layout, hashing each pair of keys once: _draws_kept's draws in
+  half its hashing. key: the (row, head)'s uint32 key. Mosaic GPU only (plgpu.inline_mgpu reaches
+  the registers; the interpreter has none).
+
+  A thread holds rows r and r + 8 of its warp's 16 (r = lane // 4) and, in each two-value
+  register, columns 2c and 2c + 1 (c = lane % 4, then steps of 8 columns).
+  - Columns are keys ([queries, keys] tiles): a register holds both keys of one query's pair, so
+    one hash gives both (low half, high half).
+  - Rows are keys ([keys, queries] tiles): keys 2m and 2m + 1 sit in lanes l and l ^ 4, each
+    holding queries 2c and 2c + 1. Each lane hashes one of the two pairs (the even key's lane
+    query 2c's, the odd key's 2c + 1's) and the two swap hashes by a warp shuffle; the even key
+    takes the low halves, the odd key the high halves."""
+  plgpu = _plgpu()
+  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir.dialects import arith, vector  # pylint: disable=g-import-not-at-top
+  from jax.experimental import mosaic  # pylint: disable=g-import-not-at-top
+  mgpu = mosaic.gpu
+  layout = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(layout, plgpu.Layout.WG_SPLAT(())),
+                     return_type=plgpu.ShapeDtypeStruct(index.shape, jnp.uint32, layout=layout))
+  def draws(_, index_array, key_array):
+    i32 = ir.IntegerType.get_signless(32)
+    const = lambda v: mgpu.utils.c(v - (1 << 32) if v >= 1 << 31 else v, i32)  # noqa: E731
+    at = lambda i: ir.DenseI64ArrayAttr.get([i])  # noqa: E731
+    [key_value] = key_array.registers.flat
+    low_half = lambda x: arith.andi(x, const(fused_norm.DRAW_RANGE - 1))  # noqa: E731
+
+    def pair_hash(index):  # fused_norm.pair_draws(key, index // 2) in 32-bit registers.
+      x = arith.xori(key_value, arith.muli(arith.shrui(index, const(1)),
+                                           const(fused_norm.SPREAD)))
+      for shift, factor in fused_norm.MIX_STEPS:
+        x = arith.xori(x, arith.shrui(x, const(shift)))
+        x = x if factor is None else arith.muli(x, const(factor))
+      return x
+
+    def register_draws(register):  # [draw of value 0, draw of value 1]
+      first, second = (vector.extract(register, dynamic_position=[], static_position=at(i))
+                       for i in range(2))
+      if not rows_are_keys:  # Keys 2c, 2c + 1 of one query: one pair.
+        hashed = pair_hash(first)
+        return low_half(hashed), arith.shrui(hashed, const(fused_norm.DRAW_BITS))
+      odd = arith.andi(first, const(1))  # This lane's key is odd.
+      is_odd = arith.cmpi(arith.CmpIPredicate.ne, odd, const(0))
+      mine = pair_hash(arith.select(is_odd, second, first))  # Query 2c + odd's pair.
+      theirs = mgpu.utils.shfl_bfly(mine, 4)  # The other key's lane: the other query's pair.
+      shift = arith.muli(odd, const(fused_norm.DRAW_BITS))
+      hashes = (arith.select(is_odd, theirs, mine), arith.select(is_odd, mine, theirs))
+      return tuple(low_half(arith.shrui(h, shift)) for h in hashes)
+
+    registers = np.empty_like(index_array.registers)
+    for position, register in np.ndenumerate(index_array.registers):
+      for i, draw in enumerate(register_draws(register)):
+        register = vector.insert(draw, register, dynamic_position=[], static_position=at(i))
+      registers[position] = register
+    return mgpu.FragmentedArray(_registers=registers, _layout=index_array.layout,
+                                _is_signed=False)
+
+  return draws(index, key)
+
+
 def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
                rows_are_keys: bool, length: int, threshold: int):
   """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
@@ -115,6 +184,10 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
   row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
   col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
+  if PAIRED_DRAWS and ops.interpret is None:
+    index = queries * jnp.uint32(length) + keys
+    draws = paired_draws(index, key.astype(jnp.uint32), rows_are_keys=rows_are_keys)
+    return p, draws >= jnp.uint32(threshold)
   return p, _draws_kept(key, queries, keys, length, threshold)
 
 

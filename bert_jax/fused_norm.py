@@ -80,23 +80,26 @@ def row_keys(rng, rows: int) -> jax.Array:
   return jax.random.bits(rng, (rows,), jnp.uint32)
 
 
+# mix's steps: x ^= x >> shift, then x *= factor (none after the last shift).
+MIX_STEPS = ((16, 0x7FEB352D), (15, 0x846CA68B), (16, None))
+
+
 def mix(x):
   """A 32-bit integer finaliser (xor-shift-multiply; Wellons' lowbias32): uint32 -> uint32."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
+  for shift, factor in MIX_STEPS:
+    x = x ^ (x >> shift)
+    x = x if factor is None else x * jnp.uint32(factor)
+  return x
 
 
-_SPREAD = 0x9E3779B9  # Odd (2^32 / golden ratio): spreads the pair index over all 32 bits.
+SPREAD = 0x9E3779B9  # Odd (2^32 / golden ratio): spreads the pair index over all 32 bits.
 
 
 def pair_draws(keys, pairs):
-  """mix(key ^ (pair * _SPREAD)): the 16-bit draws of values 2 * pair (low half) and
+  """mix(key ^ (pair * SPREAD)): the 16-bit draws of values 2 * pair (low half) and
   2 * pair + 1 (high half); keys and pairs broadcast (uint32). fused_attention draws the same
   way."""
-  return mix(keys ^ (pairs * jnp.uint32(_SPREAD)))
+  return mix(keys ^ (pairs * jnp.uint32(SPREAD)))
 
 
 def value_draws(keys, index):

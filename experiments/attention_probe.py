@@ -6,7 +6,8 @@ dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
 [--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
-[--short_backward=triton,mosaic] [--checks=1] [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
+[--short_backward=triton,mosaic] [--paired_draws] [--checks=1]
+[--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
 """
@@ -45,6 +46,9 @@ _BIAS = flags.DEFINE_bool(
     'bias', False, "Ours with the projection's bias, its gradient taken too (the model's way: the "
     'kernels sum the bias gradient); each Mosaic GPU backward also timed with those sums by XLA '
     "over dqkv instead ('_xla_sums').")
+_PAIRED = flags.DEFINE_bool(
+    'paired_draws', False, 'Each Mosaic GPU backward also timed with flash_backward.PAIRED_DRAWS '
+    "on ('_paired': the dQ pass's draws one hash per pair of keys, through the registers).")
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -101,6 +105,11 @@ def main(argv):
           rate=rate, **tiling)
       mosaic_backward = 'mosaic' in (
           tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
+      if _PAIRED.value and mosaic_backward and rate:
+        from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+        impls[f'{name}_paired'] = impls[name]
+        patches[f'{name}_paired'] = functools.partial(
+            unittest.mock.patch.object, flash_backward, 'PAIRED_DRAWS', True)
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = functools.partial(

@@ -15,6 +15,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax import flash_backward
 from bert_jax import fused_attention
+from bert_jax import fused_norm
 from bert_jax import layers
 from bert_jax import model as model_lib
 from configs import tiny
@@ -147,14 +148,25 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
+@pytest.mark.parametrize('paired', [False, True])
 @pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
                                                     (512, 'triton')])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
-                                                               mosaic_semantics):
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, paired,
+                                                               mosaic_semantics, monkeypatch):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
   semantics: its kernel, after the Triton forward, at Large's heads, rows of 128 and 64
-  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks)."""
+  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks); with
+  flash_backward.PAIRED_DRAWS, through paired_draws in each tile orientation the kernel draws
+  in (the dQ pass's [queries, keys] tiles; the long backward's dK/dV pass's [keys, queries])."""
   del mosaic_semantics
+  orientations = []
+  draws = flash_backward.paired_draws
+
+  def recorded(index, key, *, rows_are_keys):
+    orientations.append(rows_are_keys)
+    return draws(index, key, rows_are_keys=rows_are_keys)
+  monkeypatch.setattr(flash_backward, 'PAIRED_DRAWS', paired)
+  monkeypatch.setattr(flash_backward, 'paired_draws', recorded)
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
           jax.ShapeDtypeStruct((2, length), jnp.int32),
@@ -171,6 +183,47 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
   assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
+  expected = ([False] if short_backward == 'mosaic' else [True, False]) if paired else []
+  assert orientations == expected
+
+
+def test_paired_draws_pairing_on_the_wgmma_layout_gives_the_kernels_draws():
+  """flash_backward.paired_draws' register algorithm, run here lane by lane over the WGMMA layout
+  it assumes (checked against jax's: lane l holds rows l // 4 and l // 4 + 8 of its warp's 16,
+  each two-value register columns 2 (l % 4) + 8 j and the next), gives every value of a tile the
+  draw fused_attention.keep_mask draws, in both orientations. (The kernels' registers themselves
+  run only on a GPU: experiments/attention_probe.py --paired_draws checks them there.)"""
+  import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  layout = plgpu.Layout.WGMMA.to_mgpu()
+  assert layout.tiling.tiles == ((64, 8), (16, 8), (8, 8), (2,))
+  assert (layout.warp_dims, layout.lane_dims, layout.vector_dim) == ((-7,), (-3, -2), -1)
+  length, key = 256, np.uint32(0x1234ABCD)
+  first_row, first_col = 64, 128  # Tile offsets, multiples of 64 as the kernels' are.
+  warp, lane, half, group, v = np.meshgrid(np.arange(4), np.arange(32), np.arange(2),
+                                           np.arange(8), np.arange(2), indexing='ij')
+  rows = 16 * warp + lane // 4 + 8 * half  # [warp, lane, half, group, value]
+  cols = 8 * group + 2 * (lane % 4) + v
+  draws_of = lambda q, k: np.asarray(fused_norm.value_draws(  # noqa: E731
+      jnp.uint32(key), jnp.asarray(q * length + k, jnp.uint32)))
+  pair_hash = lambda index: np.asarray(fused_norm.pair_draws(  # noqa: E731
+      jnp.uint32(key), jnp.asarray(index >> 1, jnp.uint32)))
+  low = lambda x: x & np.uint32(0xFFFF)  # noqa: E731
+  for rows_are_keys in (False, True):
+    queries, keys = ((cols + first_col, rows + first_row) if rows_are_keys
+                     else (rows + first_row, cols + first_col))
+    index = (queries * length + keys).astype(np.uint32)
+    first, second = index[..., 0], index[..., 1]
+    if not rows_are_keys:
+      hashed = pair_hash(first)
+      got = np.stack([low(hashed), hashed >> 16], axis=-1)
+    else:
+      odd = (first & 1).astype(bool)
+      mine = pair_hash(np.where(odd, second, first))
+      theirs = mine[:, np.arange(32) ^ 4]  # The butterfly shuffle at distance 4.
+      shift = np.where(odd, 16, 0).astype(np.uint32)
+      got = np.stack([low(np.where(odd, theirs, mine) >> shift),
+                      low(np.where(odd, mine, theirs) >> shift)], axis=-1)
+    np.testing.assert_array_equal(got, draws_of(queries, keys))
 
 
 def test_flash_kernels_take_rows_whose_real_tokens_come_last():

@@ -7,6 +7,8 @@ wgmma and TMA) on both sides of its GELU. The model uses it with `model.ffn_impl
             XLA:    y = h @ W2
   backward  kernel: dPre = (dY @ W2^T) * g
             XLA:    dW2 = h^T @ dY; dW1 = x^T @ dPre; db1 = column sums of dPre; dx = dPre @ W1^T
+            (with COLUMN_SUMS the kernel also writes the column sums of every 64 rows of dPre,
+            and XLA adds those for db1: off until timed on a GPU)
 
 The forward saves h and g (the model's way saves h and the pre-activation, the same memory), so
 the backward's kernel multiplies where XLA's way writes dH, reads it back with the
@@ -55,16 +57,21 @@ class Tiles(NamedTuple):
 
 
 TILES = Tiles()
+# The FFN bias gradient's column sums of dPre in the backward kernel (dgelu_matmul's column_sums),
+# instead of XLA's pass over dPre. Off: not yet timed on a GPU (experiments/perf_notes.md,
+# nineteenth session).
+COLUMN_SUMS = False
 
 
 def smem_bytes(tiles: Tiles) -> dict[str, int]:
   """Shared memory each kernel allocates: its operand stages and each compute warpgroup's output
   buffers (forward: two slots of a [64, 64] piece of h and g, and the bias; backward: the g tile,
-  overwritten by dPre)."""
+  overwritten by dPre, and with COLUMN_SUMS a [64, 64] float32 product of ones and a piece)."""
   stage = (tiles.rows * _DEPTH + _DEPTH * tiles.cols) * 2
+  sums = 2 * _PIECE * _PIECE * 4 if COLUMN_SUMS else 0
   return {'forward': tiles.forward_stages * stage + 2 * (2 * 2 * _PIECE * _PIECE * 2
                                                          + 4 * tiles.cols),
-          'backward': tiles.backward_stages * stage + 2 * tiles.rows * tiles.cols * 2}
+          'backward': tiles.backward_stages * stage + 2 * tiles.rows * tiles.cols * 2 + sums}
 
 
 def check_tiles(tiles: Tiles, tokens: int, mlp: int, embed: int) -> None:
@@ -284,41 +291,69 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
   return _launch(body, (out, out), sms, tiles, trace_dir)(x, w1, b1)
 
 
-def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
+def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = '',
+                 column_sums: bool = False):
   """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).
   dy: [tokens, embed]; w2: [mlp, embed] in dy's 16-bit dtype; g: [tokens, mlp] (gelu'(pre));
-  sms, trace_dir: as gelu_matmul's."""
+  sms, trace_dir: as gelu_matmul's. column_sums (needs COLUMN_SUMS, which makes room for it):
+  (dPre, the column sums of each 64 rows of dPre as stored, [tokens // 64, mlp] float32, whose sum
+  is the bias gradient), each [64, 64] piece summed by a wgmma of ones over it in shared memory
+  (every row of ones @ piece is its column sums)."""
   plgpu = _plgpu()
+  if column_sums and not COLUMN_SUMS:
+    raise ValueError('dgelu_matmul(column_sums=True) needs fused_ffn.COLUMN_SUMS, which counts its '
+                     'buffer in smem_bytes.')
   check_tiles(tiles, g.shape[0], g.shape[1], dy.shape[1])
   sms = sms or jax.devices()[0].core_count
   rows, cols = tiles.rows, tiles.cols
 
-  def body(dy_gmem, w2t_gmem, g_gmem, dpre_gmem):
+  def body(dy_gmem, w2t_gmem, g_gmem, dpre_gmem, *sums_gmem):
     def prologue(r, c, wg, scratch):
-      g_smem, fetched = scratch
+      g_smem, fetched, *_ = scratch
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # Its last tile's dPre has left g_smem.
       plgpu.copy_gmem_to_smem(g_gmem.at[r, c], g_smem.at[wg], fetched.at[wg])
 
+    def store_sums(g_smem, sums_smem, wg, rows_slice, cols_slice, at):
+      ones = plgpu.layout_cast(jnp.ones((_PIECE, _PIECE), g.dtype), plgpu.Layout.WGMMA)
+
+      def product(acc_ref):
+        plgpu.wgmma(acc_ref, ones, g_smem.at[wg, rows_slice, cols_slice])
+        return acc_ref[...]
+
+      total = pl.run_scoped(product, plgpu.ACC((_PIECE, _PIECE), jnp.float32))
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last piece's sums have left.
+      sums_smem[wg] = total
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(sums_smem.at[wg, pl.ds(0, 1)], sums_gmem[0].at[at])
+
     def epilogue(acc, r, c, wg, scratch):
       # dPre leaves 64 rows at a time, each part's store running under the next's arithmetic.
-      g_smem, fetched = scratch
+      g_smem, fetched, *sums_smem = scratch
       plgpu.barrier_wait(fetched.at[wg])
       for rows_slice, cols_slice in _pieces(rows, cols):
         piece = (wg, rows_slice, cols_slice)
         grad = g_smem[piece].astype(jnp.float32)
         g_smem[piece] = (acc[rows_slice, cols_slice] * grad).astype(g_smem.dtype)
         if cols_slice.stop == cols:  # The part's last piece: its 64 rows leave.
+          first_row = r.start + rows_slice.start
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(g_smem.at[wg, rows_slice],
-                                  dpre_gmem.at[pl.ds(r.start + rows_slice.start, _PIECE), c])
+                                  dpre_gmem.at[pl.ds(first_row, _PIECE), c])
+          for _, part_cols in _pieces(_PIECE, cols) if column_sums else ():
+            at = (pl.ds(lax.div(first_row, _PIECE), 1), pl.ds(c.start + part_cols.start, _PIECE))
+            store_sums(g_smem, sums_smem[0], wg, rows_slice, part_cols, at)
 
+    sums_buffer = [plgpu.SMEM((2, _PIECE, _PIECE), jnp.float32)] if column_sums else []
     _pingpong_matmul(
         dy_gmem, w2t_gmem, rows=rows, cols=cols, stages=tiles.backward_stages,
         snake=tiles.snake, sms=sms, prologue=prologue, epilogue=epilogue,
         scratch=(plgpu.SMEM((2, rows, cols), g.dtype, transforms=_swizzled()),
-                 plgpu.Barrier(num_barriers=2)))
+                 plgpu.Barrier(num_barriers=2), *sums_buffer))
 
-  return _launch(body, jax.ShapeDtypeStruct(g.shape, g.dtype), sms, tiles, trace_dir)(dy, w2.T, g)
+  out_type = jax.ShapeDtypeStruct(g.shape, g.dtype)
+  if column_sums:
+    out_type = (out_type, jax.ShapeDtypeStruct((g.shape[0] // _PIECE, g.shape[1]), jnp.float32))
+  return _launch(body, out_type, sms, tiles, trace_dir)(dy, w2.T, g)
 
 
 def gelu_reference(x, w1, b1):
@@ -355,15 +390,17 @@ def _fused_fwd(x, w1, b1, w2, tiles, use_kernel):
 def _fused_bwd(tiles, use_kernel, saved, dy):
   x, h, g, w1, b1, w2 = saved
   w2_16 = w2.astype(dy.dtype)
-  if use_kernel:
-    dpre = dgelu_matmul(dy, w2_16, g, tiles=tiles)
-  else:
-    dpre = dgelu_reference(dy, w2_16, g)
   f32 = jnp.float32
+  if use_kernel and COLUMN_SUMS:
+    dpre, sums = dgelu_matmul(dy, w2_16, g, tiles=tiles, column_sums=True)
+    db1 = jnp.sum(sums, axis=0)
+  else:
+    dpre = (dgelu_matmul(dy, w2_16, g, tiles=tiles) if use_kernel
+            else dgelu_reference(dy, w2_16, g))
+    db1 = jnp.sum(dpre, axis=0, dtype=f32)
   tokens = (((0,), (0,)), ((), ()))  # Contract the rows: x^T @ dPre, h^T @ dY.
   dx = dpre @ w1.astype(dpre.dtype).T
   dw1 = lax.dot_general(x, dpre, tokens, preferred_element_type=f32)
-  db1 = jnp.sum(dpre, axis=0, dtype=f32)
   dw2 = lax.dot_general(h, dy, tokens, preferred_element_type=f32)
   return dx, dw1.astype(w1.dtype), db1.astype(b1.dtype), dw2.astype(w2.dtype)
 

@@ -1,7 +1,7 @@
 """Which cuBLASLt epilogues XLA fuses into the feed-forward block, and what they save.
 
 `XLA_FLAGS=... python experiments/epilogue_probe.py --gelu=jax|vjp|fused [--tokens=16384]
-[--embed=1024 --mlp=4096] [--tiles=128-128-4-4-8,...]` times the
+[--embed=1024 --mlp=4096] [--tiles=128-128-4-4-8,...] [--column_sums]` times the
 forward+backward of bf16 `gelu_tanh(x @ W1 + b1) @ W2 + b2` (fp32 parameters cast to bf16, as in
 the model) at BERT-Large's FFN width and prints one JSON line: milliseconds per call (20 queued
 calls after a warm-up) and the count of each gemm epilogue in the optimized HLO.
@@ -12,7 +12,8 @@ XLA's GELU pattern (tanh with one user) can match and the gemm can write the pre
 its auxiliary output (BIAS_GELU_AUX). --gelu=fused is `fused_ffn.ffn` (the up-projection, bias and
 GELU in one Mosaic GPU kernel that saves gelu' for the backward; the backward's dH matmul times
 gelu' in another; Hopper GPUs), once per
---tiles tiling (`fused_ffn.Tiles` fields joined by '-'), with its largest gradient differences
+--tiles tiling (`fused_ffn.Tiles` fields joined by '-'; with --column_sums each also with the
+bias gradient's column sums in the backward kernel), with its largest gradient differences
 from --gelu=vjp's, and whether the kernel ran (`kernel_ran`: off Hopper GPUs the same custom VJP
 computes `fused_ffn.gelu_reference` and `dgelu_reference` instead).
 """
@@ -37,6 +38,9 @@ _TOKENS = flags.DEFINE_integer('tokens', 16384, 'Rows (batch x length).')
 _EMBED = flags.DEFINE_integer('embed', 1024, 'Model width.')
 _MLP = flags.DEFINE_integer('mlp', 4096, 'Feed-forward width.')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
+_SUMS = flags.DEFINE_bool('column_sums', False, 'With --gelu=fused, each tiling also with '
+                          "fused_ffn.COLUMN_SUMS on ('_sums': the bias gradient's column sums in "
+                          'the backward kernel instead of an XLA pass over dPre).')
 
 
 def main(argv):
@@ -66,7 +70,8 @@ def main(argv):
   runs = {_GELU.value: None}
   if _GELU.value == 'fused':
     specs = _TILES.value or ['-'.join(map(str, fused_ffn.TILES))]
-    runs = {f'fused_{spec}': fused_ffn.Tiles(*map(int, spec.split('-'))) for spec in specs}
+    runs = {f'fused_{spec}{suffix}': fused_ffn.Tiles(*map(int, spec.split('-')))
+            for spec in specs for suffix in ('', '_sums') if suffix == '' or _SUMS.value}
     vjp_grads = jax.jit(jax.grad(functools.partial(loss, gelu='vjp'), argnums=(0, 1)))(
         params, x, g)
   for name, tiles in runs.items():
@@ -77,6 +82,7 @@ def main(argv):
     if tiles is not None:  # Off Hopper GPUs ffn runs gelu_reference, dgelu_reference instead.
       record['kernel_ran'] = fused_ffn.on_hopper()
     try:
+      fused_ffn.COLUMN_SUMS = name.endswith('_sums')  # Read when the step is traced, just below.
       hlo = step.lower(params, x, g).compile().as_text()
       record['epilogues'] = dict(collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo)))
       grads = step(params, x, g)

@@ -83,6 +83,42 @@ def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed, mosa
         2 if fn is fused_ffn.gelu_matmul else 1)
 
 
+@pytest.mark.parametrize('tokens, mlp, embed', [(32768, 3072, 768), (16384, 4096, 1024)])
+def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosaic_semantics,
+                                                      monkeypatch):
+  """dgelu_matmul(column_sums=True) lowered for a CUDA device under each lowering semantics at
+  BERT-Base and Large: dPre and its sums per 64 rows [tokens // 64, mlp]; with COLUMN_SUMS its
+  buffer counts in smem_bytes and the default tiling still fits a block; without, it is refused
+  before lowering."""
+  del mosaic_semantics
+  bf16 = jnp.bfloat16
+  args = (jax.ShapeDtypeStruct((tokens, embed), bf16), jax.ShapeDtypeStruct((mlp, embed), bf16),
+          jax.ShapeDtypeStruct((tokens, mlp), bf16))
+  sums_fn = functools.partial(fused_ffn.dgelu_matmul, sms=132, column_sums=True)
+  with pytest.raises(ValueError, match='COLUMN_SUMS'):
+    jax.jit(sums_fn).trace(*args)
+  before = fused_ffn.smem_bytes(fused_ffn.TILES)['backward']
+  monkeypatch.setattr(fused_ffn, 'COLUMN_SUMS', True)
+  assert fused_ffn.smem_bytes(fused_ffn.TILES)['backward'] == before + 2 * 64 * 64 * 4
+  assert fused_ffn.fits(tokens, mlp, embed)
+  lowered = jax.jit(sums_fn).trace(*args).lower(lowering_platforms=('cuda',))
+  assert 'mosaic_gpu' in lowered.as_text()
+  assert [o.shape for o in lowered.out_info] == [(tokens, mlp), (tokens // 64, mlp)]
+  # The block's gradient takes the bias gradient from those sums (the kernels as on a Hopper GPU).
+  monkeypatch.setattr(fused_ffn, 'on_hopper', lambda: True)
+  for name in ('gelu_matmul', 'dgelu_matmul'):  # An H100's SMs (the CPU device has no count).
+    monkeypatch.setattr(fused_ffn, name, functools.partial(getattr(fused_ffn, name), sms=132))
+  params = [jax.ShapeDtypeStruct(shape, jnp.float32)
+            for shape in ((embed, mlp), (mlp,), (mlp, embed))]
+  loss = lambda x, *p: jnp.sum(fused_ffn.ffn(x, *p).astype(jnp.float32))  # noqa: E731
+  traced = jax.jit(jax.grad(loss, argnums=(1, 2, 3))).trace(args[0], *params)
+  sums_in = [e for e in _kernel_eqns(traced.jaxpr.jaxpr)
+             if e.primitive.name == 'reduce_sum' and e.invars[0].aval.shape == (tokens // 64, mlp)]
+  assert len(sums_in) == 1
+  assert [o.shape for o in traced.lower(lowering_platforms=('cuda',)).out_info] == [
+      p.shape for p in params]
+
+
 def _kernel_eqns(jaxpr):
   """The equations of a traced function's jaxpr and of every jaxpr nested in their params."""
   for eqn in jaxpr.eqns:

@@ -339,9 +339,11 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(g_smem.at[wg, rows_slice],
                                   dpre_gmem.at[pl.ds(first_row, _PIECE), c])
-          for _, part_cols in _pieces(_PIECE, cols) if column_sums else ():
-            at = (pl.ds(lax.div(first_row, _PIECE), 1), pl.ds(c.start + part_cols.start, _PIECE))
-            store_sums(g_smem, sums_smem[0], wg, rows_slice, part_cols, at)
+          if column_sums:  # Then its column sums, a [64, 64] piece at a time.
+            for _, part_cols in _pieces(_PIECE, cols):
+              at = (pl.ds(lax.div(first_row, _PIECE), 1),
+                    pl.ds(c.start + part_cols.start, _PIECE))
+              store_sums(g_smem, sums_smem[0], wg, rows_slice, part_cols, at)
 
     sums_buffer = [plgpu.SMEM((2, _PIECE, _PIECE), jnp.float32)] if column_sums else []
     _pingpong_matmul(

@@ -48,7 +48,7 @@ _BIAS = flags.DEFINE_bool(
     "over dqkv instead ('_xla_sums').")
 _PAIRED = flags.DEFINE_bool(
     'paired_draws', False, 'Each Mosaic GPU backward also timed with flash_backward.PAIRED_DRAWS '
-    "on ('_paired': the dQ pass's draws one hash per pair of keys, through the registers).")
+    "on ('_paired': the dropout draws one hash per pair of keys, through the registers).")
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "

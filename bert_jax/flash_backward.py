@@ -24,7 +24,7 @@ tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDI
 At BERT-Large 32 x 512 on an H100, with the paper's dropout: 0.705 ms a layer forward+backward
 (the forward the Triton kernel's) against 0.829 with the Triton backward and 0.779 for cuDNN's
 attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571. The step 79.8 ->
-77.7 ms. Its dropout costs 0.18 ms a layer: each value hashes alone (`_draws_kept`), where the
+77.7 ms. Its dropout costs 0.18 ms a layer: each value hashes alone (`_draws`), where the
 Triton kernels hash each pair of keys once (experiments/perf_notes.md). `PAIRED_DRAWS` (off: not
 yet run on a GPU) hashes pairs once in these kernels too, through the registers (`paired_draws`).
 """
@@ -91,14 +91,12 @@ def _interpret_params():
   return params.InterpretGPUParams()
 
 
-def _draws_kept(key, queries, keys, length: int, threshold: int):
-  """fused_attention.keep_mask at these queries and keys (uint32 arrays of one shape): the 16-bit
-  draw of index query * length + key is the low (even key) or high (odd key) half of
-  fused_norm.pair_draws(key, index // 2)."""
-  index = queries * jnp.uint32(length) + keys
+def _draws(key, index):
+  """fused_attention.keep_mask's 16-bit draws at draw indices `index` (uint32, query * length +
+  key): the low (even key) or high (odd key) half of fused_norm.pair_draws(key, index // 2), one
+  hash per value."""
   hashed = fused_norm.pair_draws(key, index >> 1)
-  draw = jnp.where((index & 1) == 1, hashed >> 16, hashed & jnp.uint32(fused_norm.DRAW_RANGE - 1))
-  return draw >= jnp.uint32(threshold)
+  return jnp.where((index & 1) == 1, hashed >> 16, hashed & jnp.uint32(fused_norm.DRAW_RANGE - 1))
 
 
 # Draw the dropout one hash per pair of keys (paired_draws below) in the kernels on the GPU. Off:
@@ -108,8 +106,8 @@ PAIRED_DRAWS = False
 
 def paired_draws(index, key, *, rows_are_keys: bool):
   """The 16-bit draws of a [rows, cols] uint32 tile `index` of draw indices (query * length +
-  key, `length` even) in the WGMMA layout, hashing each pair of keys once: _draws_kept's draws in
-  half its hashing. key: the (row, head)'s uint32 key. Mosaic GPU only (plgpu.inline_mgpu reaches
+  key, `length` even) in the WGMMA layout, hashing each pair of keys once: _draws's draws in half
+  its hashing. key: the (row, head)'s uint32 key. Mosaic GPU only (plgpu.inline_mgpu reaches
   the registers; the interpreter has none).
 
   A thread holds rows r and r + 8 of its warp's 16 (r = lane // 4) and, in each two-value
@@ -184,11 +182,12 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
   row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
   col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
+  index = queries * jnp.uint32(length) + keys
   if PAIRED_DRAWS and ops.interpret is None:
-    index = queries * jnp.uint32(length) + keys
     draws = paired_draws(index, key.astype(jnp.uint32), rows_are_keys=rows_are_keys)
-    return p, draws >= jnp.uint32(threshold)
-  return p, _draws_kept(key, queries, keys, length, threshold)
+  else:
+    draws = _draws(key, index)
+  return p, draws >= jnp.uint32(threshold)
 
 
 def dropped(x, keep, threshold: int):

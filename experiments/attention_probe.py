@@ -48,7 +48,8 @@ _BIAS = flags.DEFINE_bool(
     "over dqkv instead ('_xla_sums').")
 _PAIRED = flags.DEFINE_bool(
     'paired_draws', False, 'Each Mosaic GPU backward also timed with flash_backward.PAIRED_DRAWS '
-    "on ('_paired': the dropout draws one hash per pair of keys, through the registers).")
+    "flipped ('_unpaired' while it is on: one hash per dropout draw; '_paired' while it is off: "
+    'one hash per pair of keys, through the registers).')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -107,9 +108,11 @@ def main(argv):
           tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
       if _PAIRED.value and mosaic_backward and rate:
         from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-        impls[f'{name}_paired'] = impls[name]
-        patches[f'{name}_paired'] = functools.partial(
-            unittest.mock.patch.object, flash_backward, 'PAIRED_DRAWS', True)
+        paired = flash_backward.PAIRED_DRAWS
+        flipped = f"{name}_{'unpaired' if paired else 'paired'}"
+        impls[flipped] = impls[name]
+        patches[flipped] = functools.partial(
+            unittest.mock.patch.object, flash_backward, 'PAIRED_DRAWS', not paired)
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = functools.partial(

@@ -39,8 +39,9 @@ _EMBED = flags.DEFINE_integer('embed', 1024, 'Model width.')
 _MLP = flags.DEFINE_integer('mlp', 4096, 'Feed-forward width.')
 _CALLS = flags.DEFINE_integer('calls', 20, 'Timed calls.')
 _SUMS = flags.DEFINE_bool('column_sums', False, 'With --gelu=fused, each tiling also with '
-                          "fused_ffn.COLUMN_SUMS on ('_sums': the bias gradient's column sums in "
-                          'the backward kernel instead of an XLA pass over dPre).')
+                          "fused_ffn.COLUMN_SUMS flipped ('_nosums' while it is on: the bias "
+                          "gradient's column sums by an XLA pass over dPre instead of in the "
+                          "backward kernel; '_sums' while it is off).")
 
 
 def main(argv):
@@ -68,10 +69,12 @@ def main(argv):
   x = jax.random.normal(keys[2], (t, e), jnp.bfloat16)
   g = jax.random.normal(keys[3], (t, e), jnp.bfloat16)
   runs = {_GELU.value: None}
+  model_sums = fused_ffn.COLUMN_SUMS
+  flipped = '_nosums' if model_sums else '_sums'
   if _GELU.value == 'fused':
     specs = _TILES.value or ['-'.join(map(str, fused_ffn.TILES))]
     runs = {f'fused_{spec}{suffix}': fused_ffn.Tiles(*map(int, spec.split('-')))
-            for spec in specs for suffix in ('', '_sums') if suffix == '' or _SUMS.value}
+            for spec in specs for suffix in ('', flipped) if suffix == '' or _SUMS.value}
     vjp_grads = jax.jit(jax.grad(functools.partial(loss, gelu='vjp'), argnums=(0, 1)))(
         params, x, g)
   for name, tiles in runs.items():
@@ -82,7 +85,8 @@ def main(argv):
     if tiles is not None:  # Off Hopper GPUs ffn runs gelu_reference, dgelu_reference instead.
       record['kernel_ran'] = fused_ffn.on_hopper()
     try:
-      fused_ffn.COLUMN_SUMS = name.endswith('_sums')  # Read when the step is traced, just below.
+      # Read when the step is traced, just below.
+      fused_ffn.COLUMN_SUMS = model_sums != name.endswith(flipped)
       hlo = step.lower(params, x, g).compile().as_text()
       record['epilogues'] = dict(collections.Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo)))
       grads = step(params, x, g)

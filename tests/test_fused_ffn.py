@@ -95,6 +95,7 @@ def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosai
   args = (jax.ShapeDtypeStruct((tokens, embed), bf16), jax.ShapeDtypeStruct((mlp, embed), bf16),
           jax.ShapeDtypeStruct((tokens, mlp), bf16))
   sums_fn = functools.partial(fused_ffn.dgelu_matmul, sms=132, column_sums=True)
+  monkeypatch.setattr(fused_ffn, 'COLUMN_SUMS', False)
   with pytest.raises(ValueError, match='COLUMN_SUMS'):
     jax.jit(sums_fn).trace(*args)
   before = fused_ffn.smem_bytes(fused_ffn.TILES)['backward']
@@ -201,7 +202,7 @@ def test_trace_summary_of_two_warpgroups_taking_turns():
     (fused_ffn.Tiles(forward_stages=6),
      r'needs 263168 bytes of shared memory in the forward kernel, more than a block'),
     (fused_ffn.Tiles(backward_stages=6),
-     r'needs 262144 bytes of shared memory in the backward kernel, more than a block')])
+     r'needs 294912 bytes of shared memory in the backward kernel, more than a block')])
 def test_bad_tilings_are_named_before_compiling(tiles, message):
   x, w1, b1, w2, _ = operands(jnp.bfloat16)
   with pytest.raises(ValueError, match=message):

@@ -24,9 +24,11 @@ tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDI
 At BERT-Large 32 x 512 on an H100, with the paper's dropout: 0.705 ms a layer forward+backward
 (the forward the Triton kernel's) against 0.829 with the Triton backward and 0.779 for cuDNN's
 attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571. The step 79.8 ->
-77.7 ms. Its dropout costs 0.18 ms a layer: each value hashes alone (`_draws`), where the
-Triton kernels hash each pair of keys once (experiments/perf_notes.md). `PAIRED_DRAWS` (off: not
-yet run on a GPU) hashes pairs once in these kernels too, through the registers (`paired_draws`).
+77.7 ms. Its dropout cost 0.18 ms a layer while each value hashed alone (`_draws`, which the
+interpreter still runs), where the Triton kernels hash each pair of keys once. `PAIRED_DRAWS`
+(on) hashes pairs once in these kernels too, through the registers (`paired_draws`): on an H200
+the dropout's cost at Large 512, forward and backward, went from 0.230 to 0.177 ms a layer
+(experiments/perf_notes.md, twentieth session).
 """
 
 import functools

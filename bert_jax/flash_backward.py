@@ -276,6 +276,8 @@ def store_grad(ops: KernelOps, tile, staging, sums_smem, dst, sums_dst) -> None:
   plgpu.wait_smem_to_gmem(0)
 
 
+@fused_norm.lowered_once(static_argnames=('threshold', 'tiles', 'interpret'),
+                         switches=lambda: (PAIRED_DRAWS,))
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
              interpret: bool = False):
   """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
@@ -416,6 +418,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.
 
 
+@fused_norm.lowered_once(static_argnames=('threshold', 'interpret'),
+                         switches=lambda: (PAIRED_DRAWS,))
 def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)

@@ -37,6 +37,7 @@ from jax import lax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
+from bert_jax import fused_norm
 from bert_jax import layers
 
 IMPLS = ('xla', 'pallas')
@@ -243,6 +244,8 @@ def _launch(body, out_type, sms, tiles, trace_dir=''):
           approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **traced))
 
 
+@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir'),
+                         switches=lambda: (COLUMN_SUMS,))
 def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
   """(h, g) = (gelu_tanh(pre), gelu'(pre)) in x's dtype, pre = x @ w1 + b1 in float32, by the
   forward kernel (Hopper GPUs). x: [tokens, embed]; w1: [embed, mlp] in x's 16-bit dtype; b1:
@@ -291,6 +294,8 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
   return _launch(body, (out, out), sms, tiles, trace_dir)(x, w1, b1)
 
 
+@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir', 'column_sums'),
+                         switches=lambda: (COLUMN_SUMS,))
 def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = '',
                  column_sums: bool = False):
   """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).

@@ -34,6 +34,7 @@ with masked loads and stores (`_Columns`).
 runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend, for tests).
 """
 
+from collections.abc import Callable
 import functools
 
 import jax
@@ -254,6 +255,33 @@ def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
+def lowered_once(*, static_argnums: tuple[int, ...] = (), static_argnames: tuple[str, ...] = (),
+                 switches: Callable[[], tuple] = tuple):
+  """Decorator for a kernel's launcher: fn under jax.jit with its settings static, so that the
+  layers of a model calling it with the same shapes and settings share one trace and one
+  lowering of the kernel (each layer a call of it, which XLA inlines) instead of one each.
+  BERT-Large's train step at 512 traces and lowers for CUDA in about 4 s instead of 30-36 on 2
+  CPU cores, its module 4.0 MB instead of 28.6.
+
+  switches() gives the module switches the kernel's trace reads (flash_backward.PAIRED_DRAWS):
+  they join the cache key, so flipping one traces the kernel again. Whatever else a trace reads
+  from outside its arguments is cached with it: a test that patches such a thing (a compiler
+  parameter, an interpreter setting) first clears jax's caches (jax.clear_caches)."""
+  def wrap(fn):
+    def launch(switched, *args, **kwargs):
+      del switched  # Only a key of jit's cache.
+      return fn(*args, **kwargs)
+    launch.__name__ = launch.__qualname__ = getattr(fn, '__name__', 'kernel')
+    jitted = jax.jit(launch, static_argnums=(0, *(i + 1 for i in static_argnums)),
+                     static_argnames=static_argnames)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+      return jitted(switches(), *args, **kwargs)
+    return call
+  return wrap
+
+
 def power_of_two(n: int) -> bool:
   """Whether n is a power of two (Triton's block sizes are)."""
   return n > 0 and n & (n - 1) == 0
@@ -318,7 +346,7 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _pallas(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
+def _pallas_vjp(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
   return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret,
                          num_warps)[0]
 
@@ -327,7 +355,8 @@ def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, nu
   return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps)
 
 
-_pallas.defvjp(_pallas_fwd, _pallas_backward)
+_pallas_vjp.defvjp(_pallas_fwd, _pallas_backward)
+_pallas = lowered_once(static_argnums=(6, 7, 8, 9))(_pallas_vjp)
 
 
 def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: float, eps: float,

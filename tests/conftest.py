@@ -27,6 +27,7 @@ def mosaic_semantics(request, monkeypatch):
   plgpu.CompilerParams default): jax 0.10 defaults to Lane, the GPU image's jax 0.11 to
   Warpgroup, which rejects some programs Lane lowers (a constant index read by an accumulating
   wgmma, flash_backward.row_backward before 0.11's first GPU run)."""
+  import jax  # pylint: disable=g-import-not-at-top
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
   semantics = getattr(mgpu.LoweringSemantics, request.param)
@@ -36,4 +37,8 @@ def mosaic_semantics(request, monkeypatch):
     kwargs.setdefault('lowering_semantics', semantics)
     return params(*args, **kwargs)
   monkeypatch.setattr(plgpu, 'CompilerParams', pinned)
-  return request.param
+  # The kernels' launchers cache their traces (fused_norm.lowered_once), which hold the
+  # compiler parameters they were traced with.
+  jax.clear_caches()
+  yield request.param
+  jax.clear_caches()

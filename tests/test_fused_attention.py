@@ -82,7 +82,9 @@ def _races_found(run, monkeypatch) -> bool:
   from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(flash_backward, '_interpret_params',
                       lambda: params.InterpretGPUParams(detect_races=True))
+  jax.clear_caches()  # The launchers' cached traces hold the interpreter parameters.
   jax.block_until_ready(run())
+  jax.clear_caches()
   return interpret_pallas_call.get_races().races_found
 
 
@@ -185,6 +187,30 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
   expected = ([False] if short_backward == 'mosaic' else [True, False]) if paired else []
   assert orientations == expected
+
+
+@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (512, 'triton')])
+def test_the_mosaic_backward_of_every_layer_lowers_once(length, short_backward):
+  """The layers of a model share one trace and one CUDA lowering of the Mosaic GPU attention
+  backward (fused_norm.lowered_once): the lowered gradient of six layers holds the kernel as
+  often as that of three (row_backward at 128, the long backward at 512)."""
+  qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
+  args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
+          jax.ShapeDtypeStruct((2, length), jnp.int32),
+          jax.ShapeDtypeStruct((2, 16, 1), jnp.uint32))
+
+  def lowered(layers: int) -> str:
+    def loss(qkv, bias, segment_ids, keys):
+      outs = [fused_attention.attention_qkv(qkv * (i + 1), bias, segment_ids, keys, rate=0.1,
+                                            long_blocks=fused_attention.MOSAIC_LONG_BLOCKS,
+                                            short_backward=short_backward)
+              for i in range(layers)]
+      return sum(jnp.sum(out.astype(jnp.float32)) for out in outs)
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
+        lowering_platforms=('cuda',)).as_text()
+  kernel = 'row_attention_bwd_mgpu' if short_backward == 'mosaic' else 'long_attention_bwd_mgpu'
+  three, six = lowered(3), lowered(6)
+  assert six.count(kernel) == three.count(kernel) > 0
 
 
 def test_paired_draws_pairing_on_the_wgmma_layout_gives_the_kernels_draws():

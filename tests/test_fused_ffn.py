@@ -120,6 +120,28 @@ def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosai
       p.shape for p in params]
 
 
+def test_the_kernels_of_every_block_lower_once(monkeypatch):
+  """The blocks of a model share one trace and one CUDA lowering of each FFN kernel
+  (fused_norm.lowered_once): the lowered gradient of six blocks holds as many Mosaic GPU
+  modules as that of three (one each for the forward and the backward kernel)."""
+  monkeypatch.setattr(fused_ffn, 'on_hopper', lambda: True)
+  for name in ('gelu_matmul', 'dgelu_matmul'):  # An H100's SMs (the CPU device has no count).
+    monkeypatch.setattr(fused_ffn, name, functools.partial(getattr(fused_ffn, name), sms=132))
+  tokens, embed, mlp = 1024, 256, 1024
+  args = (jax.ShapeDtypeStruct((tokens, embed), jnp.bfloat16),
+          *[jax.ShapeDtypeStruct(shape, jnp.float32)
+            for shape in ((embed, mlp), (mlp,), (mlp, embed))])
+
+  def lowered(blocks: int) -> str:
+    def loss(x, *params):
+      return sum(jnp.sum(fused_ffn.ffn(x * (i + 1), *params).astype(jnp.float32))
+                 for i in range(blocks))
+    return jax.jit(jax.grad(loss, argnums=(1, 2, 3))).trace(*args).lower(
+        lowering_platforms=('cuda',)).as_text()
+  three, six = lowered(3), lowered(6)
+  assert six.count('stable_mosaic_gpu.version') == three.count('stable_mosaic_gpu.version') == 2
+
+
 def _kernel_eqns(jaxpr):
   """The equations of a traced function's jaxpr and of every jaxpr nested in their params."""
   for eqn in jaxpr.eqns:

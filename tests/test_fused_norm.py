@@ -254,3 +254,52 @@ def test_pallas_layer_norm_is_refused_off_gpus():
                      match="layer_norm_impl='pallas' runs Triton kernels on NVIDIA GPUs; "
                            "this run has 1 cpu device"):
     config_lib.validate_runtime(config, tokenizer_vocab_size=100, batch_divisor=1)
+
+
+def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
+  """fused_norm.lowered_once: calls with the same shapes and settings share one trace, and a jit
+  calling the launcher three times lowers its body once (three calls of one function); a new
+  static setting or a flipped switch traces again."""
+  traces, switch = [], {'on': False}
+
+  def launcher(x, *, scale):
+    traces.append((x.shape, scale, switch['on']))
+    return x * scale + (1.0 if switch['on'] else 0.0)
+  launch = fused_norm.lowered_once(static_argnames=('scale',),
+                                   switches=lambda: (switch['on'],))(launcher)
+  x = jnp.arange(4.0)
+  np.testing.assert_array_equal(launch(x, scale=2.0), 2 * x)
+  launch(x + 1, scale=2.0)
+  assert len(traces) == 1
+  launch(x, scale=3.0)
+  switch['on'] = True
+  np.testing.assert_array_equal(launch(x, scale=2.0), 2 * x + 1)
+  assert traces == [((4,), 2.0, False), ((4,), 3.0, False), ((4,), 2.0, True)]
+  text = jax.jit(lambda x: launch(x, scale=5.0) + launch(2 * x, scale=5.0) + launch(
+      3 * x, scale=5.0)).lower(x).as_text()
+  assert text.count('call @launcher(') == 3 and text.count('func.func private @launcher(') == 1
+  assert text.count('5.000000e+00') == 1  # The body, once.
+
+
+def test_the_layer_norm_kernels_of_a_model_lower_once(monkeypatch):
+  """Every layer of a model calls the fused LayerNorm kernels with the same shapes: the step's
+  CUDA lowering holds each kernel a fixed number of times, however many layers call it (the
+  first layer's forward is traced apart from the rest's, its outputs used differently)."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')  # Kernels, not their interpreter.
+  rows, embed = 256, 128
+
+  def lowered(layers: int) -> str:
+    def loss(y, bias, scale, offset, keys):
+      for _ in range(layers):
+        y = fused_norm.dropout_add_layer_norm(y, bias, y, keys, scale, offset, rate=0.1,
+                                              eps=1e-12, impl='pallas')
+      return jnp.sum(y.astype(jnp.float32))
+    args = (jax.ShapeDtypeStruct((rows, embed), jnp.bfloat16),
+            *[jax.ShapeDtypeStruct((embed,), jnp.float32)] * 3,
+            jax.ShapeDtypeStruct((rows,), jnp.uint32))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(
+        lowering_platforms=('cuda',)).as_text()
+  three, six = lowered(3), lowered(6)
+  for kernel in ('dropout_add_layer_norm_fwd', 'dropout_add_layer_norm_bwd'):
+    assert six.count(kernel) == three.count(kernel) > 0, kernel
+  assert len(six) < 1.2 * len(three)

@@ -18,6 +18,8 @@ def test_benchmark_reports_throughput_mfu_and_shape():
                   / record['peak_flops_per_device'])
   assert abs(record['mfu'] - expected_mfu) < 1e-9
   assert record['loss'] > 0
+  parts = [record[k] for k in ('lower_seconds', 'compile_seconds', 'first_step_seconds')]
+  assert all(part > 0 for part in parts) and sum(parts) <= record['warmup_seconds']
 
 
 def test_peak_flops_is_the_best_of_its_trials(monkeypatch):

@@ -281,11 +281,10 @@ def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
   assert text.count('5.000000e+00') == 1  # The body, once.
 
 
-def test_the_layer_norm_kernels_of_a_model_lower_once(monkeypatch):
+def test_the_layer_norm_kernels_of_a_model_lower_once():
   """Every layer of a model calls the fused LayerNorm kernels with the same shapes: the step's
   CUDA lowering holds each kernel a fixed number of times, however many layers call it (the
   first layer's forward is traced apart from the rest's, its outputs used differently)."""
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')  # Kernels, not their interpreter.
   rows, embed = 256, 128
 
   def lowered(layers: int) -> str:

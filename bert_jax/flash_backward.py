@@ -108,6 +108,11 @@ def _draws(key, index):
 PAIRED_DRAWS = True
 
 
+def _switches() -> tuple:
+  """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
+  return (PAIRED_DRAWS,)
+
+
 def paired_draws(index, key, *, rows_are_keys: bool):
   """The 16-bit draws of a [rows, cols] uint32 tile `index` of draw indices (query * length +
   key, `length` even) in the WGMMA layout, hashing each pair of keys once: _draws's draws in half
@@ -277,7 +282,7 @@ def store_grad(ops: KernelOps, tile, staging, sums_smem, dst, sums_dst) -> None:
 
 
 @fused_norm.lowered_once(static_argnames=('threshold', 'tiles', 'interpret'),
-                         switches=lambda: (PAIRED_DRAWS,))
+                         switches=_switches)
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
              interpret: bool = False):
   """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
@@ -419,7 +424,7 @@ ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens,
 
 
 @fused_norm.lowered_once(static_argnames=('threshold', 'interpret'),
-                         switches=lambda: (PAIRED_DRAWS,))
+                         switches=_switches)
 def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)

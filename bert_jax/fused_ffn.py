@@ -64,6 +64,11 @@ TILES = Tiles()
 COLUMN_SUMS = True
 
 
+def _switches() -> tuple:
+  """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
+  return (COLUMN_SUMS,)
+
+
 def smem_bytes(tiles: Tiles) -> dict[str, int]:
   """Shared memory each kernel allocates: its operand stages and each compute warpgroup's output
   buffers (forward: two slots of a [64, 64] piece of h and g, and the bias; backward: the g tile,
@@ -245,7 +250,7 @@ def _launch(body, out_type, sms, tiles, trace_dir=''):
 
 
 @fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir'),
-                         switches=lambda: (COLUMN_SUMS,))
+                         switches=_switches)
 def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
   """(h, g) = (gelu_tanh(pre), gelu'(pre)) in x's dtype, pre = x @ w1 + b1 in float32, by the
   forward kernel (Hopper GPUs). x: [tokens, embed]; w1: [embed, mlp] in x's 16-bit dtype; b1:
@@ -295,7 +300,7 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
 
 
 @fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir', 'column_sums'),
-                         switches=lambda: (COLUMN_SUMS,))
+                         switches=_switches)
 def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = '',
                  column_sums: bool = False):
   """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).

@@ -83,6 +83,14 @@ def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed, mosa
         2 if fn is fused_ffn.gelu_matmul else 1)
 
 
+def _kernels_as_on_an_h100(monkeypatch):
+  """ffn runs its kernels (not the references), launched on an H100's 132 SMs (the CPU device
+  has no count)."""
+  monkeypatch.setattr(fused_ffn, 'on_hopper', lambda: True)
+  for name in ('gelu_matmul', 'dgelu_matmul'):
+    monkeypatch.setattr(fused_ffn, name, functools.partial(getattr(fused_ffn, name), sms=132))
+
+
 @pytest.mark.parametrize('tokens, mlp, embed', [(32768, 3072, 768), (16384, 4096, 1024)])
 def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosaic_semantics,
                                                       monkeypatch):
@@ -106,9 +114,7 @@ def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosai
   assert 'mosaic_gpu' in lowered.as_text()
   assert [o.shape for o in lowered.out_info] == [(tokens, mlp), (tokens // 64, mlp)]
   # The block's gradient takes the bias gradient from those sums (the kernels as on a Hopper GPU).
-  monkeypatch.setattr(fused_ffn, 'on_hopper', lambda: True)
-  for name in ('gelu_matmul', 'dgelu_matmul'):  # An H100's SMs (the CPU device has no count).
-    monkeypatch.setattr(fused_ffn, name, functools.partial(getattr(fused_ffn, name), sms=132))
+  _kernels_as_on_an_h100(monkeypatch)
   params = [jax.ShapeDtypeStruct(shape, jnp.float32)
             for shape in ((embed, mlp), (mlp,), (mlp, embed))]
   loss = lambda x, *p: jnp.sum(fused_ffn.ffn(x, *p).astype(jnp.float32))  # noqa: E731
@@ -124,9 +130,7 @@ def test_the_kernels_of_every_block_lower_once(monkeypatch):
   """The blocks of a model share one trace and one CUDA lowering of each FFN kernel
   (fused_norm.lowered_once): the lowered gradient of six blocks holds as many Mosaic GPU
   modules as that of three (one each for the forward and the backward kernel)."""
-  monkeypatch.setattr(fused_ffn, 'on_hopper', lambda: True)
-  for name in ('gelu_matmul', 'dgelu_matmul'):  # An H100's SMs (the CPU device has no count).
-    monkeypatch.setattr(fused_ffn, name, functools.partial(getattr(fused_ffn, name), sms=132))
+  _kernels_as_on_an_h100(monkeypatch)
   tokens, embed, mlp = 1024, 256, 1024
   args = (jax.ShapeDtypeStruct((tokens, embed), jnp.bfloat16),
           *[jax.ShapeDtypeStruct(shape, jnp.float32)

@@ -2,7 +2,8 @@
 
 Runs the real train step (same state, shardings and mesh as training) on fixed random batches of
 the config's shape, no input pipeline, and prints one JSON line: devices, mesh, batch, seq/s,
-tokens/s, MFU against a dense bf16 matmul peak measured in this process, peak memory.
+tokens/s, MFU against a dense bf16 matmul peak measured in this process, peak memory, and on
+NVIDIA GPUs the SM clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
 With `--config.data.prepared=DIR` the batches are real ones from that prepared corpus (made
 before timing, cycled; `data.packing` applies), and `real_tokens_per_s` counts non-pad tokens.
 """
@@ -93,10 +94,13 @@ class Setup:
 def run(config, num_steps: int, warmup: int) -> dict:
   """Times `num_steps` train steps after `warmup`; returns the JSON record."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import metrics, steps  # pylint: disable=g-import-not-at-top
+  from bert_jax import gpu_clocks, metrics, steps  # pylint: disable=g-import-not-at-top
   setup = Setup(config)
   mesh, state, step, batches = setup.mesh, setup.state, setup.step, setup.batches
-  peak = metrics.measure_peak_flops()
+  # The SM clock and power (GPUs) under the peak's matmuls and under the timed steps: a GPU at
+  # its power cap runs the steps at a lower clock than the peak's burst.
+  with gpu_clocks.ClockSampler() as peak_clocks:
+    peak = metrics.measure_peak_flops()
   with setup.in_mesh():
     # Where the warm-up goes: tracing and lowering (Python), XLA's compile (autotuning
     # included), then the first step (kernels that initialise on their first run).
@@ -112,11 +116,12 @@ def run(config, num_steps: int, warmup: int) -> dict:
         first_step_at = time.perf_counter()
     jax.block_until_ready(state)
     compile_seconds = time.perf_counter() - compile_start
-    start = time.perf_counter()
-    for i in range(num_steps):
-      state, stats = step(state, batches[i % len(batches)])
-    jax.block_until_ready(stats)
-    seconds = (time.perf_counter() - start) / num_steps
+    with gpu_clocks.ClockSampler() as clocks:
+      start = time.perf_counter()
+      for i in range(num_steps):
+        state, stats = step(state, batches[i % len(batches)])
+      jax.block_until_ready(stats)
+      seconds = (time.perf_counter() - start) / num_steps
   b, s = config.train.batch_size, config.data.max_seq_length
   devices = jax.devices()
   seq_per_s = b / seconds
@@ -136,6 +141,7 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'lower_seconds': lowered_at - compile_start, 'compile_seconds': compiled_at - lowered_at,
       'first_step_seconds': first_step_at - compiled_at if warmup else None,
       'peak_memory_bytes': max((m.get('peak_bytes_in_use', 0) for m in memory), default=0),
+      'clocks': clocks.summary(), 'peak_clocks': peak_clocks.summary(),
       'loss': float(steps.total_loss(jax.device_get(stats))),
   }
 

@@ -141,16 +141,20 @@ def main():
       results[variant] = measure(ours(model, seq, batch, variant, args.steps),
                                  f'{shape} ours {variant}', args.out)
     rows.append((shape, results))
-  print('\n| shape | run | seq/s | MFU | peak GiB | vs peer compile |\n|---|---|---|---|---|---|')
+  print('\n| shape | run | seq/s | MFU | peak GiB | vs peer compile | SM MHz (peak\'s) | W |\n'
+        '|---|---|---|---|---|---|---|---|')
   for shape, results in rows:
     base = results.get('peer-compile', {}).get('seq_per_s')
     for name, r in results.items():
       if 'seq_per_s' not in r:
-        print(f'| {shape} | {name} | error: {r.get("error")} | | | |')
+        print(f'| {shape} | {name} | error: {r.get("error")} | | | | | |')
         continue
       ratio = f'{r["seq_per_s"] / base:.2f}x' if base else ''
+      clocks, peak_clocks = r.get('clocks') or {}, r.get('peak_clocks') or {}
       print(f'| {shape} | {name} | {r["seq_per_s"]:.0f} | {100 * r["mfu"]:.1f}% | '
-            f'{r["peak_memory_bytes"] / 2**30:.1f} | {ratio} |')
+            f'{r["peak_memory_bytes"] / 2**30:.1f} | {ratio} | '
+            f'{clocks.get("sm_mhz_median", "")} ({peak_clocks.get("sm_mhz_median", "")}) | '
+            f'{clocks.get("power_w_median", "")} |')
   print(f'device: {next((r.get("device") for _, rs in rows for r in rs.values() if "device" in r), "?")}')
 
 

@@ -7,7 +7,8 @@ states and attention probabilities, segments, NSP), AdamW (torch's fused kernel)
 clipping, bf16 autocast over fp32 master weights, SDPA attention with the padding mask, random
 full-length rows with `predictions` masked positions (labels -100 elsewhere; HF's head computes
 logits at every position, which is how the peer runs). Prints one JSON line per shape: seq/s,
-tokens/s, MFU against a bf16 matmul peak measured in the same process, peak memory.
+tokens/s, MFU against a bf16 matmul peak measured in the same process, peak memory, and the SM
+clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
 """
 
 import argparse
@@ -53,7 +54,8 @@ def matmul_peak(torch, n=8192, repeats=20, trials=5):
   return best
 
 
-def run(args, torch, transformers, peak):
+def run(args, torch, transformers, peak, peak_clocks=None):
+  from bert_jax import gpu_clocks  # pylint: disable=g-import-not-at-top
   layers, hidden, heads, intermediate = SIZES[args.model]
   config = transformers.BertConfig(
       vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -91,11 +93,12 @@ def run(args, torch, transformers, peak):
     loss = step()
   torch.cuda.synchronize()
   warmup_s = time.perf_counter() - start
-  start = time.perf_counter()
-  for _ in range(args.steps):
-    loss = step()
-  torch.cuda.synchronize()
-  seconds = (time.perf_counter() - start) / args.steps
+  with gpu_clocks.ClockSampler() as clocks:
+    start = time.perf_counter()
+    for _ in range(args.steps):
+      loss = step()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / args.steps
   seq_per_s = b / seconds
   flops = model_flops_per_sequence(layers, hidden, intermediate, s, p)
   return {
@@ -105,6 +108,7 @@ def run(args, torch, transformers, peak):
       'step_ms': 1000 * seconds, 'seq_per_s': seq_per_s, 'tokens_per_s': seq_per_s * s,
       'mfu': seq_per_s * flops / peak, 'peak_flops_per_device': peak,
       'peak_memory_bytes': torch.cuda.max_memory_allocated(), 'warmup_seconds': warmup_s,
+      'clocks': clocks.summary(), 'peak_clocks': peak_clocks,
       'loss': float(loss), 'torch': torch.__version__, 'transformers': transformers.__version__,
   }
 
@@ -125,7 +129,10 @@ def main():
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.backends.cuda.matmul.allow_tf32 = True
-  print(json.dumps(run(args, torch, transformers, matmul_peak(torch))), flush=True)
+  from bert_jax import gpu_clocks  # pylint: disable=g-import-not-at-top
+  with gpu_clocks.ClockSampler() as peak_clocks:
+    peak = matmul_peak(torch)
+  print(json.dumps(run(args, torch, transformers, peak, peak_clocks.summary())), flush=True)
 
 
 if __name__ == '__main__':

@@ -11,7 +11,8 @@ fusions and copies) and the top ops; with --out, the whole table as JSON lines.
 (per step), and where: the largest gaps summed by the kernels on either side of them. Run it with
 command buffers on (the timed step's setting) to see the idle time of the real step.
 `timed_step_ms` is --timed_steps steps timed untraced first, as bert_jax.benchmark times them, in
-the same process: the step's wall time beside the trace's span and busy time.
+the same process: the step's wall time beside the trace's span and busy time, and the SM clock
+and power under those steps (`timed_clocks`, bert_jax.gpu_clocks).
 """
 
 import collections
@@ -27,7 +28,8 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable-next=g-import-not-at-top,wrong-import-position
+from bert_jax import benchmark, gpu_clocks
 
 _CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protected-access
 _TOP = flags.DEFINE_integer('top', 40, 'Ops to list.')
@@ -95,11 +97,12 @@ def main(argv):
     jax.block_until_ready(stats)
     # The same steps timed as bert_jax.benchmark times them, untraced, in this process: the
     # trace's span compares with this, not with a benchmark run on another machine.
-    start = time.perf_counter()
-    for _ in range(_TIMED.value):
-      state, stats = step(state, batch)
-    jax.block_until_ready(stats)
-    timed_ms = 1000 * (time.perf_counter() - start) / max(_TIMED.value, 1)
+    with gpu_clocks.ClockSampler() as clocks:
+      start = time.perf_counter()
+      for _ in range(_TIMED.value):
+        state, stats = step(state, batch)
+      jax.block_until_ready(stats)
+      timed_ms = 1000 * (time.perf_counter() - start) / max(_TIMED.value, 1)
     trace_dir = tempfile.mkdtemp()
     with jax.profiler.trace(trace_dir):
       for _ in range(_STEPS.value):
@@ -139,6 +142,7 @@ def main(argv):
   summary = {'device': jax.devices()[0].device_kind, 'batch': config.train.batch_size,
              'seq': config.data.max_seq_length, 'layers': config.model.num_layers,
              'timed_step_ms': round(timed_ms, 2) if _TIMED.value else None,
+             'timed_clocks': clocks.summary(),
              'kernel_ms_per_step': round(sum(r[1] for r in rows), 2),
              'by_kind_ms': {k: round(v, 2) for k, v in kinds.most_common()},
              'memset_before': {k: round(v / n, 1) for k, v in memset_before.most_common(15)},

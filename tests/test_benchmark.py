@@ -3,11 +3,16 @@
 import pytest
 
 from bert_jax import benchmark
+from bert_jax import gpu_clocks
 from bert_jax import metrics
 from configs import tiny
 
 
-def test_benchmark_reports_throughput_mfu_and_shape():
+def test_benchmark_reports_throughput_mfu_and_shape(monkeypatch):
+  # A GPU's clocks: one reading per read, its clock counting the reads (the peak's come first).
+  reads = iter(range(1, 10**6))
+  monkeypatch.setattr(gpu_clocks, 'nvml_reader',
+                      lambda: lambda: [gpu_clocks.Reading(next(reads), 500.0, 0)])
   config = tiny.get_config()
   config.model.update(hidden_size=32, intermediate_size=64, vocab_size=512)
   config.train.batch_size = 4
@@ -20,6 +25,10 @@ def test_benchmark_reports_throughput_mfu_and_shape():
   assert record['loss'] > 0
   parts = [record[k] for k in ('lower_seconds', 'compile_seconds', 'first_step_seconds')]
   assert all(part > 0 for part in parts) and sum(parts) <= record['warmup_seconds']
+  peak_clocks, clocks = record['peak_clocks'], record['clocks']
+  assert peak_clocks['samples'] >= 2 and clocks['samples'] >= 2  # At least the two ends.
+  assert clocks['sm_mhz_min'] > peak_clocks['samples']  # Read after the peak, not during it.
+  assert clocks['power_w_median'] == 500.0
 
 
 def test_peak_flops_is_the_best_of_its_trials(monkeypatch):

@@ -6,10 +6,16 @@ tokens/s, MFU against a dense bf16 matmul peak measured in this process, peak me
 NVIDIA GPUs the SM clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
 With `--config.data.prepared=DIR` the batches are real ones from that prepared corpus (made
 before timing, cycled; `data.packing` applies), and `real_tokens_per_s` counts non-pad tokens.
+
+`--sweep=32,64,128` times those batch sizes, each in its own process (its own peak memory and a
+clean device), one JSON line each (`{"batch": B, "error": "out of memory: ..."}` for one that does
+not fit), then a last line with `largest_batch_that_fits`. `--sweep=double` starts at the
+config's batch and doubles it until a batch runs out of memory.
 """
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -22,6 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/base.py.')
 _STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps.')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps first (compilation, autotuning).')
+_SWEEP = flags.DEFINE_string(
+    'sweep', '', "Batch sizes to time, each in its own process: '32,64,128', or 'double' (the "
+    "config's batch, doubled until one runs out of memory). Ends with largest_batch_that_fits.")
 flags.mark_flags_as_required(['config'])
 
 
@@ -146,9 +155,93 @@ def run(config, num_steps: int, warmup: int) -> dict:
   }
 
 
+_MAX_DOUBLINGS = 16
+# What an out-of-memory failure prints (XLA's allocator, at compile time or while running).
+_OUT_OF_MEMORY = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory')
+
+
+def sweep_batches(spec: str, first_batch: int) -> list[int] | None:
+  """--sweep's batch sizes: a list, or None for 'double' (first_batch, 2x, 4x, ... until out of
+  memory). A bad spec raises ValueError naming it and what is valid."""
+  if spec == 'double':
+    return None
+  try:
+    batches = [int(part) for part in spec.split(',')]
+  except ValueError:
+    batches = []
+  if not batches or min(batches) < 1:
+    raise ValueError(f"--sweep={spec!r}: give batch sizes >= 1 separated by commas (e.g. "
+                     f"'32,64,128') or 'double'.")
+  return batches
+
+
+def _flags_without_sweep(args: list[str]) -> list[str]:
+  """The command line's flags less --sweep (as `--sweep=X` or `--sweep X`)."""
+  kept, skip = [], False
+  for arg in args:
+    if skip:
+      skip = False
+    elif arg in ('--sweep', '-sweep'):
+      skip = True
+    elif not arg.startswith(('--sweep=', '-sweep=')):
+      kept.append(arg)
+  return kept
+
+
+def run_child(args: list[str]) -> subprocess.CompletedProcess:
+  """`python -m bert_jax.benchmark ARGS` in a fresh process."""
+  return subprocess.run([sys.executable, '-m', 'bert_jax.benchmark', *args], capture_output=True,
+                        text=True, check=False)
+
+
+def _child_record(batch: int, proc: subprocess.CompletedProcess) -> dict:
+  records = [line for line in proc.stdout.splitlines() if line.startswith('{')]
+  if proc.returncode == 0 and records:
+    return json.loads(records[-1])
+  lines = proc.stderr.strip().splitlines()
+  # The line that says why: our setup check's, XLA's out-of-memory one, or the last exception.
+  error = next((line for test in ('Invalid benchmark setup', 'RESOURCE_EXHAUSTED', 'Error')
+                for line in reversed(lines) if test in line),
+               lines[-1] if lines else f'exit status {proc.returncode}')
+  if any(marker in proc.stderr for marker in _OUT_OF_MEMORY):
+    error = f'out of memory: {error}'
+  return {'batch': batch, 'error': error[:500]}
+
+
+def sweep(args: list[str], spec: str, first_batch: int, child=run_child) -> list[dict]:
+  """Runs the benchmark once per --sweep batch (`args` and `--config.train.batch_size=B`),
+  printing each record; returns them with the summary last. 'double' stops at the first batch
+  that fails; a list runs every batch."""
+  batches = sweep_batches(spec, first_batch)
+  doubling = batches is None
+  if doubling:
+    batches = [first_batch * 2**i for i in range(_MAX_DOUBLINGS + 1)]
+  records = []
+  for batch in batches:
+    record = _child_record(batch, child([*args, f'--config.train.batch_size={batch}']))
+    print(json.dumps(record), flush=True)
+    records.append(record)
+    if doubling and 'error' in record:
+      break
+  fits = [r['batch'] for r in records if 'error' not in r]
+  summary = {'sweep': spec, 'batches': [r['batch'] for r in records], 'fits': fits,
+             'largest_batch_that_fits': max(fits, default=None),
+             'out_of_memory': [r['batch'] for r in records
+                               if r.get('error', '').startswith('out of memory')]}
+  print(json.dumps(summary), flush=True)
+  return [*records, summary]
+
+
 def main(argv):
   del argv
   from bert_jax import config_lib, sharding  # pylint: disable=g-import-not-at-top
+  if _SWEEP.value:
+    try:
+      sweep_batches(_SWEEP.value, _CONFIG.value.train.batch_size)
+    except ValueError as e:
+      sys.exit(f'Invalid benchmark setup: {e}')
+    sweep(_flags_without_sweep(sys.argv[1:]), _SWEEP.value, _CONFIG.value.train.batch_size)
+    return
   try:
     record = run(_CONFIG.value, _STEPS.value, _WARMUP.value)
   except (config_lib.ConfigError, sharding.MeshError) as e:

@@ -1,5 +1,10 @@
 """bert_jax.benchmark: times the real train step and reports the DESIGN.md fields."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from bert_jax import benchmark
@@ -48,3 +53,70 @@ def test_peak_flops_is_the_best_of_its_trials(monkeypatch):
   monkeypatch.setattr(metrics.time, 'perf_counter', fake_perf_counter)
   flops = metrics.measure_peak_flops(trials=3)
   assert flops == pytest.approx(2.0 * 1024**3 * 3 / 0.1)  # 1024^3 fp32, 3 a trial, on CPU.
+
+
+def test_sweep_batches_reads_a_list_or_double_and_names_a_bad_spec():
+  assert benchmark.sweep_batches('32,64,128', 8) == [32, 64, 128]
+  assert benchmark.sweep_batches('double', 8) is None
+  for bad in ('', 'a,b', '0,8', '32;64', '32,,64'):
+    with pytest.raises(ValueError, match=rf"--sweep={bad!r}: give batch sizes >= 1 .* 'double'"):
+      benchmark.sweep_batches(bad, 8)
+
+
+def test_flags_without_sweep_drops_both_spellings():
+  args = ['--config=c.py', '--sweep=8,16', '--steps=2', '--sweep', 'double', '--sweeping=1']
+  assert benchmark._flags_without_sweep(args) == ['--config=c.py', '--steps=2', '--sweeping=1']  # pylint: disable=protected-access
+
+
+def _fake_child(fails: dict):
+  """A benchmark child process: its record, or the stderr of `fails[batch]`."""
+  calls = []
+
+  def child(args):
+    calls.append(args)
+    batch = int(args[-1].split('=')[1])
+    if batch in fails:
+      return subprocess.CompletedProcess(args, 1, '', f'W0000 a warning\n{fails[batch]}\n')
+    return subprocess.CompletedProcess(args, 0, json.dumps({'batch': batch, 'seq_per_s': 1.0}),
+                                       '')
+  return child, calls
+
+
+def test_sweep_double_stops_at_the_first_batch_out_of_memory(capsys):
+  oom = ('jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to '
+         'allocate 81.00GiB.')
+  child, calls = _fake_child({32: oom, 64: oom})
+  records = benchmark.sweep(['--config=c.py', '--steps=2'], 'double', 8, child=child)
+  assert calls == [['--config=c.py', '--steps=2', f'--config.train.batch_size={b}']
+                   for b in (8, 16, 32)]  # The batch override comes last, so it wins.
+  assert records[2] == {'batch': 32, 'error': f'out of memory: {oom}'}
+  assert records[-1] == {'sweep': 'double', 'batches': [8, 16, 32], 'fits': [8, 16],
+                         'largest_batch_that_fits': 16, 'out_of_memory': [32]}
+  printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert printed == records
+
+
+def test_sweep_of_a_list_runs_every_batch_and_names_each_failure():
+  invalid = 'Invalid benchmark setup: train.batch_size=12 must divide by 8 devices.'
+  child, calls = _fake_child({12: invalid})
+  records = benchmark.sweep(['--config=c.py'], '8,12,16', 8, child=child)
+  assert len(calls) == 3 and records[1] == {'batch': 12, 'error': invalid}
+  assert records[-1]['largest_batch_that_fits'] == 16 and records[-1]['out_of_memory'] == []
+
+
+def test_sweep_runs_the_benchmark_once_a_batch_in_its_own_process():
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, '-m', 'bert_jax.benchmark', '--config=configs/tiny.py',
+             '--config.model.hidden_size=32', '--config.model.intermediate_size=64',
+             '--config.model.vocab_size=512', '--steps=1', '--warmup=1']
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  bad = subprocess.run([*command, '--sweep=4;8'], cwd=repo, env=env, capture_output=True,
+                       text=True, check=False)
+  assert bad.returncode != 0 and "--sweep='4;8': give batch sizes" in bad.stderr
+  done = subprocess.run([*command, '--sweep=2,4'], cwd=repo, env=env, capture_output=True,
+                        text=True, check=True)
+  *records, summary = [json.loads(line) for line in done.stdout.splitlines()
+                       if line.startswith('{')]
+  assert [(r['batch'], r['seq'], r['seq_per_s'] > 0) for r in records] == [(2, 64, True),
+                                                                             (4, 64, True)]
+  assert summary['largest_batch_that_fits'] == 4 and summary['fits'] == [2, 4]

@@ -65,7 +65,8 @@ def test_sweep_batches_reads_a_list_or_double_and_names_a_bad_spec():
 
 def test_flags_without_sweep_drops_both_spellings():
   args = ['--config=c.py', '--sweep=8,16', '--steps=2', '--sweep', 'double', '--sweeping=1']
-  assert benchmark._flags_without_sweep(args) == ['--config=c.py', '--steps=2', '--sweeping=1']  # pylint: disable=protected-access
+  kept = benchmark._flags_without_sweep(args)  # pylint: disable=protected-access
+  assert kept == ['--config=c.py', '--steps=2', '--sweeping=1']
 
 
 def _fake_child(fails: dict):

@@ -175,7 +175,7 @@ def sweep_batches(spec: str, first_batch: int) -> list[int] | None:
   return batches
 
 
-def _flags_without_sweep(args: list[str]) -> list[str]:
+def flags_without_sweep(args: list[str]) -> list[str]:
   """The command line's flags less --sweep (as `--sweep=X` or `--sweep X`)."""
   kept, skip = [], False
   for arg in args:
@@ -208,17 +208,18 @@ def _child_record(batch: int, proc: subprocess.CompletedProcess) -> dict:
   return {'batch': batch, 'error': error[:500]}
 
 
-def sweep(args: list[str], spec: str, first_batch: int, child=run_child) -> list[dict]:
-  """Runs the benchmark once per --sweep batch (`args` and `--config.train.batch_size=B`),
+def sweep(args: list[str], spec: str, first_batch: int, child=run_child,
+          batch_flag: str = '--config.train.batch_size') -> list[dict]:
+  """Runs `child` (the benchmark) once per --sweep batch, with `args` then `batch_flag=B`,
   printing each record; returns them with the summary last. 'double' stops at the first batch
-  that fails; a list runs every batch."""
+  that fails; a list runs every batch. experiments/bench_peer.py sweeps the peer with it."""
   batches = sweep_batches(spec, first_batch)
   doubling = batches is None
   if doubling:
     batches = [first_batch * 2**i for i in range(_MAX_DOUBLINGS + 1)]
   records = []
   for batch in batches:
-    record = _child_record(batch, child([*args, f'--config.train.batch_size={batch}']))
+    record = _child_record(batch, child([*args, f'{batch_flag}={batch}']))
     print(json.dumps(record), flush=True)
     records.append(record)
     if doubling and 'error' in record:
@@ -240,7 +241,7 @@ def main(argv):
       sweep_batches(_SWEEP.value, _CONFIG.value.train.batch_size)
     except ValueError as e:
       sys.exit(f'Invalid benchmark setup: {e}')
-    sweep(_flags_without_sweep(sys.argv[1:]), _SWEEP.value, _CONFIG.value.train.batch_size)
+    sweep(flags_without_sweep(sys.argv[1:]), _SWEEP.value, _CONFIG.value.train.batch_size)
     return
   try:
     record = run(_CONFIG.value, _STEPS.value, _WARMUP.value)

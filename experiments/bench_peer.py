@@ -1,6 +1,7 @@
 """The peer to beat: HF transformers' PyTorch BertForPreTraining, timed as bert_jax.benchmark times ours.
 
   python experiments/bench_peer.py --model=large --seq=128 --batch=128 [--compile] [--steps=20]
+      [--sweep=32,64,128 | --sweep=double]
 
 Same work per step as `python -m bert_jax.benchmark`: the paper model (dropout 0.1 on hidden
 states and attention probabilities, segments, NSP), AdamW (torch's fused kernel) with global-norm
@@ -14,6 +15,7 @@ clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -113,6 +115,12 @@ def run(args, torch, transformers, peak, peak_clocks=None):
   }
 
 
+def run_child(args: list[str]) -> subprocess.CompletedProcess:
+  """This script with ARGS in a fresh process (a clean GPU and its own peak memory)."""
+  return subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True,
+                        text=True, check=False)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--model', choices=sorted(SIZES), default='large')
@@ -124,8 +132,20 @@ def main():
   parser.add_argument('--compile', action='store_true')
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--warmup', type=int, default=5)
+  parser.add_argument('--sweep', default='', help="Batch sizes, each in its own process: "
+                      "'32,64,128', or 'double' (--batch, doubled until out of memory), as "
+                      "bert_jax.benchmark's --sweep; ends with largest_batch_that_fits.")
   args = parser.parse_args()
   args.predictions = args.predictions or (80 if args.seq >= 512 else 20)
+  if args.sweep:
+    from bert_jax import benchmark  # pylint: disable=g-import-not-at-top
+    try:
+      benchmark.sweep_batches(args.sweep, args.batch)
+    except ValueError as e:
+      parser.error(str(e))
+    benchmark.sweep(benchmark.flags_without_sweep(sys.argv[1:]), args.sweep, args.batch,
+                    child=run_child, batch_flag='--batch')
+    return
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.backends.cuda.matmul.allow_tf32 = True

@@ -65,7 +65,7 @@ def test_sweep_batches_reads_a_list_or_double_and_names_a_bad_spec():
 
 def test_flags_without_sweep_drops_both_spellings():
   args = ['--config=c.py', '--sweep=8,16', '--steps=2', '--sweep', 'double', '--sweeping=1']
-  kept = benchmark._flags_without_sweep(args)  # pylint: disable=protected-access
+  kept = benchmark.flags_without_sweep(args)
   assert kept == ['--config=c.py', '--steps=2', '--sweeping=1']
 
 
@@ -121,3 +121,16 @@ def test_sweep_runs_the_benchmark_once_a_batch_in_its_own_process():
   assert [(r['batch'], r['seq'], r['seq_per_s'] > 0) for r in records] == [(2, 64, True),
                                                                              (4, 64, True)]
   assert summary['largest_batch_that_fits'] == 4 and summary['fits'] == [2, 4]
+
+
+def test_the_peer_sweeps_its_batch_flag_and_names_a_bad_spec():
+  child, calls = _fake_child({})
+  records = benchmark.sweep(['--model=large', '--seq=512'], '16,32', 16, child=child,
+                            batch_flag='--batch')
+  assert calls == [['--model=large', '--seq=512', '--batch=16'],
+                   ['--model=large', '--seq=512', '--batch=32']]
+  assert records[-1]['largest_batch_that_fits'] == 32
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  bad = subprocess.run([sys.executable, 'experiments/bench_peer.py', '--sweep=x'], cwd=repo,
+                       capture_output=True, text=True, check=False)
+  assert bad.returncode == 2 and "--sweep='x': give batch sizes >= 1" in bad.stderr

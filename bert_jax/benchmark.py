@@ -3,7 +3,8 @@
 Runs the real train step (same state, shardings and mesh as training) on fixed random batches of
 the config's shape, no input pipeline, and prints one JSON line: devices, mesh, batch, seq/s,
 tokens/s, MFU against a dense bf16 matmul peak measured in this process, peak memory, and on
-NVIDIA GPUs the SM clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
+NVIDIA GPUs the SM clock and power under the timed steps and under the peak (bert_jax.gpu_clocks),
+and `code`, a fingerprint of the package's sources (which code ran).
 With `--config.data.prepared=DIR` the batches are real ones from that prepared corpus (made
 before timing, cycled; `data.packing` applies), and `real_tokens_per_s` counts non-pad tokens.
 
@@ -50,6 +51,21 @@ def random_batch(config, rng):
       'masked_lm_weights': np.ones((b, p), np.float32),
       'next_sentence_labels': rng.integers(0, 2, b).astype(np.int32),
   }
+
+
+def code_fingerprint(root: str | None = None) -> str:
+  """The first 12 hex digits of a sha256 over every .py file under `root` (default: this
+  package), by relative path and contents: which code a benchmark line measured, also where the
+  tree was copied without its git history (a GPU machine)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  root = root or os.path.dirname(os.path.abspath(__file__))
+  digest = hashlib.sha256()
+  paths = sorted(os.path.relpath(os.path.join(d, f), root)
+                 for d, _, files in os.walk(root) for f in files if f.endswith('.py'))
+  for path in paths:
+    with open(os.path.join(root, path), 'rb') as f:
+      digest.update(path.replace(os.sep, '/').encode() + b'\0' + f.read() + b'\0')
+  return digest.hexdigest()[:12]
 
 
 _REAL_BATCHES = 8  # Distinct real batches cycled through when timing a prepared corpus.
@@ -151,6 +167,7 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'first_step_seconds': first_step_at - compiled_at if warmup else None,
       'peak_memory_bytes': max((m.get('peak_bytes_in_use', 0) for m in memory), default=0),
       'clocks': clocks.summary(), 'peak_clocks': peak_clocks.summary(),
+      'code': code_fingerprint(), 'jax': jax.__version__,
       'loss': float(steps.total_loss(jax.device_get(stats))),
   }
 

@@ -34,6 +34,7 @@ def test_benchmark_reports_throughput_mfu_and_shape(monkeypatch):
   assert peak_clocks['samples'] >= 2 and clocks['samples'] >= 2  # At least the two ends.
   assert clocks['sm_mhz_min'] > peak_clocks['samples']  # Read after the peak, not during it.
   assert clocks['power_w_median'] == 500.0
+  assert record['code'] == benchmark.code_fingerprint()
 
 
 def test_peak_flops_is_the_best_of_its_trials(monkeypatch):
@@ -134,3 +135,21 @@ def test_the_peer_sweeps_its_batch_flag_and_names_a_bad_spec():
   bad = subprocess.run([sys.executable, 'experiments/bench_peer.py', '--sweep=x'], cwd=repo,
                        capture_output=True, text=True, check=False)
   assert bad.returncode == 2 and "--sweep='x': give batch sizes >= 1" in bad.stderr
+
+
+def test_code_fingerprint_follows_the_sources(tmp_path):
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'a.py').write_text('x = 1\n')
+  (tmp_path / 'sub' / 'b.py').write_text('y = 2\n')
+  (tmp_path / 'notes.txt').write_text('not code')
+  first = benchmark.code_fingerprint(str(tmp_path))
+  assert len(first) == 12 and first == benchmark.code_fingerprint(str(tmp_path))
+  (tmp_path / 'notes.txt').write_text('still not code')
+  assert benchmark.code_fingerprint(str(tmp_path)) == first
+  (tmp_path / 'sub' / 'b.py').write_text('y = 3\n')
+  changed = benchmark.code_fingerprint(str(tmp_path))
+  assert changed != first
+  (tmp_path / 'sub' / 'b.py').rename(tmp_path / 'b.py')  # The same contents elsewhere.
+  assert benchmark.code_fingerprint(str(tmp_path)) != changed
+  assert benchmark.code_fingerprint() == benchmark.code_fingerprint(
+      os.path.dirname(benchmark.__file__))

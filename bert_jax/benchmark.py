@@ -177,9 +177,9 @@ _MAX_DOUBLINGS = 16
 _OUT_OF_MEMORY = ('RESOURCE_EXHAUSTED', 'Out of memory', 'out of memory')
 
 
-def sweep_batches(spec: str, first_batch: int) -> list[int] | None:
-  """--sweep's batch sizes: a list, or None for 'double' (first_batch, 2x, 4x, ... until out of
-  memory). A bad spec raises ValueError naming it and what is valid."""
+def sweep_batches(spec: str) -> list[int] | None:
+  """--sweep's batch sizes: a list, or None for 'double' (the config's batch, 2x, 4x, ... until
+  out of memory). A bad spec raises ValueError naming it and what is valid."""
   if spec == 'double':
     return None
   try:
@@ -211,18 +211,23 @@ def run_child(args: list[str]) -> subprocess.CompletedProcess:
                         text=True, check=False)
 
 
-def _child_record(batch: int, proc: subprocess.CompletedProcess) -> dict:
+def child_record(proc: subprocess.CompletedProcess) -> dict:
+  """A benchmark process's JSON record (its last line starting with '{', kept also when the
+  process failed after printing it, e.g. at exit), or {'error': why} for one that printed none:
+  the line that says why (our setup check's, XLA's out-of-memory one, a failed check, the last
+  exception), prefixed 'out of memory: ' for that. bench_compare reads ours and the peer's
+  processes with it too."""
   records = [line for line in proc.stdout.splitlines() if line.startswith('{')]
-  if proc.returncode == 0 and records:
+  if records:
     return json.loads(records[-1])
   lines = proc.stderr.strip().splitlines()
-  # The line that says why: our setup check's, XLA's out-of-memory one, or the last exception.
-  error = next((line for test in ('Invalid benchmark setup', 'RESOURCE_EXHAUSTED', 'Error')
+  error = next((line for test in ('Invalid benchmark setup', 'RESOURCE_EXHAUSTED', 'Check failed',
+                                  'Error')
                 for line in reversed(lines) if test in line),
                lines[-1] if lines else f'exit status {proc.returncode}')
   if any(marker in proc.stderr for marker in _OUT_OF_MEMORY):
     error = f'out of memory: {error}'
-  return {'batch': batch, 'error': error[:500]}
+  return {'error': error[:500]}
 
 
 def sweep(args: list[str], spec: str, first_batch: int, child=run_child,
@@ -230,13 +235,15 @@ def sweep(args: list[str], spec: str, first_batch: int, child=run_child,
   """Runs `child` (the benchmark) once per --sweep batch, with `args` then `batch_flag=B`,
   printing each record; returns them with the summary last. 'double' stops at the first batch
   that fails; a list runs every batch. experiments/bench_peer.py sweeps the peer with it."""
-  batches = sweep_batches(spec, first_batch)
+  batches = sweep_batches(spec)
   doubling = batches is None
   if doubling:
     batches = [first_batch * 2**i for i in range(_MAX_DOUBLINGS + 1)]
   records = []
   for batch in batches:
-    record = _child_record(batch, child([*args, f'{batch_flag}={batch}']))
+    record = child_record(child([*args, f'{batch_flag}={batch}']))
+    if 'error' in record:
+      record = {'batch': batch, **record}
     print(json.dumps(record), flush=True)
     records.append(record)
     if doubling and 'error' in record:
@@ -255,7 +262,7 @@ def main(argv):
   from bert_jax import config_lib, sharding  # pylint: disable=g-import-not-at-top
   if _SWEEP.value:
     try:
-      sweep_batches(_SWEEP.value, _CONFIG.value.train.batch_size)
+      sweep_batches(_SWEEP.value)
     except ValueError as e:
       sys.exit(f'Invalid benchmark setup: {e}')
     sweep(flags_without_sweep(sys.argv[1:]), _SWEEP.value, _CONFIG.value.train.batch_size)

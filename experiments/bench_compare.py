@@ -29,6 +29,10 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+# pylint: disable-next=g-import-not-at-top,wrong-import-position
+from bert_jax import benchmark  # Reads each process's record (benchmark.child_record).
 CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
 LAYERS = {'base': 12, 'large': 24}
 UNROLL = '--config.model.scan_unroll={layers}'
@@ -97,21 +101,12 @@ def split_env(command):
   return [c for c in command if not c.startswith('env:')], xla_flags
 
 
-def first_error(stderr):
-  lines = stderr.strip().splitlines() or ['?']
-  for line in lines:
-    if 'Error' in line or 'Check failed' in line or 'error:' in line:
-      return line
-  return lines[-1]
-
-
 def measure(command, label, out):
   print(f'== {label}', flush=True)
   command, xla_flags = split_env(command)
   env = dict(os.environ, XLA_FLAGS=xla_flags)
   proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, env=env)
-  lines = [line for line in proc.stdout.splitlines() if line.startswith('{')]
-  record = json.loads(lines[-1]) if lines else {'error': first_error(proc.stderr)[:500]}
+  record = benchmark.child_record(proc)
   if xla_flags:
     record['xla_flags'] = xla_flags
   record['label'] = label

@@ -21,6 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# pylint: disable-next=g-import-not-at-top,wrong-import-position
+from bert_jax import gpu_clocks  # NVML through ctypes: no jax, no torch.
+
 SIZES = {  # layers, hidden, heads, intermediate
     'base': (12, 768, 12, 3072),
     'large': (24, 1024, 16, 4096),
@@ -57,7 +60,6 @@ def matmul_peak(torch, n=8192, repeats=20, trials=5):
 
 
 def run(args, torch, transformers, peak, peak_clocks=None):
-  from bert_jax import gpu_clocks  # pylint: disable=g-import-not-at-top
   layers, hidden, heads, intermediate = SIZES[args.model]
   config = transformers.BertConfig(
       vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -140,7 +142,7 @@ def main():
   if args.sweep:
     from bert_jax import benchmark  # pylint: disable=g-import-not-at-top
     try:
-      benchmark.sweep_batches(args.sweep, args.batch)
+      benchmark.sweep_batches(args.sweep)
     except ValueError as e:
       parser.error(str(e))
     benchmark.sweep(benchmark.flags_without_sweep(sys.argv[1:]), args.sweep, args.batch,
@@ -149,7 +151,6 @@ def main():
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.backends.cuda.matmul.allow_tf32 = True
-  from bert_jax import gpu_clocks  # pylint: disable=g-import-not-at-top
   with gpu_clocks.ClockSampler() as peak_clocks:
     peak = matmul_peak(torch)
   print(json.dumps(run(args, torch, transformers, peak, peak_clocks.summary())), flush=True)

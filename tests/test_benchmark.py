@@ -57,11 +57,30 @@ def test_peak_flops_is_the_best_of_its_trials(monkeypatch):
 
 
 def test_sweep_batches_reads_a_list_or_double_and_names_a_bad_spec():
-  assert benchmark.sweep_batches('32,64,128', 8) == [32, 64, 128]
-  assert benchmark.sweep_batches('double', 8) is None
+  assert benchmark.sweep_batches('32,64,128') == [32, 64, 128]
+  assert benchmark.sweep_batches('double') is None
   for bad in ('', 'a,b', '0,8', '32;64', '32,,64'):
     with pytest.raises(ValueError, match=rf"--sweep={bad!r}: give batch sizes >= 1 .* 'double'"):
-      benchmark.sweep_batches(bad, 8)
+      benchmark.sweep_batches(bad)
+
+
+def test_child_record_is_the_last_record_or_the_line_that_says_why():
+  def proc(returncode, stdout, stderr):
+    return subprocess.CompletedProcess([], returncode, stdout, stderr)
+
+  printed = 'log line\n{"seq_per_s": 1.0}\n{"seq_per_s": 2.0}\n'
+  assert benchmark.child_record(proc(0, printed, '')) == {'seq_per_s': 2.0}
+  # Printed, then failed at exit: the measurement stands.
+  assert benchmark.child_record(proc(-11, printed, 'Segmentation fault')) == {'seq_per_s': 2.0}
+  traceback = ('W0000 a warning about an Error that does not matter\nTraceback ...\n'
+               'F0000 Check failed: stream->ok()\n')
+  assert benchmark.child_record(proc(1, '', traceback)) == {
+      'error': 'F0000 Check failed: stream->ok()'}
+  assert benchmark.child_record(proc(1, '', 'Invalid benchmark setup: bad\nValueError: x\n')) == {
+      'error': 'Invalid benchmark setup: bad'}
+  assert benchmark.child_record(proc(1, '', 'torch.OutOfMemoryError: CUDA out of memory.')) == {
+      'error': 'out of memory: torch.OutOfMemoryError: CUDA out of memory.'}
+  assert benchmark.child_record(proc(9, '', '')) == {'error': 'exit status 9'}
 
 
 def test_flags_without_sweep_drops_both_spellings():

@@ -58,13 +58,13 @@ def nvml_reader() -> Reader | None:
                lib.nvmlDeviceGetHandleByIndex_v2(device, ctypes.byref(handle)))
       if found == 0:
         handles.append(handle)
-  except (OSError, AttributeError):
+    # Renamed from ...ClocksThrottleReasons in newer drivers; both names are exported since 535.
+    reasons_of = getattr(lib, 'nvmlDeviceGetCurrentClocksEventReasons', None) or getattr(
+        lib, 'nvmlDeviceGetCurrentClocksThrottleReasons')
+  except (OSError, AttributeError):  # No library, or one without these entry points.
     return None
   if not handles:
     return None
-  # Renamed from ...ClocksThrottleReasons in newer drivers; both names are exported since 535.
-  reasons_of = getattr(lib, 'nvmlDeviceGetCurrentClocksEventReasons', None) or getattr(
-      lib, 'nvmlDeviceGetCurrentClocksThrottleReasons')
 
   def read() -> list[Reading]:
     readings = []

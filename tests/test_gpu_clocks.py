@@ -118,3 +118,12 @@ def test_nvml_reader_is_none_when_nvml_does_not_start(monkeypatch):
   fake.nvmlInit_v2 = lambda: 9  # NVML_ERROR_DRIVER_NOT_LOADED.
   monkeypatch.setattr(gpu_clocks.ctypes, 'CDLL', lambda name: fake)
   assert gpu_clocks.nvml_reader() is None
+
+
+def test_nvml_reader_is_none_without_a_clock_reasons_entry_point(monkeypatch):
+  class Ancient(_FakeNvml):
+    nvmlDeviceGetCurrentClocksThrottleReasons = property()  # Reading it raises AttributeError.
+
+  monkeypatch.setattr(gpu_clocks.ctypes, 'CDLL', lambda name: Ancient(False))
+  monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+  assert gpu_clocks.nvml_reader() is None

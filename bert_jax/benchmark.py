@@ -123,7 +123,7 @@ def run(config, num_steps: int, warmup: int) -> dict:
   setup = Setup(config)
   mesh, state, step, batches = setup.mesh, setup.state, setup.step, setup.batches
   # The SM clock and power (GPUs) under the peak's matmuls and under the timed steps: a GPU at
-  # its power cap runs the steps at a lower clock than the peak's burst.
+  # its power cap may run the steps at a lower clock than the peak's short burst.
   with gpu_clocks.ClockSampler() as peak_clocks:
     peak = metrics.measure_peak_flops()
   with setup.in_mesh():

@@ -16,7 +16,8 @@ the grid (head, tile, row) has `warpgroups` compute warpgroups of `block` keys a
 
 rowsum(dO * O) comes computed once per query (`delta`, an XLA fusion) instead of once per
 program. The probabilities of the dQ pass are recomputed, as in the Triton kernel: two matmuls
-of seven (cuDNN adds dQ across programs with atomics, which Pallas does not offer at speed).
+of seven (cuDNN adds dQ across programs with atomics). `ONE_PASS` (off: it did not pay) adds dQ
+from the dK/dV pass instead, by TMA reduce-adds into a float32 dQ.
 Each stored dq, dk, dv tile is also summed over its tokens, by a wgmma of ones over the stored
 tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDIA Hopper GPU and
 16-bit q, k, v; the layout is `fused_attention`'s packed [batch, length, 3, heads, head_dim].
@@ -108,9 +109,22 @@ def _draws(key, index):
 PAIRED_DRAWS = True
 
 
+# backward in one pass over the queries (FlashAttention-3's way): each step of the dK/dV pass also
+# computes its tile's share of dQ (dS^T's transpose times K, a fifth matmul from shared memory)
+# and adds it to a float32 dQ in global memory by a TMA reduce-add, instead of a second pass over
+# the keys that recomputes the scores, probabilities and draws (two matmuls of seven). XLA zeroes
+# that dQ before, and after rounds it into dqkv and sums its columns. Off: it did not pay. On an
+# H200 at Large 32 x 512 (attention alone, forward+backward, the gradients as close to the
+# reference as the two passes'): 0.733 against 0.734 ms with the paper's dropout, 0.605 against
+# 0.557 without (experiments/perf_notes.md, twenty-second session). Each step waits on its dQ
+# matmul and on the last step's reduce-add in turn; FlashAttention-3 gives the adds a warpgroup
+# of their own.
+ONE_PASS = False
+
+
 def _switches() -> tuple:
   """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
-  return (PAIRED_DRAWS,)
+  return (PAIRED_DRAWS, ONE_PASS)
 
 
 def paired_draws(index, key, *, rows_are_keys: bool):
@@ -307,8 +321,23 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   def matmul(a, b_, transpose_b=False, acc=None, rows=block):
     return ops.matmul(a, b_, rows, transpose_b, acc)
 
-  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
-             tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, fetched_q):
+  one_pass = ONE_PASS
+  # The interpreter has no TMA reductions: there each warpgroup writes its keys' share of dQ to
+  # partials [batch, length // block, length, heads, head_dim], summed by XLA.
+  partials = one_pass and interpret
+
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, *refs):
+    if one_pass and not partials:  # dq_ref: the float32 dQ, zeroed, an input Ref added into.
+      dq_ref, dqkv_ref, sums_ref, *refs = refs
+    elif partials:
+      dqkv_ref, sums_ref, dq_ref, *refs = refs
+    else:
+      dqkv_ref, sums_ref, *refs = refs
+    tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, *refs = refs
+    if one_pass:
+      ds_smem, dq_smem = refs
+    else:
+      [fetched_q] = refs
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     first = lax.axis_index('tile') * (wgs * block) + wg * block  # This warpgroup's tokens.
     mine = pl.ds(first, block)
@@ -354,9 +383,25 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       dp_t = drop(matmul(v_smem, do_smem, transpose_b=True), keep)
       dv = matmul(drop(p_t, keep).astype(dtype), do_smem, acc=dv)
       delta = load(delta_smem, wgmma_cols)
-      ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, s_t.shape, [1]))
-      dk = matmul(ds_t.astype(dtype), q_smem, acc=dk)
+      ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, s_t.shape, [1]))).astype(dtype)
+      dk = matmul(ds_t, q_smem, acc=dk)
+      if one_pass:
+        add_dq(ds_t, k_smem, pl.ds(indices[0] * step, step))
       return dk, dv, seg_k
+
+    def add_dq(ds_t, k_smem, queries):
+      """These queries' dQ from my keys, dS K (dS^T from shared memory, transposed), added to
+      dq_ref's float32 rows (or written to my block's partials on the interpreter)."""
+      ds_smem[wg] = ds_t
+      plgpu.commit_smem()
+      dq = ops.matmul(ds_smem.at[wg], k_smem, step, transpose_a=True)  # [step, head_dim]
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last step's dQ has left dq_smem.
+      dq_smem[wg] = dq
+      plgpu.commit_smem()
+      if partials:
+        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, lax.div(first, block), queries, h, :])
+      else:
+        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, queries, h, :], reduction_op='add')
 
     def tile():  # A step's [step, head_dim] tile of q, dO, k or v.
       return plgpu.BlockSpec((step, head_dim), lambda i: (i, 0), transforms=swizzled)
@@ -370,6 +415,9 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
         compute_context=key_pass,
         in_specs=[tile(), tile(), vec(), vec(), vec()],
     )(part(0), d_out, lse_row, delta_row, seg_row)
+
+    if one_pass:
+      return
 
     # dQ of my queries: [queries, keys] tiles, stepping over the keys.
     def query_pass(run):
@@ -406,18 +454,54 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       plgpu.SMEM((wgs, 2, block), jnp.float32),  # lse, delta of my queries
       plgpu.SMEM((wgs, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=3, num_barriers=wgs),  # k, v, segment ids arrived
-      plgpu.Barrier(num_arrivals=5, num_barriers=wgs),  # q, dO, segment ids, lse, delta
   ]
+  if one_pass:
+    scratch += [plgpu.SMEM((wgs, block, step), dtype, transforms=swizzled),  # a step's dS^T
+                plgpu.SMEM((wgs, step, head_dim), jnp.float32)]  # its dQ, on its way out
+  else:
+    scratch += [plgpu.Barrier(num_arrivals=5, num_barriers=wgs)]  # q, dO, segment ids, lse, delta
   keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
-  return plgpu.kernel(
-      kernel, scratch_types=scratch,
-      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
-                jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)),
-      compiler_params=plgpu.CompilerParams(approx_math=True),
-      grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
-      num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',
-      interpret=ops.interpret,
-  )(qkv, segment_ids, keys, lse, delta, do)
+  outs = [jax.ShapeDtypeStruct(qkv.shape, dtype),
+          jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)]
+  operands = [qkv, segment_ids, keys, lse, delta, do]
+  grid = dict(grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
+              num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu')
+  params = plgpu.CompilerParams(approx_math=True)
+  dq_shape = (batch, length, heads, head_dim)
+  if not one_pass:
+    return plgpu.kernel(kernel, scratch_types=scratch, out_type=tuple(outs), compiler_params=params,
+                        interpret=ops.interpret, **grid)(*operands)
+  if partials:
+    outs.append(jax.ShapeDtypeStruct((batch, length // block, *dq_shape[1:]), jnp.float32))
+    dqkv, sums, dq_partials = plgpu.kernel(
+        kernel, scratch_types=scratch, out_type=tuple(outs), compiler_params=params,
+        interpret=ops.interpret, **grid)(*operands)
+    dq = jnp.sum(dq_partials, axis=1)
+  else:
+    dq_ref = jax.new_ref(jnp.zeros(dq_shape, jnp.float32))
+    dqkv, sums = _kernel_with_refs(kernel, scratch, outs, params, grid)(*operands[:-1], do,
+                                                                          dq_ref)
+    dq = dq_ref[...]
+  # Rounded to dtype in float32 by reduce_precision, which XLA keeps (it may drop a round trip
+  # through dtype): the column sums are those of dq as stored, as the kernel's are.
+  finfo = jnp.finfo(dtype)
+  dq = lax.reduce_precision(dq * scale, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
+  dq_sums = jnp.sum(dq.reshape(batch, length // block, block, heads, head_dim), axis=2)
+  return (dqkv.at[:, :, 0].set(dq.astype(dtype)),
+          sums.at[:, :, :, 0].set(jnp.transpose(dq_sums, (0, 2, 1, 3))))
+
+
+def _kernel_with_refs(body, scratch, out_type, compiler_params, grid):
+  """plgpu.kernel for operands that include Refs (jax.new_ref), which the kernel mutates in
+  place: plgpu.kernel's batching wrapper does not take them, pl.kernel over plgpu's Mesh does."""
+  plgpu = _plgpu()
+
+  def scoped(*refs):
+    pl.run_scoped(lambda *scratch_refs: body(*refs, *scratch_refs), *scratch,
+                  collective_axes=grid['thread_name'])
+  scoped.__name__ = scoped.__qualname__ = grid['kernel_name']
+  return pl.kernel(scoped, out_type=tuple(out_type), mesh=plgpu.Mesh(**grid),
+                   compiler_params=compiler_params, name=grid['kernel_name'])
 
 
 ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.

@@ -6,7 +6,7 @@ dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
 [--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
-[--short_backward=triton,mosaic] [--paired_draws] [--checks=1]
+[--short_backward=triton,mosaic] [--paired_draws] [--one_pass] [--checks=1]
 [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
@@ -50,6 +50,10 @@ _PAIRED = flags.DEFINE_bool(
     'paired_draws', False, 'Each Mosaic GPU backward also timed with flash_backward.PAIRED_DRAWS '
     "flipped ('_unpaired' while it is on: one hash per dropout draw; '_paired' while it is off: "
     'one hash per pair of keys, through the registers).')
+_ONE_PASS = flags.DEFINE_bool(
+    'one_pass', False, 'Each Mosaic GPU backward of long rows also timed with '
+    "flash_backward.ONE_PASS flipped ('_two_pass' while it is on: a second pass over the keys for "
+    "dQ; '_one_pass' while it is off: dQ added by TMA reduce-adds in the dK/dV pass).")
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -106,13 +110,18 @@ def main(argv):
           rate=rate, **tiling)
       mosaic_backward = 'mosaic' in (
           tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
-      if _PAIRED.value and mosaic_backward and rate:
-        from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
-        paired = flash_backward.PAIRED_DRAWS
-        flipped = f"{name}_{'unpaired' if paired else 'paired'}"
+      from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+
+      def flip(switch, when_on, when_off):  # impls[name] again, flash_backward.switch flipped.
+        on = getattr(flash_backward, switch)
+        flipped = f'{name}_{when_on if on else when_off}'
         impls[flipped] = impls[name]
         patches[flipped] = functools.partial(
-            unittest.mock.patch.object, flash_backward, 'PAIRED_DRAWS', not paired)
+            unittest.mock.patch.object, flash_backward, switch, not on)
+      if _PAIRED.value and mosaic_backward and rate:
+        flip('PAIRED_DRAWS', 'unpaired', 'paired')
+      if _ONE_PASS.value and getattr(tiling.get('long_blocks'), 'backward', None) == 'mosaic':
+        flip('ONE_PASS', 'two_pass', 'one_pass')
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = functools.partial(

@@ -75,6 +75,21 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short
     np.testing.assert_allclose(as32(a), as32(b), rtol=tol, atol=tol * 4, err_msg=f'd{name}')
 
 
+def test_one_pass_mosaic_backward_equals_the_reference(monkeypatch):
+  """flash_backward.ONE_PASS on the interpreter with two compute warpgroups: each warpgroup's
+  share of dQ lands in its own block of keys' partials (summed by XLA), the gradients equal the
+  reference's as the two passes' do."""
+  monkeypatch.setattr(flash_backward, 'ONE_PASS', True)
+  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=256, head_dim=64)
+  _, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, 0.1)
+  _, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, 0.1,
+                             fused_attention.MOSAIC_LONG_BLOCKS)
+  as32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  for name, a, b in zip('qkv', grads, grads_ref):
+    np.testing.assert_allclose(as32(a), as32(b), rtol=2e-2, atol=8e-2, err_msg=f'd{name}')
+  assert float(jnp.max(jnp.abs(as32(grads[0])))) > 0.1  # dQ is there, not zeros matching zeros.
+
+
 def _races_found(run, monkeypatch) -> bool:
   """Whether Mosaic GPU's interpreter, with its happens-before race detector on, finds a race
   on shared memory between threads while run() runs the kernels of bert_jax.flash_backward."""
@@ -120,11 +135,14 @@ def test_row_backward_has_no_shared_memory_races(monkeypatch):
   assert not _races_found(run, monkeypatch)
 
 
-def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
+@pytest.mark.parametrize('one_pass', [False, True])
+def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks(one_pass, monkeypatch):
   """flash_backward with one compute warpgroup of 128 keys, stepping 64 at a time (its pipeline
   indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter, through the
   model's path (attention_qkv with the projection's bias): dqkv, and the bias gradient from the
-  kernel's column sums, which are those of dqkv as stored."""
+  kernel's column sums, which are those of dqkv as stored. In two passes and in one
+  (flash_backward.ONE_PASS: dQ from the dK/dV pass, each block's share summed by XLA here)."""
+  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
   q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=512, head_dim=64)
   q, k, v, segment_ids, tile_keys, cotangent = (  # One row (two segments, padding), one head.
       x[1:, :, :1] if x.ndim == 4 else x[1:] if x.ndim == 2 else x[1:, :1]
@@ -151,13 +169,15 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
 
 
 @pytest.mark.parametrize('paired', [False, True])
-@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
-                                                    (512, 'triton')])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, paired,
-                                                               mosaic_semantics, monkeypatch):
+@pytest.mark.parametrize('length, short_backward, one_pass', [
+    (128, 'mosaic', True), (64, 'mosaic', True), (512, 'triton', False), (512, 'triton', True)])
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, one_pass,
+                                                               paired, mosaic_semantics,
+                                                               monkeypatch):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
   semantics: its kernel, after the Triton forward, at Large's heads, rows of 128 and 64
-  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks); with
+  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks, in two passes
+  and in one, flash_backward.ONE_PASS: dQ added by TMA reduce-adds); with
   flash_backward.PAIRED_DRAWS, through paired_draws in each tile orientation the kernel draws
   in (the dQ pass's [queries, keys] tiles; the long backward's dK/dV pass's [keys, queries])."""
   del mosaic_semantics
@@ -168,6 +188,7 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
     orientations.append(rows_are_keys)
     return draws(index, key, rows_are_keys=rows_are_keys)
   monkeypatch.setattr(flash_backward, 'PAIRED_DRAWS', paired)
+  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
   monkeypatch.setattr(flash_backward, 'paired_draws', recorded)
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
@@ -183,9 +204,13 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
       lowering_platforms=('cuda',))
   text = lowered.as_text()
   assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
-  assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
+  # The one-pass kernel mutates a Ref, which jax's lowering names 'new_body'.
+  long_kernel = 'long_attention_bwd_mgpu' if not one_pass else 'new_body_mosaic_gpu'
+  assert (long_kernel in text) == (short_backward != 'mosaic')
+  assert ('cp.reduce.async.bulk.tensor' in text) == (length == 512 and one_pass)
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
-  expected = ([False] if short_backward == 'mosaic' else [True, False]) if paired else []
+  long_orientations = [True] if one_pass else [True, False]
+  expected = ([False] if short_backward == 'mosaic' else long_orientations) if paired else []
   assert orientations == expected
 
 
@@ -208,7 +233,8 @@ def test_the_mosaic_backward_of_every_layer_lowers_once(length, short_backward):
       return sum(jnp.sum(out.astype(jnp.float32)) for out in outs)
     return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
         lowering_platforms=('cuda',)).as_text()
-  kernel = 'row_attention_bwd_mgpu' if short_backward == 'mosaic' else 'long_attention_bwd_mgpu'
+  kernel = ('row_attention_bwd_mgpu' if short_backward == 'mosaic' else
+            'long_attention_bwd_mgpu' if not flash_backward.ONE_PASS else 'cp.reduce.async.bulk')
   three, six = lowered(3), lowered(6)
   assert six.count(kernel) == three.count(kernel) > 0
 

@@ -28,7 +28,6 @@ peak; `step_time_source` says where the step time came from.
 """
 
 import copy
-import dataclasses
 import importlib.util
 import json
 import math
@@ -41,6 +40,8 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+from bert_jax.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
 
 # Config files import `configs.base`: make the repository root importable from anywhere.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,26 +57,6 @@ flags.mark_flags_as_required(['config', 'topology'])
 GiB = 2**30
 
 
-@dataclasses.dataclass(frozen=True)
-class TpuSpec:
-  """One TPU generation as JAX sees it: a device is a chip, except on v3 (a core)."""
-  generation: str  # Topology prefix, e.g. 'v4'.
-  device_kind: str  # jax Device.device_kind of its devices.
-  hbm_gib: float  # HBM of one device.
-  peak_tflops: float  # Dense bf16 peak of one device.
-  hbm_gbps: float  # HBM bandwidth of one device, GB/s.
-  devices_per_chip: int
-  chip_config: str = 'default'  # libtpu chip config: 'megacore' joins a chip's two cores.
-
-
-TPU_SPECS = {spec.generation: spec for spec in (
-    # Per chip: 32 GiB, 123 TFLOP/s, 900 GB/s; JAX sees its two cores as two devices.
-    TpuSpec('v3', 'TPU v3', 16, 61.5, 450, devices_per_chip=2),
-    TpuSpec('v4', 'TPU v4', 32, 275, 1200, devices_per_chip=1, chip_config='megacore'),
-    TpuSpec('v5e', 'TPU v5 lite', 16, 197, 819, devices_per_chip=1),
-    TpuSpec('v5p', 'TPU v5', 95, 459, 2765, devices_per_chip=1, chip_config='megacore'),
-    TpuSpec('v6e', 'TPU v6 lite', 32, 918, 1640, devices_per_chip=1),
-)}
 EXAMPLE_TOPOLOGIES = ('v3:2x2', 'v3:4x4', 'v3:8x8', 'v3:32x32', 'v4:2x2x1', 'v4:2x2x4',
                       'v4:4x4x4', 'v5e:2x2', 'v5e:8x8', 'v5e:16x16', 'v5p:2x2x1', 'v5p:4x4x4',
                       'v6e:2x2', 'v6e:4x4', 'v6e:16x16')

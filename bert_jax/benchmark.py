@@ -150,6 +150,7 @@ def run(config, num_steps: int, warmup: int) -> dict:
   b, s = config.train.batch_size, config.data.max_seq_length
   devices = jax.devices()
   seq_per_s = b / seconds
+  model_flops_per_s = seq_per_s * metrics.model_flops_per_sequence(config) / len(devices)
   memory = [d.memory_stats() or {} for d in jax.local_devices()]
   return {
       'device': devices[0].device_kind, 'devices': len(devices), 'mesh': dict(mesh.shape),
@@ -161,8 +162,9 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'seq_per_s': seq_per_s, 'seq_per_s_per_device': seq_per_s / len(devices),
       'tokens_per_s': seq_per_s * s, 'real_tokens_per_s': setup.real_tokens / seconds,
       'prepared': config.data.prepared, 'packing': config.data.packing,
-      'mfu': seq_per_s * metrics.model_flops_per_sequence(config) / (peak * len(devices)),
-      'peak_flops_per_device': peak, 'warmup_seconds': compile_seconds,
+      'mfu': model_flops_per_s / peak, 'peak_flops_per_device': peak,
+      **metrics.peak_fields(devices[0].device_kind, peak, model_flops_per_s),
+      'warmup_seconds': compile_seconds,
       'lower_seconds': lowered_at - compile_start, 'compile_seconds': compiled_at - lowered_at,
       'first_step_seconds': first_step_at - compiled_at if warmup else None,
       'peak_memory_bytes': max((m.get('peak_bytes_in_use', 0) for m in memory), default=0),

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from bert_jax import chips
+
 
 def model_flops_per_sequence(config) -> float:
   """DESIGN.md's formula: training FLOPs of one sequence (3x forward, attention in full)."""
@@ -16,6 +18,23 @@ def model_flops_per_sequence(config) -> float:
   h, f, v, layers = m.hidden_size, m.intermediate_size, m.vocab_size, m.num_layers
   encoder = layers * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h)
   return 3.0 * (encoder + p * (2 * h * h + 2 * h * v) + 2 * h * h)
+
+
+# A measured peak this far above the datasheet's is not a real figure (e.g. XLA's
+# --xla_gpu_autotune_level=0 gave 10.9 PFLOP/s on an H200 whose datasheet says 0.989).
+_ABOVE_DATASHEET = 1.05
+
+
+def peak_fields(device_kind: str, measured: float, model_flops_per_s: float) -> dict:
+  """The fields a benchmark line gives beside its MFU against the measured peak: the datasheet
+  peak, the MFU against it, and whether the measured peak is above it (then that MFU is not
+  a real figure either)."""
+  datasheet = chips.datasheet_peak_flops(device_kind)
+  return {
+      'datasheet_peak_flops_per_device': datasheet,
+      'mfu_vs_datasheet': model_flops_per_s / datasheet if datasheet else None,
+      'peak_above_datasheet': bool(datasheet and measured > _ABOVE_DATASHEET * datasheet),
+  }
 
 
 def measure_peak_flops(device=None, trials: int | None = None) -> float:

@@ -105,12 +105,15 @@ def run(args, torch, transformers, peak, peak_clocks=None):
     seconds = (time.perf_counter() - start) / args.steps
   seq_per_s = b / seconds
   flops = model_flops_per_sequence(layers, hidden, intermediate, s, p)
+  from bert_jax import metrics  # pylint: disable=g-import-not-at-top
+  device = torch.cuda.get_device_name()
   return {
       'peer': 'transformers BertForPreTraining', 'mode': 'torch.compile' if args.compile else 'eager',
-      'device': torch.cuda.get_device_name(), 'model': args.model, 'batch': b, 'seq': s,
+      'device': device, 'model': args.model, 'batch': b, 'seq': s,
       'predictions': p, 'dropout': args.dropout, 'attention_dropout': args.attention_dropout,
       'step_ms': 1000 * seconds, 'seq_per_s': seq_per_s, 'tokens_per_s': seq_per_s * s,
       'mfu': seq_per_s * flops / peak, 'peak_flops_per_device': peak,
+      **metrics.peak_fields(device, peak, seq_per_s * flops),
       'peak_memory_bytes': torch.cuda.max_memory_allocated(), 'warmup_seconds': warmup_s,
       'clocks': clocks.summary(), 'peak_clocks': peak_clocks,
       'loss': float(loss), 'torch': torch.__version__, 'transformers': transformers.__version__,

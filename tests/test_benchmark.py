@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bert_jax import benchmark
+from bert_jax import chips
 from bert_jax import gpu_clocks
 from bert_jax import metrics
 from configs import tiny
@@ -35,6 +36,40 @@ def test_benchmark_reports_throughput_mfu_and_shape(monkeypatch):
   assert clocks['sm_mhz_min'] > peak_clocks['samples']  # Read after the peak, not during it.
   assert clocks['power_w_median'] == 500.0
   assert record['code'] == benchmark.code_fingerprint()
+  # No datasheet for a CPU: no MFU against one, and nothing flagged.
+  assert (record['datasheet_peak_flops_per_device'], record['mfu_vs_datasheet'],
+          record['peak_above_datasheet']) == (None, None, False)
+
+
+@pytest.mark.parametrize('device_kind, expected', [
+    ('NVIDIA H100 80GB HBM3', 989e12), ('NVIDIA H100 PCIe', 756e12), ('NVIDIA H100 NVL', 835e12),
+    ('NVIDIA H200', 989e12), ('NVIDIA H200 NVL', 835e12), ('NVIDIA A100-SXM4-80GB', 312e12),
+    ('TPU v4', 275e12), ('TPU v3', 61.5e12), ('TPU v5 lite', 197e12), ('TPU v5', 459e12),
+    ('TPU v6 lite', 918e12), ('cpu', None), ('NVIDIA GeForce RTX 4090', None)])
+def test_datasheet_peak_by_device_name(device_kind, expected):
+  """The variants (PCIe, NVL) before the names they contain; TPUs by chips.TPU_SPECS' exact
+  device kinds (v5p's 'TPU v5' is not v5e's 'TPU v5 lite'); unknown kinds give None."""
+  assert chips.datasheet_peak_flops(device_kind) == expected
+
+
+def test_peak_fields_flag_a_measured_peak_above_the_datasheet():
+  """A measured peak above the datasheet's (10.9 PFLOP/s on an H200 under
+  --xla_gpu_autotune_level=0) is flagged; one below it is not, and the MFU against the datasheet
+  divides by the datasheet's peak, not the measured one."""
+  real = metrics.peak_fields('NVIDIA H200', 800e12, 445e12)
+  assert real == {'datasheet_peak_flops_per_device': 989e12,
+                  'mfu_vs_datasheet': pytest.approx(445 / 989), 'peak_above_datasheet': False}
+  assert metrics.peak_fields('NVIDIA H200', 10.9e15, 445e12)['peak_above_datasheet']
+  assert not metrics.peak_fields('NVIDIA H200', 1.0e15, 445e12)['peak_above_datasheet']  # +1%
+
+
+def test_bench_compare_shows_no_mfu_against_a_peak_above_the_datasheet():
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import bench_compare  # pylint: disable=g-import-not-at-top
+  record = {'mfu': 40.9, 'peak_flops_per_device': 10.9e15, 'peak_above_datasheet': True}
+  assert bench_compare.mfu_cell(record).startswith('not a real figure: peak measured 10900')
+  assert bench_compare.mfu_cell({'mfu': 0.615, 'peak_above_datasheet': False}) == '61.5%'
+  assert bench_compare.percent(None) == ''
 
 
 def test_peak_flops_is_the_best_of_its_trials(monkeypatch):
@@ -172,3 +207,20 @@ def test_code_fingerprint_follows_the_sources(tmp_path):
   assert benchmark.code_fingerprint(str(tmp_path)) != changed
   assert benchmark.code_fingerprint() == benchmark.code_fingerprint(
       os.path.dirname(benchmark.__file__))
+
+
+def test_bench_compare_keeps_the_fastest_of_its_repeats():
+  """--repeats: each measurement run N times, the fastest kept with every run's seq/s; a failed
+  run among them is skipped, all failed gives the first failure."""
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
+  import bench_compare  # pylint: disable=g-import-not-at-top
+  records = iter([{'seq_per_s': 406.0, 'step_ms': 78.7}, {'error': 'out of memory'},
+                  {'seq_per_s': 438.0, 'step_ms': 73.0}])
+  best = bench_compare.best_of(lambda: next(records), 3)
+  assert (best['seq_per_s'], best['step_ms'], best['repeats']) == (438.0, 73.0, 3)
+  assert best['seq_per_s_all'] == [406.0, None, 438.0]
+  assert bench_compare.seq_per_s_cell(best) == '438 (406-438 in 2)'
+  failures = iter([{'error': 'first'}, {'error': 'second'}])
+  assert bench_compare.best_of(lambda: next(failures), 2) == {'error': 'first'}
+  one = bench_compare.best_of(lambda: {'seq_per_s': 2029.4}, 1)
+  assert 'seq_per_s_all' not in one and bench_compare.seq_per_s_cell(one) == '2029'

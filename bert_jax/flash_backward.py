@@ -479,8 +479,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
     dq = jnp.sum(dq_partials, axis=1)
   else:
     dq_ref = jax.new_ref(jnp.zeros(dq_shape, jnp.float32))
-    dqkv, sums = _kernel_with_refs(kernel, scratch, outs, params, grid)(*operands[:-1], do,
-                                                                          dq_ref)
+    dqkv, sums = _kernel_with_refs(kernel, scratch, outs, params, grid)(*operands, dq_ref)
     dq = dq_ref[...]
   # Rounded to dtype in float32 by reduce_precision, which XLA keeps (it may drop a round trip
   # through dtype): the column sums are those of dq as stored, as the kernel's are.
@@ -493,13 +492,13 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 
 def _kernel_with_refs(body, scratch, out_type, compiler_params, grid):
   """plgpu.kernel for operands that include Refs (jax.new_ref), which the kernel mutates in
-  place: plgpu.kernel's batching wrapper does not take them, pl.kernel over plgpu's Mesh does."""
+  place: plgpu.kernel's batching wrapper does not take them, pl.kernel over plgpu's Mesh does.
+  jax (0.10) names such a kernel 'new_body' (its discharge of the Refs), not grid's kernel_name."""
   plgpu = _plgpu()
 
   def scoped(*refs):
     pl.run_scoped(lambda *scratch_refs: body(*refs, *scratch_refs), *scratch,
                   collective_axes=grid['thread_name'])
-  scoped.__name__ = scoped.__qualname__ = grid['kernel_name']
   return pl.kernel(scoped, out_type=tuple(out_type), mesh=plgpu.Mesh(**grid),
                    compiler_params=compiler_params, name=grid['kernel_name'])
 

@@ -468,14 +468,14 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
               num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu')
   params = plgpu.CompilerParams(approx_math=True)
   dq_shape = (batch, length, heads, head_dim)
-  if not one_pass:
-    return plgpu.kernel(kernel, scratch_types=scratch, out_type=tuple(outs), compiler_params=params,
-                        interpret=ops.interpret, **grid)(*operands)
-  if partials:
-    outs.append(jax.ShapeDtypeStruct((batch, length // block, *dq_shape[1:]), jnp.float32))
-    dqkv, sums, dq_partials = plgpu.kernel(
-        kernel, scratch_types=scratch, out_type=tuple(outs), compiler_params=params,
-        interpret=ops.interpret, **grid)(*operands)
+  if not one_pass or partials:
+    if partials:
+      outs.append(jax.ShapeDtypeStruct((batch, length // block, *dq_shape[1:]), jnp.float32))
+    results = plgpu.kernel(kernel, scratch_types=scratch, out_type=tuple(outs),
+                           compiler_params=params, interpret=ops.interpret, **grid)(*operands)
+    if not one_pass:
+      return results
+    dqkv, sums, dq_partials = results
     dq = jnp.sum(dq_partials, axis=1)
   else:
     dq_ref = jax.new_ref(jnp.zeros(dq_shape, jnp.float32))

@@ -281,6 +281,25 @@ def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
   assert text.count('5.000000e+00') == 1  # The body, once.
 
 
+def test_the_launch_shape_constants_are_part_of_the_kernels_cache_key(monkeypatch):
+  """experiments/fused_norm_bench.py sets MAX_BLOCK_ROWS between calls: each setting must lower
+  its own kernel (the backward's partial sums have one row per block of rows)."""
+  rows, embed = 64, 32
+  args = (jax.ShapeDtypeStruct((rows, embed), jnp.bfloat16),
+          *[jax.ShapeDtypeStruct((embed,), jnp.float32)] * 3)
+
+  def partial_sum_rows(max_block_rows: int) -> set[int]:
+    monkeypatch.setattr(fused_norm, 'MAX_BLOCK_ROWS', max_block_rows)
+    def loss(y, bias, scale, offset):
+      return jnp.sum(fused_norm.dropout_add_layer_norm(
+          y, bias, y, None, scale, offset, rate=0.0, eps=1e-12, impl='pallas').astype(jnp.float32))
+    text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+    return {rows // b for b in (1, 2, 4, 8, 16) if f'tensor<{rows // b}x{embed}xf32>' in text}
+
+  assert rows // 16 in partial_sum_rows(16) and rows // 4 not in partial_sum_rows(16)
+  assert rows // 4 in partial_sum_rows(4)
+
+
 def test_the_layer_norm_kernels_of_a_model_lower_once():
   """Every layer of a model calls the fused LayerNorm kernels with the same shapes: the step's
   CUDA lowering holds each kernel a fixed number of times, however many layers call it (the

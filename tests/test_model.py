@@ -334,6 +334,87 @@ def test_rbg_dropout_masks_are_deterministic_and_differ_by_step():
   assert loss(state) != loss(state.replace(step=state.step + 1))
 
 
+def weight_copy_setup(weight_copy, **model_overrides):
+  """(step, state, batch) of a small bf16 model, with train.weight_copy on or off."""
+  config = tiny.get_config()
+  config.model.update(hidden_size=32, intermediate_size=64, vocab_size=128, num_layers=2,
+                      dtype='bfloat16', **model_overrides)
+  config.data.update(max_seq_length=16, max_predictions_per_seq=3)
+  config.train.update(weight_copy=weight_copy, warmup_steps=1, learning_rate=1e-2)
+  model = steps.build_model(config)
+  tx = optim.create_optimizer(config.train)
+  state = nn.meta.unbox(steps.state_initializer(config, model, tx)(jax.random.PRNGKey(0)))
+  rng = np.random.default_rng(0)
+  batch = {k: np.zeros(v.shape, v.dtype) for k, v in steps.dummy_batch(4, 16, 3).items()}
+  batch.update(input_ids=rng.integers(5, 128, (4, 16)).astype(np.int32),
+               input_mask=(np.arange(16) < rng.integers(8, 17, (4, 1))).astype(np.int32),
+               segment_ids=(np.arange(16)[None] >= 6).astype(np.int32).repeat(4, 0),
+               masked_lm_positions=rng.integers(1, 8, (4, 3)).astype(np.int32),
+               masked_lm_ids=rng.integers(5, 128, (4, 3)).astype(np.int32),
+               masked_lm_weights=np.ones((4, 3), np.float32),
+               next_sentence_labels=rng.integers(0, 2, (4,)).astype(np.int32))
+  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx, skip_nonfinite=True))
+  return step, state, batch
+
+
+def copied(tree):
+  """{path: leaf} of the leaves steps.copied_paths names (the dense kernels)."""
+  flat = flax.traverse_util.flatten_dict(tree)
+  return {path: flat[path] for path in steps.copied_paths(tree)}
+
+
+@pytest.mark.parametrize('overrides', [
+    {}, dict(scan_layers=False, flat_matmuls=True, layer_norm_impl='pallas')])
+def test_weight_copy_computes_the_same_steps_and_is_what_the_forward_reads(overrides):
+  runs = {}
+  for weight_copy in (False, True):
+    step, state, batch = weight_copy_setup(weight_copy, **overrides)
+    first = step(state, batch)
+    after = first[0]
+    for _ in range(2):
+      after = step(after, batch)[0]
+    runs[weight_copy] = state, first, after
+  (_, (_, stats_a), after_a), (state, (_, stats_b), after_b) = runs[False], runs[True]
+  assert after_a.weight_copy is None
+  # The copy holds exactly the kernels, in bf16, equal to the master weights after every step.
+  kernels = copied(state.params)
+  assert kernels and all(path[-1] == 'kernel' for path in kernels)
+  for source in (state, after_b):
+    copy = flax.traverse_util.flatten_dict(source.weight_copy)
+    assert copy.keys() == kernels.keys()
+    for path, leaf in copied(source.params).items():
+      assert copy[path].dtype == jnp.bfloat16
+      np.testing.assert_array_equal(copy[path], leaf.astype(jnp.bfloat16))
+  # The same function: the first step's loss and gradient norm exactly, three steps' state
+  # within float32 rounding.
+  assert {k: float(v) for k, v in stats_a.items()} == {k: float(v) for k, v in stats_b.items()}
+  for a, b in zip(jax.tree.leaves((after_a.params, after_a.opt_state)),
+                  jax.tree.leaves((after_b.params, after_b.opt_state))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+  kernel = next(iter(kernels))
+  assert not np.array_equal(copied(state.params)[kernel], copied(after_b.params)[kernel])
+  # The forward reads the copy: a copy that disagrees with the master weights changes the loss.
+  zeroed = state.replace(weight_copy=jax.tree.map(jnp.zeros_like, state.weight_copy))
+  assert float(steps.total_loss(step(zeroed, batch)[1])) != float(steps.total_loss(stats_b))
+
+
+def test_a_skipped_step_keeps_the_weight_copy_and_new_params_refresh_it():
+  step, state, batch = weight_copy_setup(True)
+  flat = flax.traverse_util.flatten_dict(state.params)
+  bias = next(path for path in flat if path[-1] == 'bias')
+  flat[bias] = jnp.full_like(flat[bias], jnp.nan)  # Not copied: the loss turns NaN.
+  broken = state.replace(params=flax.traverse_util.unflatten_dict(flat))
+  after, stats = step(broken, batch)
+  assert float(stats['finite']) == 0.0
+  jax.tree.map(np.testing.assert_array_equal, after.weight_copy, state.weight_copy)
+  # replace_params (init_from's way in) writes the copy of the params it is given.
+  doubled = jax.tree.map(lambda x: 2 * x, state.params)
+  fresh = steps.replace_params(state, doubled)
+  for path, leaf in copied(doubled).items():
+    np.testing.assert_array_equal(flax.traverse_util.flatten_dict(fresh.weight_copy)[path],
+                                  leaf.astype(jnp.bfloat16))
+
+
 def test_kernels_on_a_mesh_that_splits_what_they_need_whole_are_refused(monkeypatch):
   """model._on_each_device: where the mesh splits the activations, an axis the kernels need
   whole (here the feed-forward width, by the rules) is named before anything is traced."""

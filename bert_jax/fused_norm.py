@@ -61,7 +61,8 @@ def tile_rows(block: int) -> int:
 # Launch shape of the kernels (experiments/fused_norm_bench.py measures the choices).
 TILE_ROWS = 1
 MAX_BLOCK_ROWS = 16
-NUM_WARPS = 4
+NUM_WARPS = 4  # The backward's (and the forward's, unless FORWARD_NUM_WARPS says otherwise).
+FORWARD_NUM_WARPS = 4
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
 
@@ -301,7 +302,7 @@ def _block_specs(rows: int, embed: int):
           pl.BlockSpec((embed,), lambda i: (0,)), pl.BlockSpec((block,), lambda i: (i,)))
 
 
-def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
+def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
   rows, embed = y.shape
   block, tile, vector, per_row = _block_specs(rows, embed)
   inputs = [y, bias, residual] + ([keys] if keys is not None else []) + [scale, offset]
@@ -315,13 +316,13 @@ def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret
                  jax.ShapeDtypeStruct((rows, embed), y.dtype),
                  jax.ShapeDtypeStruct((rows,), jnp.float32),
                  jax.ShapeDtypeStruct((rows,), jnp.float32)],
-      compiler_params=compiler_params(interpret, num_warps),
+      compiler_params=compiler_params(interpret, warps[0]),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
   return out, (z, keys, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
 
 
-def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
+def _pallas_backward(rate, eps, interpret, warps, saved, dout):
   del eps
   z, keys, mean, rstd, scale, bias, offset, residual_like = saved
   rows, embed = z.shape
@@ -339,20 +340,19 @@ def _pallas_backward(rate, eps, interpret, num_warps, saved, dout):
       out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
                  jax.ShapeDtypeStruct((rows, embed), z.dtype),
                  partial_shape, partial_shape, partial_shape],
-      compiler_params=compiler_params(interpret, num_warps),
+      compiler_params=compiler_params(interpret, warps[1]),
       interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
   sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
   return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _pallas_vjp(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
-  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret,
-                         num_warps)[0]
+def _pallas_vjp(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps)[0]
 
 
-def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps):
-  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, num_warps)
+def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps)
 
 
 _pallas_vjp.defvjp(_pallas_fwd, _pallas_backward)
@@ -368,7 +368,8 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
 
   y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
   keys: the dropout keys, row_keys(rng, rows) with rows = y.size // embed, or None (no dropout);
-  rate: the dropout rate (dropout_threshold says how it is quantised).
+  rate: the dropout rate (dropout_threshold says how it is quantised); num_warps: both kernels'
+  warps (default: FORWARD_NUM_WARPS forward, NUM_WARPS backward).
   Returns [..., embed] in y's dtype.
   """
   if impl not in IMPLS:
@@ -382,6 +383,7 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
   if impl == 'xla':
     out = reference(flat(y), bias, flat(residual), keys, scale, offset, rate=rate, eps=eps)
   else:
+    warps = (int(num_warps),) * 2 if num_warps else (FORWARD_NUM_WARPS, NUM_WARPS)
     out = _pallas(flat(y), bias, flat(residual), keys, scale, offset, float(rate), float(eps),
-                  bool(interpret), int(num_warps or NUM_WARPS))
+                  bool(interpret), warps)
   return out.reshape(shape)

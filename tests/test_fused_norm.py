@@ -3,6 +3,7 @@ CPU) against the jnp reference, the reference against flax's Dropout + LayerNorm
 with `layer_norm_impl='pallas'` against the XLA path."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -298,6 +299,26 @@ def test_the_launch_shape_constants_are_part_of_the_kernels_cache_key(monkeypatc
 
   assert rows // 16 in partial_sum_rows(16) and rows // 4 not in partial_sum_rows(16)
   assert rows // 4 in partial_sum_rows(4)
+
+
+def test_the_forward_and_backward_kernels_take_their_own_warps(monkeypatch):
+  """FORWARD_NUM_WARPS launches the forward kernel, NUM_WARPS the backward; num_warps, when given,
+  both."""
+  monkeypatch.setattr(fused_norm, 'FORWARD_NUM_WARPS', 2)
+  monkeypatch.setattr(fused_norm, 'NUM_WARPS', 8)
+  args = (jax.ShapeDtypeStruct((64, 32), jnp.bfloat16),
+          *[jax.ShapeDtypeStruct((32,), jnp.float32)] * 3)
+
+  def warps(**kwargs) -> list[int]:
+    def loss(y, bias, scale, offset):
+      return jnp.sum(fused_norm.dropout_add_layer_norm(
+          y, bias, y, None, scale, offset, rate=0.0, eps=1e-12, impl='pallas',
+          **kwargs).astype(jnp.float32))
+    text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+    return [int(n) for n in re.findall(r'num_warps = (\d+) : i32', text)]
+
+  assert warps() == [2, 8]
+  assert warps(num_warps=4) == [4, 4]
 
 
 def test_the_layer_norm_kernels_of_a_model_lower_once():

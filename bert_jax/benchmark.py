@@ -156,7 +156,6 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'device': devices[0].device_kind, 'devices': len(devices), 'mesh': dict(mesh.shape),
       'preset': config.mesh.preset, 'dtype': config.model.dtype,
       'remat': config.model.remat_policy, 'adam_mu_dtype': config.train.adam_mu_dtype,
-      'weight_copy': config.train.weight_copy,
       'attention_impl': config.model.attention_impl, 'layers': config.model.num_layers,
       'hidden': config.model.hidden_size, 'batch': b, 'seq': s,
       'predictions': config.data.max_predictions_per_seq, 'step_ms': 1000 * seconds,

@@ -64,19 +64,7 @@ def validate(config) -> None:
   _check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
-  _check_weight_copy(config)
   xla_options(config)
-
-
-def _check_weight_copy(config) -> None:
-  """train.weight_copy keeps the matrices in model.dtype beside param_dtype's master weights."""
-  model = config.model
-  if config.train.get('weight_copy', False) and model.dtype == model.param_dtype:
-    raise ConfigError(
-        f'config.train.weight_copy=True keeps a copy of the weights in config.model.dtype '
-        f'({model.dtype!r}), which is their own dtype (config.model.param_dtype='
-        f'{model.param_dtype!r}): it would only duplicate them. Set weight_copy=False, or '
-        "model.dtype='bfloat16' with float32 parameters.")
 
 
 def xla_options(config) -> dict:

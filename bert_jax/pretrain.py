@@ -267,7 +267,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         params = init_from.load_params(config, state.params)
       except init_from.InitFromError as e:
         raise config_lib.ConfigError(str(e)) from e
-    state = steps.replace_params(state, jax.device_put(params, state_shardings.params))
+    state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
 
   max_skips = config.train.max_nonfinite_skips

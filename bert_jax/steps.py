@@ -24,46 +24,6 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # [2] uint32; dropout key of step s is fold_in(rng, s)
-  # config.train.weight_copy: the matrices of params (copied_paths) in the compute dtype, nested
-  # as params are, written by each step's update; None when off.
-  weight_copy: Any = None
-
-
-def copied_paths(params) -> list[tuple[str, ...]]:
-  """Paths of the parameters train.weight_copy keeps a compute-dtype copy of: the dense layers'
-  kernels, nearly all of BERT's weights (304 M of Large's 336 M), each of which the model casts
-  to its compute dtype before its matmul. Not the embedding tables, whose lookups sum in float32
-  before the cast, nor the biases and LayerNorm parameters."""
-  flat = flax.traverse_util.flatten_dict(params)
-  return [path for path in flat if path[-1] == 'kernel']
-
-
-def make_weight_copy(params, dtype):
-  """copied_paths(params)'s leaves cast to dtype, nested as in params. Boxed (logically
-  annotated) leaves stay boxed, so each copy shards as its parameter does."""
-  flat = flax.traverse_util.flatten_dict(params)
-  return flax.traverse_util.unflatten_dict(
-      {path: jax.tree.map(lambda x: x.astype(dtype), flat[path]) for path in copied_paths(params)})
-
-
-def copy_dtype(copy):
-  """The dtype a weight copy holds."""
-  return jax.tree.leaves(copy)[0].dtype
-
-
-def with_weight_copy(params, copy):
-  """params with each copied leaf replaced by its copy (what the forward reads)."""
-  flat = flax.traverse_util.flatten_dict(params)
-  flat.update(flax.traverse_util.flatten_dict(copy))
-  return flax.traverse_util.unflatten_dict(flat)
-
-
-def replace_params(state: TrainState, params) -> TrainState:
-  """state with new params (e.g. loaded by init_from), its weight copy (if any) made from them."""
-  if state.weight_copy is None:
-    return state.replace(params=params)
-  return state.replace(params=params,
-                       weight_copy=make_weight_copy(params, copy_dtype(state.weight_copy)))
 
 
 # Extra keys of packed batches (several pairs per row; see data/streaming.py).
@@ -102,10 +62,8 @@ def state_initializer(config, model, tx):
   def init(rng):
     params_rng, dropout_rng = jax.random.split(rng)
     params = _init_variables(model, params_rng, s, p)['params']
-    copy = (make_weight_copy(params, model.config.dtype)
-            if config.train.get('weight_copy', False) else None)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng, weight_copy=copy)
+                      opt_state=tx.init(params), rng=dropout_rng)
   return init
 
 
@@ -220,11 +178,6 @@ def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = Fa
   stats['finite'] is 1.0 when the loss and the gradient norm are finite. With skip_nonfinite,
   a step where they are not keeps the old parameters and optimizer state (the step counter still
   advances) and its stats are zeroed, so the interval's means cover the applied steps only.
-
-  With a weight copy (state.weight_copy), the forward reads the copied matrices instead of
-  casting the float32 ones; their gradients come back in the compute dtype and are cast to the
-  master weights' dtype for clipping and the update (the values a cast's gradient gives), and the
-  update writes the new copy. The step computes the same function either way.
   """
   dropout_rng = jax.random.fold_in(state.rng, state.step)
   if model.config.dropout_rng_impl == 'rbg':
@@ -232,43 +185,23 @@ def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = Fa
     dropout_rng = jax.random.wrap_key_data(
         jax.random.bits(dropout_rng, (4,), jnp.uint32), impl='rbg')
 
-  def loss_fn(params, copy):
-    read = params if copy is None else with_weight_copy(params, copy)
-    outputs = _apply(model, read, batch, False, {'dropout': dropout_rng})
+  def loss_fn(params):
+    outputs = _apply(model, params, batch, False, {'dropout': dropout_rng})
     stats = pretraining_losses(outputs, batch)
     return total_loss(stats), stats
 
-  copy = state.weight_copy
-  if copy is None:
-    grads, stats = jax.grad(loss_fn, has_aux=True)(state.params, None)
-  else:
-    # The copied leaves are read from the copy only, so their gradients are the copy's (in the
-    # compute dtype), cast to the master weights' dtype.
-    flat = flax.traverse_util.flatten_dict(state.params)
-    copied = flax.traverse_util.flatten_dict(copy)
-    rest = {path: leaf for path, leaf in flat.items() if path not in copied}
-
-    def rest_loss(rest, copy):
-      return loss_fn(flax.traverse_util.unflatten_dict(rest), copy)
-    (grads, copy_grads), stats = jax.grad(rest_loss, argnums=(0, 1), has_aux=True)(rest, copy)
-    grads.update({path: g.astype(flat[path].dtype)
-                  for path, g in flax.traverse_util.flatten_dict(copy_grads).items()})
-    grads = flax.traverse_util.unflatten_dict(grads)
+  grads, stats = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  if copy is not None:
-    copy = make_weight_copy(params, copy_dtype(copy))
   stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
   finite = jnp.isfinite(total_loss(stats)) & jnp.isfinite(stats['grad_norm'])
   if skip_nonfinite:
     keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
     params = jax.tree.map(keep_old, params, state.params)
     opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
-    copy = jax.tree.map(keep_old, copy, state.weight_copy)
     stats = jax.tree.map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), stats)
   stats['finite'] = finite.astype(jnp.float32)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                            weight_copy=copy)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, stats
 
 

@@ -141,11 +141,6 @@ def get_config(arg=None):
   # Storage of Adam's first moment: 'bfloat16' saves 2 bytes per parameter of memory and traffic
   # (the second moment and the master weights stay float32).
   train.adam_mu_dtype = 'float32'
-  # Keep the dense layers' kernels also in model.dtype, written by each step's update, so the
-  # forward reads them without casting the float32 master weights again, and their gradients
-  # stay in model.dtype until the update reads them. Costs 2 bytes a weight of memory and
-  # checkpoint; the step computes the same function (bert_jax/steps.py).
-  train.weight_copy = False
   train.max_grad_norm = 1.0  # Global-norm clipping.
   train.max_nonfinite_skips = 0  # NaN/inf steps skipped before stopping (0: stop at the first).
   train.log_every = 100  # Steps between train log lines / metrics.jsonl records.

@@ -98,9 +98,6 @@ def test_bad_arguments_are_named(arg, match):
     ('train.xla_options', 'xla_gpu_enable_triton_gemm',
      r"'xla_gpu_enable_triton_gemm' is not name=value"),
     ('train.xla_options', 'triton_gemm=false', r"'triton_gemm=false' is not name=value"),
-    ('train.weight_copy', True,
-     r"weight_copy=True keeps a copy of the weights in config.model.dtype \('float32'\), which is "
-     r"their own dtype"),
     ('train.xla_options', 'xla_gpu_autotune_level=0,xla_gpu_autotune_level=4',
      r'sets xla_gpu_autotune_level twice'),
 ])

@@ -36,6 +36,7 @@ runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend,
 
 from collections.abc import Callable
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,24 +46,26 @@ from jax.experimental.pallas import triton as plgpu
 IMPLS = ('xla', 'pallas')
 
 
-def block_rows(rows: int) -> int:
-  """Rows per kernel program: a power of two dividing rows, up to MAX_BLOCK_ROWS (the program
-  walks them TILE_ROWS at a time and keeps the column sums of its rows in registers)."""
+class Launch(NamedTuple):
+  """A kernel's launch shape: each program takes up to max_block_rows rows (a power of two
+  dividing the rows), walks them tile_rows at a time, and keeps the column sums of its rows in
+  registers; num_warps warps a program."""
+  tile_rows: int
+  max_block_rows: int
+  num_warps: int
+
+
+def block_rows(rows: int, max_block_rows: int) -> int:
+  """Rows per kernel program: a power of two dividing rows, up to max_block_rows."""
   block = 1
-  while block * 2 <= MAX_BLOCK_ROWS and rows % (block * 2) == 0:
+  while block * 2 <= max_block_rows and rows % (block * 2) == 0:
     block *= 2
   return block
 
 
-def tile_rows(block: int) -> int:
-  return min(block, TILE_ROWS)
-
-
-# Launch shape of the kernels (experiments/fused_norm_bench.py measures the choices).
-TILE_ROWS = 1
-MAX_BLOCK_ROWS = 16
-NUM_WARPS = 4  # The backward's (and the forward's, unless FORWARD_NUM_WARPS says otherwise).
-FORWARD_NUM_WARPS = 4
+# Launch shapes of the kernels (experiments/fused_norm_bench.py measures the choices).
+FORWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
+BACKWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
 
@@ -294,21 +297,22 @@ def compiler_params(interpret: bool, num_warps: int, num_stages: int = 1):
   return None if interpret else plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def _block_specs(rows: int, embed: int):
-  """Rows per program and the BlockSpecs of both kernels: row tiles, [embed] vectors, per-row
+def _block_specs(rows: int, embed: int, launch: Launch):
+  """Rows per program and the BlockSpecs of a kernel: row tiles, [embed] vectors, per-row
   values (statistics, dropout keys)."""
-  block = block_rows(rows)
+  block = block_rows(rows, launch.max_block_rows)
   return (block, pl.BlockSpec((block, embed), lambda i: (i, 0)),
           pl.BlockSpec((embed,), lambda i: (0,)), pl.BlockSpec((block,), lambda i: (i,)))
 
 
-def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
+def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, launches):
   rows, embed = y.shape
-  block, tile, vector, per_row = _block_specs(rows, embed)
+  launch = launches[0]
+  block, tile, vector, per_row = _block_specs(rows, embed, launch)
   inputs = [y, bias, residual] + ([keys] if keys is not None else []) + [scale, offset]
   in_specs = [tile, vector, tile] + ([per_row] if keys is not None else []) + [vector, vector]
   kernel = functools.partial(_forward_kernel, threshold=dropout_threshold(rate), eps=eps,
-                             has_keys=keys is not None, tile=tile_rows(block))
+                             has_keys=keys is not None, tile=min(block, launch.tile_rows))
   out, z, mean, rstd = pl.pallas_call(
       kernel, grid=(rows // block,), in_specs=in_specs,
       out_specs=[tile, tile, per_row, per_row],
@@ -316,23 +320,24 @@ def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret
                  jax.ShapeDtypeStruct((rows, embed), y.dtype),
                  jax.ShapeDtypeStruct((rows,), jnp.float32),
                  jax.ShapeDtypeStruct((rows,), jnp.float32)],
-      compiler_params=compiler_params(interpret, warps[0]),
+      compiler_params=compiler_params(interpret, launch.num_warps),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
   return out, (z, keys, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
 
 
-def _pallas_backward(rate, eps, interpret, warps, saved, dout):
+def _pallas_backward(rate, eps, interpret, launches, saved, dout):
   del eps
   z, keys, mean, rstd, scale, bias, offset, residual_like = saved
   rows, embed = z.shape
-  block, tile, vector, per_row = _block_specs(rows, embed)
+  launch = launches[1]
+  block, tile, vector, per_row = _block_specs(rows, embed, launch)
   blocks = rows // block
   partial = pl.BlockSpec((None, embed), lambda i: (i, 0))
   inputs = [dout, z] + ([keys] if keys is not None else []) + [mean, rstd, scale]
   in_specs = [tile, tile] + ([per_row] if keys is not None else []) + [per_row, per_row, vector]
   kernel = functools.partial(_backward_kernel, threshold=dropout_threshold(rate),
-                             has_keys=keys is not None, tile=tile_rows(block))
+                             has_keys=keys is not None, tile=min(block, launch.tile_rows))
   partial_shape = jax.ShapeDtypeStruct((blocks, embed), jnp.float32)
   dres, dy, dscale, doffset, dbias = pl.pallas_call(
       kernel, grid=(blocks,), in_specs=in_specs,
@@ -340,25 +345,24 @@ def _pallas_backward(rate, eps, interpret, warps, saved, dout):
       out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
                  jax.ShapeDtypeStruct((rows, embed), z.dtype),
                  partial_shape, partial_shape, partial_shape],
-      compiler_params=compiler_params(interpret, warps[1]),
+      compiler_params=compiler_params(interpret, launch.num_warps),
       interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
   sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
   return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _pallas_vjp(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
-  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps)[0]
+def _pallas_vjp(y, bias, residual, keys, scale, offset, rate, eps, interpret, launches):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret,
+                         launches)[0]
 
 
-def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps):
-  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, warps)
+def _pallas_fwd(y, bias, residual, keys, scale, offset, rate, eps, interpret, launches):
+  return _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret, launches)
 
 
 _pallas_vjp.defvjp(_pallas_fwd, _pallas_backward)
-# The launch shape's module constants join the cache key (fused_norm_bench.py sweeps them).
-_pallas = lowered_once(static_argnums=(6, 7, 8, 9),
-                       switches=lambda: (TILE_ROWS, MAX_BLOCK_ROWS))(_pallas_vjp)
+_pallas = lowered_once(static_argnums=(6, 7, 8, 9))(_pallas_vjp)
 
 
 def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: float, eps: float,
@@ -368,8 +372,8 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
 
   y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
   keys: the dropout keys, row_keys(rng, rows) with rows = y.size // embed, or None (no dropout);
-  rate: the dropout rate (dropout_threshold says how it is quantised); num_warps: both kernels'
-  warps (default: FORWARD_NUM_WARPS forward, NUM_WARPS backward).
+  rate: the dropout rate (dropout_threshold says how it is quantised). The kernels launch as
+  FORWARD and BACKWARD say; num_warps, when given, replaces both's warps.
   Returns [..., embed] in y's dtype.
   """
   if impl not in IMPLS:
@@ -383,7 +387,9 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
   if impl == 'xla':
     out = reference(flat(y), bias, flat(residual), keys, scale, offset, rate=rate, eps=eps)
   else:
-    warps = (int(num_warps),) * 2 if num_warps else (FORWARD_NUM_WARPS, NUM_WARPS)
+    launches = (FORWARD, BACKWARD)
+    if num_warps:
+      launches = tuple(launch._replace(num_warps=int(num_warps)) for launch in launches)
     out = _pallas(flat(y), bias, flat(residual), keys, scale, offset, float(rate), float(eps),
-                  bool(interpret), warps)
+                  bool(interpret), tuple(Launch(*map(int, launch)) for launch in launches))
   return out.reshape(shape)

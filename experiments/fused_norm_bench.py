@@ -48,8 +48,8 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--shapes', default='16384:1024,65536:1024,32768:768')
   parser.add_argument('--launch', default='1:16:4,1:8:4,1:16:8',
-                      help='tile_rows:max_block_rows:num_warps[:forward_num_warps] choices of '
-                      'fused_norm (the forward takes num_warps unless the fourth is given)')
+                      help='fused_norm launch shapes to time, each tile_rows:max_block_rows:'
+                      'num_warps for both kernels, or FORWARD/BACKWARD (e.g. 1:16:4/2:32:4)')
   args = parser.parse_args()
   for shape in args.shapes.split(','):
     rows, embed = map(int, shape.split(':'))
@@ -63,9 +63,8 @@ def main():
     reference = None
     for impl, launch in runs:
       if impl == 'pallas':
-        tile, block, warps, *forward_warps = map(int, launch.split(':'))
-        fused_norm.TILE_ROWS, fused_norm.MAX_BLOCK_ROWS, fused_norm.NUM_WARPS = tile, block, warps
-        fused_norm.FORWARD_NUM_WARPS = forward_warps[0] if forward_warps else warps
+        shapes = [fused_norm.Launch(*map(int, part.split(':'))) for part in launch.split('/')]
+        fused_norm.FORWARD, fused_norm.BACKWARD = shapes[0], shapes[-1]
       def forward(y, bias, residual, scale, offset, impl=impl):
         return fused_norm.dropout_add_layer_norm(y, bias, residual, row_keys, scale, offset,
                                                  rate=0.1, eps=1e-12, impl=impl)

@@ -42,7 +42,14 @@ def value_and_grads(impl, y, bias, residual, row_keys, scale, offset, cotangent,
 @pytest.mark.parametrize('dtype,embed,with_dropout', [
     (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.float32, 96, True),
     (jnp.bfloat16, 128, True)])
-def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout):
+@pytest.mark.parametrize('launches', ['default', '2:32:4 both', '4:8:4 forward, 2:16:4 backward'])
+def test_pallas_kernels_match_the_reference(dtype, embed, with_dropout, launches, monkeypatch):
+  shapes = {'default': (fused_norm.FORWARD, fused_norm.BACKWARD),
+            '2:32:4 both': (fused_norm.Launch(2, 32, 4),) * 2,
+            '4:8:4 forward, 2:16:4 backward': (fused_norm.Launch(4, 8, 4),
+                                               fused_norm.Launch(2, 16, 4))}[launches]
+  monkeypatch.setattr(fused_norm, 'FORWARD', shapes[0])
+  monkeypatch.setattr(fused_norm, 'BACKWARD', shapes[1])
   y, bias, residual, row_keys, scale, offset, cotangent = operands(64, embed, dtype)
   row_keys = row_keys if with_dropout else None
   out_ref, grads_ref = value_and_grads('xla', y, bias, residual, row_keys, scale, offset,
@@ -179,9 +186,10 @@ def test_fused_layer_norm_module_draws_from_its_dropout_rng():
 
 
 def test_block_rows_divide_the_rows():
-  assert fused_norm.block_rows(16384) == 16
-  assert fused_norm.block_rows(24) == 8
-  assert fused_norm.block_rows(7) == 1
+  assert fused_norm.block_rows(16384, 16) == 16
+  assert fused_norm.block_rows(16384, 32) == 32
+  assert fused_norm.block_rows(24, 16) == 8
+  assert fused_norm.block_rows(7, 16) == 1
   with pytest.raises(ValueError, match="impl='triton'"):
     fused_norm.dropout_add_layer_norm(*operands(8, 8, jnp.float32)[:6], rate=0.0, eps=1e-6,
                                       impl='triton')
@@ -282,43 +290,33 @@ def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
   assert text.count('5.000000e+00') == 1  # The body, once.
 
 
-def test_the_launch_shape_constants_are_part_of_the_kernels_cache_key(monkeypatch):
-  """experiments/fused_norm_bench.py sets MAX_BLOCK_ROWS between calls: each setting must lower
-  its own kernel (the backward's partial sums have one row per block of rows)."""
+def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
+  """FORWARD launches the forward kernel and BACKWARD the backward (the grid: rows over the block
+  rows; the backward's partial sums, one row a block); num_warps, when given, replaces both's
+  warps; a new shape lowers a new kernel (experiments/fused_norm_bench.py sets them between
+  calls)."""
   rows, embed = 64, 32
   args = (jax.ShapeDtypeStruct((rows, embed), jnp.bfloat16),
           *[jax.ShapeDtypeStruct((embed,), jnp.float32)] * 3)
 
-  def partial_sum_rows(max_block_rows: int) -> set[int]:
-    monkeypatch.setattr(fused_norm, 'MAX_BLOCK_ROWS', max_block_rows)
-    def loss(y, bias, scale, offset):
-      return jnp.sum(fused_norm.dropout_add_layer_norm(
-          y, bias, y, None, scale, offset, rate=0.0, eps=1e-12, impl='pallas').astype(jnp.float32))
-    text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
-    return {rows // b for b in (1, 2, 4, 8, 16) if f'tensor<{rows // b}x{embed}xf32>' in text}
-
-  assert rows // 16 in partial_sum_rows(16) and rows // 4 not in partial_sum_rows(16)
-  assert rows // 4 in partial_sum_rows(4)
-
-
-def test_the_forward_and_backward_kernels_take_their_own_warps(monkeypatch):
-  """FORWARD_NUM_WARPS launches the forward kernel, NUM_WARPS the backward; num_warps, when given,
-  both."""
-  monkeypatch.setattr(fused_norm, 'FORWARD_NUM_WARPS', 2)
-  monkeypatch.setattr(fused_norm, 'NUM_WARPS', 8)
-  args = (jax.ShapeDtypeStruct((64, 32), jnp.bfloat16),
-          *[jax.ShapeDtypeStruct((32,), jnp.float32)] * 3)
-
-  def warps(**kwargs) -> list[int]:
+  def lowered(forward, backward, **kwargs):
+    monkeypatch.setattr(fused_norm, 'FORWARD', forward)
+    monkeypatch.setattr(fused_norm, 'BACKWARD', backward)
     def loss(y, bias, scale, offset):
       return jnp.sum(fused_norm.dropout_add_layer_norm(
           y, bias, y, None, scale, offset, rate=0.0, eps=1e-12, impl='pallas',
           **kwargs).astype(jnp.float32))
     text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
-    return [int(n) for n in re.findall(r'num_warps = (\d+) : i32', text)]
+    warps = [int(n) for n in re.findall(r'num_warps = (\d+) : i32', text)]
+    grids = [int(n) for n in re.findall(r'grid_x = (\d+) : i32', text)]
+    partial_rows = {rows // b for b in (2, 4, 8, 16, 32)
+                    if f'tensor<{rows // b}x{embed}xf32>' in text}
+    return warps, grids, partial_rows
 
-  assert warps() == [2, 8]
-  assert warps(num_warps=4) == [4, 4]
+  Launch = fused_norm.Launch  # pylint: disable=invalid-name
+  assert lowered(Launch(1, 16, 2), Launch(2, 4, 8)) == ([2, 8], [4, 16], {16})
+  assert lowered(Launch(1, 16, 2), Launch(2, 32, 8)) == ([2, 8], [4, 2], {2})
+  assert lowered(Launch(1, 8, 2), Launch(2, 32, 8), num_warps=4) == ([4, 4], [8, 2], {2})
 
 
 def test_the_layer_norm_kernels_of_a_model_lower_once():

@@ -49,10 +49,12 @@ IMPLS = ('xla', 'pallas')
 class Launch(NamedTuple):
   """A kernel's launch shape: each program takes up to max_block_rows rows (a power of two
   dividing the rows), walks them tile_rows at a time, and keeps the column sums of its rows in
-  registers; num_warps warps a program."""
+  registers; num_warps warps a program; num_stages Triton's software-pipelining stages of the
+  walk (1: none)."""
   tile_rows: int
   max_block_rows: int
   num_warps: int
+  num_stages: int = 1
 
 
 def block_rows(rows: int, max_block_rows: int) -> int:
@@ -320,7 +322,7 @@ def _pallas_forward(y, bias, residual, keys, scale, offset, rate, eps, interpret
                  jax.ShapeDtypeStruct((rows, embed), y.dtype),
                  jax.ShapeDtypeStruct((rows,), jnp.float32),
                  jax.ShapeDtypeStruct((rows,), jnp.float32)],
-      compiler_params=compiler_params(interpret, launch.num_warps),
+      compiler_params=compiler_params(interpret, launch.num_warps, launch.num_stages),
       interpret=interpret, name='dropout_add_layer_norm_fwd')(*inputs)
   # residual's dtype travels as an empty array (residuals must be arrays).
   return out, (z, keys, mean, rstd, scale, bias, offset, jnp.zeros((0,), residual.dtype))
@@ -345,7 +347,7 @@ def _pallas_backward(rate, eps, interpret, launches, saved, dout):
       out_shape=[jax.ShapeDtypeStruct((rows, embed), residual_like.dtype),
                  jax.ShapeDtypeStruct((rows, embed), z.dtype),
                  partial_shape, partial_shape, partial_shape],
-      compiler_params=compiler_params(interpret, launch.num_warps),
+      compiler_params=compiler_params(interpret, launch.num_warps, launch.num_stages),
       interpret=interpret, name='dropout_add_layer_norm_bwd')(*inputs)
   sums = lambda p, like: jnp.sum(p, axis=0).astype(like.dtype)  # noqa: E731
   return dy, sums(dbias, bias), dres, None, sums(dscale, scale), sums(doffset, offset)

@@ -49,7 +49,8 @@ def main():
   parser.add_argument('--shapes', default='16384:1024,65536:1024,32768:768')
   parser.add_argument('--launch', default='1:16:4,1:8:4,1:16:8',
                       help='fused_norm launch shapes to time, each tile_rows:max_block_rows:'
-                      'num_warps for both kernels, or FORWARD/BACKWARD (e.g. 1:16:4/2:32:4)')
+                      'num_warps[:num_stages] for both kernels, or FORWARD/BACKWARD (e.g. '
+                      '1:16:4/2:32:4)')
   args = parser.parse_args()
   for shape in args.shapes.split(','):
     rows, embed = map(int, shape.split(':'))

@@ -308,15 +308,17 @@ def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
           **kwargs).astype(jnp.float32))
     text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
     warps = [int(n) for n in re.findall(r'num_warps = (\d+) : i32', text)]
+    stages = [int(n) for n in re.findall(r'num_stages = (\d+) : i32', text)]
     grids = [int(n) for n in re.findall(r'grid_x = (\d+) : i32', text)]
     partial_rows = {rows // b for b in (2, 4, 8, 16, 32)
                     if f'tensor<{rows // b}x{embed}xf32>' in text}
-    return warps, grids, partial_rows
+    return warps, stages, grids, partial_rows
 
   Launch = fused_norm.Launch  # pylint: disable=invalid-name
-  assert lowered(Launch(1, 16, 2), Launch(2, 4, 8)) == ([2, 8], [4, 16], {16})
-  assert lowered(Launch(1, 16, 2), Launch(2, 32, 8)) == ([2, 8], [4, 2], {2})
-  assert lowered(Launch(1, 8, 2), Launch(2, 32, 8), num_warps=4) == ([4, 4], [8, 2], {2})
+  assert lowered(Launch(1, 16, 2), Launch(2, 4, 8)) == ([2, 8], [1, 1], [4, 16], {16})
+  assert lowered(Launch(1, 16, 2), Launch(2, 32, 8, 3)) == ([2, 8], [1, 3], [4, 2], {2})
+  assert lowered(Launch(1, 8, 2, 2), Launch(2, 32, 8), num_warps=4) == (
+      [4, 4], [2, 1], [8, 2], {2})
 
 
 def test_the_layer_norm_kernels_of_a_model_lower_once():

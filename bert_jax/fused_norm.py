@@ -67,7 +67,7 @@ def block_rows(rows: int, max_block_rows: int) -> int:
 
 # Launch shapes of the kernels (experiments/fused_norm_bench.py measures the choices).
 FORWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
-BACKWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
+BACKWARD = Launch(tile_rows=2, max_block_rows=32, num_warps=4)
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
 

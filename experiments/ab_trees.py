@@ -1,0 +1,163 @@
+"""One source change timed in the real train step against the code without it, on one GPU:
+`python experiments/ab_trees.py --file=bert_jax/fused_norm.py --old='BACKWARD = Launch(...)'
+  --new='BACKWARD = Launch(...)' [--shapes=large:512:32,base:128:256] [--order=ABAB]
+  [--variant=large_gpu] [--out=ab_trees.jsonl]`
+
+Tree A is this repository; tree B a copy of it in which `--old` is replaced by `--new` in `--file`
+(the text must occur there exactly once: checked before anything runs). For each shape, the
+benchmark (`bench_compare.py`'s command for `--variant`) runs once per letter of `--order`, each
+its own process, in its tree, one after another. Every process reads and writes one XLA autotuning
+cache (`--autotune_cache`), so the first process of a shape picks the gemms and the rest reuse the
+picks: what the A/B then measures is the change, not which cuBLAS kernels a process's autotuning
+happened to choose (that moved one step by up to 7.8% between processes on an H200;
+experiments/perf_notes.md). Each record gets `tree` (A or B) and the change; the summary gives,
+per shape, the step times of A and B in the order run, and B - A per pair (the i-th A with the
+i-th B) and on average. A record's `code` (benchmark.code_fingerprint) differs between the trees
+when B ran the changed code; a shape where it does not gets an error instead of a summary.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# pylint: disable-next=g-import-not-at-top,wrong-import-position
+import bench_compare  # The benchmark's command line for a shape and variant.
+# pylint: disable-next=g-import-not-at-top,wrong-import-position
+from bert_jax import benchmark
+
+# Not copied into tree B: history, environments, run outputs.
+_NOT_COPIED = ('.git', '.venv', '.ci-venv', '.site', '.whl', '__pycache__', 'runs', 'workdir*',
+               '*.jsonl')
+AUTOTUNE_CACHE_FLAG = '--xla_gpu_per_fusion_autotune_cache_dir'
+
+
+def replace_once(text: str, old: str, new: str, where: str) -> str:
+  """`text` with its one occurrence of `old` replaced by `new`; a ValueError naming `where` and
+  the count when `old` occurs other than once, or when the replacement changes nothing."""
+  count = text.count(old)
+  if count != 1:
+    raise ValueError(f'--old occurs {count} times in {where}; it must occur exactly once '
+                     f'(--old={old!r}).')
+  if old == new:
+    raise ValueError(f'--new equals --old ({old!r}): trees A and B would be the same.')
+  return text.replace(old, new)
+
+
+def make_tree_b(repo: str, dest: str, file: str, old: str, new: str) -> str:
+  """Copies `repo` to `dest` (without _NOT_COPIED) and applies the change there; returns
+  `dest`. The change is checked against repo's file first, so a bad one copies nothing."""
+  with open(os.path.join(repo, file), encoding='utf-8') as f:
+    changed = replace_once(f.read(), old, new, file)
+  shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+  with open(os.path.join(dest, file), 'w', encoding='utf-8') as f:
+    f.write(changed)
+  return dest
+
+
+def check_order(order: str) -> str:
+  """--order: letters A and B only, each at least once."""
+  if not order or set(order) - {'A', 'B'} or len(set(order)) < 2:
+    raise ValueError(f'--order={order!r}: use the letters A and B, each at least once '
+                     '(e.g. ABAB or ABBA).')
+  return order
+
+
+def with_autotune_cache(xla_flags: str, cache_dir: str) -> str:
+  """XLA_FLAGS with the shared autotuning cache, unless it names a cache already."""
+  if not cache_dir or AUTOTUNE_CACHE_FLAG in xla_flags:
+    return xla_flags
+  return f'{xla_flags} {AUTOTUNE_CACHE_FLAG}={cache_dir}'.strip()
+
+
+def run_benchmark(command: list[str], tree: str, xla_flags: str, timeout: float) -> dict:
+  """The benchmark's record from one process run in `tree` (its package first on the path)."""
+  command, extra_flags = bench_compare.split_env(command)
+  env = dict(os.environ, XLA_FLAGS=' '.join([xla_flags, extra_flags]).strip(),
+             PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get('PYTHONPATH')])))
+  try:
+    proc = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False,
+                          env=env, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {'error': f'timed out after {timeout:.0f} s'}
+  return benchmark.child_record(proc)
+
+
+def summarize(shape: str, records: list[dict]) -> dict:
+  """A shape's A/B: step times in the order run, B - A per pair and on average (ms); processes
+  that failed are left out."""
+  timed = [r for r in records if 'step_ms' in r]
+  steps = {tree: [r['step_ms'] for r in timed if r['tree'] == tree] for tree in 'AB'}
+  codes = {tree: {r.get('code') for r in timed if r['tree'] == tree} for tree in 'AB'}
+  if codes['A'] & codes['B']:
+    return {'shape': shape, 'error': f'trees A and B ran the same code '
+                                     f'({", ".join(sorted(map(str, codes["A"] & codes["B"])))}): '
+                                     'the change did not reach the benchmark.'}
+  pairs = [b - a for a, b in zip(steps['A'], steps['B'])]
+  summary = {'shape': shape, 'a_step_ms': steps['A'], 'b_step_ms': steps['B'],
+             'b_minus_a_ms': pairs}
+  if pairs:
+    mean = sum(pairs) / len(pairs)
+    summary.update(mean_b_minus_a_ms=mean,
+                   mean_b_minus_a_percent=100 * mean / (sum(steps['A']) / len(steps['A'])))
+  return summary
+
+
+def main(argv=None, run=run_benchmark):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--file', required=True, help='The file to change, relative to the repo.')
+  parser.add_argument('--old', required=True)
+  parser.add_argument('--new', required=True)
+  parser.add_argument('--shapes', default='large:512:32')
+  parser.add_argument('--order', default='ABAB')
+  parser.add_argument('--variant', default='large_gpu')
+  parser.add_argument('--steps', type=int, default=20)
+  parser.add_argument('--timeout', type=float, default=400, help='Seconds per process.')
+  parser.add_argument('--autotune_cache', default=os.path.join(tempfile.gettempdir(),
+                                                               'ab_trees_autotune'),
+                      help="XLA's autotuning cache both trees share ('' for none).")
+  parser.add_argument('--out', default='ab_trees.jsonl')
+  args = parser.parse_args(argv)
+  try:
+    order = check_order(args.order)
+    shapes = [(shape, *shape.split(':')) for shape in args.shapes.split(',')]
+    for shape, model, *_ in shapes:
+      if model not in bench_compare.CONFIGS or len(shape.split(':')) != 3:
+        raise ValueError(f'--shapes entry {shape!r}: use MODEL:SEQ:BATCH with MODEL one of '
+                         f'{", ".join(bench_compare.CONFIGS)}.')
+    bench_compare.variant_flags(args.variant)
+    tree_b = make_tree_b(REPO, tempfile.mkdtemp(prefix='ab_tree_b_') + '/repo', args.file,
+                         args.old, args.new)
+  except ValueError as e:
+    parser.error(str(e))
+  trees = {'A': REPO, 'B': tree_b}
+  xla_flags = with_autotune_cache(os.environ.get('XLA_FLAGS', ''), args.autotune_cache)
+  change = {'file': args.file, 'old': args.old, 'new': args.new}
+  summaries = []
+  for shape, model, seq, batch in shapes:
+    command = bench_compare.ours(model, int(seq), int(batch), args.variant, args.steps)
+    records = []
+    for tree in order:
+      record = dict(run(command, trees[tree], xla_flags, args.timeout), tree=tree,
+                    shape=shape, variant=args.variant, change=change)
+      records.append(record)
+      with open(args.out, 'a', encoding='utf-8') as f:
+        f.write(json.dumps(record) + '\n')
+      print(f'{shape} {tree}: ' + (f'{record["step_ms"]:.2f} ms, {record["seq_per_s"]:.1f} seq/s'
+                                   if 'step_ms' in record else record.get('error', '?')),
+            flush=True)
+    summaries.append(summarize(shape, records))
+    print(json.dumps(summaries[-1]), flush=True)
+  shutil.rmtree(os.path.dirname(tree_b), ignore_errors=True)
+  return summaries
+
+
+if __name__ == '__main__':
+  main()

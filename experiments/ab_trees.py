@@ -133,8 +133,8 @@ def main(argv=None, run=run_benchmark):
         raise ValueError(f'--shapes entry {shape!r}: use MODEL:SEQ:BATCH with MODEL one of '
                          f'{", ".join(bench_compare.CONFIGS)}.')
     bench_compare.variant_flags(args.variant)
-    tree_b = make_tree_b(REPO, tempfile.mkdtemp(prefix='ab_tree_b_') + '/repo', args.file,
-                         args.old, args.new)
+    tree_b = make_tree_b(REPO, os.path.join(tempfile.mkdtemp(prefix='ab_tree_b_'), 'repo'),
+                         args.file, args.old, args.new)
   except ValueError as e:
     parser.error(str(e))
   trees = {'A': REPO, 'B': tree_b}

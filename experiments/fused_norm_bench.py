@@ -1,8 +1,9 @@
 """The fused bias + dropout + residual + LayerNorm on a GPU: `python experiments/fused_norm_bench.py`.
 
 For each [rows, embed] shape, times forward and forward+backward of the jnp reference (as XLA
-fuses it) and of the Pallas kernels (per num_warps), checks the kernels' output and gradients
-against the reference on the device, and prints one JSON line per (shape, impl).
+fuses it) and of the Pallas kernels (per launch shape; by default fused_norm's FORWARD/BACKWARD
+first), checks the kernels' output and gradients against the reference on the device, and prints
+one JSON line per (shape, impl).
 """
 
 import argparse
@@ -47,7 +48,7 @@ def emit(record: dict, out: str = '') -> None:
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--shapes', default='16384:1024,65536:1024,32768:768')
-  parser.add_argument('--launch', default='1:16:4,1:8:4,1:16:8',
+  parser.add_argument('--launch', default='1:16:4/2:32:4,1:16:4/2:32:4:2,1:16:4',
                       help='fused_norm launch shapes to time, each tile_rows:max_block_rows:'
                       'num_warps[:num_stages] for both kernels, or FORWARD/BACKWARD (e.g. '
                       '1:16:4/2:32:4)')

@@ -20,18 +20,14 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
-import bench_compare  # The benchmark's command line for a shape and variant.
-# pylint: disable-next=g-import-not-at-top,wrong-import-position
-from bert_jax import benchmark
+import bench_compare  # The benchmark's command line for a shape and variant, and its process.
 
 # Not copied into tree B: history, environments, run outputs.
 _NOT_COPIED = ('.git', '.venv', '.ci-venv', '.site', '.whl', '__pycache__', 'runs', 'workdir*',
@@ -77,19 +73,6 @@ def with_autotune_cache(xla_flags: str, cache_dir: str) -> str:
   return f'{xla_flags} {AUTOTUNE_CACHE_FLAG}={cache_dir}'.strip()
 
 
-def run_benchmark(command: list[str], tree: str, xla_flags: str, timeout: float) -> dict:
-  """The benchmark's record from one process run in `tree` (its package first on the path)."""
-  command, extra_flags = bench_compare.split_env(command)
-  env = dict(os.environ, XLA_FLAGS=' '.join([xla_flags, extra_flags]).strip(),
-             PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get('PYTHONPATH')])))
-  try:
-    proc = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False,
-                          env=env, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return {'error': f'timed out after {timeout:.0f} s'}
-  return benchmark.child_record(proc)
-
-
 def summarize(shape: str, records: list[dict]) -> dict:
   """A shape's A/B: step times in the order run, B - A per pair and on average (ms); processes
   that failed are left out."""
@@ -110,7 +93,7 @@ def summarize(shape: str, records: list[dict]) -> dict:
   return summary
 
 
-def main(argv=None, run=run_benchmark):
+def main(argv=None, run=bench_compare.run_process):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--file', required=True, help='The file to change, relative to the repo.')
   parser.add_argument('--old', required=True)

@@ -99,21 +99,35 @@ def peer(model, seq, batch, mode, steps, attention_dropout):
   return command + (['--compile'] if mode == 'compile' else [])
 
 
-def split_env(command):
-  """'env:FLAG' entries of a command -> (command without them, XLA_FLAGS with them)."""
+def split_env(command, base_flags=None):
+  """'env:FLAG' entries of a command -> (command without them, XLA_FLAGS with them after
+  base_flags, by default this process's XLA_FLAGS)."""
   flags = [c[len('env:'):] for c in command if c.startswith('env:')]
-  xla_flags = ' '.join([os.environ.get('XLA_FLAGS', ''), *flags]).strip()
+  base = os.environ.get('XLA_FLAGS', '') if base_flags is None else base_flags
+  xla_flags = ' '.join([base, *flags]).strip()
   return [c for c in command if not c.startswith('env:')], xla_flags
+
+
+def run_process(command, cwd=REPO, base_flags=None, timeout=None) -> dict:
+  """The record of one measurement process run in `cwd` (its package is the one imported:
+  `python -m` puts the working directory first on the path), with XLA_FLAGS as split_env says;
+  {'error': ...} for one that printed none or ran past `timeout` seconds."""
+  command, xla_flags = split_env(command, base_flags)
+  env = dict(os.environ, XLA_FLAGS=xla_flags)
+  try:
+    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
+                          env=env, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {'error': f'timed out after {timeout:g} s'}
+  record = benchmark.child_record(proc)
+  if xla_flags:
+    record['xla_flags'] = xla_flags
+  return record
 
 
 def measure(command, label, out):
   print(f'== {label}', flush=True)
-  command, xla_flags = split_env(command)
-  env = dict(os.environ, XLA_FLAGS=xla_flags)
-  proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, env=env)
-  record = benchmark.child_record(proc)
-  if xla_flags:
-    record['xla_flags'] = xla_flags
+  record = run_process(command)
   record['label'] = label
   with open(out, 'a', encoding='utf-8') as f:
     f.write(json.dumps(record) + '\n')

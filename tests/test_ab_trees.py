@@ -90,6 +90,19 @@ def test_main_runs_the_order_in_each_tree_and_summarizes_b_against_a(tmp_path):
   assert not os.path.exists(calls[1][0])  # Tree B is removed at the end.
 
 
+def test_a_process_runs_in_its_tree_with_the_flags_given_once(tmp_path):
+  """bench_compare.run_process, ab_trees' runner: the tree is the working directory, XLA_FLAGS
+  are the given ones then the command's env: entries (the environment's not added again), and a
+  process past its timeout is an error record."""
+  show = [sys.executable, '-c', 'import json, os; print(json.dumps({"cwd": os.getcwd(), '
+          '"flags": os.environ["XLA_FLAGS"]}))', 'env:--b=2']
+  record = ab_trees.bench_compare.run_process(show, str(tmp_path), '--a=1', 60)
+  assert record == {'cwd': str(tmp_path), 'flags': '--a=1 --b=2', 'xla_flags': '--a=1 --b=2'}
+  sleep = [sys.executable, '-c', 'import time; time.sleep(30)']
+  assert ab_trees.bench_compare.run_process(sleep, str(tmp_path), '', 0.5) == {
+      'error': 'timed out after 0.5 s'}
+
+
 def test_a_change_that_never_reached_the_benchmark_gets_no_summary():
   records = [{'tree': t, 'step_ms': 70.0, 'code': 'same'} for t in 'AB']
   summary = ab_trees.summarize('large:512:32', records)

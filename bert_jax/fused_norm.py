@@ -67,11 +67,21 @@ def block_rows(rows: int, max_block_rows: int) -> int:
 
 # Launch shapes of the kernels (experiments/fused_norm_bench.py measures the choices). The
 # backward's 2 rows a step and 32 a program took 0.67-0.85 ms off BERT-Large's step at 512 on
-# an H200, against 1:16:4 (experiments/perf_notes.md, twenty-fourth session).
+# an H200, against 1:16:4 (experiments/perf_notes.md, twenty-fourth session); its 2 pipelining
+# stages 0.16-0.23 ms more (twenty-fifth). Those stages apply to widths that are powers of two:
+# at Base's 768 columns, read as 1,024 under a mask, they were the slowest shape alone
+# (backward_launch).
 FORWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
-BACKWARD = Launch(tile_rows=2, max_block_rows=32, num_warps=4)
+BACKWARD = Launch(tile_rows=2, max_block_rows=32, num_warps=4, num_stages=2)
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
+
+
+def backward_launch(embed: int) -> Launch:
+  """BACKWARD for rows of `embed` columns: one pipelining stage where embed is not a power of
+  two (its tiles are masked), BACKWARD's own stages where it is."""
+  masked = embed != pl.next_power_of_2(embed)
+  return BACKWARD._replace(num_stages=1) if masked else BACKWARD
 
 
 def dropout_threshold(rate: float) -> int:
@@ -377,7 +387,7 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
   y, residual: [..., embed] (y the dense output before its bias); bias, scale, offset: [embed];
   keys: the dropout keys, row_keys(rng, rows) with rows = y.size // embed, or None (no dropout);
   rate: the dropout rate (dropout_threshold says how it is quantised). The kernels launch as
-  FORWARD and BACKWARD say; num_warps, when given, replaces both's warps.
+  FORWARD and backward_launch(embed) say; num_warps, when given, replaces both's warps.
   Returns [..., embed] in y's dtype.
   """
   if impl not in IMPLS:
@@ -391,7 +401,7 @@ def dropout_add_layer_norm(y, bias, residual, keys, scale, offset, *, rate: floa
   if impl == 'xla':
     out = reference(flat(y), bias, flat(residual), keys, scale, offset, rate=rate, eps=eps)
   else:
-    launches = (FORWARD, BACKWARD)
+    launches = (FORWARD, backward_launch(shape[-1]))
     if num_warps:
       launches = tuple(launch._replace(num_warps=int(num_warps)) for launch in launches)
     out = _pallas(flat(y), bias, flat(residual), keys, scale, offset, float(rate), float(eps),

@@ -292,14 +292,14 @@ def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
 
 def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
   """FORWARD launches the forward kernel and BACKWARD the backward (the grid: rows over the block
-  rows; the backward's partial sums, one row a block); num_warps, when given, replaces both's
-  warps; a new shape lowers a new kernel (experiments/fused_norm_bench.py sets them between
+  rows; the backward's partial sums, one row a block), the backward in one pipelining stage at a
+  width that is not a power of two; num_warps, when given, replaces both's warps; a new shape lowers a new kernel (experiments/fused_norm_bench.py sets them between
   calls)."""
-  rows, embed = 64, 32
-  args = (jax.ShapeDtypeStruct((rows, embed), jnp.bfloat16),
-          *[jax.ShapeDtypeStruct((embed,), jnp.float32)] * 3)
+  rows = 64
 
-  def lowered(forward, backward, **kwargs):
+  def lowered(forward, backward, embed=32, **kwargs):
+    args = (jax.ShapeDtypeStruct((rows, embed), jnp.bfloat16),
+            *[jax.ShapeDtypeStruct((embed,), jnp.float32)] * 3)
     monkeypatch.setattr(fused_norm, 'FORWARD', forward)
     monkeypatch.setattr(fused_norm, 'BACKWARD', backward)
     def loss(y, bias, scale, offset):
@@ -319,6 +319,9 @@ def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
   assert lowered(Launch(1, 16, 2), Launch(2, 32, 8, 3)) == ([2, 8], [1, 3], [4, 2], {2})
   assert lowered(Launch(1, 8, 2, 2), Launch(2, 32, 8), num_warps=4) == (
       [4, 4], [2, 1], [8, 2], {2})
+  # A width that is not a power of two (masked tiles): the backward pipelines in one stage.
+  assert lowered(Launch(1, 16, 2, 2), Launch(2, 32, 8, 3), embed=96) == (
+      [2, 8], [2, 1], [4, 2], {2})
 
 
 def test_the_layer_norm_kernels_of_a_model_lower_once():

@@ -18,8 +18,9 @@ Differs from configs/large.py only in how the same function is computed:
   dropout draws, 1.7-2.1% faster on an H100 (experiments/perf_notes.md);
 - the feed-forward block in two Mosaic GPU kernels (ffn_impl='pallas', bert_jax/fused_ffn.py;
   Hopper GPUs only: on an A100 or older pass --config.model.ffn_impl=xla, which the run's check
-  advises before compiling). On an H200 +1.4-2.4% a step at Base 128 and +1.9% at Large 128; on an
-  H100 at Large 512 387 against 386 seq/s without (experiments/perf_notes.md);
+  advises before compiling). On an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128 and
+  +3.9% at Large 512 (444 against 427 seq/s); on an H100 at Large 512 387 against 386 seq/s
+  without (experiments/perf_notes.md);
 - the attention backward of rows over 128 tokens (phase 2's 512) in a Mosaic GPU kernel
   (long_attention_backward='mosaic', bert_jax/flash_backward.py; Hopper GPUs only, as ffn_impl):
   on an H100 the step at Large 32 x 512 79.8 -> 77.7 ms in one call (experiments/perf_notes.md);

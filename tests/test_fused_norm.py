@@ -293,8 +293,8 @@ def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
 def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
   """FORWARD launches the forward kernel and BACKWARD the backward (the grid: rows over the block
   rows; the backward's partial sums, one row a block), the backward in one pipelining stage at a
-  width that is not a power of two; num_warps, when given, replaces both's warps; a new shape lowers a new kernel (experiments/fused_norm_bench.py sets them between
-  calls)."""
+  width that is not a power of two; num_warps, when given, replaces both's warps; a new shape
+  lowers a new kernel (experiments/fused_norm_bench.py sets them between calls)."""
   rows = 64
 
   def lowered(forward, backward, embed=32, **kwargs):

@@ -473,6 +473,35 @@ COMMAND_BUFFER_WITHOUT_CUDNN = (
     '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,DYNAMIC_SLICE_FUSION')
 
 
+def apply_compilation_cache(config) -> str:
+  """Points JAX's persistent compilation cache at config.train.compilation_cache_dir and returns
+  that directory ('' when the key is empty: JAX's own setting stands). A local directory is
+  created and must be writable, or ConfigError names it; gs:// and other URLs go to JAX as given.
+  """
+  value = (config.get('train') or {}).get('compilation_cache_dir', '')
+  if not isinstance(value, str):
+    raise ConfigError(f'config.train.compilation_cache_dir={value!r} must be a directory (a '
+                      "string), or '' for no cache.")
+  if not value:
+    return ''
+  directory = value
+  if '://' not in value:
+    directory = os.path.abspath(os.path.expanduser(value))
+    try:
+      os.makedirs(directory, exist_ok=True)
+      probe = os.path.join(directory, f'.write_probe_{os.getpid()}')
+      with open(probe, 'w', encoding='utf-8'):
+        pass
+      os.remove(probe)
+    except OSError as e:
+      raise ConfigError(f'config.train.compilation_cache_dir={value!r} is not a writable '
+                        f"directory ({e.strerror or e}); name one that is, or '' for no "
+                        'cache.') from e
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_compilation_cache_dir', directory)
+  return directory
+
+
 def needs_cudnn_outside_command_buffers(config) -> bool:
   model = config.get('model') or {}
   return (model.get('attention_dropout_rate', 0) > 0

@@ -22,6 +22,20 @@ def _quiet_libraries(record) -> bool:
   return record.levelno >= python_logging.WARNING or '/orbax/' not in record.pathname
 
 
+def _count_cache_reads() -> dict:
+  """Counts, from JAX's monitoring events, the compiles that asked the persistent compilation
+  cache and those it answered."""
+  import jax  # pylint: disable=g-import-not-at-top
+  counts = {'/jax/compilation_cache/compile_requests_use_cache': 0,
+            '/jax/compilation_cache/cache_hits': 0}
+
+  def listener(event, **_):
+    if event in counts:
+      counts[event] += 1
+  jax.monitoring.register_event_listener(listener)
+  return counts
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -41,7 +55,10 @@ def main(argv):
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),
                jax.devices()[0].platform)
+  cache_dir, cache_reads = '', {}
   try:
+    cache_dir = config_lib.apply_compilation_cache(config)
+    cache_reads = _count_cache_reads() if cache_dir else {}
     if config.get('mode') == 'finetune':
       from bert_jax import finetune  # pylint: disable=g-import-not-at-top
       finetune.run(config, _WORKDIR.value)
@@ -59,6 +76,11 @@ def main(argv):
   except pretrain.NonFiniteLossError as e:
     logging.error('Stopped: %s', e)
     sys.exit(f'Stopped: {e}')
+  finally:
+    if cache_reads:
+      requests, hits = cache_reads.values()
+      logging.info('Compilation cache %s: %d of %d compiles read from it.', cache_dir, hits,
+                   requests)
 
 
 def parse_flags(argv):

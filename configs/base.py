@@ -152,6 +152,11 @@ def get_config(arg=None):
   # XLA debug options for the train step's compile, 'name=value,...' (e.g.
   # 'xla_gpu_enable_triton_gemm=false'); they apply to that computation only. '' = XLA's defaults.
   train.xla_options = ''
+  # JAX's persistent compilation cache: compiled steps kept in this directory (local, or gs:// on
+  # Cloud TPU) and read back by the next run of the same step, so a resumed or restarted run (a
+  # preempted TPU VM) skips XLA's compile. '' = JAX's default (off unless
+  # JAX_COMPILATION_CACHE_DIR is set).
+  train.compilation_cache_dir = ''
 
   if arg:
     apply_arguments(config, arg)

@@ -84,6 +84,7 @@ def get_config(arg=None):
   train.eval_every_epoch = True  # Evaluate after every epoch (always after the last step).
   train.checkpoint_every = 0  # Steps between checkpoints (0: at the end of every epoch).
   train.keep_checkpoints = 1  # Newest checkpoints kept per seed.
+  train.compilation_cache_dir = ''  # As in configs/base.py: compiled steps kept across runs.
 
   if arg:
     base.apply_arguments(config, arg, ARGUMENTS)

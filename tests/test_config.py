@@ -225,6 +225,19 @@ def test_unreadable_corpus_is_named(tmp_path):
     pretrain.prepare_data(config, str(tmp_path))
 
 
+def test_unwritable_compilation_cache_dir_is_named(tmp_path):
+  """A cache directory that cannot be made or written is refused, naming the value, before JAX's
+  setting changes; an empty one leaves JAX's setting as it is."""
+  (tmp_path / 'a_file').write_text('')
+  config = valid_config()
+  config.train.compilation_cache_dir = str(tmp_path / 'a_file' / 'cache')
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"compilation_cache_dir='.*a_file/cache' is not a writable directory"):
+    config_lib.apply_compilation_cache(config)
+  config.train.compilation_cache_dir = ''
+  assert config_lib.apply_compilation_cache(config) == ''
+
+
 def run_main(*flags):
   return subprocess.run([sys.executable, '-m', 'bert_jax.main', *flags], cwd=REPO,
                         capture_output=True, text=True, timeout=120)

@@ -71,10 +71,20 @@ def reference(tmp_path_factory):
 
 # 1. Preemption ------------------------------------------------------------------------------
 
+def cache_reads(stderr: str) -> tuple[int, int]:
+  """(compiles read from the compilation cache, compiles that asked it), from main's log."""
+  match = re.search(r'Compilation cache .*: (\d+) of (\d+) compiles read from it', stderr)
+  assert match, stderr[-3000:]
+  return int(match.group(1)), int(match.group(2))
+
+
 def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference, tmp_path):
+  """...and the rerun reads its compiled steps from the persistent compilation cache the
+  preempted run wrote (the reference compiled its own: the results are the same)."""
   workdir = str(tmp_path / 'preempted')
   # No periodic checkpoint before the end: what is saved comes from the SIGTERM.
-  flags = {'train.checkpoint_every': 1000, 'train.log_every': 1}
+  flags = {'train.checkpoint_every': 1000, 'train.log_every': 1,
+           'train.compilation_cache_dir': str(tmp_path / 'xla_cache')}
   process = subprocess.Popen(command(workdir, **{**RUN, **flags}), cwd=REPO, text=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   wait_for(lambda: len(train_records(workdir)) >= 3)
@@ -85,17 +95,22 @@ def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference,
   assert 3 <= stopped < 120
   assert saved_steps(workdir) == [stopped]
   assert not os.path.exists(os.path.join(workdir, 'eval_results.json'))
+  assert cache_reads(stderr)[0] == 0 and os.listdir(tmp_path / 'xla_cache')
   result = run(workdir, **flags)
   assert f'Resumed from step {stopped}' in result.stderr
+  assert cache_reads(result.stderr)[0] >= 1
   assert_trees_equal(final_params(workdir, 120), final_params(reference, 120))
 
 
 # 2. Crash at any moment -----------------------------------------------------------------------
 
 def test_sigkill_at_random_moments_then_the_same_command_ends_identically(reference, tmp_path):
-  """SIGKILL in startup, in steps and in checkpoint writes (saved every 2 steps), 5 times."""
+  """SIGKILL in startup, in steps and in checkpoint writes (saved every 2 steps), 5 times; the
+  runs share a persistent compilation cache, which a kill may leave with a partly written entry
+  (JAX then compiles again)."""
   workdir = str(tmp_path / 'crashing')
-  flags = {'train.checkpoint_every': 2}
+  flags = {'train.checkpoint_every': 2,
+           'train.compilation_cache_dir': str(tmp_path / 'xla_cache')}
   rng = random.Random(0)
   resumed_from = []
   for _ in range(5):

@@ -26,12 +26,13 @@ def _count_cache_reads() -> dict:
   """Counts, from JAX's monitoring events, the compiles that asked the persistent compilation
   cache and those it answered."""
   import jax  # pylint: disable=g-import-not-at-top
-  counts = {'/jax/compilation_cache/compile_requests_use_cache': 0,
-            '/jax/compilation_cache/cache_hits': 0}
+  events = {'/jax/compilation_cache/compile_requests_use_cache': 'requests',
+            '/jax/compilation_cache/cache_hits': 'hits'}
+  counts = dict.fromkeys(events.values(), 0)
 
   def listener(event, **_):
-    if event in counts:
-      counts[event] += 1
+    if event in events:
+      counts[events[event]] += 1
   jax.monitoring.register_event_listener(listener)
   return counts
 
@@ -78,9 +79,8 @@ def main(argv):
     sys.exit(f'Stopped: {e}')
   finally:
     if cache_reads:
-      requests, hits = cache_reads.values()
-      logging.info('Compilation cache %s: %d of %d compiles read from it.', cache_dir, hits,
-                   requests)
+      logging.info('Compilation cache %s: %d of %d compiles read from it.', cache_dir,
+                   cache_reads['hits'], cache_reads['requests'])
 
 
 def parse_flags(argv):

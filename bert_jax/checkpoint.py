@@ -157,24 +157,30 @@ def _is_shape_mismatch(error: BaseException) -> bool:
                                  'Structure mismatch'))
 
 
+def write_probe(directory: str) -> None:
+  """Writes, syncs and removes a 4 KiB file in `directory`; the OSError of a step that fails."""
+  probe = os.path.join(directory, f'.write-test-{os.getpid()}')
+  try:
+    with open(probe, 'wb') as f:
+      f.write(b'\0' * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+  finally:
+    if os.path.exists(probe):
+      os.remove(probe)
+
+
 def check_writable(workdir: str, bytes_needed: int) -> None:
   """Before training: the workdir accepts files and has room for a checkpoint.
 
   Raises CheckpointError naming the directory, what failed and how much space is needed.
   """
   os.makedirs(os.path.join(workdir, 'checkpoints'), exist_ok=True)
-  probe = os.path.join(workdir, 'checkpoints', f'.write-test-{os.getpid()}')
   try:
-    with open(probe, 'wb') as f:
-      f.write(b'\0' * 4096)
-      f.flush()
-      os.fsync(f.fileno())
+    write_probe(os.path.join(workdir, 'checkpoints'))
   except OSError as e:
     raise CheckpointError(f'--workdir={workdir!r} is not writable ({e.strerror}: '
                           f'{e.filename}); choose a writable directory.') from e
-  finally:
-    if os.path.exists(probe):
-      os.remove(probe)
   free = shutil.disk_usage(workdir).free
   if free < bytes_needed:
     raise CheckpointError(

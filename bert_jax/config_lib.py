@@ -487,12 +487,10 @@ def apply_compilation_cache(config) -> str:
   directory = value
   if '://' not in value:
     directory = os.path.abspath(os.path.expanduser(value))
+    from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
     try:
       os.makedirs(directory, exist_ok=True)
-      probe = os.path.join(directory, f'.write_probe_{os.getpid()}')
-      with open(probe, 'w', encoding='utf-8'):
-        pass
-      os.remove(probe)
+      checkpoint.write_probe(directory)
     except OSError as e:
       raise ConfigError(f'config.train.compilation_cache_dir={value!r} is not a writable '
                         f"directory ({e.strerror or e}); name one that is, or '' for no "

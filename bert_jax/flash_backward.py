@@ -17,7 +17,8 @@ the grid (head, tile, row) has `warpgroups` compute warpgroups of `block` keys a
 rowsum(dO * O) comes computed once per query (`delta`, an XLA fusion) instead of once per
 program. The probabilities of the dQ pass are recomputed, as in the Triton kernel: two matmuls
 of seven (cuDNN adds dQ across programs with atomics). `ONE_PASS` (off: it did not pay) adds dQ
-from the dK/dV pass instead, by TMA reduce-adds into a float32 dQ.
+from the dK/dV pass instead, by TMA reduce-adds into a float32 dQ. `KEEP_WORDS` (off: it did not
+pay) reads the dropout's keep decisions from bits the forward wrote instead of hashing them.
 Each stored dq, dk, dv tile is also summed over its tokens, by a wgmma of ones over the stored
 tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDIA Hopper GPU and
 16-bit q, k, v; the layout is `fused_attention`'s packed [batch, length, 3, heads, head_dim].
@@ -83,6 +84,16 @@ def check_tiles(tiles: Tiles, length: int, head_dim: int) -> None:
     raise ValueError(f'head_dim={head_dim}: the Mosaic GPU kernels take 64 or 128.')
 
 
+def check_words(words, batch: int, heads: int, length: int) -> None:
+  """The forward's keep decisions as the kernel reads them: uint32 [batch, heads, length // 32,
+  length] (fused_attention.keep_words' layout; block and step, multiples of 32, take whole
+  words)."""
+  expected = (batch, heads, length // 32, length)
+  if words.shape != expected or words.dtype != jnp.uint32:
+    raise ValueError(f'words must be uint32 {expected} (fused_attention.keep_words); got '
+                     f'{words.dtype} {words.shape}.')
+
+
 def _plgpu():
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   return plgpu
@@ -120,6 +131,17 @@ PAIRED_DRAWS = True
 # matmul and on the last step's reduce-add in turn; FlashAttention-3 gives the adds a warpgroup
 # of their own.
 ONE_PASS = False
+
+
+# Read the keep decisions of the dropout from words that the forward of long rows writes
+# (fused_attention.keep_words' layout, 1 bit a probability: 16.8 MB a layer at Large 32 x 512),
+# a [block // 32, step] tile of them pipelined in with each step, instead of hashing them again in
+# both passes. Off: it did not pay. On an H200 at Large 32 x 512 the gradients were as close to
+# the reference as the hashed ones', but the attention's forward+backward took 0.819 against
+# 0.739 ms, the train step 74.15 and 74.03 against 72.49 ms, peak memory 0.38 GiB more
+# (experiments/perf_notes.md, twenty-sixth session). Mosaic GPU's interpreter (jax 0.10) hangs
+# on the words' pipelined tiles, so there the kernel hashes, words or not.
+KEEP_WORDS = False
 
 
 def _switches() -> tuple:
@@ -191,17 +213,20 @@ def paired_draws(index, key, *, rows_are_keys: bool):
 
 
 def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
-               rows_are_keys: bool, length: int, threshold: int):
+               rows_are_keys: bool, length: int, threshold: int, words=None):
   """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
   first_row.. (keys if rows_are_keys, else queries) and columns tokens first_col.., masked
   outside each query's segment (seg_rows, seg_cols: their segment ids); lse: the queries'
-  base-2 log-sum-exps. With the tile's keep mask (None without dropout)."""
+  base-2 log-sum-exps. With the tile's keep mask (None without dropout): hashed, or read from
+  `words` (the forward's: one vector over the tile's queries per 32 of its keys, in turn)."""
   rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
   cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
   p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, _MASKED)
                - (cols(lse) if rows_are_keys else rows(lse)))
   if not threshold:
     return p, None
+  if words is not None:
+    return p, word_keeps(ops, words, s.shape, rows_are_keys=rows_are_keys)
   row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
   col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
@@ -211,6 +236,19 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
   else:
     draws = _draws(key, index)
   return p, draws >= jnp.uint32(threshold)
+
+
+def word_keeps(ops, words, shape, *, rows_are_keys: bool):
+  """The keep mask of a [rows, cols] tile from the forward's words: words[n] holds, for each of
+  the tile's queries (a vector in the layout of the tile's query axis), the decisions of its keys
+  32 n.. 32 n + 31 of the tile, key 32 n + b in bit b."""
+  key_axis = 0 if rows_are_keys else 1
+  key = ops.iota(shape, key_axis)
+  spread = lambda w: lax.broadcast_in_dim(w, shape, [1 - key_axis])  # noqa: E731
+  word = spread(words[0])
+  for n in range(1, len(words)):
+    word = jnp.where((key >> 5) == jnp.uint32(n), spread(words[n]), word)
+  return ((word >> (key & jnp.uint32(31))) & jnp.uint32(1)) != jnp.uint32(0)
 
 
 def dropped(x, keep, threshold: int):
@@ -298,7 +336,7 @@ def store_grad(ops: KernelOps, tile, staging, sums_smem, dst, sums_dst) -> None:
 @fused_norm.lowered_once(static_argnames=('threshold', 'tiles', 'interpret'),
                          switches=_switches)
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
-             interpret: bool = False):
+             interpret: bool = False, words=None):
   """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
   [batch, heads, length // tiles.block, 3, head_dim] float32: the bias gradient's shares).
 
@@ -306,12 +344,17 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   [batch, heads, 1] uint32 (ignored when threshold is 0); lse: the forward's base-2 log-sum-exp
   [batch, heads, length] float32; delta: rowsum(dO * O) [batch, heads, length] float32; do:
   [batch, length, heads, head_dim]. interpret: run on Mosaic GPU's interpreter (any device; slow,
-  for tests)."""
+  for tests). words: the forward's keep decisions ([batch, heads, length // 32, length] uint32,
+  fused_attention.keep_words' layout; with dropout), read instead of hashing them, or None."""
   ops = kernel_ops(interpret)
   plgpu = ops.plgpu
   batch, length, _, heads, head_dim = qkv.shape
   check_tiles(tiles, length, head_dim)
   block, step, wgs = tiles.block, tiles.step, tiles.warpgroups
+  # Mosaic GPU's interpreter (jax 0.10) hangs on the words' pipelined tiles: it hashes there.
+  has_words = bool(threshold) and words is not None and not interpret
+  if has_words:
+    check_words(words, batch, heads, length)
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)
@@ -327,6 +370,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   partials = one_pass and interpret
 
   def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, *refs):
+    if has_words:  # [length // 32, length] of each (row, head): keys' words over queries.
+      words_ref, *refs = refs
     if one_pass and not partials:  # dq_ref: the float32 dQ, zeroed, an input Ref added into.
       dq_ref, dqkv_ref, sums_ref, *refs = refs
     elif partials:
@@ -347,10 +392,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
     lse_row, delta_row, seg_row = lse_ref.at[b, h, :], delta_ref.at[b, h, :], seg_ref.at[b]
 
     def fetch(pairs, barrier):
-      """Copy this warpgroup's rows of each (gmem view, smem buffer) and wait for them (the
-      barrier expects one arrival per copy)."""
+      """Copy each (gmem view, smem buffer) and wait for them (the barrier expects one arrival
+      per copy)."""
       for src, dst in pairs:
-        plgpu.copy_gmem_to_smem(src.at[mine], dst, barrier.at[wg])
+        plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
       plgpu.barrier_wait(barrier.at[wg])
 
     def store(tile, j):  # Rows `mine` of part j of dqkv, through k's buffer.
@@ -365,21 +410,26 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 
     # dK and dV of my keys: [keys, queries] tiles, stepping over the queries.
     def key_pass(run):
-      fetch(((part(1), tiles_smem.at[wg, 0]), (part(2), tiles_smem.at[wg, 1]),
-             (seg_row, seg_smem.at[wg])), fetched_kv)
+      fetch(((part(1).at[mine], tiles_smem.at[wg, 0]), (part(2).at[mine], tiles_smem.at[wg, 1]),
+             (seg_row.at[mine], seg_smem.at[wg])), fetched_kv)
       zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
       seg_k = load(seg_smem.at[wg], wgmma_rows)
       dk, dv = run((zeros, zeros, seg_k))[:2]
       store(dv, 2)
       store(dk * scale, 1)
 
-    def query_step(indices, q_smem, do_smem, lse_smem, delta_smem, seg_smem, carry):
+    def query_step(indices, q_smem, do_smem, lse_smem, delta_smem, seg_smem, *rest):
+      *kept_smem, carry = rest  # These queries' words of the block's keys, in turn.
       dk, dv, seg_k = carry
       k_smem, v_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
+      words_in = None
+      if has_words:  # My keys' words, vectors over these queries.
+        words_in = [load(kept_smem[0].at[wg * (block // 32) + n], wgmma_cols)
+                    for n in range(block // 32)]
       # [my keys, these queries]: the scores transposed, in base 2.
       s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
       p_t, keep = probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
-                        first_col=indices[0] * step, rows_are_keys=True)
+                        first_col=indices[0] * step, rows_are_keys=True, words=words_in)
       dp_t = drop(matmul(v_smem, do_smem, transpose_b=True), keep)
       dv = matmul(drop(p_t, keep).astype(dtype), do_smem, acc=dv)
       delta = load(delta_smem, wgmma_cols)
@@ -409,44 +459,54 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
     def vec():  # A step's [step] lse, delta or segment ids.
       return plgpu.BlockSpec((step,), lambda i: (i,))
 
+    # The words of the block's keys over a step's queries, [wgs * block // 32, step].
+    key_words = [plgpu.BlockSpec((wgs * block // 32, step),
+                                 lambda i: (lax.axis_index('tile'), i))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         query_step, grid=(length // step,), memory_registers=40,
         max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
         compute_context=key_pass,
-        in_specs=[tile(), tile(), vec(), vec(), vec()],
-    )(part(0), d_out, lse_row, delta_row, seg_row)
+        in_specs=[tile(), tile(), vec(), vec(), vec()] + key_words,
+    )(part(0), d_out, lse_row, delta_row, seg_row, *[words_ref.at[b, h] for _ in key_words])
 
     if one_pass:
       return
 
     # dQ of my queries: [queries, keys] tiles, stepping over the keys.
     def query_pass(run):
-      fetch(((part(0), tiles_smem.at[wg, 0]), (d_out, tiles_smem.at[wg, 1]),
-             (seg_row, seg_smem.at[wg]), (lse_row, stats_smem.at[wg, 0]),
-             (delta_row, stats_smem.at[wg, 1])), fetched_q)
+      fetch(((part(0).at[mine], tiles_smem.at[wg, 0]), (d_out.at[mine], tiles_smem.at[wg, 1]),
+             (seg_row.at[mine], seg_smem.at[wg]), (lse_row.at[mine], stats_smem.at[wg, 0]),
+             (delta_row.at[mine], stats_smem.at[wg, 1])), fetched_q)
       zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
       vecs = (load(seg_smem.at[wg], wgmma_rows),
               *(load(stats_smem.at[wg, i], wgmma_rows) for i in range(2)))
       dq = run((zeros, *vecs))[0]
       store(dq * scale, 0)
 
-    def key_step(indices, k_smem, v_smem, seg_smem, carry):
+    def key_step(indices, k_smem, v_smem, seg_smem, *rest):
+      *kept_smem, carry = rest  # The words of these keys over the block's queries.
       dq, seg_q, lse, delta = carry
       q_smem, do_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
       s = matmul(q_smem, k_smem, transpose_b=True) * log2_scale  # [my queries, these keys]
+      words_in = None
+      if has_words:  # These keys' words, vectors over my queries.
+        words_in = [load(kept_smem[0].at[n, pl.ds(wg * block, block)], wgmma_rows)
+                    for n in range(step // 32)]
       p, keep = probs(s, seg_q, load(seg_smem, wgmma_cols), lse, first_col=indices[0] * step,
-                      rows_are_keys=False)
+                      rows_are_keys=False, words=words_in)
       dp = drop(matmul(do_smem, v_smem, transpose_b=True), keep)
       ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
       dq = matmul(ds.astype(dtype), k_smem, acc=dq)
       return dq, seg_q, lse, delta
 
+    query_words = [plgpu.BlockSpec((step // 32, wgs * block),
+                                   lambda i: (i, lax.axis_index('tile')))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         key_step, grid=(length // step,), memory_registers=40,
         max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
         compute_context=query_pass,
-        in_specs=[tile(), tile(), vec()],
-    )(part(1), part(2), seg_row)
+        in_specs=[tile(), tile(), vec()] + query_words,
+    )(part(1), part(2), seg_row, *[words_ref.at[b, h] for _ in query_words])
 
   scratch = [
       plgpu.SMEM((wgs, 2, block, head_dim), dtype, transforms=swizzled),  # k, v; then q, dO
@@ -463,7 +523,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
   outs = [jax.ShapeDtypeStruct(qkv.shape, dtype),
           jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)]
-  operands = [qkv, segment_ids, keys, lse, delta, do]
+  operands = [qkv, segment_ids, keys, lse, delta, do] + ([words] if has_words else [])
   grid = dict(grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
               num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu')
   params = plgpu.CompilerParams(approx_math=True)

@@ -99,6 +99,28 @@ def keep_mask(keys, length: int, threshold: int):
   return draws >= jnp.uint32(threshold)
 
 
+WORD_BITS = 32  # Keep decisions per word of keep_words.
+
+
+def pack_keep(keep):
+  """[..., queries, keys] bool -> [..., keys // 32, queries] uint32: bit b of word w of a query
+  is its keep decision for key 32 w + b (keys a multiple of 32). The layout the forward of long
+  rows writes for the Mosaic GPU backward (flash_backward.KEEP_WORDS): each word a vector over
+  queries, as that kernel's tiles take a row or column vector."""
+  *lead, queries, keys = keep.shape
+  bit = jax.lax.broadcasted_iota(jnp.uint32, keep.shape, keep.ndim - 1) & (WORD_BITS - 1)
+  bits = jnp.where(keep, jnp.left_shift(jnp.uint32(1), bit), jnp.uint32(0))
+  words = jnp.sum(bits.reshape(*lead, queries, keys // WORD_BITS, WORD_BITS), axis=-1,
+                  dtype=jnp.uint32)  # Distinct bits: the sum is their or.
+  return jnp.swapaxes(words, -1, -2)
+
+
+def keep_words(keys, length: int, threshold: int):
+  """pack_keep(keep_mask(...)): [batch, heads, length // 32, length] uint32, what the forward of
+  long rows writes when the backward reads its keep decisions (jnp; the tests' oracle)."""
+  return pack_keep(keep_mask(keys, length, threshold))
+
+
 def reference(q, k, v, segment_ids, keys, *, rate: float):
   """The function of the kernels in jnp. q, k, v: [batch, length, heads, head_dim];
   segment_ids: [batch, length] int32; keys: tile_keys(...) or None (no dropout)."""
@@ -282,10 +304,11 @@ def long_blocks(backward: str) -> LongBlocks:
   return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
 
 
-def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
+def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int,
+                         words: bool):
   if threshold:
     keys_ref, *refs = refs
-  seg_q_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
+  seg_q_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *words_ref = refs
   block_queries = q_ref.shape[0]
   first_query = pl.program_id(2) * block_queries
   q, seg_q = q_ref[...], seg_q_ref[...]
@@ -300,8 +323,11 @@ def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block
     p = jnp.exp2(s - m_next[:, None])
     l = l * rescale + jnp.sum(p, axis=1)
     if threshold:
-      p = jnp.where(_tile_keep(keys_ref, length, threshold, first_query, first_key,
-                               p.shape), p, 0.0)
+      keep = _tile_keep(keys_ref, length, threshold, first_query, first_key, p.shape)
+      p = jnp.where(keep, p, 0.0)
+      if words:  # These keys' words of the keep decisions, for the backward.
+        per_block = block_keys // WORD_BITS
+        words_ref[0][pl.ds(j * per_block, per_block), :] = pack_keep(keep)
     v = v_ref[keys, :]
     acc = acc * rescale[:, None] + _dot(p.astype(v.dtype), v)
     return m_next, l, acc
@@ -369,24 +395,35 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
   store(0, jax.lax.fori_loop(0, length // step_size, query_step, zeros) * scale)
 
 
-def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks):
+def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks,
+                  words: bool = False):
+  """(o, lse, and with `words` the keep decisions as keep_words lays them out, else None)."""
   batch, length, _, heads, head_dim = qkv.shape
   bq = blocks.forward_queries
   key_specs, seg, parts, _, _, _ = _specs(length, head_dim, bool(threshold))
+  words = bool(words and threshold)
   kernel = functools.partial(_long_forward_kernel, scale=1.0 / head_dim ** 0.5,
-                             threshold=threshold, length=length, block_keys=blocks.forward_keys)
-  return pl.pallas_call(
+                             threshold=threshold, length=length, block_keys=blocks.forward_keys,
+                             words=words)
+  out_specs = [pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+               pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))]
+  out_shape = [jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
+               jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)]
+  if words:  # [batch, heads, length // 32, length]: each program its queries' columns.
+    out_specs.append(pl.BlockSpec((None, None, length // WORD_BITS, bq),
+                                  lambda b, h, i: (b, h, 0, i)))
+    out_shape.append(jax.ShapeDtypeStruct((batch, heads, length // WORD_BITS, length),
+                                          jnp.uint32))
+  outs = pl.pallas_call(
       kernel, grid=(batch, heads, length // bq),
       in_specs=[*key_specs, pl.BlockSpec((None, bq), lambda b, h, i: (b, i)), seg,
                 pl.BlockSpec((None, bq, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0)),
                 *parts[1:]],
-      out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
-                 pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
-      out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
-                 jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
+      out_specs=out_specs, out_shape=out_shape,
       compiler_params=fused_norm.compiler_params(interpret, blocks.forward_warps, blocks.stages),
       interpret=interpret, name='long_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
+  return (*outs, None) if not words else tuple(outs)
 
 
 def _mosaic_tiles(blocks: LongBlocks):
@@ -395,10 +432,12 @@ def _mosaic_tiles(blocks: LongBlocks):
                               warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
 
 
-def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
-  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles), rowsum(dO * O)
-  by XLA, once per query; or by its row_backward (tiles None), which computes that itself; the
-  column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
+def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles,
+                     words=None):
+  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles; words: the
+  forward's keep decisions, or None to hash them), rowsum(dO * O) by XLA, once per query; or by
+  its row_backward (tiles None), which computes that itself; the column sums [batch, heads,
+  blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
   from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
   if tiles is None:
     dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, o, do,
@@ -406,17 +445,18 @@ def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interp
   else:
     delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
     dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                         threshold=threshold, tiles=tiles, interpret=interpret)
+                                         threshold=threshold, tiles=tiles, interpret=interpret,
+                                         words=words)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
 def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                   blocks: LongBlocks):
+                   blocks: LongBlocks, words=None):
   """As _pallas_backward; the column sums come per block of tokens [batch, heads, blocks,
-  head_dim]."""
+  head_dim]. words: the forward's keep decisions (the Mosaic GPU backward reads them), or None."""
   if blocks.backward == 'mosaic':
     return _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                            _mosaic_tiles(blocks))
+                            _mosaic_tiles(blocks), words)
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
@@ -448,19 +488,30 @@ def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, block
                 short_backward):
   del short_backward
   qkv = _add_bias(qkv, bias)
+  words = None
   if qkv.shape[1] > MAX_LENGTH:
-    o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
+    o, lse_value, words = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks,
+                                        words=_backward_reads_words(blocks))
   else:
     o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, warps[0])
-  return o, (qkv, bias, segment_ids, keys, o, lse_value)
+  return o, (qkv, bias, segment_ids, keys, o, lse_value, words)
+
+
+def _backward_reads_words(blocks: LongBlocks) -> bool:
+  """Whether the backward of long rows reads the forward's keep decisions (keep_words' layout)
+  instead of hashing them again: the Mosaic GPU backward's, with flash_backward.KEEP_WORDS."""
+  if blocks.backward != 'mosaic':
+    return False
+  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  return flash_backward.KEEP_WORDS
 
 
 def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
-  qkv, bias, segment_ids, keys, o, lse_value = saved
+  qkv, bias, segment_ids, keys, o, lse_value, words = saved
   length = qkv.shape[1]
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                 interpret, blocks)
+                                 interpret, blocks, words)
   elif short_backward == 'mosaic':
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, None)

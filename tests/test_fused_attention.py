@@ -621,3 +621,63 @@ def test_scanned_rematerialised_layers_draw_the_same_masks_again():
                 for impl in ('xla', 'pallas'))
   test_fused_norm.assert_same_function(
       xla, fused, nn.meta.unbox(xla.init(jax.random.key(0), *args)['params']), args)
+
+
+def test_pack_keep_puts_key_32w_plus_b_in_bit_b_of_word_w():
+  """fused_attention.pack_keep's layout, which flash_backward.KEEP_WORDS reads: [queries, keys]
+  -> [keys // 32, queries], bit b of word w the decision for key 32 w + b."""
+  keep = np.random.default_rng(0).random((2, 8, 64)) < 0.5  # [heads, queries, keys]
+  words = np.asarray(fused_attention.pack_keep(jnp.asarray(keep)))
+  assert words.shape == (2, 2, 8) and words.dtype == np.uint32
+  bits = (words[:, :, :, None] >> np.arange(32, dtype=np.uint32)) & 1  # [heads, w, queries, b]
+  np.testing.assert_array_equal(bits.transpose(0, 2, 1, 3).reshape(2, 8, 64), keep)
+
+
+def test_long_forward_writes_the_keep_decisions_it_applies():
+  """With words=True (what flash_backward.KEEP_WORDS asks of it) the forward of long rows writes
+  the keep mask it drops by, as fused_attention.keep_words lays it out; the output is the same."""
+  length = 256
+  q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=length, head_dim=64)
+  qkv = jnp.stack([q, k, v], axis=2)
+  threshold = fused_attention.dropout_threshold(0.1)
+  blocks = fused_attention.MOSAIC_LONG_BLOCKS
+  o, lse, words = fused_attention._long_forward(  # pylint: disable=protected-access
+      qkv, segment_ids, tile_keys, threshold, True, blocks, words=True)
+  np.testing.assert_array_equal(words, fused_attention.keep_words(tile_keys, length, threshold))
+  o_alone, lse_alone, none = fused_attention._long_forward(  # pylint: disable=protected-access
+      qkv, segment_ids, tile_keys, threshold, True, blocks)
+  assert none is None
+  np.testing.assert_array_equal(o, o_alone)
+  np.testing.assert_array_equal(lse, lse_alone)
+
+
+@pytest.mark.parametrize('one_pass', [False, True])
+def test_the_mosaic_backward_reading_the_forwards_words_lowers_for_cuda(one_pass, monkeypatch):
+  """flash_backward.KEEP_WORDS (off by default): the forward of long rows hands its keep
+  decisions ([batch, heads, length // 32, length] uint32) to the Mosaic GPU backward, which then
+  hashes no draw (paired_draws is never called) in either pass, or in the one pass."""
+  monkeypatch.setattr(flash_backward, 'KEEP_WORDS', True)
+  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
+  draws = []
+  monkeypatch.setattr(flash_backward, 'paired_draws', lambda *a, **k: draws.append(k))
+  qkv = jax.ShapeDtypeStruct((2, 512, 3, 16, 64), jnp.bfloat16)
+  args = (qkv, jax.ShapeDtypeStruct((2, 512), jnp.int32),
+          jax.ShapeDtypeStruct((2, 16, 1), jnp.uint32))
+
+  def loss(qkv, segment_ids, keys):
+    out = fused_attention.attention_qkv(qkv, None, segment_ids, keys, rate=0.1,
+                                        long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
+    return jnp.sum(out.astype(jnp.float32))
+  text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
+  assert 'tensor<2x16x16x512xui32>' in text  # The words, out of the forward, into the backward.
+  assert ('long_attention_bwd_mgpu' if not one_pass else 'new_body_mosaic_gpu') in text
+  assert not draws
+
+
+def test_the_mosaic_backward_names_words_of_the_wrong_shape():
+  qkv = jnp.zeros((1, 256, 3, 2, 64), jnp.bfloat16)
+  vec = jnp.zeros((1, 2, 256), jnp.float32)
+  with pytest.raises(ValueError, match=r'words must be uint32 \(1, 2, 8, 256\).*\(1, 2, 256, 8\)'):
+    flash_backward.backward(qkv, jnp.ones((1, 256), jnp.int32), jnp.zeros((1, 2, 1), jnp.uint32),
+                            vec, vec, jnp.zeros((1, 256, 2, 64), jnp.bfloat16), threshold=6554,
+                            words=jnp.zeros((1, 2, 256, 8), jnp.uint32))

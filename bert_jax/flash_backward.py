@@ -88,7 +88,7 @@ def check_words(words, batch: int, heads: int, length: int) -> None:
   """The forward's keep decisions as the kernel reads them: uint32 [batch, heads, length // 32,
   length] (fused_attention.keep_words' layout; block and step, multiples of 32, take whole
   words)."""
-  expected = (batch, heads, length // 32, length)
+  expected = (batch, heads, length // _WORD_BITS, length)
   if words.shape != expected or words.dtype != jnp.uint32:
     raise ValueError(f'words must be uint32 {expected} (fused_attention.keep_words); got '
                      f'{words.dtype} {words.shape}.')
@@ -238,6 +238,10 @@ def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
   return p, draws >= jnp.uint32(threshold)
 
 
+_WORD_BITS = fused_norm.WORD_BITS  # Keep decisions a word of the forward's holds.
+_WORD_SHIFT = _WORD_BITS.bit_length() - 1  # key >> _WORD_SHIFT: the key's word.
+
+
 def word_keeps(ops, words, shape, *, rows_are_keys: bool):
   """The keep mask of a [rows, cols] tile from the forward's words: words[n] holds, for each of
   the tile's queries (a vector in the layout of the tile's query axis), the decisions of its keys
@@ -247,8 +251,8 @@ def word_keeps(ops, words, shape, *, rows_are_keys: bool):
   spread = lambda w: lax.broadcast_in_dim(w, shape, [1 - key_axis])  # noqa: E731
   word = spread(words[0])
   for n in range(1, len(words)):
-    word = jnp.where((key >> 5) == jnp.uint32(n), spread(words[n]), word)
-  return ((word >> (key & jnp.uint32(31))) & jnp.uint32(1)) != jnp.uint32(0)
+    word = jnp.where((key >> _WORD_SHIFT) == jnp.uint32(n), spread(words[n]), word)
+  return ((word >> (key & jnp.uint32(_WORD_BITS - 1))) & jnp.uint32(1)) != 0
 
 
 def dropped(x, keep, threshold: int):
@@ -392,10 +396,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
     lse_row, delta_row, seg_row = lse_ref.at[b, h, :], delta_ref.at[b, h, :], seg_ref.at[b]
 
     def fetch(pairs, barrier):
-      """Copy each (gmem view, smem buffer) and wait for them (the barrier expects one arrival
-      per copy)."""
+      """Copy this warpgroup's rows of each (gmem view, smem buffer) and wait for them (the
+      barrier expects one arrival per copy)."""
       for src, dst in pairs:
-        plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
+        plgpu.copy_gmem_to_smem(src.at[mine], dst, barrier.at[wg])
       plgpu.barrier_wait(barrier.at[wg])
 
     def store(tile, j):  # Rows `mine` of part j of dqkv, through k's buffer.
@@ -410,8 +414,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 
     # dK and dV of my keys: [keys, queries] tiles, stepping over the queries.
     def key_pass(run):
-      fetch(((part(1).at[mine], tiles_smem.at[wg, 0]), (part(2).at[mine], tiles_smem.at[wg, 1]),
-             (seg_row.at[mine], seg_smem.at[wg])), fetched_kv)
+      fetch(((part(1), tiles_smem.at[wg, 0]), (part(2), tiles_smem.at[wg, 1]),
+             (seg_row, seg_smem.at[wg])), fetched_kv)
       zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
       seg_k = load(seg_smem.at[wg], wgmma_rows)
       dk, dv = run((zeros, zeros, seg_k))[:2]
@@ -424,8 +428,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       k_smem, v_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
       words_in = None
       if has_words:  # My keys' words, vectors over these queries.
-        words_in = [load(kept_smem[0].at[wg * (block // 32) + n], wgmma_cols)
-                    for n in range(block // 32)]
+        words_in = [load(kept_smem[0].at[wg * (block // _WORD_BITS) + n], wgmma_cols)
+                    for n in range(block // _WORD_BITS)]
       # [my keys, these queries]: the scores transposed, in base 2.
       s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
       p_t, keep = probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
@@ -460,7 +464,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       return plgpu.BlockSpec((step,), lambda i: (i,))
 
     # The words of the block's keys over a step's queries, [wgs * block // 32, step].
-    key_words = [plgpu.BlockSpec((wgs * block // 32, step),
+    key_words = [plgpu.BlockSpec((wgs * block // _WORD_BITS, step),
                                  lambda i: (lax.axis_index('tile'), i))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         query_step, grid=(length // step,), memory_registers=40,
@@ -474,9 +478,9 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
 
     # dQ of my queries: [queries, keys] tiles, stepping over the keys.
     def query_pass(run):
-      fetch(((part(0).at[mine], tiles_smem.at[wg, 0]), (d_out.at[mine], tiles_smem.at[wg, 1]),
-             (seg_row.at[mine], seg_smem.at[wg]), (lse_row.at[mine], stats_smem.at[wg, 0]),
-             (delta_row.at[mine], stats_smem.at[wg, 1])), fetched_q)
+      fetch(((part(0), tiles_smem.at[wg, 0]), (d_out, tiles_smem.at[wg, 1]),
+             (seg_row, seg_smem.at[wg]), (lse_row, stats_smem.at[wg, 0]),
+             (delta_row, stats_smem.at[wg, 1])), fetched_q)
       zeros = wgmma_layout(jnp.zeros((block, head_dim), jnp.float32))
       vecs = (load(seg_smem.at[wg], wgmma_rows),
               *(load(stats_smem.at[wg, i], wgmma_rows) for i in range(2)))
@@ -491,7 +495,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       words_in = None
       if has_words:  # These keys' words, vectors over my queries.
         words_in = [load(kept_smem[0].at[n, pl.ds(wg * block, block)], wgmma_rows)
-                    for n in range(step // 32)]
+                    for n in range(step // _WORD_BITS)]
       p, keep = probs(s, seg_q, load(seg_smem, wgmma_cols), lse, first_col=indices[0] * step,
                       rows_are_keys=False, words=words_in)
       dp = drop(matmul(do_smem, v_smem, transpose_b=True), keep)
@@ -499,7 +503,7 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       dq = matmul(ds.astype(dtype), k_smem, acc=dq)
       return dq, seg_q, lse, delta
 
-    query_words = [plgpu.BlockSpec((step // 32, wgs * block),
+    query_words = [plgpu.BlockSpec((step // _WORD_BITS, wgs * block),
                                    lambda i: (i, lax.axis_index('tile')))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         key_step, grid=(length // step,), memory_registers=40,

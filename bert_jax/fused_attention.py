@@ -99,7 +99,7 @@ def keep_mask(keys, length: int, threshold: int):
   return draws >= jnp.uint32(threshold)
 
 
-WORD_BITS = 32  # Keep decisions per word of keep_words.
+WORD_BITS = fused_norm.WORD_BITS  # Keep decisions per word of keep_words.
 
 
 def pack_keep(keep):

@@ -75,6 +75,7 @@ FORWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
 BACKWARD = Launch(tile_rows=2, max_block_rows=32, num_warps=4, num_stages=2)
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
+WORD_BITS = 32  # Keep decisions a word holds where kernels hand them over as bits.
 
 
 def backward_launch(embed: int) -> Launch:

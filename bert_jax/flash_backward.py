@@ -355,10 +355,10 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   batch, length, _, heads, head_dim = qkv.shape
   check_tiles(tiles, length, head_dim)
   block, step, wgs = tiles.block, tiles.step, tiles.warpgroups
+  if threshold and words is not None:
+    check_words(words, batch, heads, length)
   # Mosaic GPU's interpreter (jax 0.10) hangs on the words' pipelined tiles: it hashes there.
   has_words = bool(threshold) and words is not None and not interpret
-  if has_words:
-    check_words(words, batch, heads, length)
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)

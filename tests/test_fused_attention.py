@@ -674,10 +674,12 @@ def test_the_mosaic_backward_reading_the_forwards_words_lowers_for_cuda(one_pass
   assert not draws
 
 
-def test_the_mosaic_backward_names_words_of_the_wrong_shape():
+@pytest.mark.parametrize('interpret', [False, True])
+def test_the_mosaic_backward_names_words_of_the_wrong_shape(interpret):
+  """On the GPU and on the interpreter (which hashes instead of reading them) alike."""
   qkv = jnp.zeros((1, 256, 3, 2, 64), jnp.bfloat16)
   vec = jnp.zeros((1, 2, 256), jnp.float32)
   with pytest.raises(ValueError, match=r'words must be uint32 \(1, 2, 8, 256\).*\(1, 2, 256, 8\)'):
     flash_backward.backward(qkv, jnp.ones((1, 256), jnp.int32), jnp.zeros((1, 2, 1), jnp.uint32),
                             vec, vec, jnp.zeros((1, 256, 2, 64), jnp.bfloat16), threshold=6554,
-                            words=jnp.zeros((1, 2, 256, 8), jnp.uint32))
+                            words=jnp.zeros((1, 2, 256, 8), jnp.uint32), interpret=interpret)

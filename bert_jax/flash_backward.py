@@ -144,20 +144,9 @@ ONE_PASS = False
 KEEP_WORDS = False
 
 
-# Hash a step's dropout draws while its first two matmuls (the scores and dP) run: both wgmmas are
-# issued, then the draws (behind an optimization barrier, so LLVM keeps them before the wait),
-# then the scores read (waiting for the first only) and their probabilities computed while dP's
-# wgmma is still in flight, FlashAttention-3's way of hiding the softmax behind the tensor cores.
-# Off: it did not pay. On an H200 at Large 32 x 512, attention forward+backward: 0.7298 against
-# 0.7295 ms waited, then 0.7186 pinned and 0.7287 unpinned against 0.7237 waited (two calls,
-# gradients as close to the reference); the draws cost issue slots, not latency to hide
-# (experiments/perf_notes.md, twenty-seventh session).
-OVERLAP_DRAWS = False
-
-
 def _switches() -> tuple:
   """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
-  return (PAIRED_DRAWS, ONE_PASS, OVERLAP_DRAWS)
+  return (PAIRED_DRAWS, ONE_PASS)
 
 
 def paired_draws(index, key, *, rows_are_keys: bool):
@@ -224,43 +213,29 @@ def paired_draws(index, key, *, rows_are_keys: bool):
 
 
 def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
-               rows_are_keys: bool, length: int, threshold: int, words=None, keep=None):
+               rows_are_keys: bool, length: int, threshold: int, words=None):
   """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
   first_row.. (keys if rows_are_keys, else queries) and columns tokens first_col.., masked
   outside each query's segment (seg_rows, seg_cols: their segment ids); lse: the queries'
-  base-2 log-sum-exps. With the tile's keep mask (None without dropout): tile_keep's, or `keep`
-  where the caller drew it already."""
+  base-2 log-sum-exps. With the tile's keep mask (None without dropout): hashed, or read from
+  `words` (the forward's: one vector over the tile's queries per 32 of its keys, in turn)."""
   rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
   cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
   p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, _MASKED)
                - (cols(lse) if rows_are_keys else rows(lse)))
-  if keep is None:
-    keep = tile_keep(ops, s.shape, key=key, first_row=first_row, first_col=first_col,
-                     rows_are_keys=rows_are_keys, length=length, threshold=threshold, words=words)
-  return p, keep
-
-
-def tile_keep(ops, shape, *, key, first_row, first_col, rows_are_keys: bool, length: int,
-              threshold: int, words=None, pinned: bool = False):
-  """The keep mask of tile_probs' [rows, cols] tile (None without dropout): hashed, or read from
-  `words` (the forward's: one vector over the tile's queries per 32 of its keys, in turn). It
-  needs no score, so it can be drawn while the scores' matmul runs; `pinned` puts the hashes
-  behind an optimization barrier, so that LLVM computes them before whatever waits next."""
   if not threshold:
-    return None
+    return p, None
   if words is not None:
-    return word_keeps(ops, words, shape, rows_are_keys=rows_are_keys)
-  row_tokens = ops.iota(shape, 0) + first_row.astype(jnp.uint32)
-  col_tokens = ops.iota(shape, 1) + first_col.astype(jnp.uint32)
+    return p, word_keeps(ops, words, s.shape, rows_are_keys=rows_are_keys)
+  row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
+  col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
   index = queries * jnp.uint32(length) + keys
   if PAIRED_DRAWS and ops.interpret is None:
     draws = paired_draws(index, key.astype(jnp.uint32), rows_are_keys=rows_are_keys)
   else:
     draws = _draws(key, index)
-  if pinned:
-    draws = lax.optimization_barrier(draws)
-  return draws >= jnp.uint32(threshold)
+  return p, draws >= jnp.uint32(threshold)
 
 
 _WORD_BITS = fused_norm.WORD_BITS  # Keep decisions a word of the forward's holds.
@@ -285,26 +260,6 @@ def dropped(x, keep, threshold: int):
   return x if keep is None else jnp.where(keep, x * fused_norm.keep_scale(threshold), 0.0)
 
 
-def probs_and_dp(ops, scores, dp, seg_rows, seg_cols, lse, *, log2_scale: float, words=None,
-                 **at):
-  """A [rows, cols] tile's (probabilities, dropped dP, keep mask): tile_probs of S = scores[0] @
-  scores[1]^T (times log2_scale: base 2) and dP = dp[0] @ dp[1]^T, each (a, b, rows) with a a
-  register tile or shared-memory ref and b a [cols, ...] shared-memory ref; at: tile_keep's
-  keywords (key, first_row, first_col, rows_are_keys, length, threshold). With OVERLAP_DRAWS
-  both wgmmas are issued first, the keep mask drawn while they run and the probabilities
-  computed while dP's still does; without, each matmul is waited for as it is issued."""
-  def after(read):
-    keep = tile_keep(ops, (scores[2], scores[1].shape[0]), words=words, pinned=OVERLAP_DRAWS,
-                     **at)
-    p, _ = tile_probs(ops, read(0) * log2_scale, seg_rows, seg_cols, lse, keep=keep, **at)
-    return p, dropped(read(1), keep, at['threshold']), keep
-
-  pairs = [(*scores, True), (*dp, True)]
-  if OVERLAP_DRAWS:
-    return ops.products(pairs, after)
-  return after(lambda i: ops.matmul(*pairs[i]))
-
-
 class KernelOps(NamedTuple):
   """What a Mosaic GPU attention kernel does with tiles, the same on the GPU and on Mosaic GPU's
   interpreter (which has no plgpu.load, layouts, wgmma, transposed refs or run_state).
@@ -313,8 +268,6 @@ class KernelOps(NamedTuple):
   WGMMA layout; iota(shape, dim): uint32 indices in it; matmul(a, b, rows, transpose_b=False,
   acc=None, transpose_a=False): a @ b (b^T with transpose_b, a^T with transpose_a; b a shared-memory
   ref, a one or a register tile) by wgmma in float32, a new [rows, ...] product or added to acc;
-  products(pairs, during): the wgmmas of new products (a, b, rows, transpose_b) issued in turn,
-  then during(read) returned, read(i) waiting for products 0..i only and giving product i;
   swizzled: the shared-memory transforms of a [rows, head_dim] 16-bit tile; wgmma_rows,
   wgmma_cols: the vector layouts; plgpu: the Mosaic GPU module; interpret: plgpu.kernel's
   argument of that name."""
@@ -322,7 +275,6 @@ class KernelOps(NamedTuple):
   wgmma_layout: Callable
   iota: Callable
   matmul: Callable
-  products: Callable
   swizzled: tuple
   wgmma_rows: Any
   wgmma_cols: Any
@@ -363,22 +315,7 @@ def kernel_ops(interpret: bool) -> KernelOps:
       return pl.run_scoped(new, plgpu.ACC((rows, b_.shape[1]), jnp.float32))
     return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
-  def products(pairs, during):
-    if interpret:
-      done = [matmul(*pair) for pair in pairs]
-      return during(lambda i: done[i])
-    operands = [(a, plgpu.transpose_ref(b_, (1, 0)) if transpose_b else b_)
-                for a, b_, _, transpose_b in pairs]
-
-    def issued(*accs):
-      for acc, (a, b_) in zip(accs, operands):
-        plgpu.wgmma(acc, a, b_)  # Each its own commit group: they finish in turn.
-      return during(lambda i: plgpu.wgmma_accumulator_load(accs[i], wait_n=len(accs) - 1 - i))
-
-    return pl.run_scoped(issued, *(plgpu.ACC((rows, b_.shape[1]), jnp.float32)
-                                   for (_, b_), (_, _, rows, _) in zip(operands, pairs)))
-
-  return KernelOps(load, wgmma_layout, iota, matmul, products,
+  return KernelOps(load, wgmma_layout, iota, matmul,
                    (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)),
                    plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0), plgpu,
                    _interpret_params() if interpret else None)
@@ -470,9 +407,9 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
                  dqkv_ref.at[b, mine, j, h, :],
                  sums_ref.at[b, h, lax.div(first, block), pl.ds(j, 1)])
 
-    # A [block, step] tile's probabilities, dropped dP and keep mask, its rows my tokens.
-    step_probs = functools.partial(probs_and_dp, ops, log2_scale=log2_scale, key=key,
-                                   first_row=first, length=length, threshold=threshold)
+    # A [block, step] tile's probabilities and keep mask, its rows my tokens.
+    probs = functools.partial(tile_probs, ops, key=key, first_row=first, length=length,
+                              threshold=threshold)
     drop = functools.partial(dropped, threshold=threshold)
 
     # dK and dV of my keys: [keys, queries] tiles, stepping over the queries.
@@ -493,14 +430,14 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       if has_words:  # My keys' words, vectors over these queries.
         words_in = [load(kept_smem[0].at[wg * (block // _WORD_BITS) + n], wgmma_cols)
                     for n in range(block // _WORD_BITS)]
-      # [my keys, these queries]: the scores and dP transposed.
-      p_t, dp_t, keep = step_probs(
-          (k_smem, q_smem, block), (v_smem, do_smem, block), seg_k, load(seg_smem, wgmma_cols),
-          load(lse_smem, wgmma_cols), first_col=indices[0] * step, rows_are_keys=True,
-          words=words_in)
+      # [my keys, these queries]: the scores transposed, in base 2.
+      s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
+      p_t, keep = probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
+                        first_col=indices[0] * step, rows_are_keys=True, words=words_in)
+      dp_t = drop(matmul(v_smem, do_smem, transpose_b=True), keep)
       dv = matmul(drop(p_t, keep).astype(dtype), do_smem, acc=dv)
       delta = load(delta_smem, wgmma_cols)
-      ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, p_t.shape, [1]))).astype(dtype)
+      ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, s_t.shape, [1]))).astype(dtype)
       dk = matmul(ds_t, q_smem, acc=dk)
       if one_pass:
         add_dq(ds_t, k_smem, pl.ds(indices[0] * step, step))
@@ -554,14 +491,15 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       *kept_smem, carry = rest  # The words of these keys over the block's queries.
       dq, seg_q, lse, delta = carry
       q_smem, do_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
+      s = matmul(q_smem, k_smem, transpose_b=True) * log2_scale  # [my queries, these keys]
       words_in = None
       if has_words:  # These keys' words, vectors over my queries.
         words_in = [load(kept_smem[0].at[n, pl.ds(wg * block, block)], wgmma_rows)
                     for n in range(step // _WORD_BITS)]
-      p, dp, _ = step_probs(  # [my queries, these keys]
-          (q_smem, k_smem, block), (do_smem, v_smem, block), seg_q, load(seg_smem, wgmma_cols),
-          lse, first_col=indices[0] * step, rows_are_keys=False, words=words_in)
-      ds = p * (dp - lax.broadcast_in_dim(delta, p.shape, [0]))
+      p, keep = probs(s, seg_q, load(seg_smem, wgmma_cols), lse, first_col=indices[0] * step,
+                      rows_are_keys=False, words=words_in)
+      dp = drop(matmul(do_smem, v_smem, transpose_b=True), keep)
+      ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
       dq = matmul(ds.astype(dtype), k_smem, acc=dq)
       return dq, seg_q, lse, delta
 
@@ -689,12 +627,12 @@ def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
     # constant index and read by an accumulating wgmma (a run_state) fails to lower under jax
     # 0.11's Warpgroup semantics ("Shaped arrays must be represented by ir.Values").
     def query_step(j, dq):  # My queries against block j of keys.
-      p, dp, keep = probs_and_dp(
-          ops, (q_smem.at[wg], k_smem.at[j], block), (do_smem.at[wg], v_smem.at[j], block),
-          seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q, log2_scale=log2_scale, key=key,
-          first_row=wg * block, first_col=j * block, rows_are_keys=False, length=length,
-          threshold=threshold)
-      ds = (p * (dp - lax.broadcast_in_dim(delta_q, p.shape, [0]))).astype(dtype)
+      s = ops.matmul(q_smem.at[wg], k_smem.at[j], block, transpose_b=True) * log2_scale
+      p, keep = tile_probs(ops, s, seg_q, ops.load(seg_smem.at[j], ops.wgmma_cols), lse_q,
+                           key=key, first_row=wg * block, first_col=j * block,
+                           rows_are_keys=False, length=length, threshold=threshold)
+      dp = drop(ops.matmul(do_smem.at[wg], v_smem.at[j], block, transpose_b=True), keep)
+      ds = (p * (dp - lax.broadcast_in_dim(delta_q, s.shape, [0]))).astype(dtype)
       probs_smem[wg, j] = drop(p, keep).astype(dtype)
       grads_smem[wg, j] = ds
       return ops.matmul(ds, k_smem.at[j], block, acc=dq)

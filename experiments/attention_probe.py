@@ -6,8 +6,7 @@ dropout, no mask).
 
 `python experiments/attention_probe.py [--batch=128 --seq=128 --heads=16] [--segments=packed]
 [--long_blocks=128-64-64-64-8-4-3,...] [--warps=4,8,default]
-[--short_backward=triton,mosaic] [--paired_draws] [--one_pass] [--keep_words] [--overlap_draws]
-[--checks=1]
+[--short_backward=triton,mosaic] [--paired_draws] [--one_pass] [--keep_words] [--checks=1]
 [--mgpu=64-128-2-64-64-64-64-1-f16,...]`:
 one JSON line per implementation, milliseconds per forward+backward (20 queued calls after a
 warm-up); ours also against their jnp reference.
@@ -59,11 +58,6 @@ _KEEP_WORDS = flags.DEFINE_bool(
     'keep_words', False, 'Each Mosaic GPU backward of long rows also timed with '
     "flash_backward.KEEP_WORDS flipped ('_hashed' while it is on: the backward hashes the keep "
     "decisions again; '_words' while it is off: it reads the words the forward wrote).")
-_OVERLAP = flags.DEFINE_bool(
-    'overlap_draws', False, 'Each Mosaic GPU backward with dropout also timed with '
-    "flash_backward.OVERLAP_DRAWS flipped ('_waited' while it is on: each matmul waited for as "
-    "it is issued; '_overlapped' while it is off: the draws hashed while the scores' and dP's "
-    'matmuls run).')
 _LONG = flags.DEFINE_list(
     'long_blocks', [], 'fused_attention.LongBlocks to time at lengths over '
     "fused_attention.MAX_LENGTH, each its fields joined by '-', the eighth (the backward: "
@@ -135,8 +129,6 @@ def main(argv):
       if (_KEEP_WORDS.value and rate
           and getattr(tiling.get('long_blocks'), 'backward', None) == 'mosaic'):
         flip('KEEP_WORDS', 'hashed', 'words')
-      if _OVERLAP.value and mosaic_backward and rate:
-        flip('OVERLAP_DRAWS', 'waited', 'overlapped')
       if _BIAS.value and mosaic_backward:
         impls[f'{name}_xla_sums'] = impls[name]
         patches[f'{name}_xla_sums'] = functools.partial(

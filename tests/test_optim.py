@@ -84,3 +84,43 @@ def test_bfloat16_first_moment_stores_mu_only_in_bfloat16(optimizer):
   for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(reference)):
     assert a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-7)
+
+
+def many_leaves(scale: float):
+  """A tree like BERT's gradients in miniature: many small leaves (biases, LayerNorm) beside a
+  few over optim.SMALL_LEAF values."""
+  rng = np.random.default_rng(1)
+  big = optim.SMALL_LEAF + 8
+  tree = {f'layer_{i}': {'bias': rng.normal(size=(16, 4)), 'scale': rng.normal(size=(32,)),
+                         'kernel': rng.normal(size=(big,))} for i in range(3)}
+  return jax.tree.map(lambda x: jnp.asarray(x * scale, jnp.float32), tree)
+
+
+def test_global_norm_is_optaxs_norm_over_small_and_large_leaves():
+  tree = many_leaves(0.5)
+  np.testing.assert_allclose(optim.global_norm(tree), optax.tree.norm(tree), rtol=1e-6)
+  only_small = {k: {n: v for n, v in layer.items() if n != 'kernel'} for k, layer in tree.items()}
+  np.testing.assert_allclose(optim.global_norm(only_small), optax.tree.norm(only_small), rtol=1e-6)
+  only_large = {k: layer['kernel'] for k, layer in tree.items()}
+  np.testing.assert_allclose(optim.global_norm(only_large), optax.tree.norm(only_large), rtol=1e-6)
+
+
+def test_global_norm_sums_the_small_leaves_in_one_reduction():
+  """Each leaf over SMALL_LEAF values is reduced alone; the small ones (six here) are one
+  reduction of their concatenation: on a GPU each reduction is a kernel launch."""
+  text = jax.jit(optim.global_norm).lower(many_leaves(1.0)).as_text()
+  assert text.count('stablehlo.reduce') == 3 + 1
+  assert text.count('stablehlo.concatenate') == 1
+
+
+@pytest.mark.parametrize('scale', [1e-3, 10.0])  # Under the max norm, and over it.
+def test_clip_by_global_norm_matches_optaxs(scale):
+  grads = many_leaves(scale)
+  ours, theirs = optim.clip_by_global_norm(1.0), optax.clip_by_global_norm(1.0)
+  state = ours.init(grads)
+  assert jax.tree.structure(state) == jax.tree.structure(theirs.init(grads))
+  clipped, _ = jax.jit(ours.update)(grads, state)
+  expected, _ = theirs.update(grads, theirs.init(grads))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), clipped, expected)
+  norm = float(optax.tree.norm(clipped))
+  assert norm == pytest.approx(min(float(optax.tree.norm(grads)), 1.0), rel=1e-5)

@@ -73,7 +73,7 @@ def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
   warmup = int(train_config.warmup_proportion * num_steps)
   schedule = optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
   tx = optax.chain(
-      optim.clip_by_global_norm(train_config.max_grad_norm),
+      optax.clip_by_global_norm(train_config.max_grad_norm),
       optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                   eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
                   mask=optim.weight_decay_mask))
@@ -115,7 +115,7 @@ def train_step(state: steps.TrainState, batch, *, model, tx):
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  stats = {'loss': loss, 'grad_norm': optim.global_norm(grads)}
+  stats = {'loss': loss, 'grad_norm': optax.tree_utils.tree_norm(grads)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats
 
 

@@ -8,43 +8,11 @@ adaptation and the decay, as in You et al.'s BERT recipe.
 """
 
 import flax
-import jax
 import jax.numpy as jnp
 import optax
 
 # Leaves that get no weight decay, as in the original BERT ("LayerNorm", "layer_norm", "bias").
 NO_DECAY_LEAVES = ('bias', 'scale', 'output_bias')
-
-
-# Leaves of at most this many values are squared and summed as one concatenated vector by
-# global_norm. On a GPU each leaf's sum is otherwise a kernel of its own, about 1-2 us however
-# small: BERT-Large has some 350 such leaves (biases, LayerNorm parameters).
-SMALL_LEAF = 1 << 16
-
-
-def global_norm(tree) -> jax.Array:
-  """The L2 norm of all of the tree's leaves together (optax.tree.norm's value), the small
-  leaves (SMALL_LEAF) summed in one pass over their concatenation, each larger one alone."""
-  leaves = jax.tree.leaves(tree)
-  small = [jnp.ravel(x).astype(jnp.float32) for x in leaves if x.size <= SMALL_LEAF]
-  squares = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves if x.size > SMALL_LEAF]
-  if small:
-    squares.append(jnp.sum(jnp.square(jnp.concatenate(small))))
-  return jnp.sqrt(sum(squares, jnp.float32(0)))
-
-
-def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
-  """optax.clip_by_global_norm (the same state, the same updates) with global_norm above: the
-  updates scaled by max_norm / norm when their norm is at least max_norm."""
-
-  def update(updates, state, params=None):
-    del params
-    norm = global_norm(updates)
-    keep = norm < max_norm
-    clip = lambda t: jax.lax.select(keep, t, (t / norm.astype(t.dtype)) * max_norm)  # noqa: E731
-    return jax.tree.map(clip, updates), state
-
-  return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
@@ -84,4 +52,4 @@ def create_optimizer(train_config) -> optax.GradientTransformation:
     update = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
                          mask=weight_decay_mask, mu_dtype=mu_dtype)
-  return optax.chain(clip_by_global_norm(train_config.max_grad_norm), update)
+  return optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import sharding
 
 # Keys of a pretraining batch, and their per-example trailing shape (see data/pretraining.py).
@@ -194,7 +193,7 @@ def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = Fa
   grads, stats = jax.grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  stats['grad_norm'] = optim.global_norm(grads)  # As the clipping computes it: XLA does it once.
+  stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
   finite = jnp.isfinite(total_loss(stats)) & jnp.isfinite(stats['grad_norm'])
   if skip_nonfinite:
     keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731

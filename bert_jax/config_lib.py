@@ -136,7 +136,7 @@ def validate_and_adopt_source(config, validate_fn) -> None:
   (init_from.adopt_source) and the result validated again."""
   validate_fn(config)
   if config.init_from:
-    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
     try:
       init_from.adopt_source(config)
     except init_from.InitFromError as e:
@@ -147,7 +147,7 @@ def validate_and_adopt_source(config, validate_fn) -> None:
 def _check_init_from(config) -> None:
   """config.init_from, when set, names something that exists."""
   if config.init_from:
-    from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
     try:
       init_from.check_exists(config.init_from)
     except init_from.InitFromError as e:
@@ -199,7 +199,7 @@ def cudnn_attention_possible(model, lengths) -> bool:
     return model.get('attention_impl') == 'cudnn'
   if model.hidden_size % model.num_heads:
     return True  # _check_model refuses it.
-  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   return not all(fused_attention.supported(n, head_dim) for n in lengths)
 
@@ -241,10 +241,10 @@ def _check_model(model, lengths) -> None:
 
 def _check_mosaic_attention(model, lengths) -> None:
   """long_attention_backward and short_attention_backward on Mosaic GPU ('mosaic';
-  bert_jax/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows of 64
+  bert_jax/kernels/gpu/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows of 64
   tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel would
   take."""
-  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_attention  # pylint: disable=g-import-not-at-top
   head_dim = model.hidden_size // model.num_heads
   kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
   for key, rows in (
@@ -336,7 +336,7 @@ def check_gpu_kernels(config) -> None:
   GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
   shard_map)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
   backend, count = jax.default_backend(), jax.device_count()
   if backend != 'gpu':
     for key, kernels in (('layer_norm_impl', 'Triton kernels on NVIDIA GPUs'),
@@ -487,7 +487,7 @@ def apply_compilation_cache(config) -> str:
   directory = value
   if '://' not in value:
     directory = os.path.abspath(os.path.expanduser(value))
-    from bert_jax import checkpoint  # pylint: disable=g-import-not-at-top
+    from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
     try:
       os.makedirs(directory, exist_ok=True)
       checkpoint.write_probe(directory)

@@ -51,7 +51,8 @@ def main(argv):
     count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')
     jax.distributed.initialize(num_processes=int(count) if count else None,
                                process_id=int(index) if index else None)
-  from bert_jax import checkpoint, pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import base as tasks_base  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   logging.info('JAX %s on %d %s device(s).', jax.__version__, jax.device_count(),
@@ -61,7 +62,7 @@ def main(argv):
     cache_dir = config_lib.apply_compilation_cache(config)
     cache_reads = _count_cache_reads() if cache_dir else {}
     if config.get('mode') == 'finetune':
-      from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+      from bert_jax.train import finetune  # pylint: disable=g-import-not-at-top
       finetune.run(config, _WORKDIR.value)
     else:
       pretrain.train_and_evaluate(config, _WORKDIR.value)

@@ -56,24 +56,24 @@ def get_config(arg=None):
   # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
   # NVIDIA GPUs, attention dropout drawn in the kernel (needs scan_layers=False and remat 'none'
   # while attention_dropout_rate > 0; see configs/large_gpu.py); 'pallas': the Triton kernels of
-  # bert_jax.fused_attention for rows of 16-512 tokens, powers of two (head size too), packed or
+  # bert_jax.kernels.gpu.fused_attention for rows of 16-512 tokens, powers of two (head size too), packed or
   # not, and cuDNN for other rows (cuDNN's conditions apply when the run has such rows).
   model.attention_impl = 'xla'
   # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (the Pallas
-  # Triton kernel) or 'mosaic' (bert_jax/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
+  # Triton kernel) or 'mosaic' (bert_jax/kernels/gpu/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
   # and 16-bit compute only).
   model.long_attention_backward = 'triton'
   # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head) or
-  # 'mosaic' (bert_jax/flash_backward.py's row_backward: one block per row and head, nothing
+  # 'mosaic' (bert_jax/kernels/gpu/flash_backward.py's row_backward: one block per row and head, nothing
   # recomputed; rows of 64 or 128, Hopper GPUs, 16-bit compute).
   model.short_attention_backward = 'triton'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'
   # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
-  # Triton kernel each way, bert_jax/fused_norm.py; NVIDIA GPUs).
+  # Triton kernel each way, bert_jax/kernels/gpu/fused_norm.py; NVIDIA GPUs).
   model.layer_norm_impl = 'xla'
-  # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, bert_jax/fused_ffn.py:
+  # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, bert_jax/kernels/gpu/fused_ffn.py:
   # the up-projection with bias and GELU saving gelu', the backward's dY @ W2^T times it; needs
   # gelu='tanh' and a Hopper GPU; on an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128;
   # configs/large_gpu.py sets it).

@@ -3,7 +3,7 @@
 Differs from configs/large.py only in how the same function is computed:
 - bf16 compute, fp32 master weights and Adam state;
 - fused attention with the paper's attention-probability dropout (0.1) drawn inside the kernel:
-  bert_jax.fused_attention's Triton kernels for rows of 16-512 tokens, powers of two, packed or
+  bert_jax.kernels.gpu.fused_attention's Triton kernels for rows of 16-512 tokens, powers of two, packed or
   not (attention_impl='pallas'; with the query/key/value projection as one matmul feeding them,
   on an H100 1.34x the peer's seq/s at Large 128, 1.20x with cuDNN's, measured earlier; at Large
   512 83.7 against 89.1 ms a step with cuDNN's), cuDNN's (layers.cudnn_attention) for other rows
@@ -13,16 +13,16 @@ Differs from configs/large.py only in how the same function is computed:
   not remeasured) and attention is not rematerialised;
 - the tanh GELU of the original TF BERT code;
 - each sublayer's bias + dropout + residual add + LayerNorm in one Triton kernel each way
-  (layer_norm_impl='pallas', bert_jax/fused_norm.py; NVIDIA GPUs);
+  (layer_norm_impl='pallas', bert_jax/kernels/gpu/fused_norm.py; NVIDIA GPUs);
 - the encoder's dense layers as 2-d matmuls (flat_matmuls): with the fused kernels' 16-bit
   dropout draws, 1.7-2.1% faster on an H100 (experiments/perf_notes.md);
-- the feed-forward block in two Mosaic GPU kernels (ffn_impl='pallas', bert_jax/fused_ffn.py;
+- the feed-forward block in two Mosaic GPU kernels (ffn_impl='pallas', bert_jax/kernels/gpu/fused_ffn.py;
   Hopper GPUs only: on an A100 or older pass --config.model.ffn_impl=xla, which the run's check
   advises before compiling). On an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128 and
   +3.9% at Large 512 (444 against 427 seq/s); on an H100 at Large 512 387 against 386 seq/s
   without (experiments/perf_notes.md);
 - the attention backward of rows over 128 tokens (phase 2's 512) in a Mosaic GPU kernel
-  (long_attention_backward='mosaic', bert_jax/flash_backward.py; Hopper GPUs only, as ffn_impl):
+  (long_attention_backward='mosaic', bert_jax/kernels/gpu/flash_backward.py; Hopper GPUs only, as ffn_impl):
   on an H100 the step at Large 32 x 512 79.8 -> 77.7 ms in one call (experiments/perf_notes.md);
 - the attention backward of rows of 128 (phase 1) in another Mosaic GPU kernel, one block per row
   and head holding the whole row (short_attention_backward='mosaic', flash_backward.row_backward;

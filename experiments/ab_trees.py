@@ -1,5 +1,5 @@
 """One source change timed in the real train step against the code without it, on one GPU:
-`python experiments/ab_trees.py --file=bert_jax/fused_norm.py --old='BACKWARD = Launch(...)'
+`python experiments/ab_trees.py --file=bert_jax/kernels/gpu/fused_norm.py --old='BACKWARD = Launch(...)'
   --new='BACKWARD = Launch(...)' [--shapes=large:512:32,base:128:256] [--order=ABAB]
   [--variant=large_gpu] [--out=ab_trees.jsonl]`
 

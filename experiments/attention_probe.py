@@ -1,5 +1,5 @@
 """Attention alone, forward+backward, at one BERT shape: cuDNN (with and without its in-kernel
-dropout), bert_jax.fused_attention (ours, with and without dropout) and JAX's Pallas Triton flash
+dropout), bert_jax.kernels.gpu.fused_attention (ours, with and without dropout) and JAX's Pallas Triton flash
 attention (no dropout). Ours take q, k, v packed as the model's projection gives them
 (`fused_attention.attention_qkv`), and JAX's Mosaic GPU flash attention (Hopper wgmma/TMA, no
 dropout, no mask).
@@ -77,7 +77,7 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas.ops.gpu import attention as pallas_attention  # pylint: disable=g-import-not-at-top
-  from bert_jax import layers  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import layers  # pylint: disable=g-import-not-at-top
 
   b, s, h, d = _BATCH.value, _SEQ.value, _HEADS.value, 64
   keys = jax.random.split(jax.random.key(0), 4)
@@ -89,7 +89,7 @@ def main(argv):
                                             seed=1),
       'cudnn_no_dropout': functools.partial(layers.cudnn_attention, bias=bias),
   }
-  from bert_jax import fused_attention  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_attention  # pylint: disable=g-import-not-at-top
   segment_ids = jnp.ones((b, s), jnp.int32)
   if _SEGMENTS.value == 'packed':
     segment_ids = jnp.asarray([1] * (s * 3 // 8) + [2] * (s // 2) + [0] * (s - s * 7 // 8),
@@ -114,7 +114,7 @@ def main(argv):
           rate=rate, **tiling)
       mosaic_backward = 'mosaic' in (
           tiling.get('short_backward'), getattr(tiling.get('long_blocks'), 'backward', None))
-      from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+      from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
 
       def flip(switch, when_on, when_off):  # impls[name] again, flash_backward.switch flipped.
         on = getattr(flash_backward, switch)

@@ -20,7 +20,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.tools import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # --config and --steps are bert_jax.benchmark's flags (defined when it is imported).
 _CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protected-access
@@ -60,7 +60,7 @@ def timed(fn, *args, steps):
 def measure(config, steps):
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import step as steps_lib  # pylint: disable=g-import-not-at-top
   setup = benchmark.Setup(config)
   model, tx, state, batch = setup.model, setup.tx, setup.state, setup.batch
   with setup.in_mesh():

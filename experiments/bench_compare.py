@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
-from bert_jax import benchmark  # Reads each process's record (benchmark.child_record).
+from bert_jax.tools import benchmark  # Reads each process's record (benchmark.child_record).
 CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
 LAYERS = {'base': 12, 'large': 24}
 UNROLL = '--config.model.scan_unroll={layers}'

@@ -9,7 +9,7 @@ clipping, bf16 autocast over fp32 master weights, SDPA attention with the paddin
 full-length rows with `predictions` masked positions (labels -100 elsewhere; HF's head computes
 logits at every position, which is how the peer runs). Prints one JSON line per shape: seq/s,
 tokens/s, MFU against a bf16 matmul peak measured in the same process, peak memory, and the SM
-clock and power under the timed steps and under the peak (bert_jax.gpu_clocks).
+clock and power under the timed steps and under the peak (bert_jax.tools.gpu_clocks).
 """
 
 import argparse
@@ -22,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
-from bert_jax import gpu_clocks  # NVML through ctypes: no jax, no torch.
+from bert_jax.tools import gpu_clocks  # NVML through ctypes: no jax, no torch.
 
 SIZES = {  # layers, hidden, heads, intermediate
     'base': (12, 768, 12, 3072),
@@ -32,8 +32,8 @@ VOCAB = 30522
 
 
 def model_flops_per_sequence(layers, hidden, intermediate, seq, predictions, vocab=VOCAB):
-  """DESIGN.md's formula, as bert_jax.metrics computes it (same constants)."""
-  from bert_jax import metrics  # pylint: disable=g-import-not-at-top
+  """DESIGN.md's formula, as bert_jax.train.metrics computes it (same constants)."""
+  from bert_jax.train import metrics  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.model.update(num_layers=layers, hidden_size=hidden, intermediate_size=intermediate,
@@ -43,7 +43,7 @@ def model_flops_per_sequence(layers, hidden, intermediate, seq, predictions, voc
 
 
 def matmul_peak(torch, n=8192, repeats=20, trials=5):
-  """As bert_jax.metrics.measure_peak_flops: the best of `trials` timings of `repeats` matmuls."""
+  """As bert_jax.train.metrics.measure_peak_flops: the best of `trials` timings of `repeats` matmuls."""
   a = torch.randn(n, n, device='cuda', dtype=torch.bfloat16)
   b = torch.randn(n, n, device='cuda', dtype=torch.bfloat16)
   for _ in range(3):
@@ -105,7 +105,7 @@ def run(args, torch, transformers, peak, peak_clocks=None):
     seconds = (time.perf_counter() - start) / args.steps
   seq_per_s = b / seconds
   flops = model_flops_per_sequence(layers, hidden, intermediate, s, p)
-  from bert_jax import metrics  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import metrics  # pylint: disable=g-import-not-at-top
   device = torch.cuda.get_device_name()
   return {
       'peer': 'transformers BertForPreTraining', 'mode': 'torch.compile' if args.compile else 'eager',
@@ -143,7 +143,7 @@ def main():
   args = parser.parse_args()
   args.predictions = args.predictions or (80 if args.seq >= 512 else 20)
   if args.sweep:
-    from bert_jax import benchmark  # pylint: disable=g-import-not-at-top
+    from bert_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
     try:
       benchmark.sweep_batches(args.sweep)
     except ValueError as e:

@@ -48,8 +48,8 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
-  from bert_jax import layers  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import layers  # pylint: disable=g-import-not-at-top
 
   def loss(params, x, g, gelu, tiles=None):
     if gelu == 'fused':  # The same function; fused_ffn casts its parameters to bf16.

@@ -34,8 +34,8 @@ def variant_matmul(variant, x, w1, b1, *, stages, sms=None):
   from jax import lax  # pylint: disable=g-import-not-at-top
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
-  from bert_jax import layers  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import layers  # pylint: disable=g-import-not-at-top
 
   if variant not in VARIANTS:
     raise ValueError(f'variant={variant!r}; valid: {VARIANTS}')
@@ -90,7 +90,7 @@ def main():
   flags = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
   from fused_norm_bench import emit, timed  # pylint: disable=g-import-not-at-top
 
   if not fused_ffn.on_hopper():

@@ -114,7 +114,7 @@ def main():
   flags = parser.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
   from fused_norm_bench import emit, timed  # pylint: disable=g-import-not-at-top
 
   if not fused_ffn.on_hopper():

@@ -21,7 +21,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import finetune  # noqa: E402
+from bert_jax.train import finetune  # noqa: E402
 from bert_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from bert_jax.tasks import glue  # noqa: E402
 

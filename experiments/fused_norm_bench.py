@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import fused_norm  # pylint: disable=wrong-import-position
+from bert_jax.kernels.gpu import fused_norm  # pylint: disable=wrong-import-position
 
 
 def timed(fn, *args, calls=20, repeats=5):

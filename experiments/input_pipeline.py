@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import pretrain  # noqa: E402
+from bert_jax.train import pretrain  # noqa: E402
 from bert_jax.data import records  # noqa: E402
 from bert_jax.data import streaming  # noqa: E402
 from bert_jax.data import tokenizer as tokenizer_lib  # noqa: E402

@@ -1,7 +1,7 @@
 """Trace and CUDA lowering time of the train step, on any machine:
 `python experiments/lowering_time.py --config=configs/large_gpu.py [--config.KEY=VALUE]`.
 
-Traces bert_jax.steps.train_step (the model with its Pallas kernels as on a Hopper GPU: the
+Traces bert_jax.train.step.train_step (the model with its Pallas kernels as on a Hopper GPU: the
 Triton and Mosaic GPU kernels, not their interpreter) on abstract state and batch, and lowers it
 for CUDA, without a GPU: the part of a run's warm-up spent in Python before XLA compiles.
 Prints one JSON object: trace_seconds, lower_seconds, module_mb (the lowered StableHLO's text)
@@ -28,7 +28,9 @@ def main(argv):
   del argv
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import fused_ffn, optim, steps  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value
   # The kernels as on a Hopper GPU (an H100's 132 SMs: the CPU device has no count).
   launchers = {name: functools.partial(getattr(fused_ffn, name), sms=132)

@@ -44,7 +44,7 @@ def upcast_add_bias(logits, bias):
 
 
 def _upcast_forward(logits, bias):
-  # The dtypes travel as empty arrays (residuals must be arrays), as in bert_jax.fused_norm.
+  # The dtypes travel as empty arrays (residuals must be arrays), as in bert_jax.kernels.gpu.fused_norm.
   return upcast_add_bias(logits, bias), (jnp.zeros((0,), logits.dtype),
                                          jnp.zeros((0,), bias.dtype))
 

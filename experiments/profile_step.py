@@ -12,7 +12,7 @@ fusions and copies) and the top ops; with --out, the whole table as JSON lines.
 command buffers on (the timed step's setting) to see the idle time of the real step.
 `timed_step_ms` is --timed_steps steps timed untraced first, as bert_jax.benchmark times them, in
 the same process: the step's wall time beside the trace's span and busy time, and the SM clock
-and power under those steps (`timed_clocks`, bert_jax.gpu_clocks).
+and power under those steps (`timed_clocks`, bert_jax.tools.gpu_clocks).
 """
 
 import collections
@@ -29,7 +29,8 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
-from bert_jax import benchmark, gpu_clocks
+from bert_jax.tools import benchmark
+from bert_jax.tools import gpu_clocks
 
 _CONFIG, _STEPS = benchmark._CONFIG, benchmark._STEPS  # pylint: disable=protected-access
 _TOP = flags.DEFINE_integer('top', 40, 'Ops to list.')

@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from bert_jax import aot, sharding, steps
+from bert_jax.tools import aot
+from bert_jax import sharding
+from bert_jax.train import step as steps
 from configs import base, large
 
 

@@ -29,10 +29,10 @@ import jax
 import numpy as np
 
 from bert_jax import config_lib
-from bert_jax import optim
-from bert_jax import pretrain
+from bert_jax.train import optim
+from bert_jax.train import pretrain
 from bert_jax import sharding
-from bert_jax import steps
+from bert_jax.train import step as steps
 from configs import base
 
 NUM_DEVICES = 8

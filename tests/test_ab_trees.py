@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
 
 import ab_trees  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bert_jax import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.tools import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 FUSED_NORM = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'bert_jax', 'fused_norm.py')
 with open(FUSED_NORM, encoding='utf-8') as _f:
@@ -73,7 +73,7 @@ def test_main_runs_the_order_in_each_tree_and_summarizes_b_against_a(tmp_path):
 
   out = tmp_path / 'ab.jsonl'
   summaries = ab_trees.main(
-      ['--file=bert_jax/fused_norm.py', f'--old={OLD}', f'--new={NEW}', '--order=ABBA',
+      ['--file=bert_jax/kernels/gpu/fused_norm.py', f'--old={OLD}', f'--new={NEW}', '--order=ABBA',
        '--shapes=large:512:32', '--autotune_cache=/tmp/cache', f'--out={out}'], run=fake_run)
   assert [tree == ab_trees.REPO for tree, _, _ in calls] == [True, False, False, True]
   assert all('--config.train.batch_size=32' in command for _, command, _ in calls)
@@ -81,7 +81,7 @@ def test_main_runs_the_order_in_each_tree_and_summarizes_b_against_a(tmp_path):
              for _, _, flags in calls)
   records = [json.loads(line) for line in out.read_text().splitlines()]
   assert [r['tree'] for r in records] == list('ABBA')
-  assert records[1]['change'] == {'file': 'bert_jax/fused_norm.py', 'old': OLD, 'new': NEW}
+  assert records[1]['change'] == {'file': 'bert_jax/kernels/gpu/fused_norm.py', 'old': OLD, 'new': NEW}
   (summary,) = summaries
   assert summary['a_step_ms'] == pytest.approx([72.1, 72.4])
   assert summary['b_step_ms'] == pytest.approx([74.2, 74.3])
@@ -115,10 +115,10 @@ def test_bad_input_is_refused_before_anything_runs(capsys):
     raise AssertionError('ran')
 
   for argv, message in [
-      ([f'--old={OLD}x'], '--old occurs 0 times in bert_jax/fused_norm.py'),
+      ([f'--old={OLD}x'], '--old occurs 0 times in bert_jax/kernels/gpu/fused_norm.py'),
       ([f'--old={OLD}', '--order=AAA'], "--order='AAA'"),
       ([f'--old={OLD}', '--shapes=huge:512:32'], "--shapes entry 'huge:512:32'"),
   ]:
     with pytest.raises(SystemExit):
-      ab_trees.main(['--file=bert_jax/fused_norm.py', f'--new={NEW}', *argv], run=no_run)
+      ab_trees.main(['--file=bert_jax/kernels/gpu/fused_norm.py', f'--new={NEW}', *argv], run=no_run)
     assert message in capsys.readouterr().err

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from bert_jax import benchmark
-from bert_jax import chips
-from bert_jax import gpu_clocks
-from bert_jax import metrics
+from bert_jax.tools import benchmark
+from bert_jax.tools import chips
+from bert_jax.tools import gpu_clocks
+from bert_jax.train import metrics
 from configs import tiny
 
 

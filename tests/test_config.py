@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import pretrain
+from bert_jax.train import pretrain
 from configs import base, large, large_gpu, large_lamb, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

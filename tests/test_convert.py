@@ -13,9 +13,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bert_jax import convert
-from bert_jax import model as model_lib
-from bert_jax import steps
+from bert_jax.tools import convert
+from bert_jax.models import bert as model_lib
+from bert_jax.train import step as steps
 from bert_jax.data import tokenizer as tokenizer_lib
 from configs import base
 
@@ -414,7 +414,7 @@ def write_corpus(path):
 
 def test_cli_exports_a_trained_workdir(tmp_path, capsys):
   from configs import tiny  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   config = tiny.get_config()
   for key, value in {**MICRO, 'data.tokenizer_cache_dir': str(tmp_path / 'cache'),
                      'data.corpus': write_corpus(tmp_path / 'corpus.txt')}.items():

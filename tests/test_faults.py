@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint as checkpoint_lib
+from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax import config_lib
-from bert_jax import pretrain
+from bert_jax.train import pretrain
 from bert_jax import sharding
-from bert_jax import steps
+from bert_jax.train import step as steps
 import test_train
 from test_train import REPO, assert_trees_equal, command, final_params, read_metrics
 
@@ -324,7 +324,7 @@ import os, resource, signal, sys
 sys.path.insert(0, {repo!r})
 import jax
 import jax.numpy as jnp
-from bert_jax import checkpoint as checkpoint_lib
+from bert_jax.train import checkpoint as checkpoint_lib
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Writes past the limit fail with EFBIG instead.
 checkpointer = checkpoint_lib.Checkpointer({directory!r}, every=1, keep=5)
 checkpointer.save(1, {{'w': jnp.ones((16,))}}, {{'epoch': 0, 'batch': 1}})
@@ -405,7 +405,7 @@ class _Payload:
 
 def test_a_pickle_payload_in_imported_weights_is_refused(tmp_path):
   torch = pytest.importorskip('torch')
-  from bert_jax import hf_interop  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf as hf_interop  # pylint: disable=g-import-not-at-top
   marker = tmp_path / 'payload-ran'
   path = tmp_path / 'pytorch_model.bin'
   torch.save({'bert.embeddings.word_embeddings.weight': torch.zeros(4, 4),

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import finetune
-from bert_jax import metrics as metrics_lib
+from bert_jax.train import finetune
+from bert_jax.train import metrics as metrics_lib
 from bert_jax.tasks import base as tasks_base
 from configs import glue as glue_config
 from configs import ner as ner_config
@@ -213,7 +213,7 @@ def test_encoder_from_a_real_checkpoint_is_loaded_unchanged(tmp_path):
   hf_dir = os.path.join(os.path.dirname(gt.__file__), 'model')
   config = glue_config.get_config('task=mrpc')
   config.init_from = f'hf:{hf_dir}'
-  from bert_jax import init_from  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
   init_from.adopt_source(config)
   model = finetune.build_model(config, type('T', (), {'head': 'classification',
                                                       'num_outputs': 2})())

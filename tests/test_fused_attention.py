@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import flash_backward
-from bert_jax import fused_attention
-from bert_jax import fused_norm
-from bert_jax import layers
-from bert_jax import model as model_lib
+from bert_jax.kernels.gpu import flash_backward
+from bert_jax.kernels.gpu import fused_attention
+from bert_jax.kernels.gpu import fused_norm
+from bert_jax.models import layers
+from bert_jax.models import bert as model_lib
 from configs import tiny
 import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)
 
@@ -59,7 +59,7 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
     (jnp.float32, 256, HEAD_DIM, None, 'triton'),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32), 'triton'),
     (jnp.bfloat16, 256, 64, None, 'triton'), (jnp.float32, 512, HEAD_DIM, None, 'triton'),
-    # The Mosaic GPU backward (bert_jax.flash_backward) on its interpreter: two warpgroups.
+    # The Mosaic GPU backward (bert_jax.kernels.gpu.flash_backward) on its interpreter: two warpgroups.
     (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS, 'triton')])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short_backward, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
@@ -92,7 +92,7 @@ def test_one_pass_mosaic_backward_equals_the_reference(monkeypatch):
 
 def _races_found(run, monkeypatch) -> bool:
   """Whether Mosaic GPU's interpreter, with its happens-before race detector on, finds a race
-  on shared memory between threads while run() runs the kernels of bert_jax.flash_backward."""
+  on shared memory between threads while run() runs the kernels of bert_jax.kernels.gpu.flash_backward."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call  # pylint: disable=g-import-not-at-top
   from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(flash_backward, '_interpret_params',

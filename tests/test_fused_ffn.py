@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import fused_ffn
-from bert_jax import model as model_lib
+from bert_jax.kernels.gpu import fused_ffn
+from bert_jax.models import bert as model_lib
 from configs import tiny
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

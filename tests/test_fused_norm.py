@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import fused_norm
-from bert_jax import model as model_lib
+from bert_jax.kernels.gpu import fused_norm
+from bert_jax.models import bert as model_lib
 from configs import tiny
 
 

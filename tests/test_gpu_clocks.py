@@ -1,11 +1,11 @@
-"""bert_jax.gpu_clocks: NVML's SM clock and power, sampled while a block runs."""
+"""bert_jax.tools.gpu_clocks: NVML's SM clock and power, sampled while a block runs."""
 
 import threading
 
 import pytest
 
-from bert_jax import gpu_clocks
-from bert_jax.gpu_clocks import Reading
+from bert_jax.tools import gpu_clocks
+from bert_jax.tools.gpu_clocks import Reading
 
 
 def test_summary_gives_medians_and_the_share_held_back_by_the_power_cap():

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune
-from bert_jax import heads
-from bert_jax import model as model_lib
+from bert_jax.train import finetune
+from bert_jax.models import heads
+from bert_jax.models import bert as model_lib
 
 BATCH, SEQ = 3, 7
 

@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import pretrain
+from bert_jax.train import pretrain
 from configs import tiny
 
 MICRO = {
@@ -78,7 +78,7 @@ def minilm_dir():
 
 
 def test_init_from_hf_continues_pretraining_a_real_checkpoint(tmp_path):
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   source = minilm_dir()
   config = micro_config(tmp_path, init_from='hf:' + source)
   config.train.update(num_steps=1, learning_rate=0.0)

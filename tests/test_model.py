@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import layers
-from bert_jax import model as model_lib
-from bert_jax import optim
-from bert_jax import steps
+from bert_jax.models import layers
+from bert_jax.models import bert as model_lib
+from bert_jax.train import optim
+from bert_jax.train import step as steps
 from configs import base, large, tiny
 
 # transformers' BertModel (no heads) for bert-base-uncased / bert-large-uncased.

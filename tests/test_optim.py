@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim
+from bert_jax.train import optim
 from configs import large_lamb
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from array_record.python import array_record_module
 
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax.data import batching
 from bert_jax.data import pretraining
 from bert_jax.data import records
@@ -257,7 +257,7 @@ def final_params(workdir, step):
 
 def test_training_on_a_prepared_corpus_resumes_exactly(prepared, tmp_path, packing=True):
   import shutil  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   config = tiny_config(prepared, **{'data.packing': packing})
   reference = str(tmp_path / 'reference')
   last_eval = pretrain.train_and_evaluate(config, reference)
@@ -273,7 +273,7 @@ def test_training_on_a_prepared_corpus_resumes_exactly(prepared, tmp_path, packi
 
 def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   other = tmp_path / 'vocab.txt'
   other.write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'x']) + '\n')
   config = tiny_config(prepared, **{'data.vocab_file': str(other)})
@@ -299,7 +299,7 @@ def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
 
 def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
-  from bert_jax import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   two_phases = {'data.max_seq_length': 32, 'data.max_predictions_per_seq': 5,
                 'train.phase2_fraction': 0.25, 'data.phase2_max_seq_length': 64,
                 'data.phase2_max_predictions_per_seq': 10, 'train.phase2_batch_size': 4,

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import tf_checkpoint
+from bert_jax.interop import tf_checkpoint
 
 TINY = {'vocab_size': 11, 'hidden_size': 8, 'num_hidden_layers': 2, 'num_attention_heads': 2,
         'intermediate_size': 12, 'max_position_embeddings': 16, 'type_vocab_size': 2,
@@ -410,7 +410,8 @@ def test_transformers_loads_every_weight_and_computes_the_original_model(checkpo
 
 
 def test_bert_jax_imports_the_tf_checkpoint_and_computes_the_original_model(checkpoints):
-  from bert_jax import convert, steps  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   prefix, tf_vars = checkpoints['bert']
   state, hf_config = tf_checkpoint.load_tf_bert(prefix)

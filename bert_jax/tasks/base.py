@@ -1,4 +1,4 @@
-"""The contract between a fine-tuning task and the trainer (bert_jax/finetune.py).
+"""The contract between a fine-tuning task and the trainer (bert_jax/train/finetune.py).
 
 A task reads its files, turns examples into fixed-shape numpy features, and turns the model's
 outputs on those features back into the task's predictions and official metrics. The trainer

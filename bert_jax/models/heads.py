@@ -9,8 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import layers
-from bert_jax import model as model_lib
+from bert_jax.models import layers
+from bert_jax.models import bert as model_lib
 from bert_jax.tasks import base
 
 

@@ -15,13 +15,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bert_jax import checkpoint as checkpoint_lib
+from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax import config_lib
-from bert_jax import init_from
-from bert_jax import metrics as metrics_lib
-from bert_jax import optim
+from bert_jax.interop import init_from
+from bert_jax.train import metrics as metrics_lib
+from bert_jax.train import optim
 from bert_jax import sharding
-from bert_jax import steps
+from bert_jax.train import step as steps
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from bert_jax import chips
+from bert_jax.tools import chips
 
 
 def model_flops_per_sequence(config) -> float:

@@ -13,10 +13,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import fused_attention
-from bert_jax import fused_ffn
-from bert_jax import fused_norm
-from bert_jax import layers
+from bert_jax.kernels.gpu import fused_attention
+from bert_jax.kernels.gpu import fused_ffn
+from bert_jax.kernels.gpu import fused_norm
+from bert_jax.models import layers
 from bert_jax import sharding
 
 REMAT_POLICIES = {
@@ -52,7 +52,7 @@ class BertConfig:
   # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU).
   attention_impl: str = 'xla'
   # The backward of rows over 128 tokens with attention_impl='pallas': 'triton' or 'mosaic'
-  # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/flash_backward.py, Hopper GPUs).
+  # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/kernels/gpu/flash_backward.py, Hopper GPUs).
   long_attention_backward: str = 'triton'
   # The backward of rows up to 128 tokens with attention_impl='pallas': 'triton' (one program per
   # row and head) or 'mosaic' (flash_backward.row_backward: rows of 64 or 128, nothing

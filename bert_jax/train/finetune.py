@@ -21,15 +21,15 @@ import numpy as np
 import optax
 from absl import logging
 
-from bert_jax import checkpoint as checkpoint_lib
+from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax import config_lib
-from bert_jax import heads
-from bert_jax import init_from
-from bert_jax import metrics as metrics_lib
-from bert_jax import model as model_lib
-from bert_jax import optim
+from bert_jax.models import heads
+from bert_jax.interop import init_from
+from bert_jax.train import metrics as metrics_lib
+from bert_jax.models import bert as model_lib
+from bert_jax.train import optim
 from bert_jax import sharding
-from bert_jax import steps
+from bert_jax.train import step as steps
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import base
 

@@ -37,8 +37,8 @@ from jax import lax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
-from bert_jax import fused_norm
-from bert_jax import layers
+from bert_jax.kernels.gpu import fused_norm
+from bert_jax.models import layers
 
 IMPLS = ('xla', 'pallas')
 _SMEM_BYTES = 227 * 1024  # Shared memory of one Hopper block.

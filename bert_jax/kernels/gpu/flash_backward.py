@@ -43,7 +43,7 @@ import jax.experimental.pallas as pl
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import fused_norm
+from bert_jax.kernels.gpu import fused_norm
 
 _MASKED = -1e30  # A masked score, as fused_attention's: exp2 of it underflows to 0.
 _SUM_ROWS = 64  # Rows of the wgmma that sums a gradient tile's columns (wgmma's least).

@@ -12,7 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from bert_jax.checkpoint import latest_step
+from bert_jax.train.checkpoint import latest_step
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
 ARCHITECTURE_KEYS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
@@ -54,7 +54,7 @@ def source_architecture(spec: str) -> dict:
     with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
       model = json.load(f)['model']
     return {k: model[k] for k in ARCHITECTURE_KEYS}
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
     config_path = os.path.join(path, 'config.json')
     hf_config = None
@@ -62,7 +62,7 @@ def source_architecture(spec: str) -> dict:
       with open(config_path, encoding='utf-8') as f:
         hf_config = json.load(f)
   else:
-    from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
     config_path = os.path.join(os.path.dirname(path), 'bert_config.json')
     if not os.path.isfile(config_path):
       raise InitFromError(f'config.init_from={spec!r}: {config_path!r} does not exist.')
@@ -94,7 +94,7 @@ def adopt_source(config) -> None:
       config.model[key] = type(config.model[key])(value)
   kind, path = parse(config.init_from)
   if kind == 'hf':
-    from bert_jax import convert  # pylint: disable=g-import-not-at-top
+    from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
     try:
       convert.check_tokenizer_casing(path, config.data.lowercase)
     except ValueError as e:
@@ -114,12 +114,12 @@ def load_params(config, fresh_params):
   kind, path = parse(config.init_from)
   if kind == 'workdir':
     return _load_workdir_params(path, fresh_params)
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   try:
     if kind == 'hf':
       state_dict, hf_config = convert.load_hf_state_dict(path)
     else:
-      from bert_jax import tf_checkpoint  # pylint: disable=g-import-not-at-top
+      from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
       state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e

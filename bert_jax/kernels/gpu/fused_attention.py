@@ -19,7 +19,7 @@ two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic a
 slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
 (experiments/perf_notes.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that
-backward as bert_jax.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
+backward as bert_jax.kernels.gpu.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
 0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `short_backward='mosaic'`
 (flash_backward.row_backward, one block per row and head holding the whole row, nothing
 recomputed) runs the backward of rows of 64 or 128 on Mosaic GPU, with the same masks and draws:
@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from bert_jax import fused_norm
+from bert_jax.kernels.gpu import fused_norm
 
 IMPLS = ('xla', 'pallas')
 MAX_LENGTH = 128  # Longest row one program holds (its scores are a [length, length] f32 tile).
@@ -275,7 +275,7 @@ class LongBlocks(NamedTuple):
   over key blocks). forward: programs of `forward_queries` queries, steps of `forward_keys` keys;
   backward: each program takes `backward_block` keys (their dK, dV, stepping over the queries)
   and as many queries (their dQ, stepping over the keys), `backward_step` at a time.
-  `backward`: 'triton' (the Pallas Triton kernel below) or 'mosaic' (bert_jax.flash_backward:
+  `backward`: 'triton' (the Pallas Triton kernel below) or 'mosaic' (bert_jax.kernels.gpu.flash_backward:
   Hopper's wgmma; one warpgroup of `backward_block` keys per 4 of `backward_warps`, `stages`
   steps of operands in flight)."""
   forward_queries: int = 128
@@ -292,7 +292,7 @@ LONG_BLOCKS = LongBlocks()
 # The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
 MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
 # The kernels of each backward (attention_qkv's short_backward, LongBlocks.backward): Pallas
-# Triton, or Pallas Mosaic GPU (bert_jax.flash_backward: Hopper's wgmma; row_backward for rows up
+# Triton, or Pallas Mosaic GPU (bert_jax.kernels.gpu.flash_backward: Hopper's wgmma; row_backward for rows up
 # to MAX_LENGTH, backward for longer ones).
 KERNELS = ('triton', 'mosaic')
 
@@ -427,18 +427,18 @@ def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBloc
 
 
 def _mosaic_tiles(blocks: LongBlocks):
-  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
   return flash_backward.Tiles(block=blocks.backward_block, step=blocks.backward_step,
                               warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
 
 
 def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles,
                      words=None):
-  """As _long_backward by bert_jax.flash_backward's kernel (tiles: its Tiles; words: the
+  """As _long_backward by bert_jax.kernels.gpu.flash_backward's kernel (tiles: its Tiles; words: the
   forward's keep decisions, or None to hash them), rowsum(dO * O) by XLA, once per query; or by
   its row_backward (tiles None), which computes that itself; the column sums [batch, heads,
   blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
-  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
   if tiles is None:
     dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, o, do,
                                              threshold=threshold, interpret=interpret)
@@ -502,7 +502,7 @@ def _backward_reads_words(blocks: LongBlocks) -> bool:
   instead of hashing them again: the Mosaic GPU backward's, with flash_backward.KEEP_WORDS."""
   if blocks.backward != 'mosaic':
     return False
-  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
   return flash_backward.KEEP_WORDS
 
 
@@ -558,7 +558,7 @@ def _check_long_blocks(blocks: LongBlocks, length: int, head_dim: int) -> None:
     if blocks.backward_warps not in (4, 8):
       raise ValueError(f"long_blocks.backward_warps={blocks.backward_warps}: backward='mosaic' "
                        'takes 4 or 8 (one or two compute warpgroups).')
-    from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+    from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
     flash_backward.check_tiles(_mosaic_tiles(blocks), length, head_dim)
 
 
@@ -567,7 +567,7 @@ def _check_mosaic_kernels(short_backward: str, blocks: LongBlocks, dtype, length
   """The backward of each length is one of KERNELS; a Mosaic GPU one serving rows of this length
   takes 16-bit operands (wgmma), rows of 64 tokens or more (a wgmma's 64 rows) and what
   flash_backward.check_tiles allows."""
-  from bert_jax import flash_backward  # pylint: disable=g-import-not-at-top
+  from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
   if short_backward not in KERNELS:
     raise ValueError(f'short_backward={short_backward!r}; valid: {KERNELS}')
   # The long backward's tiles are checked with the rest of its blocks.

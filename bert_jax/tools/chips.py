@@ -1,5 +1,5 @@
 """The accelerators' published numbers: TPU generations as JAX sees them (bert_jax.aot compiles
-for them) and the dense bf16 peaks of TPUs and NVIDIA GPUs (bert_jax.metrics reports MFU against
+for them) and the dense bf16 peaks of TPUs and NVIDIA GPUs (bert_jax.train.metrics reports MFU against
 them beside the measured peak)."""
 
 import dataclasses

@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import safetensors.numpy
 
-from bert_jax import layers
-from bert_jax import model as model_lib
-from bert_jax import steps
+from bert_jax.models import layers
+from bert_jax.models import bert as model_lib
+from bert_jax.train import step as steps
 
 # (our path, HF key, transform). `{n}` is the layer; ours is the unscanned name, which the scanned
 # tree stacks along a leading axis as bert/encoder/layer/... Backbone keys are written with the

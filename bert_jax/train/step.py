@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax import sharding
 
 # Keys of a pretraining batch, and their per-example trailing shape (see data/pretraining.py).

@@ -1,0 +1,131 @@
+"""Checkpoint conversion: the CLI and the Python API (HF and original TF BERT <-> bert_jax).
+
+  python -m bert_jax.convert export --workdir=WORKDIR --out=DIR  # newest checkpoint -> HF dir
+  python -m bert_jax.convert inspect --source=hf:DIR             # layout, config, key table
+
+Python: `load_hf_state_dict` / `tf_checkpoint.load_tf_bert` -> `import_hf` -> params;
+`export_hf(params, config, dir)`. Training from imported weights: `--config.init_from=hf:DIR`.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from absl import logging
+import ml_collections
+import orbax.checkpoint as ocp
+
+from bert_jax.train.checkpoint import latest_step
+from bert_jax.interop.hf import (
+    IGNORED_KEYS, TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
+    UnsupportedConfigError, check_tokenizer_casing, entries, export_hf, export_tokenizer,
+    hf_config_to_model_overrides, import_hf, init_params, leaf_shapes, load_hf_state_dict,
+    merge_missing, model_to_hf_config, tokenizer_casing, _detect_layout)
+
+# The Python API, re-exported from hf_interop so users import one module.
+__all__ = [
+    'TABLE', 'CasingMismatchError', 'CheckpointMismatchError', 'ImportReport',
+    'UnsupportedConfigError', 'check_tokenizer_casing', 'entries', 'export_hf', 'export_workdir',
+    'hf_config_to_model_overrides', 'import_hf', 'init_params', 'leaf_shapes',
+    'load_hf_state_dict', 'merge_missing', 'model_to_hf_config', 'tokenizer_casing', 'main']
+
+
+def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
+  """Exports a training workdir's checkpoint (newest by default), config and vocab; returns step."""
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  step = latest_step(workdir) if step is None else step
+  if step is None:
+    raise FileNotFoundError(f'No checkpoint in {os.path.join(workdir, "checkpoints")}.')
+  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+  params = ocp.StandardCheckpointer().restore(path)['params']
+  export_hf(params, config, out_dir)
+  # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.
+  vocab_file = os.path.join(workdir, 'vocab.txt')
+  if not os.path.isfile(vocab_file):
+    vocab_file = os.path.expanduser(config.data.vocab_file)
+  if os.path.isfile(vocab_file):
+    export_tokenizer(vocab_file, config.data.lowercase, out_dir,
+                     config.model.max_position_embeddings)
+  else:
+    logging.warning('No vocab.txt in %s and config.data.vocab_file=%r is not a file: the export '
+                    'has no tokenizer files.', workdir, config.data.vocab_file)
+  return step
+
+
+def describe(source_dir: str) -> str:
+  """The CLI's inspect text: layout, config, key table and whether it imports cleanly."""
+  from configs import base  # pylint: disable=g-import-not-at-top
+  state_dict, hf_config = load_hf_state_dict(source_dir)
+  lines = [f'source: {source_dir}', f'keys: {len(state_dict)}']
+  layout, prefix, heads = _detect_layout(state_dict)
+  lines.append(f'layout: {layout}')
+  config = base.get_config()
+  # A head checkpoint without NSP keys came from an MLM-only model; a BertModel one says nothing.
+  config.data.nsp = not heads or any(k.startswith('cls.seq_relationship.') for k in state_dict)
+  if hf_config is not None:
+    lines.append('config.json: ' + json.dumps(hf_config, sort_keys=True))
+    try:
+      config.model.update(hf_config_to_model_overrides(hf_config))
+      lines.append(f'config.model overrides: {hf_config_to_model_overrides(hf_config)}')
+    except UnsupportedConfigError as e:
+      lines.append(str(e))
+  num_layers = len({m.group(1) for m in map(re.compile(r'encoder\.layer\.(\d+)\.').search,
+                                             state_dict) if m})
+  lines.append(f'\n{"HF key":60s} {"shape":>14s} {"dtype":8s} -> ours (transform)')
+  mapped = set()
+  for e in entries(num_layers, prefix):
+    if e.hf_key in state_dict and not re.search(r'layer\.[1-9]\d*\.', e.hf_key):
+      value = state_dict[e.hf_key]
+      layer_note = f' x{num_layers} layers' if 'layer.0.' in e.hf_key else ''
+      lines.append(f'{e.hf_key:60s} {str(tuple(value.shape)):>14s} {str(value.dtype):8s} -> '
+                   f'{e.path} ({e.transform}){layer_note}')
+    mapped.add(e.hf_key)
+  for key in sorted(set(state_dict) - mapped):
+    status = 'ignored buffer' if IGNORED_KEYS.match(key) else 'UNEXPECTED'
+    lines.append(f'{key:60s} {str(tuple(state_dict[key].shape)):>14s} -> {status}')
+  try:
+    _, report = import_hf(state_dict, config, hf_config=hf_config)
+    lines.append(f'\nimports cleanly (nsp={config.data.nsp}): {report.summary()}')
+  except (CheckpointMismatchError, UnsupportedConfigError) as e:
+    lines.append(f'\ndoes not import: {e}')
+  return '\n'.join(lines)
+
+
+def main(argv=None) -> None:
+  """`export --workdir=W --out=DIR [--step=N]` or `inspect --source=hf:DIR`."""
+  parser = argparse.ArgumentParser(prog='python -m bert_jax.convert', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  commands = parser.add_subparsers(dest='command', required=True)
+  export = commands.add_parser('export', help='workdir checkpoint -> HF BertForPreTraining dir')
+  export.add_argument('--workdir', required=True)
+  export.add_argument('--out', required=True)
+  export.add_argument('--step', type=int, default=None, help='Checkpoint step (default newest).')
+  inspect = commands.add_parser('inspect', help='show an HF checkpoint and how it maps')
+  inspect.add_argument('--source', required=True, help='hf:DIR (or hf:FILE)')
+  args = parser.parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  try:
+    if args.command == 'export':
+      step = export_workdir(args.workdir, args.out, args.step)
+      print(f'Exported step {step} of {args.workdir} to {args.out}')
+      return
+    kind, _, source = args.source.partition(':')
+    if kind != 'hf' or not source:
+      parser.error(f'--source={args.source!r}: expected hf:DIR')
+    print(describe(source))
+  except (OSError, ValueError) as e:  # Bad paths and mismatches: one line, not a traceback.
+    sys.exit(f'{args.command} failed: {e}')
+
+
+def run_command():
+  # `configs` lives at the repository root: make it importable from anywhere, as main.py does.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  main()
+
+
+if __name__ == '__main__':
+  run_command()

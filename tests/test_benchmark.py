@@ -63,15 +63,6 @@ def test_peak_fields_flag_a_measured_peak_above_the_datasheet():
   assert not metrics.peak_fields('NVIDIA H200', 1.0e15, 445e12)['peak_above_datasheet']  # +1%
 
 
-def test_bench_compare_shows_no_mfu_against_a_peak_above_the_datasheet():
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
-  import bench_compare  # pylint: disable=g-import-not-at-top
-  record = {'mfu': 40.9, 'peak_flops_per_device': 10.9e15, 'peak_above_datasheet': True}
-  assert bench_compare.mfu_cell(record).startswith('not a real figure: peak measured 10900')
-  assert bench_compare.mfu_cell({'mfu': 0.615, 'peak_above_datasheet': False}) == '61.5%'
-  assert bench_compare.percent(None) == ''
-
-
 def test_peak_flops_is_the_best_of_its_trials(monkeypatch):
   """A slow trial (a clock ramp, another process) must not lower the peak: the fastest one of
   the timings counts."""
@@ -186,7 +177,7 @@ def test_the_peer_sweeps_its_batch_flag_and_names_a_bad_spec():
                    ['--model=large', '--seq=512', '--batch=32']]
   assert records[-1]['largest_batch_that_fits'] == 32
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  bad = subprocess.run([sys.executable, 'experiments/bench_peer.py', '--sweep=x'], cwd=repo,
+  bad = subprocess.run([sys.executable, 'benchmarks/peer.py', '--sweep=x'], cwd=repo,
                        capture_output=True, text=True, check=False)
   assert bad.returncode == 2 and "--sweep='x': give batch sizes >= 1" in bad.stderr
 
@@ -207,20 +198,3 @@ def test_code_fingerprint_follows_the_sources(tmp_path):
   assert benchmark.code_fingerprint(str(tmp_path)) != changed
   assert benchmark.code_fingerprint() == benchmark.code_fingerprint(
       os.path.dirname(benchmark.__file__))
-
-
-def test_bench_compare_keeps_the_fastest_of_its_repeats():
-  """--repeats: each measurement run N times, the fastest kept with every run's seq/s; a failed
-  run among them is skipped, all failed gives the first failure."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'experiments'))
-  import bench_compare  # pylint: disable=g-import-not-at-top
-  records = iter([{'seq_per_s': 406.0, 'step_ms': 78.7}, {'error': 'out of memory'},
-                  {'seq_per_s': 438.0, 'step_ms': 73.0}])
-  best = bench_compare.best_of(lambda: next(records), 3)
-  assert (best['seq_per_s'], best['step_ms'], best['repeats']) == (438.0, 73.0, 3)
-  assert best['seq_per_s_all'] == [406.0, None, 438.0]
-  assert bench_compare.seq_per_s_cell(best) == '438 (406-438 in 2)'
-  failures = iter([{'error': 'first'}, {'error': 'second'}])
-  assert bench_compare.best_of(lambda: next(failures), 2) == {'error': 'first'}
-  one = bench_compare.best_of(lambda: {'seq_per_s': 2029.4}, 1)
-  assert 'seq_per_s_all' not in one and bench_compare.seq_per_s_cell(one) == '2029'

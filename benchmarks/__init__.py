@@ -1,0 +1,1 @@
+"""Timing tools on one harness (benchmarks/harness.py); see benchmarks/README.md."""

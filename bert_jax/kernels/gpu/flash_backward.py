@@ -16,21 +16,19 @@ the grid (head, tile, row) has `warpgroups` compute warpgroups of `block` keys a
 
 rowsum(dO * O) comes computed once per query (`delta`, an XLA fusion) instead of once per
 program. The probabilities of the dQ pass are recomputed, as in the Triton kernel: two matmuls
-of seven (cuDNN adds dQ across programs with atomics). `ONE_PASS` (off: it did not pay) adds dQ
-from the dK/dV pass instead, by TMA reduce-adds into a float32 dQ. `KEEP_WORDS` (off: it did not
-pay) reads the dropout's keep decisions from bits the forward wrote instead of hashing them.
+of seven, and no float32 dQ accumulated across programs (cuDNN adds dQ with atomics).
 Each stored dq, dk, dv tile is also summed over its tokens, by a wgmma of ones over the stored
 tile, for the bias gradient (the Triton kernel's per-block sums). Needs an NVIDIA Hopper GPU and
 16-bit q, k, v; the layout is `fused_attention`'s packed [batch, length, 3, heads, head_dim].
 
+The dropout's draws hash each pair of keys once, as the Triton kernels do, through the registers
+(`paired_draws`, a warp shuffle in the transposed tiles). Mosaic GPU's interpreter has no
+registers to reach, so there each value hashes alone (`_draws`): the same draws, twice the
+hashing.
+
 At BERT-Large 32 x 512 on an H100, with the paper's dropout: 0.705 ms a layer forward+backward
 (the forward the Triton kernel's) against 0.829 with the Triton backward and 0.779 for cuDNN's
-attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571. The step 79.8 ->
-77.7 ms. Its dropout cost 0.18 ms a layer while each value hashed alone (`_draws`, which the
-interpreter still runs), where the Triton kernels hash each pair of keys once. `PAIRED_DRAWS`
-(on) hashes pairs once in these kernels too, through the registers (`paired_draws`): on an H200
-the dropout's cost at Large 512, forward and backward, went from 0.230 to 0.177 ms a layer
-(experiments/perf_notes.md, twentieth session).
+attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571 (docs/performance.md).
 """
 
 import functools
@@ -84,16 +82,6 @@ def check_tiles(tiles: Tiles, length: int, head_dim: int) -> None:
     raise ValueError(f'head_dim={head_dim}: the Mosaic GPU kernels take 64 or 128.')
 
 
-def check_words(words, batch: int, heads: int, length: int) -> None:
-  """The forward's keep decisions as the kernel reads them: uint32 [batch, heads, length // 32,
-  length] (fused_attention.keep_words' layout; block and step, multiples of 32, take whole
-  words)."""
-  expected = (batch, heads, length // _WORD_BITS, length)
-  if words.shape != expected or words.dtype != jnp.uint32:
-    raise ValueError(f'words must be uint32 {expected} (fused_attention.keep_words); got '
-                     f'{words.dtype} {words.shape}.')
-
-
 def _plgpu():
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   return plgpu
@@ -111,42 +99,6 @@ def _draws(key, index):
   hash per value."""
   hashed = fused_norm.pair_draws(key, index >> 1)
   return jnp.where((index & 1) == 1, hashed >> 16, hashed & jnp.uint32(fused_norm.DRAW_RANGE - 1))
-
-
-# Draw the dropout one hash per pair of keys (paired_draws below) in the kernels on the GPU. On an
-# H200 the same draws (the gradients' difference from the reference unchanged) in 0.662 against
-# 0.716 ms for Large 32 x 512's attention forward and backward, 0.305 against 0.323 at Base 256 x
-# 128 (experiments/perf_notes.md, twentieth session).
-PAIRED_DRAWS = True
-
-
-# backward in one pass over the queries (FlashAttention-3's way): each step of the dK/dV pass also
-# computes its tile's share of dQ (dS^T's transpose times K, a fifth matmul from shared memory)
-# and adds it to a float32 dQ in global memory by a TMA reduce-add, instead of a second pass over
-# the keys that recomputes the scores, probabilities and draws (two matmuls of seven). XLA zeroes
-# that dQ before, and after rounds it into dqkv and sums its columns. Off: it did not pay. On an
-# H200 at Large 32 x 512 (attention alone, forward+backward, the gradients as close to the
-# reference as the two passes'): 0.733 against 0.734 ms with the paper's dropout, 0.605 against
-# 0.557 without (experiments/perf_notes.md, twenty-second session). Each step waits on its dQ
-# matmul and on the last step's reduce-add in turn; FlashAttention-3 gives the adds a warpgroup
-# of their own.
-ONE_PASS = False
-
-
-# Read the keep decisions of the dropout from words that the forward of long rows writes
-# (fused_attention.keep_words' layout, 1 bit a probability: 16.8 MB a layer at Large 32 x 512),
-# a [block // 32, step] tile of them pipelined in with each step, instead of hashing them again in
-# both passes. Off: it did not pay. On an H200 at Large 32 x 512 the gradients were as close to
-# the reference as the hashed ones', but the attention's forward+backward took 0.819 against
-# 0.739 ms, the train step 74.15 and 74.03 against 72.49 ms, peak memory 0.38 GiB more
-# (experiments/perf_notes.md, twenty-sixth session). Mosaic GPU's interpreter (jax 0.10) hangs
-# on the words' pipelined tiles, so there the kernel hashes, words or not.
-KEEP_WORDS = False
-
-
-def _switches() -> tuple:
-  """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
-  return (PAIRED_DRAWS, ONE_PASS)
 
 
 def paired_draws(index, key, *, rows_are_keys: bool):
@@ -213,46 +165,27 @@ def paired_draws(index, key, *, rows_are_keys: bool):
 
 
 def tile_probs(ops, s, seg_rows, seg_cols, lse, *, key, first_row, first_col,
-               rows_are_keys: bool, length: int, threshold: int, words=None):
+               rows_are_keys: bool, length: int, threshold: int):
   """The probabilities of a [rows, cols] tile of base-2 scores s whose rows are tokens
   first_row.. (keys if rows_are_keys, else queries) and columns tokens first_col.., masked
   outside each query's segment (seg_rows, seg_cols: their segment ids); lse: the queries'
-  base-2 log-sum-exps. With the tile's keep mask (None without dropout): hashed, or read from
-  `words` (the forward's: one vector over the tile's queries per 32 of its keys, in turn)."""
+  base-2 log-sum-exps. With the tile's keep mask (None without dropout): on the GPU hashed a
+  pair of keys at a time (paired_draws), on the interpreter a value at a time (_draws)."""
   rows = lambda x: lax.broadcast_in_dim(x, s.shape, [0])  # noqa: E731
   cols = lambda x: lax.broadcast_in_dim(x, s.shape, [1])  # noqa: E731
   p = jnp.exp2(jnp.where(rows(seg_rows) == cols(seg_cols), s, _MASKED)
                - (cols(lse) if rows_are_keys else rows(lse)))
   if not threshold:
     return p, None
-  if words is not None:
-    return p, word_keeps(ops, words, s.shape, rows_are_keys=rows_are_keys)
   row_tokens = ops.iota(s.shape, 0) + first_row.astype(jnp.uint32)
   col_tokens = ops.iota(s.shape, 1) + first_col.astype(jnp.uint32)
   queries, keys = (col_tokens, row_tokens) if rows_are_keys else (row_tokens, col_tokens)
   index = queries * jnp.uint32(length) + keys
-  if PAIRED_DRAWS and ops.interpret is None:
+  if ops.interpret is None:  # On the GPU (paired_draws reaches the registers).
     draws = paired_draws(index, key.astype(jnp.uint32), rows_are_keys=rows_are_keys)
   else:
     draws = _draws(key, index)
   return p, draws >= jnp.uint32(threshold)
-
-
-_WORD_BITS = fused_norm.WORD_BITS  # Keep decisions a word of the forward's holds.
-_WORD_SHIFT = _WORD_BITS.bit_length() - 1  # key >> _WORD_SHIFT: the key's word.
-
-
-def word_keeps(ops, words, shape, *, rows_are_keys: bool):
-  """The keep mask of a [rows, cols] tile from the forward's words: words[n] holds, for each of
-  the tile's queries (a vector in the layout of the tile's query axis), the decisions of its keys
-  32 n.. 32 n + 31 of the tile, key 32 n + b in bit b."""
-  key_axis = 0 if rows_are_keys else 1
-  key = ops.iota(shape, key_axis)
-  spread = lambda w: lax.broadcast_in_dim(w, shape, [1 - key_axis])  # noqa: E731
-  word = spread(words[0])
-  for n in range(1, len(words)):
-    word = jnp.where((key >> _WORD_SHIFT) == jnp.uint32(n), spread(words[n]), word)
-  return ((word >> (key & jnp.uint32(_WORD_BITS - 1))) & jnp.uint32(1)) != 0
 
 
 def dropped(x, keep, threshold: int):
@@ -337,10 +270,9 @@ def store_grad(ops: KernelOps, tile, staging, sums_smem, dst, sums_dst) -> None:
   plgpu.wait_smem_to_gmem(0)
 
 
-@fused_norm.lowered_once(static_argnames=('threshold', 'tiles', 'interpret'),
-                         switches=_switches)
+@fused_norm.lowered_once(static_argnames=('threshold', 'tiles', 'interpret'))
 def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: Tiles = TILES,
-             interpret: bool = False, words=None):
+             interpret: bool = False):
   """(dqkv [batch, length, 3, heads, head_dim] in qkv's dtype, the column sums of its blocks
   [batch, heads, length // tiles.block, 3, head_dim] float32: the bias gradient's shares).
 
@@ -348,17 +280,12 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   [batch, heads, 1] uint32 (ignored when threshold is 0); lse: the forward's base-2 log-sum-exp
   [batch, heads, length] float32; delta: rowsum(dO * O) [batch, heads, length] float32; do:
   [batch, length, heads, head_dim]. interpret: run on Mosaic GPU's interpreter (any device; slow,
-  for tests). words: the forward's keep decisions ([batch, heads, length // 32, length] uint32,
-  fused_attention.keep_words' layout; with dropout), read instead of hashing them, or None."""
+  for tests)."""
   ops = kernel_ops(interpret)
   plgpu = ops.plgpu
   batch, length, _, heads, head_dim = qkv.shape
   check_tiles(tiles, length, head_dim)
   block, step, wgs = tiles.block, tiles.step, tiles.warpgroups
-  if threshold and words is not None:
-    check_words(words, batch, heads, length)
-  # Mosaic GPU's interpreter (jax 0.10) hangs on the words' pipelined tiles: it hashes there.
-  has_words = bool(threshold) and words is not None and not interpret
   dtype = qkv.dtype
   scale = 1.0 / head_dim ** 0.5
   log2_scale = scale * math.log2(math.e)
@@ -368,25 +295,8 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
   def matmul(a, b_, transpose_b=False, acc=None, rows=block):
     return ops.matmul(a, b_, rows, transpose_b, acc)
 
-  one_pass = ONE_PASS
-  # The interpreter has no TMA reductions: there each warpgroup writes its keys' share of dQ to
-  # partials [batch, length // block, length, heads, head_dim], summed by XLA.
-  partials = one_pass and interpret
-
-  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, *refs):
-    if has_words:  # [length // 32, length] of each (row, head): keys' words over queries.
-      words_ref, *refs = refs
-    if one_pass and not partials:  # dq_ref: the float32 dQ, zeroed, an input Ref added into.
-      dq_ref, dqkv_ref, sums_ref, *refs = refs
-    elif partials:
-      dqkv_ref, sums_ref, dq_ref, *refs = refs
-    else:
-      dqkv_ref, sums_ref, *refs = refs
-    tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, *refs = refs
-    if one_pass:
-      ds_smem, dq_smem = refs
-    else:
-      [fetched_q] = refs
+  def kernel(qkv_ref, seg_ref, keys_ref, lse_ref, delta_ref, do_ref, dqkv_ref, sums_ref,
+             tiles_smem, seg_smem, stats_smem, sums_smem, fetched_kv, fetched_q):
     b, h, wg = lax.axis_index('batch'), lax.axis_index('heads'), lax.axis_index('wg')
     first = lax.axis_index('tile') * (wgs * block) + wg * block  # This warpgroup's tokens.
     mine = pl.ds(first, block)
@@ -422,40 +332,19 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       store(dv, 2)
       store(dk * scale, 1)
 
-    def query_step(indices, q_smem, do_smem, lse_smem, delta_smem, seg_smem, *rest):
-      *kept_smem, carry = rest  # These queries' words of the block's keys, in turn.
+    def query_step(indices, q_smem, do_smem, lse_smem, delta_smem, seg_smem, carry):
       dk, dv, seg_k = carry
       k_smem, v_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
-      words_in = None
-      if has_words:  # My keys' words, vectors over these queries.
-        words_in = [load(kept_smem[0].at[wg * (block // _WORD_BITS) + n], wgmma_cols)
-                    for n in range(block // _WORD_BITS)]
       # [my keys, these queries]: the scores transposed, in base 2.
       s_t = matmul(k_smem, q_smem, transpose_b=True) * log2_scale
       p_t, keep = probs(s_t, seg_k, load(seg_smem, wgmma_cols), load(lse_smem, wgmma_cols),
-                        first_col=indices[0] * step, rows_are_keys=True, words=words_in)
+                        first_col=indices[0] * step, rows_are_keys=True)
       dp_t = drop(matmul(v_smem, do_smem, transpose_b=True), keep)
       dv = matmul(drop(p_t, keep).astype(dtype), do_smem, acc=dv)
       delta = load(delta_smem, wgmma_cols)
       ds_t = (p_t * (dp_t - lax.broadcast_in_dim(delta, s_t.shape, [1]))).astype(dtype)
       dk = matmul(ds_t, q_smem, acc=dk)
-      if one_pass:
-        add_dq(ds_t, k_smem, pl.ds(indices[0] * step, step))
       return dk, dv, seg_k
-
-    def add_dq(ds_t, k_smem, queries):
-      """These queries' dQ from my keys, dS K (dS^T from shared memory, transposed), added to
-      dq_ref's float32 rows (or written to my block's partials on the interpreter)."""
-      ds_smem[wg] = ds_t
-      plgpu.commit_smem()
-      dq = ops.matmul(ds_smem.at[wg], k_smem, step, transpose_a=True)  # [step, head_dim]
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last step's dQ has left dq_smem.
-      dq_smem[wg] = dq
-      plgpu.commit_smem()
-      if partials:
-        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, lax.div(first, block), queries, h, :])
-      else:
-        plgpu.copy_smem_to_gmem(dq_smem.at[wg], dq_ref.at[b, queries, h, :], reduction_op='add')
 
     def tile():  # A step's [step, head_dim] tile of q, dO, k or v.
       return plgpu.BlockSpec((step, head_dim), lambda i: (i, 0), transforms=swizzled)
@@ -463,18 +352,12 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
     def vec():  # A step's [step] lse, delta or segment ids.
       return plgpu.BlockSpec((step,), lambda i: (i,))
 
-    # The words of the block's keys over a step's queries, [wgs * block // 32, step].
-    key_words = [plgpu.BlockSpec((wgs * block // _WORD_BITS, step),
-                                 lambda i: (lax.axis_index('tile'), i))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         query_step, grid=(length // step,), memory_registers=40,
         max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
         compute_context=key_pass,
-        in_specs=[tile(), tile(), vec(), vec(), vec()] + key_words,
-    )(part(0), d_out, lse_row, delta_row, seg_row, *[words_ref.at[b, h] for _ in key_words])
-
-    if one_pass:
-      return
+        in_specs=[tile(), tile(), vec(), vec(), vec()],
+    )(part(0), d_out, lse_row, delta_row, seg_row)
 
     # dQ of my queries: [queries, keys] tiles, stepping over the keys.
     def query_pass(run):
@@ -487,30 +370,23 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       dq = run((zeros, *vecs))[0]
       store(dq * scale, 0)
 
-    def key_step(indices, k_smem, v_smem, seg_smem, *rest):
-      *kept_smem, carry = rest  # The words of these keys over the block's queries.
+    def key_step(indices, k_smem, v_smem, seg_smem, carry):
       dq, seg_q, lse, delta = carry
       q_smem, do_smem = tiles_smem.at[wg, 0], tiles_smem.at[wg, 1]
       s = matmul(q_smem, k_smem, transpose_b=True) * log2_scale  # [my queries, these keys]
-      words_in = None
-      if has_words:  # These keys' words, vectors over my queries.
-        words_in = [load(kept_smem[0].at[n, pl.ds(wg * block, block)], wgmma_rows)
-                    for n in range(step // _WORD_BITS)]
       p, keep = probs(s, seg_q, load(seg_smem, wgmma_cols), lse, first_col=indices[0] * step,
-                      rows_are_keys=False, words=words_in)
+                      rows_are_keys=False)
       dp = drop(matmul(do_smem, v_smem, transpose_b=True), keep)
       ds = p * (dp - lax.broadcast_in_dim(delta, s.shape, [0]))
       dq = matmul(ds.astype(dtype), k_smem, acc=dq)
       return dq, seg_q, lse, delta
 
-    query_words = [plgpu.BlockSpec((step // _WORD_BITS, wgs * block),
-                                   lambda i: (i, lax.axis_index('tile')))] if has_words else []
     plgpu.emit_pipeline_warp_specialized(
         key_step, grid=(length // step,), memory_registers=40,
         max_concurrent_steps=tiles.stages, num_compute_wgs=wgs, wg_axis='wg',
         compute_context=query_pass,
-        in_specs=[tile(), tile(), vec()] + query_words,
-    )(part(1), part(2), seg_row, *[words_ref.at[b, h] for _ in query_words])
+        in_specs=[tile(), tile(), vec()],
+    )(part(1), part(2), seg_row)
 
   scratch = [
       plgpu.SMEM((wgs, 2, block, head_dim), dtype, transforms=swizzled),  # k, v; then q, dO
@@ -518,60 +394,24 @@ def backward(qkv, segment_ids, keys, lse, delta, do, *, threshold: int, tiles: T
       plgpu.SMEM((wgs, 2, block), jnp.float32),  # lse, delta of my queries
       plgpu.SMEM((wgs, _SUM_ROWS, head_dim), jnp.float32),  # column sums (rows alike)
       plgpu.Barrier(num_arrivals=3, num_barriers=wgs),  # k, v, segment ids arrived
+      plgpu.Barrier(num_arrivals=5, num_barriers=wgs),  # q, dO, segment ids, lse, delta
   ]
-  if one_pass:
-    scratch += [plgpu.SMEM((wgs, block, step), dtype, transforms=swizzled),  # a step's dS^T
-                plgpu.SMEM((wgs, step, head_dim), jnp.float32)]  # its dQ, on its way out
-  else:
-    scratch += [plgpu.Barrier(num_arrivals=5, num_barriers=wgs)]  # q, dO, segment ids, lse, delta
   keys = keys if threshold else jnp.zeros((batch, heads, 1), jnp.uint32)
-  outs = [jax.ShapeDtypeStruct(qkv.shape, dtype),
-          jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)]
-  operands = [qkv, segment_ids, keys, lse, delta, do] + ([words] if has_words else [])
-  grid = dict(grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
-              num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu')
-  params = plgpu.CompilerParams(approx_math=True)
-  dq_shape = (batch, length, heads, head_dim)
-  if not one_pass or partials:
-    if partials:
-      outs.append(jax.ShapeDtypeStruct((batch, length // block, *dq_shape[1:]), jnp.float32))
-    results = plgpu.kernel(kernel, scratch_types=scratch, out_type=tuple(outs),
-                           compiler_params=params, interpret=ops.interpret, **grid)(*operands)
-    if not one_pass:
-      return results
-    dqkv, sums, dq_partials = results
-    dq = jnp.sum(dq_partials, axis=1)
-  else:
-    dq_ref = jax.new_ref(jnp.zeros(dq_shape, jnp.float32))
-    dqkv, sums = _kernel_with_refs(kernel, scratch, outs, params, grid)(*operands, dq_ref)
-    dq = dq_ref[...]
-  # Rounded to dtype in float32 by reduce_precision, which XLA keeps (it may drop a round trip
-  # through dtype): the column sums are those of dq as stored, as the kernel's are.
-  finfo = jnp.finfo(dtype)
-  dq = lax.reduce_precision(dq * scale, exponent_bits=finfo.nexp, mantissa_bits=finfo.nmant)
-  dq_sums = jnp.sum(dq.reshape(batch, length // block, block, heads, head_dim), axis=2)
-  return (dqkv.at[:, :, 0].set(dq.astype(dtype)),
-          sums.at[:, :, :, 0].set(jnp.transpose(dq_sums, (0, 2, 1, 3))))
-
-
-def _kernel_with_refs(body, scratch, out_type, compiler_params, grid):
-  """plgpu.kernel for operands that include Refs (jax.new_ref), which the kernel mutates in
-  place: plgpu.kernel's batching wrapper does not take them, pl.kernel over plgpu's Mesh does.
-  jax (0.10) names such a kernel 'new_body' (its discharge of the Refs), not grid's kernel_name."""
-  plgpu = _plgpu()
-
-  def scoped(*refs):
-    pl.run_scoped(lambda *scratch_refs: body(*refs, *scratch_refs), *scratch,
-                  collective_axes=grid['thread_name'])
-  return pl.kernel(scoped, out_type=tuple(out_type), mesh=plgpu.Mesh(**grid),
-                   compiler_params=compiler_params, name=grid['kernel_name'])
+  return plgpu.kernel(
+      kernel, scratch_types=scratch,
+      out_type=(jax.ShapeDtypeStruct(qkv.shape, dtype),
+                jax.ShapeDtypeStruct((batch, heads, length // block, 3, head_dim), jnp.float32)),
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      grid=(heads, length // (wgs * block), batch), grid_names=('heads', 'tile', 'batch'),
+      num_threads=wgs + 1, thread_name='wg', kernel_name='long_attention_bwd_mgpu',
+      interpret=ops.interpret,
+  )(qkv, segment_ids, keys, lse, delta, do)
 
 
 ROW_LENGTHS = (64, 128)  # Rows row_backward takes: one warpgroup per 64 tokens, in one block.
 
 
-@fused_norm.lowered_once(static_argnames=('threshold', 'interpret'),
-                         switches=_switches)
+@fused_norm.lowered_once(static_argnames=('threshold', 'interpret'))
 def row_backward(qkv, segment_ids, keys, lse, o, do, *, threshold: int,
                  interpret: bool = False):
   """backward's function for rows of ROW_LENGTHS tokens, one block of the grid per (row, head)

@@ -5,7 +5,7 @@ Rows of up to 128 tokens (MAX_LENGTH): one program per (row, head). Every query 
 its keys in one [128, 128] tile, so one program does the whole softmax, and the backward one
 program per (row, head) as well: no running maxima, no dQ accumulator in float32, no separate
 pass for rowsum(dO * O) (cuDNN's flash backward spends about a third of its time on those two at
-this length; experiments/perf_notes.md).
+this length).
 
   forward   reads q, k, v, the segment ids; writes o and the log-sum-exp of each query's scores
   backward  reads q, k, v, o, dO, the log-sum-exp; recomputes the probabilities and the dropout
@@ -18,9 +18,9 @@ then dQ of its queries stepping over every key (the probabilities recomputed in 
 two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-4.6x
 slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
 cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
-(experiments/perf_notes.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that
-backward as bert_jax.kernels.gpu.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829 ->
-0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `short_backward='mosaic'`
+(docs/performance.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that backward
+as bert_jax.kernels.gpu.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829
+-> 0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `short_backward='mosaic'`
 (flash_backward.row_backward, one block per row and head holding the whole row, nothing
 recomputed) runs the backward of rows of 64 or 128 on Mosaic GPU, with the same masks and draws:
 at Base 256 x 128 on an H100 0.432 -> 0.339 ms a layer forward+backward with dropout, the step
@@ -42,8 +42,8 @@ the kernel hashes each pair of neighbouring keys once, as fused_norm hashes pair
 the draws of keys 2c and 2c + 1; a probability is kept when its draw is at least
 `dropout_threshold(rate)` = round(rate * 2^16) (0.1 becomes 0.100006) and kept probabilities are
 scaled by 1/P(keep). Half the hashing of a 32-bit draw each: 0.310 against 0.429 ms per Large
-layer forward+backward on an H100 (experiments/perf_notes.md). The backward recomputes the same
-draws. `reference` is the same function in jnp (the test oracle).
+layer forward+backward on an H100. The backward recomputes the same draws. `reference` is the
+same function in jnp (the test oracle).
 
 `impl='xla'` runs `reference`; `impl='pallas'` the kernels (`interpret=True` runs them anywhere,
 for tests).
@@ -63,7 +63,7 @@ MAX_LENGTH = 128  # Longest row one program holds (its scores are a [length, len
 MAX_LONG_LENGTH = 512  # Longest row the flash kernels take (BERT's position table).
 NUM_WARPS = 8  # Warps of the short backward (and of the forward when num_warps is given).
 # Warps of the short forward by default: 0.115 -> 0.084 ms a Large layer with dropout against 8
-# warps on an H100 (experiments/perf_notes.md); the backward needs 8 (4: 0.93 ms fwd+bwd).
+# warps on an H100; the backward needs 8 (4: 0.93 ms fwd+bwd).
 FORWARD_WARPS = 4
 _MASKED = -1e30  # Score of a key outside the query's segment (exp underflows to 0).
 # The kernels' softmax is in base 2 (exp2 is one instruction; Pallas lowers exp to libdevice's
@@ -97,28 +97,6 @@ def keep_mask(keys, length: int, threshold: int):
   key_index = jnp.arange(length, dtype=jnp.uint32)[None, :]
   draws = fused_norm.value_draws(keys[..., None], queries * length + key_index)
   return draws >= jnp.uint32(threshold)
-
-
-WORD_BITS = fused_norm.WORD_BITS  # Keep decisions per word of keep_words.
-
-
-def pack_keep(keep):
-  """[..., queries, keys] bool -> [..., keys // 32, queries] uint32: bit b of word w of a query
-  is its keep decision for key 32 w + b (keys a multiple of 32). The layout the forward of long
-  rows writes for the Mosaic GPU backward (flash_backward.KEEP_WORDS): each word a vector over
-  queries, as that kernel's tiles take a row or column vector."""
-  *lead, queries, keys = keep.shape
-  bit = jax.lax.broadcasted_iota(jnp.uint32, keep.shape, keep.ndim - 1) & (WORD_BITS - 1)
-  bits = jnp.where(keep, jnp.left_shift(jnp.uint32(1), bit), jnp.uint32(0))
-  words = jnp.sum(bits.reshape(*lead, queries, keys // WORD_BITS, WORD_BITS), axis=-1,
-                  dtype=jnp.uint32)  # Distinct bits: the sum is their or.
-  return jnp.swapaxes(words, -1, -2)
-
-
-def keep_words(keys, length: int, threshold: int):
-  """pack_keep(keep_mask(...)): [batch, heads, length // 32, length] uint32, what the forward of
-  long rows writes when the backward reads its keep decisions (jnp; the tests' oracle)."""
-  return pack_keep(keep_mask(keys, length, threshold))
 
 
 def reference(q, k, v, segment_ids, keys, *, rate: float):
@@ -275,9 +253,9 @@ class LongBlocks(NamedTuple):
   over key blocks). forward: programs of `forward_queries` queries, steps of `forward_keys` keys;
   backward: each program takes `backward_block` keys (their dK, dV, stepping over the queries)
   and as many queries (their dQ, stepping over the keys), `backward_step` at a time.
-  `backward`: 'triton' (the Pallas Triton kernel below) or 'mosaic' (bert_jax.kernels.gpu.flash_backward:
-  Hopper's wgmma; one warpgroup of `backward_block` keys per 4 of `backward_warps`, `stages`
-  steps of operands in flight)."""
+  `backward`: 'triton' (the Pallas Triton kernel below) or 'mosaic'
+  (bert_jax.kernels.gpu.flash_backward: Hopper's wgmma; one warpgroup of `backward_block` keys
+  per 4 of `backward_warps`, `stages` steps of operands in flight)."""
   forward_queries: int = 128
   forward_keys: int = 64
   backward_block: int = 64
@@ -292,8 +270,8 @@ LONG_BLOCKS = LongBlocks()
 # The Mosaic GPU backward's tiling: two compute warpgroups of 64 keys, steps of 64.
 MOSAIC_LONG_BLOCKS = LONG_BLOCKS._replace(backward_warps=8, backward='mosaic')
 # The kernels of each backward (attention_qkv's short_backward, LongBlocks.backward): Pallas
-# Triton, or Pallas Mosaic GPU (bert_jax.kernels.gpu.flash_backward: Hopper's wgmma; row_backward for rows up
-# to MAX_LENGTH, backward for longer ones).
+# Triton, or Pallas Mosaic GPU (bert_jax.kernels.gpu.flash_backward: Hopper's wgmma;
+# row_backward for rows up to MAX_LENGTH, backward for longer ones).
 KERNELS = ('triton', 'mosaic')
 
 
@@ -304,11 +282,10 @@ def long_blocks(backward: str) -> LongBlocks:
   return MOSAIC_LONG_BLOCKS if backward == 'mosaic' else LONG_BLOCKS
 
 
-def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int,
-                         words: bool):
+def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block_keys: int):
   if threshold:
     keys_ref, *refs = refs
-  seg_q_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *words_ref = refs
+  seg_q_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref = refs
   block_queries = q_ref.shape[0]
   first_query = pl.program_id(2) * block_queries
   q, seg_q = q_ref[...], seg_q_ref[...]
@@ -325,9 +302,6 @@ def _long_forward_kernel(*refs, scale: float, threshold: int, length: int, block
     if threshold:
       keep = _tile_keep(keys_ref, length, threshold, first_query, first_key, p.shape)
       p = jnp.where(keep, p, 0.0)
-      if words:  # These keys' words of the keep decisions, for the backward.
-        per_block = block_keys // WORD_BITS
-        words_ref[0][pl.ds(j * per_block, per_block), :] = pack_keep(keep)
     v = v_ref[keys, :]
     acc = acc * rescale[:, None] + _dot(p.astype(v.dtype), v)
     return m_next, l, acc
@@ -395,35 +369,25 @@ def _long_backward_kernel(*refs, scale: float, threshold: int, length: int, bloc
   store(0, jax.lax.fori_loop(0, length // step_size, query_step, zeros) * scale)
 
 
-def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks,
-                  words: bool = False):
-  """(o, lse, and with `words` the keep decisions as keep_words lays them out, else None)."""
+def _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks: LongBlocks):
+  """(o [batch, length, heads, head_dim], the base-2 log-sum-exp [batch, heads, length])."""
   batch, length, _, heads, head_dim = qkv.shape
   bq = blocks.forward_queries
   key_specs, seg, parts, _, _, _ = _specs(length, head_dim, bool(threshold))
-  words = bool(words and threshold)
   kernel = functools.partial(_long_forward_kernel, scale=1.0 / head_dim ** 0.5,
-                             threshold=threshold, length=length, block_keys=blocks.forward_keys,
-                             words=words)
-  out_specs = [pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
-               pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))]
-  out_shape = [jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
-               jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)]
-  if words:  # [batch, heads, length // 32, length]: each program its queries' columns.
-    out_specs.append(pl.BlockSpec((None, None, length // WORD_BITS, bq),
-                                  lambda b, h, i: (b, h, 0, i)))
-    out_shape.append(jax.ShapeDtypeStruct((batch, heads, length // WORD_BITS, length),
-                                          jnp.uint32))
-  outs = pl.pallas_call(
+                             threshold=threshold, length=length, block_keys=blocks.forward_keys)
+  return pl.pallas_call(
       kernel, grid=(batch, heads, length // bq),
       in_specs=[*key_specs, pl.BlockSpec((None, bq), lambda b, h, i: (b, i)), seg,
                 pl.BlockSpec((None, bq, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0)),
                 *parts[1:]],
-      out_specs=out_specs, out_shape=out_shape,
+      out_specs=[pl.BlockSpec((None, bq, None, head_dim), lambda b, h, i: (b, i, h, 0)),
+                 pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))],
+      out_shape=[jax.ShapeDtypeStruct((batch, length, heads, head_dim), qkv.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, length), jnp.float32)],
       compiler_params=fused_norm.compiler_params(interpret, blocks.forward_warps, blocks.stages),
       interpret=interpret, name='long_attention_fwd',
   )(*([keys] if threshold else []), segment_ids, segment_ids, qkv, qkv, qkv)
-  return (*outs, None) if not words else tuple(outs)
 
 
 def _mosaic_tiles(blocks: LongBlocks):
@@ -432,12 +396,11 @@ def _mosaic_tiles(blocks: LongBlocks):
                               warpgroups=blocks.backward_warps // 4, stages=blocks.stages)
 
 
-def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles,
-                     words=None):
-  """As _long_backward by bert_jax.kernels.gpu.flash_backward's kernel (tiles: its Tiles; words: the
-  forward's keep decisions, or None to hash them), rowsum(dO * O) by XLA, once per query; or by
-  its row_backward (tiles None), which computes that itself; the column sums [batch, heads,
-  blocks, head_dim] of dq, dk, dv as stored (16-bit)."""
+def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret, tiles):
+  """As _long_backward by bert_jax.kernels.gpu.flash_backward's kernel (tiles: its Tiles),
+  rowsum(dO * O) by XLA, once per query; or by its row_backward (tiles None), which computes
+  that itself; the column sums [batch, heads, blocks, head_dim] of dq, dk, dv as stored
+  (16-bit)."""
   from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
   if tiles is None:
     dqkv, sums = flash_backward.row_backward(qkv, segment_ids, keys, lse_value, o, do,
@@ -445,18 +408,17 @@ def _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interp
   else:
     delta = jnp.einsum('bqhd,bqhd->bhq', o.astype(jnp.float32), do.astype(jnp.float32))
     dqkv, sums = flash_backward.backward(qkv, segment_ids, keys, lse_value, delta, do,
-                                         threshold=threshold, tiles=tiles, interpret=interpret,
-                                         words=words)
+                                         threshold=threshold, tiles=tiles, interpret=interpret)
   return (dqkv, *(sums[:, :, :, j] for j in range(3)))
 
 
 def _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                   blocks: LongBlocks, words=None):
+                   blocks: LongBlocks):
   """As _pallas_backward; the column sums come per block of tokens [batch, heads, blocks,
-  head_dim]. words: the forward's keep decisions (the Mosaic GPU backward reads them), or None."""
+  head_dim]."""
   if blocks.backward == 'mosaic':
     return _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold, interpret,
-                            _mosaic_tiles(blocks), words)
+                            _mosaic_tiles(blocks))
   batch, length, _, heads, head_dim = qkv.shape
   block = blocks.backward_block
   key_specs, seg, parts, head, lse, _ = _specs(length, head_dim, bool(threshold))
@@ -488,30 +450,19 @@ def _pallas_fwd(qkv, bias, segment_ids, keys, threshold, interpret, warps, block
                 short_backward):
   del short_backward
   qkv = _add_bias(qkv, bias)
-  words = None
   if qkv.shape[1] > MAX_LENGTH:
-    o, lse_value, words = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks,
-                                        words=_backward_reads_words(blocks))
+    o, lse_value = _long_forward(qkv, segment_ids, keys, threshold, interpret, blocks)
   else:
     o, lse_value = _pallas_forward(qkv, segment_ids, keys, threshold, interpret, warps[0])
-  return o, (qkv, bias, segment_ids, keys, o, lse_value, words)
-
-
-def _backward_reads_words(blocks: LongBlocks) -> bool:
-  """Whether the backward of long rows reads the forward's keep decisions (keep_words' layout)
-  instead of hashing them again: the Mosaic GPU backward's, with flash_backward.KEEP_WORDS."""
-  if blocks.backward != 'mosaic':
-    return False
-  from bert_jax.kernels.gpu import flash_backward  # pylint: disable=g-import-not-at-top
-  return flash_backward.KEEP_WORDS
+  return o, (qkv, bias, segment_ids, keys, o, lse_value)
 
 
 def _pallas_bwd(threshold, interpret, warps, blocks, short_backward, saved, do):
-  qkv, bias, segment_ids, keys, o, lse_value, words = saved
+  qkv, bias, segment_ids, keys, o, lse_value = saved
   length = qkv.shape[1]
   if length > MAX_LENGTH:
     dqkv, *sums = _long_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
-                                 interpret, blocks, words)
+                                 interpret, blocks)
   elif short_backward == 'mosaic':
     dqkv, *sums = _mosaic_backward(qkv, segment_ids, keys, o, lse_value, do, threshold,
                                    interpret, None)

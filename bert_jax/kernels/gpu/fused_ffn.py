@@ -5,10 +5,9 @@ wgmma and TMA) on both sides of its GELU. The model uses it with `model.ffn_impl
 
   forward   kernel: h = gelu_tanh(x @ W1 + b1) and g = gelu'(x @ W1 + b1), from one tanh
             XLA:    y = h @ W2
-  backward  kernel: dPre = (dY @ W2^T) * g
-            XLA:    dW2 = h^T @ dY; dW1 = x^T @ dPre; db1 = column sums of dPre; dx = dPre @ W1^T
-            (with COLUMN_SUMS, on, the kernel also writes the column sums of every 64 rows of
-            dPre, and XLA adds those for db1 instead of reading dPre again)
+  backward  kernel: dPre = (dY @ W2^T) * g, and the column sums of every 64 rows of dPre
+            XLA:    dW2 = h^T @ dY; dW1 = x^T @ dPre; db1 = the sum of those column sums (no
+                    second read of dPre); dx = dPre @ W1^T
 
 The forward saves h and g (the model's way saves h and the pre-activation, the same memory), so
 the backward's kernel multiplies where XLA's way writes dH, reads it back with the
@@ -21,7 +20,7 @@ CUTLASS and FlashAttention-3). They need an NVIDIA Hopper GPU (compute capabilit
 16-bit activations; elsewhere (CPUs, older GPUs, float32, shapes the tiling does not divide) the
 same custom backward runs on XLA's reference functions.
 
-Measured on one H200 (experiments/perf_notes.md): forward+backward of the block alone at
+Measured on one H200 (docs/performance.md): forward+backward of the block alone at
 BERT-Base 256 x 128 1.30 ms against 1.45 for the model's XLA way (cuBLASLt's GELU_AUX epilogue,
 then cuBLAS and one fusion for dPre) and 1.38 for the earlier backward-only kernel; at Large 128 x
 128 1.10 against 1.14. On one H100, with the stores in pieces and the forward's four stages:
@@ -58,23 +57,14 @@ class Tiles(NamedTuple):
 
 
 TILES = Tiles()
-# The FFN bias gradient's column sums of dPre in the backward kernel (dgelu_matmul's column_sums),
-# instead of XLA's pass over dPre. On an H200 Large's block forward and backward at 16,384 tokens
-# takes 1.020 against 1.037 ms with them (experiments/perf_notes.md, twentieth session).
-COLUMN_SUMS = True
-
-
-def _switches() -> tuple:
-  """This module's switches that the kernels' traces read (fused_norm.lowered_once's key)."""
-  return (COLUMN_SUMS,)
 
 
 def smem_bytes(tiles: Tiles) -> dict[str, int]:
   """Shared memory each kernel allocates: its operand stages and each compute warpgroup's output
   buffers (forward: two slots of a [64, 64] piece of h and g, and the bias; backward: the g tile,
-  overwritten by dPre, and with COLUMN_SUMS a [64, 64] float32 product of ones and a piece)."""
+  overwritten by dPre, and a [64, 64] float32 product of ones and a piece, its column sums)."""
   stage = (tiles.rows * _DEPTH + _DEPTH * tiles.cols) * 2
-  sums = 2 * _PIECE * _PIECE * 4 if COLUMN_SUMS else 0
+  sums = 2 * _PIECE * _PIECE * 4
   return {'forward': tiles.forward_stages * stage + 2 * (2 * 2 * _PIECE * _PIECE * 2
                                                          + 4 * tiles.cols),
           'backward': tiles.backward_stages * stage + 2 * tiles.rows * tiles.cols * 2 + sums}
@@ -236,7 +226,7 @@ def _launch(body, out_type, sms, tiles, trace_dir=''):
   (both kernels'). With trace_dir, Mosaic GPU's on-device profiler records each compute
   warpgroup's prologue and epilogue of every tile, its matmul lying between them (the SM's clock
   at their ends: trace_ranges(...) ranges per warpgroup, 48 bytes of shared memory per range and
-  block), and writes a Chrome trace there per call (experiments/ffn_kernel_trace.py)."""
+  block), and writes a Chrome trace there per call."""
   plgpu = _plgpu()
   traced = {}
   if trace_dir:
@@ -249,8 +239,7 @@ def _launch(body, out_type, sms, tiles, trace_dir=''):
           approx_math=True, lowering_semantics=plgpu.LoweringSemantics.Warpgroup, **traced))
 
 
-@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir'),
-                         switches=_switches)
+@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir'))
 def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
   """(h, g) = (gelu_tanh(pre), gelu'(pre)) in x's dtype, pre = x @ w1 + b1 in float32, by the
   forward kernel (Hopper GPUs). x: [tokens, embed]; w1: [embed, mlp] in x's 16-bit dtype; b1:
@@ -299,25 +288,20 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
   return _launch(body, (out, out), sms, tiles, trace_dir)(x, w1, b1)
 
 
-@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir', 'column_sums'),
-                         switches=_switches)
-def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = '',
-                 column_sums: bool = False):
-  """(dy @ w2^T) * g in g's dtype, the product in float32, by the backward kernel (Hopper GPUs).
-  dy: [tokens, embed]; w2: [mlp, embed] in dy's 16-bit dtype; g: [tokens, mlp] (gelu'(pre));
-  sms, trace_dir: as gelu_matmul's. column_sums (needs COLUMN_SUMS, which makes room for it):
-  (dPre, the column sums of each 64 rows of dPre as stored, [tokens // 64, mlp] float32, whose sum
-  is the bias gradient), each [64, 64] piece summed by a wgmma of ones over it in shared memory
-  (every row of ones @ piece is its column sums)."""
+@fused_norm.lowered_once(static_argnames=('tiles', 'sms', 'trace_dir'))
+def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, trace_dir: str = ''):
+  """(dPre, its column sums per 64 rows) by the backward kernel (Hopper GPUs): dPre = (dy @ w2^T)
+  * g in g's dtype, the product in float32; the column sums of each 64 rows of dPre as stored,
+  [tokens // 64, mlp] float32, whose sum is the bias gradient (each [64, 64] piece summed by a
+  wgmma of ones over it in shared memory: every row of ones @ piece is its column sums, so the
+  bias gradient needs no second read of dPre). dy: [tokens, embed]; w2: [mlp, embed] in dy's
+  16-bit dtype; g: [tokens, mlp] (gelu'(pre)); sms, trace_dir: as gelu_matmul's."""
   plgpu = _plgpu()
-  if column_sums and not COLUMN_SUMS:
-    raise ValueError('dgelu_matmul(column_sums=True) needs fused_ffn.COLUMN_SUMS, which counts its '
-                     'buffer in smem_bytes.')
   check_tiles(tiles, g.shape[0], g.shape[1], dy.shape[1])
   sms = sms or jax.devices()[0].core_count
   rows, cols = tiles.rows, tiles.cols
 
-  def body(dy_gmem, w2t_gmem, g_gmem, dpre_gmem, *sums_gmem):
+  def body(dy_gmem, w2t_gmem, g_gmem, dpre_gmem, sums_gmem):
     def prologue(r, c, wg, scratch):
       g_smem, fetched, *_ = scratch
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # Its last tile's dPre has left g_smem.
@@ -334,11 +318,11 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # The last piece's sums have left.
       sums_smem[wg] = total
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(sums_smem.at[wg, pl.ds(0, 1)], sums_gmem[0].at[at])
+      plgpu.copy_smem_to_gmem(sums_smem.at[wg, pl.ds(0, 1)], sums_gmem.at[at])
 
     def epilogue(acc, r, c, wg, scratch):
       # dPre leaves 64 rows at a time, each part's store running under the next's arithmetic.
-      g_smem, fetched, *sums_smem = scratch
+      g_smem, fetched, sums_smem = scratch
       plgpu.barrier_wait(fetched.at[wg])
       for rows_slice, cols_slice in _pieces(rows, cols):
         piece = (wg, rows_slice, cols_slice)
@@ -349,22 +333,20 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
           plgpu.commit_smem()
           plgpu.copy_smem_to_gmem(g_smem.at[wg, rows_slice],
                                   dpre_gmem.at[pl.ds(first_row, _PIECE), c])
-          if column_sums:  # Then its column sums, a [64, 64] piece at a time.
-            for _, part_cols in _pieces(_PIECE, cols):
-              at = (pl.ds(lax.div(first_row, _PIECE), 1),
-                    pl.ds(c.start + part_cols.start, _PIECE))
-              store_sums(g_smem, sums_smem[0], wg, rows_slice, part_cols, at)
+          # Then its column sums, a [64, 64] piece at a time.
+          for _, part_cols in _pieces(_PIECE, cols):
+            at = (pl.ds(lax.div(first_row, _PIECE), 1),
+                  pl.ds(c.start + part_cols.start, _PIECE))
+            store_sums(g_smem, sums_smem, wg, rows_slice, part_cols, at)
 
-    sums_buffer = [plgpu.SMEM((2, _PIECE, _PIECE), jnp.float32)] if column_sums else []
     _pingpong_matmul(
         dy_gmem, w2t_gmem, rows=rows, cols=cols, stages=tiles.backward_stages,
         snake=tiles.snake, sms=sms, prologue=prologue, epilogue=epilogue,
         scratch=(plgpu.SMEM((2, rows, cols), g.dtype, transforms=_swizzled()),
-                 plgpu.Barrier(num_barriers=2), *sums_buffer))
+                 plgpu.Barrier(num_barriers=2), plgpu.SMEM((2, _PIECE, _PIECE), jnp.float32)))
 
-  out_type = jax.ShapeDtypeStruct(g.shape, g.dtype)
-  if column_sums:
-    out_type = (out_type, jax.ShapeDtypeStruct((g.shape[0] // _PIECE, g.shape[1]), jnp.float32))
+  out_type = (jax.ShapeDtypeStruct(g.shape, g.dtype),
+              jax.ShapeDtypeStruct((g.shape[0] // _PIECE, g.shape[1]), jnp.float32))
   return _launch(body, out_type, sms, tiles, trace_dir)(dy, w2.T, g)
 
 
@@ -403,12 +385,11 @@ def _fused_bwd(tiles, use_kernel, saved, dy):
   x, h, g, w1, b1, w2 = saved
   w2_16 = w2.astype(dy.dtype)
   f32 = jnp.float32
-  if use_kernel and COLUMN_SUMS:
-    dpre, sums = dgelu_matmul(dy, w2_16, g, tiles=tiles, column_sums=True)
+  if use_kernel:
+    dpre, sums = dgelu_matmul(dy, w2_16, g, tiles=tiles)
     db1 = jnp.sum(sums, axis=0)
   else:
-    dpre = (dgelu_matmul(dy, w2_16, g, tiles=tiles) if use_kernel
-            else dgelu_reference(dy, w2_16, g))
+    dpre = dgelu_reference(dy, w2_16, g)
     db1 = jnp.sum(dpre, axis=0, dtype=f32)
   tokens = (((0,), (0,)), ((), ()))  # Contract the rows: x^T @ dPre, h^T @ dY.
   dx = dpre @ w1.astype(dpre.dtype).T

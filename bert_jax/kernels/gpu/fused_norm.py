@@ -34,7 +34,6 @@ with masked loads and stores (`_Columns`).
 runs the Triton kernels (NVIDIA GPUs; `interpret=True` runs them on any backend, for tests).
 """
 
-from collections.abc import Callable
 import functools
 from typing import NamedTuple
 
@@ -65,17 +64,14 @@ def block_rows(rows: int, max_block_rows: int) -> int:
   return block
 
 
-# Launch shapes of the kernels (experiments/fused_norm_bench.py measures the choices). The
-# backward's 2 rows a step and 32 a program took 0.67-0.85 ms off BERT-Large's step at 512 on
-# an H200, against 1:16:4 (experiments/perf_notes.md, twenty-fourth session); its 2 pipelining
-# stages 0.16-0.23 ms more (twenty-fifth). Those stages apply to widths that are powers of two:
-# at Base's 768 columns, read as 1,024 under a mask, they were the slowest shape alone
-# (backward_launch).
+# Launch shapes of the kernels. The backward's 2 rows a step and 32 a program took 0.67-0.85 ms
+# off BERT-Large's step at 512 on an H200, against 1:16:4; its 2 pipelining stages 0.16-0.23 ms
+# more (docs/performance.md). Those stages apply to widths that are powers of two: at Base's 768
+# columns, read as 1,024 under a mask, they were the slowest shape alone (backward_launch).
 FORWARD = Launch(tile_rows=1, max_block_rows=16, num_warps=4)
 BACKWARD = Launch(tile_rows=2, max_block_rows=32, num_warps=4, num_stages=2)
 DRAW_BITS = 16
 DRAW_RANGE = 1 << DRAW_BITS
-WORD_BITS = 32  # Keep decisions a word holds where kernels hand them over as bits.
 
 
 def backward_launch(embed: int) -> Launch:
@@ -274,29 +270,26 @@ def _backward_kernel(*refs, threshold: int, has_keys: bool, tile: int):
   cols.store_vector(dbias_ref, jnp.sum(dbias, axis=0))
 
 
-def lowered_once(*, static_argnums: tuple[int, ...] = (), static_argnames: tuple[str, ...] = (),
-                 switches: Callable[[], tuple] = tuple):
+def lowered_once(*, static_argnums: tuple[int, ...] = (), static_argnames: tuple[str, ...] = ()):
   """Decorator for a kernel's launcher: fn under jax.jit with its settings static, so that the
   layers of a model calling it with the same shapes and settings share one trace and one
   lowering of the kernel (each layer a call of it, which XLA inlines) instead of one each.
   BERT-Large's train step at 512 traces and lowers for CUDA in about 4 s instead of 30-36 on 2
   CPU cores, its module 4.0 MB instead of 28.6.
 
-  switches() gives the module switches the kernel's trace reads (flash_backward.PAIRED_DRAWS):
-  they join the cache key, so flipping one traces the kernel again. Whatever else a trace reads
-  from outside its arguments is cached with it: a test that patches such a thing (a compiler
-  parameter, an interpreter setting) first clears jax's caches (jax.clear_caches)."""
+  The cache key is the arguments' shapes and dtypes and the static settings: a kernel's choices
+  come from those, not from module globals. Whatever else a trace reads from outside its
+  arguments is cached with it: a test that patches such a thing (a compiler parameter, an
+  interpreter setting) first clears jax's caches (jax.clear_caches)."""
   def wrap(fn):
-    def launch(switched, *args, **kwargs):
-      del switched  # Only a key of jit's cache.
+    def launch(*args, **kwargs):
       return fn(*args, **kwargs)
     launch.__name__ = launch.__qualname__ = getattr(fn, '__name__', 'kernel')
-    jitted = jax.jit(launch, static_argnums=(0, *(i + 1 for i in static_argnums)),
-                     static_argnames=static_argnames)
+    jitted = jax.jit(launch, static_argnums=static_argnums, static_argnames=static_argnames)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-      return jitted(switches(), *args, **kwargs)
+      return jitted(*args, **kwargs)
     return call
   return wrap
 

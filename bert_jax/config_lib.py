@@ -40,6 +40,10 @@ NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_ever
                 'data.input_shards')
 
 
+# Keys that no longer exist, and what replaced them.
+RENAMED = {'data.nsp': "now config.objectives: 'mlm,nsp' for NSP, 'mlm' without"}
+
+
 class ConfigError(ValueError):
   """A config value that cannot work."""
 
@@ -61,7 +65,9 @@ def validate(config) -> None:
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
   _check_ranges(flat, VALID_CHOICES, POSITIVE, NON_NEGATIVE, RATES)
-  _check_model(config.model, row_lengths(config))
+  _check_names(config)
+  _check_model_shape(config.model)
+  _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
   xla_options(config)
@@ -177,6 +183,9 @@ def _check_known_keys(flat, reference, reference_file) -> None:
     hints = []
     for key in unknown:
       close = difflib.get_close_matches(key, known, n=1)
+      if key in RENAMED:
+        hints.append(f'config.{key} ({RENAMED[key]})')
+        continue
       hints.append(f'config.{key}' + (f' (did you mean config.{close[0]}?)' if close else ''))
     raise ConfigError(f'Unknown config keys: {", ".join(hints)}.')
   missing = sorted(set(known) - set(flat))
@@ -192,76 +201,39 @@ def row_lengths(config) -> list[int]:
   return lengths
 
 
-def cudnn_attention_possible(model, lengths) -> bool:
-  """Whether some rows may go through cuDNN's attention: attention_impl='cudnn', or 'pallas' with
-  a row length (or head size) that fused_attention's kernels do not take."""
-  if model.get('attention_impl') != 'pallas':
-    return model.get('attention_impl') == 'cudnn'
-  if model.hidden_size % model.num_heads:
-    return True  # _check_model refuses it.
-  from bert_jax.kernels.gpu import fused_attention  # pylint: disable=g-import-not-at-top
-  head_dim = model.hidden_size // model.num_heads
-  return not all(fused_attention.supported(n, head_dim) for n in lengths)
+def _objectives():
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  return objectives
 
 
-def _check_model(model, lengths) -> None:
-  # 'pallas' runs the rows fused_attention does not take through cuDNN; its own kernels draw
-  # their dropout from the rng stream, so scans and remat keep their masks.
-  if cudnn_attention_possible(model, lengths) and model.attention_dropout_rate > 0:
-    # cuDNN drops attention probabilities in the kernel; its backward finds the forward's mask
-    # only when each layer is its own call, run once per step (see layers.cudnn_attention).
-    impl = model.attention_impl
-    if model.scan_layers:
-      raise ConfigError(
-          f"config.model.attention_impl='{impl}' with attention dropout "
-          f'(config.model.attention_dropout_rate={model.attention_dropout_rate}) needs '
-          'config.model.scan_layers=False: under a scan every layer would share one mask '
-          'stream and the backward would read the layers\' masks in reverse order. Set '
-          'scan_layers=False, or attention_dropout_rate=0.0 (a documented departure from the '
-          "paper), or attention_impl='xla'.")
-    if model.remat_policy != 'none':
-      raise ConfigError(
-          f"config.model.attention_impl='{impl}' with attention dropout needs "
-          f"config.model.remat_policy='none' (got {model.remat_policy!r}): a recomputed "
-          'attention would draw a new mask. Use remat_policy=\'none\', attention_dropout_rate=0.0 '
-          "or attention_impl='xla'.")
-  if model.get('ffn_impl', 'xla') == 'pallas' and model.gelu != 'tanh':
-    raise ConfigError(
-        f"config.model.ffn_impl='pallas' computes the tanh GELU (its kernel's gradient); got "
-        f"config.model.gelu={model.gelu!r}. Set gelu='tanh' (the original BERT code's), or "
-        "ffn_impl='xla'.")
-  if model.attention_impl == 'pallas' and not model.hidden_size % model.num_heads:
-    _check_mosaic_attention(model, lengths)
+def _check_names(config) -> None:
+  """config.model.name is a registered encoder; config.objectives, when the config has it, names
+  registered objectives."""
+  from bert_jax import models  # pylint: disable=g-import-not-at-top
+  name = config.model.get('name', 'bert')
+  if name not in models.available():
+    raise ConfigError(f'config.model.name={name!r} is not a model; valid models are '
+                      f'{", ".join(models.available())}.')
+  if 'objectives' in config:
+    try:
+      _objectives().parse(config.objectives)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+
+
+def _checks():
+  # The kernel settings' checks live beside their dispatch (bert_jax/ops); they import this
+  # module's ConfigError.
+  from bert_jax.ops import checks  # pylint: disable=g-import-not-at-top
+  return checks
+
+
+def _check_model_shape(model) -> None:
   if model.hidden_size % model.num_heads:
     raise ConfigError(
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
         f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
-
-
-def _check_mosaic_attention(model, lengths) -> None:
-  """long_attention_backward and short_attention_backward on Mosaic GPU ('mosaic';
-  bert_jax/kernels/gpu/flash_backward.py) take 16-bit compute, heads of 64 or 128 (wgmma) and rows of 64
-  tokens or more (a wgmma's 64 rows); checked only when the run has rows that the kernel would
-  take."""
-  from bert_jax.kernels.gpu import fused_attention  # pylint: disable=g-import-not-at-top
-  head_dim = model.hidden_size // model.num_heads
-  kernel_rows = [n for n in lengths if fused_attention.supported(n, head_dim)]
-  for key, rows in (
-      ('long_attention_backward', [n for n in kernel_rows if n > fused_attention.MAX_LENGTH]),
-      ('short_attention_backward', [n for n in kernel_rows if n <= fused_attention.MAX_LENGTH])):
-    value = model.get(key, 'triton')
-    if value != 'mosaic' or not rows:
-      continue
-    if model.dtype == 'float32' or head_dim not in (64, 128):
-      raise ConfigError(
-          f"config.model.{key}='{value}' takes 16-bit compute and heads of 64 or 128 (wgmma); "
-          f'got config.model.dtype={model.dtype!r}, head size {head_dim} (hidden_size '
-          f"{model.hidden_size} / num_heads {model.num_heads}). Use {key}='triton'.")
-    if any(n % 64 for n in rows):
-      raise ConfigError(
-          f"config.model.{key}='{value}' takes rows of 64 tokens or more (a wgmma's 64 rows); "
-          f"this run has rows of {sorted(set(rows))}. Use {key}='triton'.")
 
 
 def _check_data(config) -> None:
@@ -283,7 +255,7 @@ def _check_data(config) -> None:
         f'config.data.max_predictions_per_seq={data.max_predictions_per_seq} is too small for '
         f'config.masking.rate={masking.rate} x config.data.max_seq_length='
         f'{data.max_seq_length} = {needed} predictions; set it to at least {needed}.')
-  minimum = 3 if data.nsp else 2
+  minimum = 3 if _objectives().sentence_pairs(config) else 2
   if data.max_seq_length < minimum + 2:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
@@ -318,7 +290,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer\'s '
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
-  check_gpu_kernels(config)
+  _checks().check_gpu_kernels(config)
   check_xla_options(config)
   batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
                                  and config.train.phase2_batch_size else [])
@@ -328,36 +300,6 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
           f'config.train.{key}={config.train[key]} is not divisible by the {batch_divisor} '
           f'devices the batch is split over (mesh data x fsdp); use a multiple of '
           f'{batch_divisor}.')
-
-
-def check_gpu_kernels(config) -> None:
-  """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
-  ffn_impl 'pallas' and the attention kernels set to 'mosaic' Mosaic GPU kernels: Hopper
-  GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
-  shard_map)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax.kernels.gpu import fused_ffn  # pylint: disable=g-import-not-at-top
-  backend, count = jax.default_backend(), jax.device_count()
-  if backend != 'gpu':
-    for key, kernels in (('layer_norm_impl', 'Triton kernels on NVIDIA GPUs'),
-                         ('attention_impl', 'Triton kernels on NVIDIA GPUs'),
-                         ('ffn_impl', 'a Mosaic GPU kernel on NVIDIA Hopper GPUs')):
-      if config.model.get(key, 'xla') == 'pallas':
-        raise ConfigError(
-            f"config.model.{key}='pallas' runs {kernels}; this run has {count} {backend} "
-            f"device(s). Use {key}='xla' (any device, any mesh).")
-    return
-  mosaic = (('ffn_impl', ('pallas',), "ffn_impl='xla'"),
-            ('long_attention_backward', ('mosaic',), "long_attention_backward='triton'"),
-            ('short_attention_backward', ('mosaic',), "short_attention_backward='triton'"))
-  for key, values, instead in mosaic:
-    value = config.model.get(key, None)
-    if value in values and not fused_ffn.on_hopper():
-      device = jax.devices()[0]
-      raise ConfigError(
-          f"config.model.{key}='{value}' runs a Mosaic GPU kernel (wgmma, TMA) on NVIDIA Hopper "
-          f"GPUs (compute capability 9.x); this run has {device.device_kind} (compute "
-          f"capability {getattr(device, 'compute_capability', '?')}). Use {instead}.")
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
@@ -386,7 +328,9 @@ def validate_finetune(config) -> None:
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES},
                 FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')),
                 FINETUNE_NON_NEGATIVE, FINETUNE_RATES)
-  _check_model(config.model, [config.data.max_seq_length])
+  _check_names(config)
+  _check_model_shape(config.model)
+  _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
@@ -445,7 +389,7 @@ def _check_path(key: str, value: str, what: str, directory: bool = False) -> Non
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
   """Checks that need the tokenizer; still before compilation."""
-  check_gpu_kernels(config)
+  _checks().check_gpu_kernels(config)
   if config.model.vocab_size < tokenizer_vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '
@@ -503,7 +447,7 @@ def apply_compilation_cache(config) -> str:
 def needs_cudnn_outside_command_buffers(config) -> bool:
   model = config.get('model') or {}
   return (model.get('attention_dropout_rate', 0) > 0
-          and cudnn_attention_possible(model, row_lengths(config)))
+          and _checks().cudnn_attention_possible(model, row_lengths(config)))
 
 
 def apply_xla_flags(config) -> None:

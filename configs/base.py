@@ -2,6 +2,7 @@
 
 Arguments (comma separated, `configs/base.py:layers=6,nsp=False,mask_rate=0.3`):
   layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, corpus, vocab.
+(`nsp=False` drops 'nsp' from config.objectives: single segments, MLM only.)
 Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`.
 """
 
@@ -12,7 +13,7 @@ ARGUMENTS = {
     'layers': 'model.num_layers',
     'hidden': 'model.hidden_size',
     'heads': 'model.num_heads',
-    'nsp': 'data.nsp',
+    'nsp': lambda config, value: _set_objective(config, 'nsp', _parse_bool(value, 'nsp')),
     'mask_rate': 'masking.rate',
     'wwm': 'masking.whole_word',
     'seq': 'data.max_seq_length',
@@ -32,8 +33,12 @@ def get_config(arg=None):
   # workdir. The model's shape and, unless data.vocab_file is set, the vocab come from it.
   config.init_from = ''
   config.init_resize_vocab = False  # Resize the source's vocab rows to model.vocab_size.
+  # Pretraining objectives (bert_jax/objectives), comma separated: 'mlm,nsp' is BERT's (sentence
+  # pairs, masked LM + next-sentence prediction); 'mlm' alone trains on single segments.
+  config.objectives = 'mlm,nsp'
 
   config.model = model = ml_collections.ConfigDict()
+  model.name = 'bert'  # The encoder (bert_jax/models registry).
   model.vocab_size = 30522  # Rows of the word embedding; >= the tokenizer's vocab.
   model.hidden_size = 768  # H.
   model.num_layers = 12  # L.
@@ -53,35 +58,29 @@ def get_config(arg=None):
   # 'erf': exact GELU, as HF computes it; 'tanh': the original TF BERT's approximation (cheaper
   # on GPUs).
   model.gelu = 'erf'
-  # 'xla': einsum softmax with attention dropout (any device); 'cudnn': fused flash attention on
-  # NVIDIA GPUs, attention dropout drawn in the kernel (needs scan_layers=False and remat 'none'
-  # while attention_dropout_rate > 0; see configs/large_gpu.py); 'pallas': the Triton kernels of
-  # bert_jax.kernels.gpu.fused_attention for rows of 16-512 tokens, powers of two (head size too), packed or
-  # not, and cuDNN for other rows (cuDNN's conditions apply when the run has such rows).
+  # How each part is computed (bert_jax/ops dispatches; docs/gpu.md has the kernels):
+  # attention 'xla' (einsum softmax with attention dropout; any device), 'cudnn' (cuDNN's fused
+  # attention, dropout in the kernel: needs scan_layers=False and remat 'none' while
+  # attention_dropout_rate > 0) or 'pallas' (bert_jax/kernels/gpu/fused_attention.py for rows of
+  # 16-512 tokens, powers of two, packed or not; cuDNN's for other rows).
   model.attention_impl = 'xla'
-  # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (the Pallas
-  # Triton kernel) or 'mosaic' (bert_jax/kernels/gpu/flash_backward.py: Hopper's wgmma and TMA; Hopper GPUs
-  # and 16-bit compute only).
+  # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (Pallas Triton)
+  # or 'mosaic' (kernels/gpu/flash_backward.py: wgmma and TMA; Hopper GPUs, 16-bit compute).
   model.long_attention_backward = 'triton'
-  # The same for rows up to 128 tokens (phase 1): 'triton' (one program per row and head) or
-  # 'mosaic' (bert_jax/kernels/gpu/flash_backward.py's row_backward: one block per row and head, nothing
-  # recomputed; rows of 64 or 128, Hopper GPUs, 16-bit compute).
+  # The same for rows up to 128 tokens: 'triton' (one program per row and head) or 'mosaic'
+  # (flash_backward.row_backward: one block per row and head; rows of 64 or 128, Hopper GPUs).
   model.short_attention_backward = 'triton'
   # PRNG of the dropout masks: 'threefry' (the same masks under any sharding) or 'rbg' (XLA's
   # RngBitGenerator: much cheaper on GPU, masks may differ between meshes).
   model.dropout_rng_impl = 'threefry'
   # Bias + dropout + residual add + LayerNorm after each sublayer: 'xla', or 'pallas' (one
-  # Triton kernel each way, bert_jax/kernels/gpu/fused_norm.py; NVIDIA GPUs).
+  # Triton kernel each way, kernels/gpu/fused_norm.py; NVIDIA GPUs).
   model.layer_norm_impl = 'xla'
-  # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, bert_jax/kernels/gpu/fused_ffn.py:
-  # the up-projection with bias and GELU saving gelu', the backward's dY @ W2^T times it; needs
-  # gelu='tanh' and a Hopper GPU; on an H200 +1.4-2.4% a step at Base 128, +1.9% at Large 128;
-  # configs/large_gpu.py sets it).
+  # The feed-forward block: 'xla', or 'pallas' (two Mosaic GPU kernels, kernels/gpu/fused_ffn.py,
+  # on both sides of the GELU; needs gelu='tanh' and a Hopper GPU).
   model.ffn_impl = 'xla'
-  # Compute the encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same
-  # function and parameters). On an H100: with layer_norm_impl='pallas' set it too (1,534 -> 1,604
-  # seq/s at Large 128 in one call); with 'xla', no faster (experiments/perf_notes.md).
-  # Unmeasured on TPUs, where reshapes can cost relayouts.
+  # The encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same function
+  # and parameters, another HLO for XLA to fuse; faster on GPUs with layer_norm_impl='pallas').
   model.flat_matmuls = False
 
   config.mesh = mesh = ml_collections.ConfigDict()
@@ -101,7 +100,6 @@ def get_config(arg=None):
   data.max_seq_length = 128  # Tokens per example, [CLS] and [SEP]s included.
   data.max_predictions_per_seq = 20  # Masked positions per example (80 at 512).
   data.short_seq_prob = 0.1  # Probability of a shorter target length.
-  data.nsp = True  # Sentence pairs + next-sentence prediction; False: single segments, no NSP head.
   data.eval_fraction = 0.02  # Share of documents held out for evaluation.
   data.max_documents = 0  # Use at most this many documents (0: all).
   # A corpus prepared by `python -m bert_jax.data.prepare` (a directory): streamed with Grain,
@@ -175,6 +173,9 @@ def apply_arguments(config, arg, arguments=None):
       raise ValueError(
           f'Unknown config argument {item!r}; valid arguments are '
           f'{", ".join(sorted(arguments))} as name=value.')
+    if callable(arguments[name]):
+      arguments[name](config, value.strip())
+      continue
     *parents, leaf = arguments[name].split('.')
     node = config
     for parent in parents:
@@ -182,14 +183,24 @@ def apply_arguments(config, arg, arguments=None):
     node[leaf] = _parse_like(node[leaf], value.strip(), name)
 
 
+def _set_objective(config, name: str, on: bool) -> None:
+  """Adds objective `name` to config.objectives, or removes it."""
+  names = [n.strip() for n in config.objectives.split(',') if n.strip() and n.strip() != name]
+  config.objectives = ','.join(names + [name] if on else names)
+
+
+def _parse_bool(text, name):
+  if text.lower() in ('true', '1', 'yes'):
+    return True
+  if text.lower() in ('false', '0', 'no'):
+    return False
+  raise ValueError(f'Config argument {name}={text!r}: expected True or False.')
+
+
 def _parse_like(current, text, name):
   """Parses `text` to the type of `current`."""
   if isinstance(current, bool):
-    if text.lower() in ('true', '1', 'yes'):
-      return True
-    if text.lower() in ('false', '0', 'no'):
-      return False
-    raise ValueError(f'Config argument {name}={text!r}: expected True or False.')
+    return _parse_bool(text, name)
   try:
     return type(current)(text)
   except ValueError:

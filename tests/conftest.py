@@ -42,3 +42,31 @@ def mosaic_semantics(request, monkeypatch):
   jax.clear_caches()
   yield request.param
   jax.clear_caches()
+
+
+# A pretraining run small enough for a test: a 2-layer, 32-wide model on 150 documents of the
+# built-in corpus. Tests start from micro_config and override what they exercise.
+MICRO = {
+    'model.vocab_size': 1024, 'model.hidden_size': 32, 'model.num_layers': 2,
+    'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_position_embeddings': 32,
+    'data.tokenizer_vocab_size': 1024, 'data.max_seq_length': 32,
+    'data.max_predictions_per_seq': 5, 'data.max_documents': 150, 'data.eval_fraction': 0.1,
+    'train.batch_size': 8, 'train.learning_rate': 1e-3, 'train.warmup_steps': 5,
+    'train.eval_batches': 2, 'train.keep_checkpoints': 2, 'train.peak_flops': 1e11,
+}
+
+
+def micro_config(tmp_path=None, **overrides):
+  """configs/tiny.py with MICRO and `overrides` ('section.key' or a top-level key: value); the
+  trained vocab cached under tmp_path."""
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  for key, value in {**MICRO, **overrides}.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  if tmp_path is not None:
+    config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
+  return config

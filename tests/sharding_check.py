@@ -94,13 +94,14 @@ def train(config, batches, devices):
   with sharding.activation_rules(mesh, rules):
     state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
     batch_shardings = sharding.batch_sharding(mesh)
-    train_step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx),
+    train_step = jax.jit(functools.partial(steps.train_step,
+                                           loss_fn=steps.pretraining_loss_fn(model), tx=tx),
                          in_shardings=(state_shardings, batch_shardings),
                          out_shardings=(state_shardings, None), donate_argnums=0)
     losses = []
     for batch in batches:
       state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
-      losses.append(float(steps.total_loss(jax.device_get(stats))))
+      losses.append(float(jax.device_get(stats['loss'])))
   return losses, state
 
 

@@ -196,5 +196,5 @@ def test_code_fingerprint_follows_the_sources(tmp_path):
   assert changed != first
   (tmp_path / 'sub' / 'b.py').rename(tmp_path / 'b.py')  # The same contents elsewhere.
   assert benchmark.code_fingerprint(str(tmp_path)) != changed
-  assert benchmark.code_fingerprint() == benchmark.code_fingerprint(
-      os.path.dirname(benchmark.__file__))
+  assert benchmark.code_fingerprint() == benchmark.code_fingerprint(  # The whole package.
+      os.path.dirname(os.path.dirname(benchmark.__file__)))

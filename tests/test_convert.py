@@ -64,7 +64,7 @@ def our_config(hf_config, scan_layers=True, nsp=True):
   config = base.get_config()
   config.model.update(convert.hf_config_to_model_overrides(hf_config))
   config.model.scan_layers = scan_layers
-  config.data.nsp = nsp
+  config.objectives = 'mlm,nsp' if nsp else 'mlm'
   return config
 
 
@@ -92,16 +92,16 @@ def run_hf(model, inputs):
   return mlm, nsp, out.hidden_states[-1].numpy()
 
 
-def heads_and_sequence(module, ids, segments, mask, positions):
-  """BertForPreTraining's outputs and its BertModel's sequence output, in one apply."""
-  return module(ids, segments, mask, positions), module.bert(ids, segments, mask)[0]
-
-
 def run_ours(params, config, inputs):
   """(MLM logits, NSP logits or None, sequence output) of our model."""
-  forward = jax.jit(lambda p, *batch: steps.build_model(config).apply(  # noqa: E731
-      {'params': p}, *batch, method=heads_and_sequence))
-  out, sequence = forward(params, *inputs)
+  model = steps.build_model(config)
+  encoder = model_lib.BertModel(model.config)
+
+  def forward(p, ids, segments, mask, positions):
+    out = model.apply({'params': p}, {'input_ids': ids, 'segment_ids': segments,
+                                      'input_mask': mask, 'masked_lm_positions': positions})
+    return out, encoder.apply({'params': p['bert']}, ids, segments, mask)[0]
+  out, sequence = jax.jit(forward)(params, *inputs)
   nsp = np.asarray(out['nsp_logits']) if 'nsp_logits' in out else None
   return np.asarray(out['mlm_logits']), nsp, np.asarray(sequence)
 
@@ -169,7 +169,8 @@ def test_export_without_nsp_loads_as_masked_lm(checkpoint, inputs, tmp_path):
   config = our_config(checkpoint[1], nsp=False)
   params, report = convert.import_hf(checkpoint[0], config)
   assert 'seq_relationship' not in params
-  assert any('cls.seq_relationship.weight: config.data.nsp is False' in s for s in report.skipped)
+  assert any('cls.seq_relationship.weight: config.objectives has no nsp' in s
+             for s in report.skipped)
   convert.export_hf(params, config, str(tmp_path))
   loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path),
                                                                    output_loading_info=True)

@@ -26,6 +26,7 @@ from bert_jax import config_lib
 from bert_jax.train import pretrain
 from bert_jax import sharding
 from bert_jax.train import step as steps
+import conftest
 import test_train
 from test_train import REPO, assert_trees_equal, command, final_params, read_metrics
 
@@ -244,15 +245,8 @@ def poison_step(monkeypatch, bad_step):
 
 
 def micro_config(tmp_path=None, **overrides):
-  """test_train's micro model with RUN and `overrides` ('section.key': value)."""
-  from configs import tiny  # pylint: disable=g-import-not-at-top
-  config = tiny.get_config()
-  for key, value in {**test_train.OVERRIDES, **RUN, **overrides}.items():
-    section, leaf = key.split('.')
-    config[section][leaf] = value
-  if tmp_path is not None:
-    config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
-  return config
+  """conftest's micro config with RUN and `overrides` ('section.key': value)."""
+  return conftest.micro_config(tmp_path, **{**RUN, **overrides})
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path,
@@ -289,7 +283,8 @@ def test_skipped_step_keeps_parameters_and_optimizer_state():
     state, _ = steps.create_train_state(config, model, tx, mesh, rules)
     batch = {k: np.zeros(v.shape, v.dtype) for k, v in steps.dummy_batch(4, 32, 5).items()}
     batch['masked_lm_weights'] = np.full((4, 5), np.nan, np.float32)
-    step = jax.jit(lambda s, b: steps.train_step(s, b, model=model, tx=tx, skip_nonfinite=True))
+    step = jax.jit(lambda s, b: steps.train_step(s, b, loss_fn=steps.pretraining_loss_fn(model),
+                                                 tx=tx, skip_nonfinite=True))
     new_state, stats = step(state, batch)
   assert float(stats['finite']) == 0.0 and float(stats['mlm_loss_sum']) == 0.0
   assert int(new_state.step) == 1

@@ -18,6 +18,8 @@ from bert_jax.kernels.gpu import fused_attention
 from bert_jax.kernels.gpu import fused_norm
 from bert_jax.models import layers
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
+from bert_jax.ops import attention as attention_ops
 from configs import tiny
 import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)
 
@@ -59,7 +61,8 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
     (jnp.float32, 256, HEAD_DIM, None, 'triton'),
     (jnp.float32, 256, HEAD_DIM, fused_attention.LongBlocks(64, 32, 64, 32), 'triton'),
     (jnp.bfloat16, 256, 64, None, 'triton'), (jnp.float32, 512, HEAD_DIM, None, 'triton'),
-    # The Mosaic GPU backward (bert_jax.kernels.gpu.flash_backward) on its interpreter: two warpgroups.
+    # The Mosaic GPU backward (bert_jax.kernels.gpu.flash_backward) on its interpreter: two
+    # warpgroups.
     (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS, 'triton')])
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short_backward, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
@@ -75,29 +78,17 @@ def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short
     np.testing.assert_allclose(as32(a), as32(b), rtol=tol, atol=tol * 4, err_msg=f'd{name}')
 
 
-def test_one_pass_mosaic_backward_equals_the_reference(monkeypatch):
-  """flash_backward.ONE_PASS on the interpreter with two compute warpgroups: each warpgroup's
-  share of dQ lands in its own block of keys' partials (summed by XLA), the gradients equal the
-  reference's as the two passes' do."""
-  monkeypatch.setattr(flash_backward, 'ONE_PASS', True)
-  q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=256, head_dim=64)
-  _, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, 0.1)
-  _, grads = value_and_grads('pallas', q, k, v, segment_ids, tile_keys, cotangent, 0.1,
-                             fused_attention.MOSAIC_LONG_BLOCKS)
-  as32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-  for name, a, b in zip('qkv', grads, grads_ref):
-    np.testing.assert_allclose(as32(a), as32(b), rtol=2e-2, atol=8e-2, err_msg=f'd{name}')
-  assert float(jnp.max(jnp.abs(as32(grads[0])))) > 0.1  # dQ is there, not zeros matching zeros.
-
-
 def _races_found(run, monkeypatch) -> bool:
   """Whether Mosaic GPU's interpreter, with its happens-before race detector on, finds a race
-  on shared memory between threads while run() runs the kernels of bert_jax.kernels.gpu.flash_backward."""
+  on shared memory between threads while run() runs the kernels of
+  bert_jax.kernels.gpu.flash_backward."""
   from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call  # pylint: disable=g-import-not-at-top
   from jax._src.pallas.mosaic_gpu.interpret import params  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(flash_backward, '_interpret_params',
                       lambda: params.InterpretGPUParams(detect_races=True))
-  jax.clear_caches()  # The launchers' cached traces hold the interpreter parameters.
+  # The launchers' cached traces (fused_norm.lowered_once) hold the interpreter parameters they
+  # were traced with: trace again with the race detector on, and again after without it.
+  jax.clear_caches()
   jax.block_until_ready(run())
   jax.clear_caches()
   return interpret_pallas_call.get_races().races_found
@@ -135,14 +126,11 @@ def test_row_backward_has_no_shared_memory_races(monkeypatch):
   assert not _races_found(run, monkeypatch)
 
 
-@pytest.mark.parametrize('one_pass', [False, True])
-def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks(one_pass, monkeypatch):
+def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   """flash_backward with one compute warpgroup of 128 keys, stepping 64 at a time (its pipeline
   indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter, through the
   model's path (attention_qkv with the projection's bias): dqkv, and the bias gradient from the
-  kernel's column sums, which are those of dqkv as stored. In two passes and in one
-  (flash_backward.ONE_PASS: dQ from the dK/dV pass, each block's share summed by XLA here)."""
-  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
+  kernel's column sums, which are those of dqkv as stored."""
   q, k, v, segment_ids, tile_keys, cotangent = operands(jnp.bfloat16, length=512, head_dim=64)
   q, k, v, segment_ids, tile_keys, cotangent = (  # One row (two segments, padding), one head.
       x[1:, :, :1] if x.ndim == 4 else x[1:] if x.ndim == 2 else x[1:, :1]
@@ -168,18 +156,15 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks(one_pass
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
-@pytest.mark.parametrize('paired', [False, True])
-@pytest.mark.parametrize('length, short_backward, one_pass', [
-    (128, 'mosaic', True), (64, 'mosaic', True), (512, 'triton', False), (512, 'triton', True)])
-def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward, one_pass,
-                                                               paired, mosaic_semantics,
-                                                               monkeypatch):
+@pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
+                                                    (512, 'triton')])
+def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
+                                                               mosaic_semantics, monkeypatch):
   """The gradient with a Mosaic GPU backward lowers for CUDA here, under each lowering
   semantics: its kernel, after the Triton forward, at Large's heads, rows of 128 and 64
-  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks, in two passes
-  and in one, flash_backward.ONE_PASS: dQ added by TMA reduce-adds); with
-  flash_backward.PAIRED_DRAWS, through paired_draws in each tile orientation the kernel draws
-  in (the dQ pass's [queries, keys] tiles; the long backward's dK/dV pass's [keys, queries])."""
+  (short_backward: row_backward with two warpgroups and one) and 512 (long_blocks); drawing
+  the dropout through flash_backward.paired_draws in each tile orientation the kernel draws in
+  (the dQ pass's [queries, keys] tiles; the long backward's dK/dV pass's [keys, queries])."""
   del mosaic_semantics
   orientations = []
   draws = flash_backward.paired_draws
@@ -187,8 +172,6 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   def recorded(index, key, *, rows_are_keys):
     orientations.append(rows_are_keys)
     return draws(index, key, rows_are_keys=rows_are_keys)
-  monkeypatch.setattr(flash_backward, 'PAIRED_DRAWS', paired)
-  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
   monkeypatch.setattr(flash_backward, 'paired_draws', recorded)
   qkv = jax.ShapeDtypeStruct((2, length, 3, 16, 64), jnp.bfloat16)
   args = (qkv, jax.ShapeDtypeStruct((3, 16, 64), jnp.float32),
@@ -204,14 +187,9 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
       lowering_platforms=('cuda',))
   text = lowered.as_text()
   assert ('row_attention_bwd_mgpu' in text) == (short_backward == 'mosaic')
-  # The one-pass kernel mutates a Ref, which jax's lowering names 'new_body'.
-  long_kernel = 'long_attention_bwd_mgpu' if not one_pass else 'new_body_mosaic_gpu'
-  assert (long_kernel in text) == (short_backward != 'mosaic')
-  assert ('cp.reduce.async.bulk.tensor' in text) == (length == 512 and one_pass)
+  assert ('long_attention_bwd_mgpu' in text) == (short_backward != 'mosaic')
   assert [o.shape for o in lowered.out_info] == [qkv.shape, (3, 16, 64)]
-  long_orientations = [True] if one_pass else [True, False]
-  expected = ([False] if short_backward == 'mosaic' else long_orientations) if paired else []
-  assert orientations == expected
+  assert orientations == ([False] if short_backward == 'mosaic' else [True, False])
 
 
 @pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (512, 'triton')])
@@ -233,8 +211,7 @@ def test_the_mosaic_backward_of_every_layer_lowers_once(length, short_backward):
       return sum(jnp.sum(out.astype(jnp.float32)) for out in outs)
     return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(*args).lower(
         lowering_platforms=('cuda',)).as_text()
-  kernel = ('row_attention_bwd_mgpu' if short_backward == 'mosaic' else
-            'long_attention_bwd_mgpu' if not flash_backward.ONE_PASS else 'cp.reduce.async.bulk')
+  kernel = 'row_attention_bwd_mgpu' if short_backward == 'mosaic' else 'long_attention_bwd_mgpu'
   three, six = lowered(3), lowered(6)
   assert six.count(kernel) == three.count(kernel) > 0
 
@@ -244,7 +221,7 @@ def test_paired_draws_pairing_on_the_wgmma_layout_gives_the_kernels_draws():
   it assumes (checked against jax's: lane l holds rows l // 4 and l // 4 + 8 of its warp's 16,
   each two-value register columns 2 (l % 4) + 8 j and the next), gives every value of a tile the
   draw fused_attention.keep_mask draws, in both orientations. (The kernels' registers themselves
-  run only on a GPU: experiments/attention_probe.py --paired_draws checks them there.)"""
+  run only on a GPU; the interpreter draws by flash_backward._draws instead.)"""
   import jax.experimental.pallas.mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   layout = plgpu.Layout.WGMMA.to_mgpu()
   assert layout.tiling.tiles == ((64, 8), (16, 8), (8, 8), (2,))
@@ -321,11 +298,12 @@ def test_packed_projection_gives_the_bias_gradient_from_the_kernels(length, rate
 
 def test_reference_is_the_models_attention_on_real_tokens():
   """Without dropout, on plain rows (segment ids = input mask), the reference equals
-  layers.dot_product_attention (the model's XLA path) wherever a real token queries."""
+  ops.attention.dot_product_attention (the model's XLA path) wherever a real token queries."""
   q, k, v, _, _, _ = operands(jnp.float32)
   input_mask = jnp.asarray([[1] * 20 + [0] * 12, [1] * 32], jnp.int32)
   ours = fused_attention.reference(q, k, v, input_mask, None, rate=0.0)
-  xla = layers.dot_product_attention(q, k, v, layers.attention_bias(input_mask, jnp.float32),
+  xla = attention_ops.dot_product_attention(q, k, v,
+                                            layers.attention_bias(input_mask, jnp.float32),
                                      None, 0.0, True, jnp.float32)
   real = np.asarray(input_mask, bool)
   np.testing.assert_allclose(np.asarray(ours)[real], np.asarray(xla)[real], rtol=1e-5, atol=1e-5)
@@ -441,21 +419,25 @@ def model_inputs():
   return test_fused_norm.model_inputs(length=16)  # The kernels' shortest row.
 
 
+def model_batch():
+  return test_fused_norm.model_batch(length=16)
+
+
 def test_model_with_the_fused_attention_computes_the_same_function():
-  xla = model_lib.BertForPreTraining(small_config())
-  fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
-  args = model_inputs()
+  xla = pretraining.PretrainingModel(small_config())
+  fused = pretraining.PretrainingModel(small_config(attention_impl='pallas'))
+  args = model_batch()
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
   test_fused_norm.assert_same_function(xla, fused, params, args)
 
 
 def test_model_with_the_fused_attention_on_long_rows_computes_the_same_function(monkeypatch):
   """Rows of 256 (phase 2's kind) go to the flash kernels, not to cuDNN's attention."""
-  monkeypatch.setattr(layers, 'cudnn_attention', None)  # Calling it would fail.
-  xla = model_lib.BertForPreTraining(small_config(max_position_embeddings=256))
-  fused = model_lib.BertForPreTraining(small_config(max_position_embeddings=256,
+  monkeypatch.setattr(attention_ops, 'cudnn_attention', None)  # Calling it would fail.
+  xla = pretraining.PretrainingModel(small_config(max_position_embeddings=256))
+  fused = pretraining.PretrainingModel(small_config(max_position_embeddings=256,
                                                     attention_impl='pallas'))
-  args = test_fused_norm.model_inputs(length=256)
+  args = test_fused_norm.model_batch(length=256)
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
   test_fused_norm.assert_same_function(xla, fused, params, args)
 
@@ -468,10 +450,12 @@ def test_model_with_the_fused_attention_on_packed_rows_computes_the_same_functio
   position_ids = jnp.asarray([list(range(7)) + list(range(9)),
                               list(range(4)) + list(range(5)) + [0] * 7], jnp.int32)
   nsp_positions = jnp.asarray([[0, 7], [0, 4]], jnp.int32)
-  args = (ids * mask, segments * mask, mask, positions)
-  packed = dict(position_ids=position_ids, pair_ids=pair_ids, nsp_positions=nsp_positions)
-  xla = model_lib.BertForPreTraining(small_config())
-  fused = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
+  args = ({'input_ids': ids * mask, 'segment_ids': segments * mask, 'input_mask': mask,
+           'masked_lm_positions': positions, 'position_ids': position_ids, 'pair_ids': pair_ids,
+           'nsp_positions': nsp_positions},)
+  packed = {}
+  xla = pretraining.PretrainingModel(small_config())
+  fused = pretraining.PretrainingModel(small_config(attention_impl='pallas'))
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args, **packed)['params'])
   outputs = [model.apply({'params': params}, *args, **packed) for model in (xla, fused)]
   for name in ('mlm_logits', 'nsp_logits'):
@@ -483,9 +467,9 @@ def test_model_hands_its_kernel_choices_to_the_attention(monkeypatch):
   calls = []  # The keyword arguments of each call (the kernels themselves are not run).
   monkeypatch.setattr(fused_attention, 'attention_qkv', lambda qkv, *a, **kw: calls.append(
       kw) or jnp.zeros(qkv.shape[:2] + qkv.shape[3:], qkv.dtype))
-  model = model_lib.BertForPreTraining(small_config(
+  model = pretraining.PretrainingModel(small_config(
       attention_impl='pallas', short_attention_backward='mosaic', long_attention_backward='mosaic'))
-  model.init(jax.random.key(0), *model_inputs())
+  model.init(jax.random.key(0), *model_batch())
   assert calls and all(c['short_backward'] == c['long_blocks'].backward == 'mosaic'
                        for c in calls)
 
@@ -495,8 +479,8 @@ def test_model_layers_draw_their_own_tile_keys(monkeypatch):
   tile_keys = fused_attention.tile_keys
   monkeypatch.setattr(fused_attention, 'tile_keys',
                       lambda *a: drawn.append(tile_keys(*a)) or drawn[-1])
-  model = model_lib.BertForPreTraining(small_config(attention_impl='pallas'))
-  args = model_inputs()
+  model = pretraining.PretrainingModel(small_config(attention_impl='pallas'))
+  args = model_batch()
   params = model.init(jax.random.key(0), *args)['params']
   model.apply({'params': params}, *args, deterministic=False, rngs={'dropout': jax.random.key(1)})
   assert len(drawn) == 2  # One draw per layer (2 layers).
@@ -504,15 +488,15 @@ def test_model_layers_draw_their_own_tile_keys(monkeypatch):
 
 
 def test_model_fused_attention_drops_in_training_only():
-  model = model_lib.BertForPreTraining(small_config(attention_impl='pallas',
+  model = pretraining.PretrainingModel(small_config(attention_impl='pallas',
                                                     hidden_dropout_rate=0.0))
-  args = model_inputs()
+  args = model_batch()
   params = model.init(jax.random.key(0), *args)['params']
   run = lambda seed: model.apply({'params': params}, *args, deterministic=False,  # noqa: E731
                                  rngs={'dropout': jax.random.key(seed)})['mlm_logits']
   np.testing.assert_array_equal(run(1), run(1))
   assert not np.allclose(run(1), run(2))  # Only attention dropout is on.
-  no_dropout = model_lib.BertForPreTraining(small_config(
+  no_dropout = pretraining.PretrainingModel(small_config(
       attention_impl='pallas', hidden_dropout_rate=0.0, attention_dropout_rate=0.0))
   np.testing.assert_allclose(
       no_dropout.apply({'params': params}, *args, deterministic=False,
@@ -603,11 +587,11 @@ def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():
 def test_scanned_rematerialised_layers_draw_the_same_masks_again():
   """Under nn.scan + nn.remat the recomputed attention draws its forward's masks (the keys come
   from the rng stream), so the gradients equal those without remat."""
-  args = model_inputs()
+  args = model_batch()
   rngs = {'dropout': jax.random.key(1)}
   grads = []
   for remat in ('none', 'full'):
-    model = model_lib.BertForPreTraining(small_config(
+    model = pretraining.PretrainingModel(small_config(
         attention_impl='pallas', scan_layers=True, remat_policy=remat, hidden_dropout_rate=0.0))
     params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
     loss = lambda p: model.apply({'params': p}, *args, deterministic=False,  # noqa: E731
@@ -617,69 +601,7 @@ def test_scanned_rematerialised_layers_draw_the_same_masks_again():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   no_dropout = small_config(scan_layers=True, remat_policy='full', hidden_dropout_rate=0.0,
                             attention_dropout_rate=0.0)
-  xla, fused = (model_lib.BertForPreTraining(dataclasses.replace(no_dropout, attention_impl=impl))
+  xla, fused = (pretraining.PretrainingModel(dataclasses.replace(no_dropout, attention_impl=impl))
                 for impl in ('xla', 'pallas'))
   test_fused_norm.assert_same_function(
       xla, fused, nn.meta.unbox(xla.init(jax.random.key(0), *args)['params']), args)
-
-
-def test_pack_keep_puts_key_32w_plus_b_in_bit_b_of_word_w():
-  """fused_attention.pack_keep's layout, which flash_backward.KEEP_WORDS reads: [queries, keys]
-  -> [keys // 32, queries], bit b of word w the decision for key 32 w + b."""
-  keep = np.random.default_rng(0).random((2, 8, 64)) < 0.5  # [heads, queries, keys]
-  words = np.asarray(fused_attention.pack_keep(jnp.asarray(keep)))
-  assert words.shape == (2, 2, 8) and words.dtype == np.uint32
-  bits = (words[:, :, :, None] >> np.arange(32, dtype=np.uint32)) & 1  # [heads, w, queries, b]
-  np.testing.assert_array_equal(bits.transpose(0, 2, 1, 3).reshape(2, 8, 64), keep)
-
-
-def test_long_forward_writes_the_keep_decisions_it_applies():
-  """With words=True (what flash_backward.KEEP_WORDS asks of it) the forward of long rows writes
-  the keep mask it drops by, as fused_attention.keep_words lays it out; the output is the same."""
-  length = 256
-  q, k, v, segment_ids, tile_keys, _ = operands(jnp.bfloat16, length=length, head_dim=64)
-  qkv = jnp.stack([q, k, v], axis=2)
-  threshold = fused_attention.dropout_threshold(0.1)
-  blocks = fused_attention.MOSAIC_LONG_BLOCKS
-  o, lse, words = fused_attention._long_forward(  # pylint: disable=protected-access
-      qkv, segment_ids, tile_keys, threshold, True, blocks, words=True)
-  np.testing.assert_array_equal(words, fused_attention.keep_words(tile_keys, length, threshold))
-  o_alone, lse_alone, none = fused_attention._long_forward(  # pylint: disable=protected-access
-      qkv, segment_ids, tile_keys, threshold, True, blocks)
-  assert none is None
-  np.testing.assert_array_equal(o, o_alone)
-  np.testing.assert_array_equal(lse, lse_alone)
-
-
-@pytest.mark.parametrize('one_pass', [False, True])
-def test_the_mosaic_backward_reading_the_forwards_words_lowers_for_cuda(one_pass, monkeypatch):
-  """flash_backward.KEEP_WORDS (off by default): the forward of long rows hands its keep
-  decisions ([batch, heads, length // 32, length] uint32) to the Mosaic GPU backward, which then
-  hashes no draw (paired_draws is never called) in either pass, or in the one pass."""
-  monkeypatch.setattr(flash_backward, 'KEEP_WORDS', True)
-  monkeypatch.setattr(flash_backward, 'ONE_PASS', one_pass)
-  draws = []
-  monkeypatch.setattr(flash_backward, 'paired_draws', lambda *a, **k: draws.append(k))
-  qkv = jax.ShapeDtypeStruct((2, 512, 3, 16, 64), jnp.bfloat16)
-  args = (qkv, jax.ShapeDtypeStruct((2, 512), jnp.int32),
-          jax.ShapeDtypeStruct((2, 16, 1), jnp.uint32))
-
-  def loss(qkv, segment_ids, keys):
-    out = fused_attention.attention_qkv(qkv, None, segment_ids, keys, rate=0.1,
-                                        long_blocks=fused_attention.MOSAIC_LONG_BLOCKS)
-    return jnp.sum(out.astype(jnp.float32))
-  text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=('cuda',)).as_text()
-  assert 'tensor<2x16x16x512xui32>' in text  # The words, out of the forward, into the backward.
-  assert ('long_attention_bwd_mgpu' if not one_pass else 'new_body_mosaic_gpu') in text
-  assert not draws
-
-
-@pytest.mark.parametrize('interpret', [False, True])
-def test_the_mosaic_backward_names_words_of_the_wrong_shape(interpret):
-  """On the GPU and on the interpreter (which hashes instead of reading them) alike."""
-  qkv = jnp.zeros((1, 256, 3, 2, 64), jnp.bfloat16)
-  vec = jnp.zeros((1, 2, 256), jnp.float32)
-  with pytest.raises(ValueError, match=r'words must be uint32 \(1, 2, 8, 256\).*\(1, 2, 256, 8\)'):
-    flash_backward.backward(qkv, jnp.ones((1, 256), jnp.int32), jnp.zeros((1, 2, 1), jnp.uint32),
-                            vec, vec, jnp.zeros((1, 256, 2, 64), jnp.bfloat16), threshold=6554,
-                            words=jnp.zeros((1, 2, 256, 8), jnp.uint32), interpret=interpret)

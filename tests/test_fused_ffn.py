@@ -3,8 +3,6 @@ kernels' places are taken by gelu_reference and dgelu_reference; the kernels nee
 and are lowered to Mosaic GPU here), its input checks, and the model with `ffn_impl='pallas'`."""
 
 import functools
-import os
-import sys
 
 import flax.linen as nn
 import jax
@@ -15,12 +13,9 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.gpu import fused_ffn
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
+from bert_jax.ops import checks
 from configs import tiny
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'experiments'))
-import ffn_epilogue_variants  # pylint: disable=g-import-not-at-top,wrong-import-position
-import ffn_kernel_trace  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 TOKENS, MLP, EMBED = 128, 128, 64  # The smallest shapes the default tiling divides.
 
@@ -66,7 +61,9 @@ def test_custom_vjp_equals_the_models_way(dtype):
 def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed, mosaic_semantics):
   """Both kernels lowered for a CUDA device (Mosaic GPU's layout inference and lowering run on
   this CPU; compiling them needs a Hopper GPU) at BERT-Base 256 x 128 and Large 128 x 128, under
-  each lowering semantics."""
+  each lowering semantics: the forward's h and g; the backward's dPre and its column sums per 64
+  rows [tokens // 64, mlp], whose buffer leaves the default tiling within a block's shared
+  memory."""
   del mosaic_semantics
   bf16 = jnp.bfloat16
   x, dy = (jax.ShapeDtypeStruct((tokens, embed), bf16),) * 2
@@ -74,13 +71,15 @@ def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed, mosa
   w2 = jax.ShapeDtypeStruct((mlp, embed), bf16)
   b1 = jax.ShapeDtypeStruct((mlp,), jnp.float32)
   g = jax.ShapeDtypeStruct((tokens, mlp), bf16)
-  for fn, args in ((fused_ffn.gelu_matmul, (x, w1, b1)), (fused_ffn.dgelu_matmul, (dy, w2, g))):
+  assert fused_ffn.fits(tokens, mlp, embed)
+  for fn, args, shapes in (
+      (fused_ffn.gelu_matmul, (x, w1, b1), [(tokens, mlp)] * 2),
+      (fused_ffn.dgelu_matmul, (dy, w2, g), [(tokens, mlp), (tokens // 64, mlp)])):
     lowered = jax.jit(functools.partial(fn, sms=132)).trace(*args).lower(
         lowering_platforms=('cuda',))
     text = lowered.as_text()
     assert 'mosaic_gpu' in text  # The kernel, as a Mosaic GPU custom call.
-    assert [o.shape for o in jax.tree.leaves(lowered.out_info)] == [(tokens, mlp)] * (
-        2 if fn is fused_ffn.gelu_matmul else 1)
+    assert [o.shape for o in jax.tree.leaves(lowered.out_info)] == shapes
 
 
 def _kernels_as_on_an_h100(monkeypatch):
@@ -92,33 +91,16 @@ def _kernels_as_on_an_h100(monkeypatch):
 
 
 @pytest.mark.parametrize('tokens, mlp, embed', [(32768, 3072, 768), (16384, 4096, 1024)])
-def test_the_backward_with_column_sums_lowers_and_fits(tokens, mlp, embed, mosaic_semantics,
-                                                      monkeypatch):
-  """dgelu_matmul(column_sums=True) lowered for a CUDA device under each lowering semantics at
-  BERT-Base and Large: dPre and its sums per 64 rows [tokens // 64, mlp]; with COLUMN_SUMS its
-  buffer counts in smem_bytes and the default tiling still fits a block; without, it is refused
-  before lowering."""
-  del mosaic_semantics
-  bf16 = jnp.bfloat16
-  args = (jax.ShapeDtypeStruct((tokens, embed), bf16), jax.ShapeDtypeStruct((mlp, embed), bf16),
-          jax.ShapeDtypeStruct((tokens, mlp), bf16))
-  sums_fn = functools.partial(fused_ffn.dgelu_matmul, sms=132, column_sums=True)
-  monkeypatch.setattr(fused_ffn, 'COLUMN_SUMS', False)
-  with pytest.raises(ValueError, match='COLUMN_SUMS'):
-    jax.jit(sums_fn).trace(*args)
-  before = fused_ffn.smem_bytes(fused_ffn.TILES)['backward']
-  monkeypatch.setattr(fused_ffn, 'COLUMN_SUMS', True)
-  assert fused_ffn.smem_bytes(fused_ffn.TILES)['backward'] == before + 2 * 64 * 64 * 4
-  assert fused_ffn.fits(tokens, mlp, embed)
-  lowered = jax.jit(sums_fn).trace(*args).lower(lowering_platforms=('cuda',))
-  assert 'mosaic_gpu' in lowered.as_text()
-  assert [o.shape for o in lowered.out_info] == [(tokens, mlp), (tokens // 64, mlp)]
-  # The block's gradient takes the bias gradient from those sums (the kernels as on a Hopper GPU).
+def test_the_bias_gradient_comes_from_the_backward_kernels_column_sums(tokens, mlp, embed,
+                                                                      monkeypatch):
+  """The block's gradient, with the kernels as on a Hopper GPU, at BERT-Base and Large: the bias
+  gradient is the sum of dgelu_matmul's column sums per 64 rows (no second read of dPre)."""
   _kernels_as_on_an_h100(monkeypatch)
+  x = jax.ShapeDtypeStruct((tokens, embed), jnp.bfloat16)
   params = [jax.ShapeDtypeStruct(shape, jnp.float32)
             for shape in ((embed, mlp), (mlp,), (mlp, embed))]
   loss = lambda x, *p: jnp.sum(fused_ffn.ffn(x, *p).astype(jnp.float32))  # noqa: E731
-  traced = jax.jit(jax.grad(loss, argnums=(1, 2, 3))).trace(args[0], *params)
+  traced = jax.jit(jax.grad(loss, argnums=(1, 2, 3))).trace(x, *params)
   sums_in = [e for e in _kernel_eqns(traced.jaxpr.jaxpr)
              if e.primitive.name == 'reduce_sum' and e.invars[0].aval.shape == (tokens // 64, mlp)]
   assert len(sums_in) == 1
@@ -158,9 +140,9 @@ def _kernel_eqns(jaxpr):
 
 
 def test_traced_kernels_ask_the_profiler_for_their_regions(tmp_path):
-  """With trace_dir (experiments/ffn_kernel_trace.py) each kernel asks Mosaic GPU's profiler for
-  trace_ranges ranges per warpgroup, written to trace_dir, and its prologue and epilogue are named
-  regions; without, no profiler. (The traced kernel's lowering needs a GPU backend for
+  """With trace_dir each kernel asks Mosaic GPU's profiler for trace_ranges ranges per
+  warpgroup, written to trace_dir, and its prologue and epilogue are named regions; without, no
+  profiler. (The traced kernel's lowering needs a GPU backend for
   the profiler's callback, so this checks the traced function.) At Base's shapes a warpgroup
   takes at most 24 of the 6,144 tiles of 132 blocks, two ranges each; the profiler's 'Init'
   range and header take two ranges' room."""
@@ -184,41 +166,6 @@ def test_traced_kernels_ask_the_profiler_for_their_regions(tmp_path):
           (50, trace_dir) if trace_dir else (0, ''))
       names = {scope.name for e in eqns for scope in e.source_info.name_stack.stack}
       assert {'prologue', 'epilogue'} <= names
-
-
-def test_trace_summary_of_two_warpgroups_taking_turns():
-  """experiments/ffn_kernel_trace.summarize on a hand-made trace: one block whose two compute
-  warpgroups alternate; epilogues of 6 against matmuls of 4 leave the tensor cores idle 2 of
-  every 6 units once the turns settle. The kernels record prologues and epilogues; the matmuls
-  are the spans between them."""
-
-  def ranges(tid, spans):
-    events = []
-    for name, begin, end in spans:
-      events += [{'name': name, 'ph': 'B', 'ts': begin, 'pid': 7, 'tid': tid},
-                 {'name': name, 'ph': 'E', 'ts': end, 'pid': 7, 'tid': tid}]
-    return events
-
-  # wg 0: matmul 0-4, epilogue 4-10, matmul 10-14, epilogue 14-20.
-  # wg 1: waits for the tensor cores, matmul 4-8, epilogue 8-14, matmul 14-18, epilogue 18-24.
-  wg0 = ranges(1, [('prologue', 0, 0), ('epilogue', 4, 10), ('prologue', 10, 10),
-                   ('epilogue', 14, 20)])
-  wg1 = ranges(2, [('prologue', 0, 0), ('epilogue', 8, 14), ('prologue', 14, 14),
-                   ('epilogue', 18, 24)])
-  assert ffn_kernel_trace.intervals({'traceEvents': wg1})[(7, 2)]['matmul'] == [(0, 8), (14, 18)]
-  summary = ffn_kernel_trace.summarize({'traceEvents': wg0 + wg1})
-  assert summary['tiles_traced'] == 4 and summary['blocks'] == 1
-  assert summary['matmul_per_tile'] == 4 and summary['epilogue_per_tile'] == 6
-  assert summary['epilogue_over_matmul'] == 1.5
-  assert summary['block_span'] == 24
-  # Matmuls cover 0-8 and 10-18: 16 of 24.
-  assert summary['tensor_core_busy'] == pytest.approx(16 / 24)
-  with pytest.raises(ValueError, match="'prologue' ends inside 'epilogue'"):
-    ffn_kernel_trace.intervals({'traceEvents': [
-        {'name': 'epilogue', 'ph': 'B', 'ts': 0, 'pid': 0, 'tid': 1},
-        {'name': 'prologue', 'ph': 'E', 'ts': 1, 'pid': 0, 'tid': 1}]})
-  with pytest.raises(ValueError, match='2 prologues against 1 epilogues'):
-    ffn_kernel_trace.intervals({'traceEvents': wg0[:6]})
 
 
 @pytest.mark.parametrize('tiles, message', [
@@ -265,10 +212,11 @@ def test_model_with_the_fused_ffn_computes_the_same_function_and_gradients():
   rng = np.random.default_rng(0)
   ids = jnp.asarray(rng.integers(5, 99, (batch, length)), jnp.int32)
   mask = jnp.asarray(np.arange(length)[None] < rng.integers(3, length + 1, (batch, 1)), jnp.int32)
-  args = (ids, jnp.zeros_like(ids), mask, jnp.asarray(rng.integers(1, 3, (batch, 2)), jnp.int32))
+  args = ({'input_ids': ids, 'segment_ids': jnp.zeros_like(ids), 'input_mask': mask,
+           'masked_lm_positions': jnp.asarray(rng.integers(1, 3, (batch, 2)), jnp.int32)},)
   results = []
   for impl in ('xla', 'pallas'):
-    model = model_lib.BertForPreTraining(model_lib.BertConfig(
+    model = pretraining.PretrainingModel(model_lib.BertConfig(
         vocab_size=99, hidden_size=embed, num_layers=2, num_heads=2, intermediate_size=mlp,
         max_position_embeddings=length, gelu='tanh', ffn_impl=impl))
     params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
@@ -311,30 +259,13 @@ def test_fused_ffn_on_a_gpu_before_hopper_is_refused(monkeypatch):
                      match=r"ffn_impl='pallas' runs a Mosaic GPU kernel \(wgmma, TMA\) on NVIDIA "
                            r"Hopper GPUs \(compute capability 9.x\); this run has .* Use "
                            r"ffn_impl='xla'"):
-    config_lib.check_gpu_kernels(config)
+    checks.check_gpu_kernels(config)
   config.model.ffn_impl = 'xla'  # The Triton kernels need no Hopper.
   config.model.layer_norm_impl = 'pallas'
-  config_lib.check_gpu_kernels(config)
+  checks.check_gpu_kernels(config)
   for key in ('long_attention_backward', 'short_attention_backward'):
     config.model[key] = 'mosaic'
     with pytest.raises(config_lib.ConfigError,
                        match=rf"{key}='mosaic' runs a Mosaic GPU kernel .* Use {key}='triton'"):
-      config_lib.check_gpu_kernels(config)
+      checks.check_gpu_kernels(config)
     config.model[key] = 'triton'
-
-
-def test_epilogue_variants_lower_for_a_cuda_device():
-  """experiments/ffn_epilogue_variants.py: each variant of the forward kernel's epilogue lowers
-  to Mosaic GPU with its number of outputs (it runs on Hopper GPUs only), and an unknown one is
-  named."""
-
-  bf16 = jnp.bfloat16
-  args = (jax.ShapeDtypeStruct((1024, 256), bf16), jax.ShapeDtypeStruct((256, 512), bf16),
-          jax.ShapeDtypeStruct((512,), jnp.float32))
-  for variant in ffn_epilogue_variants.VARIANTS:
-    fn = functools.partial(ffn_epilogue_variants.variant_matmul, variant, stages=3, sms=132)
-    lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=('cuda',))
-    assert 'mosaic_gpu' in lowered.as_text()
-    assert len(jax.tree.leaves(lowered.out_info)) == (1 if variant in ('out1', 'gelu_h') else 2)
-  with pytest.raises(ValueError, match=r"variant='gelu'; valid: \('out1', 'out2'"):
-    ffn_epilogue_variants.variant_matmul('gelu', *args, stages=3, sms=132)

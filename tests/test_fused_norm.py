@@ -14,6 +14,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.gpu import fused_norm
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
 from configs import tiny
 
 
@@ -210,12 +211,19 @@ def model_inputs(batch=2, length=8):
   return ids, segments, mask, positions
 
 
+def model_batch(batch=2, length=8, **packed):
+  """(the pretraining model's batch,) of model_inputs, with any packing keys."""
+  ids, segments, mask, positions = model_inputs(batch, length)
+  return ({'input_ids': ids, 'segment_ids': segments, 'input_mask': mask,
+           'masked_lm_positions': positions, **packed},)
+
+
 @pytest.mark.parametrize('layers', [dict(scan_layers=False),
                                     dict(scan_layers=True, remat_policy='full')])
 def test_model_with_the_fused_layer_norm_computes_the_same_function(layers):
-  xla = model_lib.BertForPreTraining(small_config(**layers))
-  fused = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas', **layers))
-  args = model_inputs()
+  xla = pretraining.PretrainingModel(small_config(**layers))
+  fused = pretraining.PretrainingModel(small_config(layer_norm_impl='pallas', **layers))
+  args = model_batch()
   params = nn.meta.unbox(xla.init(jax.random.key(0), *args)['params'])
   fused_params = nn.meta.unbox(fused.init(jax.random.key(0), *args)['params'])
   # Same parameter tree: checkpoints move between the two implementations.
@@ -238,15 +246,15 @@ def assert_same_function(model_a, model_b, params, args):
 
 
 def test_fused_layer_norm_drops_in_training_only():
-  model = model_lib.BertForPreTraining(small_config(layer_norm_impl='pallas'))
-  args = model_inputs()
+  model = pretraining.PretrainingModel(small_config(layer_norm_impl='pallas'))
+  args = model_batch()
   params = model.init(jax.random.key(0), *args)['params']
   run = lambda seed: model.apply({'params': params}, *args, deterministic=False,  # noqa: E731
                                  rngs={'dropout': jax.random.key(seed)})['mlm_logits']
   np.testing.assert_array_equal(run(1), run(1))
   assert not np.allclose(run(1), run(2))
   eval_logits = model.apply({'params': params}, *args)['mlm_logits']
-  no_dropout = model_lib.BertForPreTraining(
+  no_dropout = pretraining.PretrainingModel(
       small_config(layer_norm_impl='pallas', hidden_dropout_rate=0.0,
                    attention_dropout_rate=0.0))
   np.testing.assert_allclose(
@@ -268,22 +276,20 @@ def test_pallas_layer_norm_is_refused_off_gpus():
 def test_lowered_once_traces_a_launcher_once_per_setting_and_lowers_it_once():
   """fused_norm.lowered_once: calls with the same shapes and settings share one trace, and a jit
   calling the launcher three times lowers its body once (three calls of one function); a new
-  static setting or a flipped switch traces again."""
-  traces, switch = [], {'on': False}
+  static setting or a new shape traces again."""
+  traces = []
 
   def launcher(x, *, scale):
-    traces.append((x.shape, scale, switch['on']))
-    return x * scale + (1.0 if switch['on'] else 0.0)
-  launch = fused_norm.lowered_once(static_argnames=('scale',),
-                                   switches=lambda: (switch['on'],))(launcher)
+    traces.append((x.shape, scale))
+    return x * scale
+  launch = fused_norm.lowered_once(static_argnames=('scale',))(launcher)
   x = jnp.arange(4.0)
   np.testing.assert_array_equal(launch(x, scale=2.0), 2 * x)
   launch(x + 1, scale=2.0)
   assert len(traces) == 1
   launch(x, scale=3.0)
-  switch['on'] = True
-  np.testing.assert_array_equal(launch(x, scale=2.0), 2 * x + 1)
-  assert traces == [((4,), 2.0, False), ((4,), 3.0, False), ((4,), 2.0, True)]
+  np.testing.assert_array_equal(launch(jnp.arange(2.0), scale=2.0), [0.0, 2.0])
+  assert traces == [((4,), 2.0), ((4,), 3.0), ((2,), 2.0)]
   text = jax.jit(lambda x: launch(x, scale=5.0) + launch(2 * x, scale=5.0) + launch(
       3 * x, scale=5.0)).lower(x).as_text()
   assert text.count('call @launcher(') == 3 and text.count('func.func private @launcher(') == 1
@@ -294,7 +300,7 @@ def test_each_kernel_launches_as_its_launch_shape_says(monkeypatch):
   """FORWARD launches the forward kernel and BACKWARD the backward (the grid: rows over the block
   rows; the backward's partial sums, one row a block), the backward in one pipelining stage at a
   width that is not a power of two; num_warps, when given, replaces both's warps; a new shape
-  lowers a new kernel (experiments/fused_norm_bench.py sets them between calls)."""
+  lowers a new kernel."""
   rows = 64
 
   def lowered(forward, backward, embed=32, **kwargs):

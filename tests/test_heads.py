@@ -11,6 +11,7 @@ import pytest
 from bert_jax.train import finetune
 from bert_jax.models import heads
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
 
 BATCH, SEQ = 3, 7
 
@@ -52,8 +53,9 @@ def test_each_head_returns_its_outputs_in_float32(head, num_outputs, keys, shape
 def test_encoder_lives_under_bert_like_the_pretraining_model():
   fine = init(heads.BertForFineTuning(small_config(), 'classification', 2))
   ids = jnp.zeros((1, SEQ), jnp.int32)
-  pre = nn.meta.unbox(model_lib.BertForPreTraining(small_config()).init(
-      jax.random.PRNGKey(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32))['params'])
+  pre = nn.meta.unbox(pretraining.PretrainingModel(small_config()).init(
+      jax.random.PRNGKey(0), {'input_ids': ids, 'segment_ids': ids, 'input_mask': ids,
+                              'masked_lm_positions': jnp.zeros((1, 2), jnp.int32)})['params'])
   shapes = lambda tree: jax.tree.map(np.shape, tree)  # noqa: E731
   assert shapes(fine['bert']) == shapes(pre['bert'])
   assert set(fine) == {'bert', 'classifier'}

@@ -10,25 +10,15 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax.train import pretrain
-from configs import tiny
+import conftest
 
-MICRO = {
-    'model': dict(vocab_size=1024, hidden_size=32, num_layers=2, num_heads=2,
-                  intermediate_size=64, max_position_embeddings=32),
-    'data': dict(tokenizer_vocab_size=1024, max_seq_length=32, max_predictions_per_seq=5,
-                 max_documents=120, eval_fraction=0.1),
-    'train': dict(batch_size=8, num_steps=3, eval_batches=1, log_every=1, eval_every=100,
-                  checkpoint_every=100, peak_flops=1e11),
-}
+# conftest's micro config, three steps, no evaluation or checkpoint before the end.
+RUN = {'data.max_documents': 120, 'train.num_steps': 3, 'train.eval_batches': 1,
+       'train.log_every': 1, 'train.eval_every': 100, 'train.checkpoint_every': 100}
 
 
 def micro_config(tmp_path, **top):
-  config = tiny.get_config()
-  for section, values in MICRO.items():
-    config[section].update(values)
-  config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
-  config.update(top)
-  return config
+  return conftest.micro_config(tmp_path, **{**RUN, **top})
 
 
 def params_at(workdir, step):

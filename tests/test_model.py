@@ -13,6 +13,10 @@ import pytest
 
 from bert_jax.models import layers
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
+from bert_jax.ops import attention as attention_ops
+from bert_jax.ops import ffn as ffn_ops
+from bert_jax.ops import per_device
 from bert_jax.train import optim
 from bert_jax.train import step as steps
 from configs import base, large, tiny
@@ -34,10 +38,9 @@ def count_formula(v, h, layers, f, positions=512, types=2, nsp=True):
 def abstract_params(config):
   model = steps.build_model(config)
   s, p = 8, 2
-  ids = jax.ShapeDtypeStruct((1, s), jnp.int32)
-  pos = jax.ShapeDtypeStruct((1, p), jnp.int32)
+  batch = steps.dummy_batch(1, s, p, objectives=model.objectives)
   variables = jax.eval_shape(functools.partial(model.init, deterministic=True),
-                             {'params': jax.random.key(0)}, ids, ids, ids, pos)
+                             {'params': jax.random.key(0)}, batch)
   return nn.meta.unbox(variables['params'])
 
 
@@ -69,9 +72,9 @@ def test_nsp_off_drops_the_nsp_head_only():
 def test_every_parameter_has_logical_axis_names():
   config = base.get_config('layers=2')
   model = steps.build_model(config)
-  ids = jnp.zeros((1, 8), jnp.int32)
   variables = jax.eval_shape(functools.partial(model.init, deterministic=True),
-                             {'params': jax.random.key(0)}, ids, ids, ids, ids[:, :2])
+                             {'params': jax.random.key(0)},
+                             steps.dummy_batch(1, 8, 2, objectives=model.objectives))
   flat = flax.traverse_util.flatten_dict(variables['params'])
   for path, leaf in flat.items():
     assert isinstance(leaf, nn.LogicallyPartitioned), path
@@ -96,13 +99,19 @@ def inputs(batch=3, length=7, predictions=2, seed=0):
   return ids, segments, mask, positions
 
 
+def as_batch(ids, segments, mask, positions):
+  """The pretraining model's batch (the labels' values do not matter to its outputs)."""
+  return {'input_ids': ids, 'segment_ids': segments, 'input_mask': mask,
+          'masked_lm_positions': positions}
+
+
 def test_padding_does_not_change_real_positions():
-  model = model_lib.BertForPreTraining(small_config())
+  model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
-  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+  params = model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))['params']
   garbage = jnp.where(mask > 0, ids, 7)  # Different ids at padded positions only.
-  a = model.apply({'params': params}, ids, segments, mask, positions)
-  b = model.apply({'params': params}, garbage, segments, mask, positions)
+  a = model.apply({'params': params}, as_batch(ids, segments, mask, positions))
+  b = model.apply({'params': params}, as_batch(garbage, segments, mask, positions))
   np.testing.assert_allclose(a['mlm_logits'], b['mlm_logits'], atol=1e-5)
   np.testing.assert_allclose(a['nsp_logits'], b['nsp_logits'], atol=1e-5)
 
@@ -120,13 +129,13 @@ def unrolled_params(scanned):
 @pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
 def test_scan_and_remat_match_unrolled_layers(remat_policy):
   ids, segments, mask, positions = inputs()
-  scanned = model_lib.BertForPreTraining(small_config(remat_policy=remat_policy))
-  unrolled = model_lib.BertForPreTraining(small_config(scan_layers=False))
-  params = nn.meta.unbox(scanned.init(jax.random.key(0), ids, segments, mask,
-                                      positions)['params'])
+  scanned = pretraining.PretrainingModel(small_config(remat_policy=remat_policy))
+  unrolled = pretraining.PretrainingModel(small_config(scan_layers=False))
+  params = nn.meta.unbox(scanned.init(jax.random.key(0),
+                                      as_batch(ids, segments, mask, positions))['params'])
 
   def loss(model, p):
-    out = model.apply({'params': p}, ids, segments, mask, positions)
+    out = model.apply({'params': p}, as_batch(ids, segments, mask, positions))
     return out['mlm_logits'].sum() + out['nsp_logits'].sum()
 
   value_a, grads_a = jax.value_and_grad(functools.partial(loss, scanned))(params)
@@ -138,14 +147,14 @@ def test_scan_and_remat_match_unrolled_layers(remat_policy):
 
 
 def test_dropout_is_active_only_in_training():
-  model = model_lib.BertForPreTraining(small_config())
+  model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
-  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
-  run = lambda seed: model.apply({'params': params}, ids, segments, mask, positions,  # noqa
+  params = model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))['params']
+  run = lambda seed: model.apply({'params': params}, as_batch(ids, segments, mask, positions),  # noqa
                                  deterministic=False, rngs={'dropout': jax.random.key(seed)})
   assert not np.allclose(run(1)['mlm_logits'], run(2)['mlm_logits'])
-  eval_a = model.apply({'params': params}, ids, segments, mask, positions)
-  eval_b = model.apply({'params': params}, ids, segments, mask, positions)
+  eval_a = model.apply({'params': params}, as_batch(ids, segments, mask, positions))
+  eval_b = model.apply({'params': params}, as_batch(ids, segments, mask, positions))
   np.testing.assert_array_equal(eval_a['mlm_logits'], eval_b['mlm_logits'])
 
 
@@ -157,22 +166,23 @@ def test_cudnn_attention_gets_a_distinct_dropout_seed_per_layer(monkeypatch, run
 
   def fake_cudnn(query, key, value, bias, dropout_rate=0.0, seed=0):
     calls.append((dropout_rate, seed))
-    return layers.dot_product_attention(query, key, value, bias, None, 0.0, True, query.dtype)
+    return attention_ops.dot_product_attention(query, key, value, bias, None, 0.0, True,
+                                               query.dtype)
 
-  monkeypatch.setattr(layers, 'cudnn_attention', fake_cudnn)
-  model = model_lib.BertForPreTraining(
+  monkeypatch.setattr(attention_ops, 'cudnn_attention', fake_cudnn)
+  model = pretraining.PretrainingModel(
       small_config(attention_impl='cudnn', scan_layers=False, seed=run_seed))
   ids, segments, mask, positions = inputs()
-  params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
+  params = model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))['params']
   calls.clear()
-  model.apply({'params': params}, ids, segments, mask, positions, deterministic=False,
+  model.apply({'params': params}, as_batch(ids, segments, mask, positions), deterministic=False,
               rngs={'dropout': jax.random.key(1)})
   assert [rate for rate, _ in calls] == [0.1, 0.1, 0.1]
   seeds = [seed for _, seed in calls]
   assert len(set(seeds)) == 3
-  assert seeds == [layers.cudnn_dropout_seed(run_seed, i) for i in range(3)]
+  assert seeds == [attention_ops.cudnn_dropout_seed(run_seed, i) for i in range(3)]
   calls.clear()
-  model.apply({'params': params}, ids, segments, mask, positions)  # Evaluation: no dropout.
+  model.apply({'params': params}, as_batch(ids, segments, mask, positions))  # Evaluation: no dropout.
   assert [rate for rate, _ in calls] == [0.0, 0.0, 0.0]
 
 
@@ -211,28 +221,28 @@ def test_gelu_tanh_is_jax_tanh_gelu_and_saves_only_its_input(dtype, capsys):
 
 
 def test_mlm_logits_use_the_tied_word_embeddings():
-  model = model_lib.BertForPreTraining(small_config())
+  model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
   ids = jnp.where(ids == 50, 51, ids)  # Row 50 is then reached only through the output layer.
-  params = nn.meta.unbox(model.init(jax.random.key(0), ids, segments, mask, positions)['params'])
-  grads = jax.grad(lambda p: model.apply({'params': p}, ids, segments, mask, positions)[
+  params = nn.meta.unbox(model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))['params'])
+  grads = jax.grad(lambda p: model.apply({'params': p}, as_batch(ids, segments, mask, positions))[
       'mlm_logits'][..., 50].sum())(params)
   assert float(jnp.abs(grads['bert']['embeddings']['word_embeddings'][50]).sum()) > 0
 
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
-  model = model_lib.BertForPreTraining(small_config(dtype=jnp.bfloat16))
+  model = pretraining.PretrainingModel(small_config(dtype=jnp.bfloat16))
   ids, segments, mask, positions = inputs()
-  variables = model.init(jax.random.key(0), ids, segments, mask, positions)
+  variables = model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(variables)))
-  out = model.apply(variables, ids, segments, mask, positions)
+  out = model.apply(variables, as_batch(ids, segments, mask, positions))
   assert out['mlm_logits'].dtype == jnp.float32
 
 
 def test_initialisers_follow_bert():
-  params = nn.meta.unbox(model_lib.BertForPreTraining(small_config(hidden_size=64,
+  params = nn.meta.unbox(pretraining.PretrainingModel(small_config(hidden_size=64,
                                                                    num_heads=4)).init(
-      jax.random.key(0), *inputs())['params'])
+      jax.random.key(0), as_batch(*inputs()))['params'])
   table = np.asarray(params['bert']['embeddings']['word_embeddings'])
   assert np.abs(table).max() <= 2 * 0.02 + 1e-7  # Truncated at two stddevs.
   assert 0.015 < table.std() < 0.02
@@ -243,8 +253,8 @@ def test_initialisers_follow_bert():
 
 
 def test_weight_decay_skips_layer_norm_and_biases():
-  params = nn.meta.unbox(model_lib.BertForPreTraining(small_config()).init(
-      jax.random.key(0), *inputs())['params'])
+  params = nn.meta.unbox(pretraining.PretrainingModel(small_config()).init(
+      jax.random.key(0), as_batch(*inputs()))['params'])
   mask = flax.traverse_util.flatten_dict(optim.weight_decay_mask(params))
   for path, decayed in mask.items():
     no_decay = path[-1] in ('bias', 'output_bias') or 'LayerNorm' in path[-2]
@@ -259,7 +269,8 @@ def test_paper_configs_train_step_compiles(get_config):
   tx = optim.create_optimizer(config.train)
   s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
   abstract_state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
-  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx), donate_argnums=0)
+  step = jax.jit(functools.partial(steps.train_step, loss_fn=steps.pretraining_loss_fn(model),
+                                   tx=tx), donate_argnums=0)
   compiled = step.lower(abstract_state, steps.dummy_batch(2, s, p)).compile()
   assert compiled.cost_analysis() is not None
 
@@ -269,9 +280,9 @@ def test_scan_unroll_computes_the_same_function():
   rngs = {'dropout': jax.random.key(3)}
   outputs = []
   for unroll in (1, 3):
-    model = model_lib.BertForPreTraining(small_config(scan_unroll=unroll))
-    params = model.init(jax.random.key(0), ids, segments, mask, positions)['params']
-    outputs.append(model.apply({'params': params}, ids, segments, mask, positions,
+    model = pretraining.PretrainingModel(small_config(scan_unroll=unroll))
+    params = model.init(jax.random.key(0), as_batch(ids, segments, mask, positions))['params']
+    outputs.append(model.apply({'params': params}, as_batch(ids, segments, mask, positions),
                                deterministic=False, rngs=rngs)['mlm_logits'])
   np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
@@ -279,10 +290,10 @@ def test_scan_unroll_computes_the_same_function():
 @pytest.mark.parametrize('layer_norm_impl', ['xla', 'pallas'])
 def test_flat_matmuls_compute_the_same_function_and_gradients(layer_norm_impl):
   ids, segments, mask, positions = inputs()
-  args = (ids, segments, mask, positions)
+  args = (as_batch(ids, segments, mask, positions),)
   results = []
   for flat in (False, True):
-    model = model_lib.BertForPreTraining(small_config(
+    model = pretraining.PretrainingModel(small_config(
         flat_matmuls=flat, layer_norm_impl=layer_norm_impl, scan_layers=False))
     params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])
 
@@ -328,22 +339,23 @@ def test_rbg_dropout_masks_are_deterministic_and_differ_by_step():
   tx = optim.create_optimizer(config.train)
   state = nn.meta.unbox(steps.state_initializer(config, model, tx)(jax.random.PRNGKey(0)))
   batch = {k: np.ones(v.shape, v.dtype) for k, v in steps.dummy_batch(2, 16, 3).items()}
-  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx))
-  loss = lambda s: float(steps.total_loss(step(s, batch)[1]))  # noqa: E731
+  step = jax.jit(functools.partial(steps.train_step, loss_fn=steps.pretraining_loss_fn(model),
+                                   tx=tx, dropout_rng_impl='rbg'))
+  loss = lambda s: float(step(s, batch)[1]['loss'])  # noqa: E731
   assert loss(state) == loss(state)
   assert loss(state) != loss(state.replace(step=state.step + 1))
 
 
 def test_kernels_on_a_mesh_that_splits_what_they_need_whole_are_refused(monkeypatch):
-  """model._on_each_device: where the mesh splits the activations, an axis the kernels need
+  """per_device.on_each_device: where the mesh splits the activations, an axis the kernels need
   whole (here the feed-forward width, by the rules) is named before anything is traced."""
-  monkeypatch.setattr(model_lib, '_splitting_mesh', lambda x, spec: 'a mesh of 8 devices')
+  monkeypatch.setattr(per_device, 'splitting_mesh', lambda x, spec: 'a mesh of 8 devices')
   args = jnp.zeros((2, 4, 4)), jnp.zeros((4, 8)), jnp.zeros((8,)), jnp.zeros((8, 4))
   with nn.logical_axis_rules([('batch', 'data'), ('mlp', 'tensor')]):
     with pytest.raises(ValueError, match=r"ffn_impl='pallas' needs whole feed-forward rows; the "
                                          r"mesh rules split them over 'tensor'\."):
-      model_lib.kernel_ffn(*args)
+      ffn_ops.fused_ffn(*args)
   # One device: the kernel runs on the whole arrays.
-  monkeypatch.setattr(model_lib, '_splitting_mesh', lambda x, spec: None)
+  monkeypatch.setattr(per_device, 'splitting_mesh', lambda x, spec: None)
   with nn.logical_axis_rules([('batch', 'data'), ('mlp', 'tensor')]):
-    assert model_lib.kernel_ffn(*args).shape == (2, 4, 4)
+    assert ffn_ops.fused_ffn(*args).shape == (2, 4, 4)

@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from bert_jax.data import masking as masking_lib
 from bert_jax.data import pretraining
 
 SPECIAL = pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
@@ -362,7 +363,7 @@ def random_sequences(rng, count, length):
 
 def mask(input_ids, rng, vocab_size=VOCAB, max_predictions=20,
          is_continuation=None, **masking):
-  return pretraining.mask_tokens(
+  return masking_lib.mask_tokens(
       input_ids, rng, special=SPECIAL, vocab_size=vocab_size,
       max_predictions=max_predictions, is_continuation=is_continuation,
       **{**MASKING, **masking})

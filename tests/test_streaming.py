@@ -10,6 +10,7 @@ import pytest
 from array_record.python import array_record_module
 
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining as pretraining_model
 from bert_jax.data import batching
 from bert_jax.data import pretraining
 from bert_jax.data import records
@@ -169,7 +170,8 @@ def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
   cfg = model_lib.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
                              intermediate_size=64, max_position_embeddings=64,
                              hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  model = model_lib.BertForPreTraining(cfg)
+  model = pretraining_model.PretrainingModel(cfg)
+  encoder = model_lib.BertModel(cfg)
   rng = np.random.default_rng(0)
   instances = [pretraining.Instance(rng.integers(5, VOCAB, n).astype(np.int32),
                                     rng.integers(5, VOCAB, m).astype(np.int32), bool(n % 2))
@@ -181,33 +183,28 @@ def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
                                               batch_size=1, packing=True, max_pairs_per_row=3))
   # Predict every real position of every pair, with the unmasked ids in both layouts.
   ids = [pretraining.assemble(i, SPECIAL)[0] for i in instances]
-  variables = model.init(jax.random.PRNGKey(0), *(jnp.asarray(unpacked[k]) for k in (
-      'input_ids', 'segment_ids', 'input_mask', 'masked_lm_positions')))
+  variables = model.init(jax.random.PRNGKey(0), jax.tree.map(jnp.asarray, unpacked))
+  encoder_variables = {'params': variables['params']['bert']}
   starts = np.cumsum([0] + [len(x) for x in ids])
   packed_ids = np.zeros((1, 48), np.int32)
   packed_ids[0, :starts[-1]] = np.concatenate(ids)
   unpacked_ids = np.zeros((3, 48), np.int32)
   for r, x in enumerate(ids):
     unpacked_ids[r, :len(x)] = x
-  sequence_unpacked, pooled_unpacked = model.apply(
-      variables, unpacked_ids, unpacked['segment_ids'], unpacked['input_mask'],
-      method=lambda m, *a: m.bert(*a))
-  sequence_packed, pooled_packed = model.apply(
-      variables, packed_ids, packed['segment_ids'], packed['input_mask'],
-      method=lambda m, *a: m.bert(*a, True, jnp.asarray(packed['position_ids']),
-                                  jnp.asarray(packed['pair_ids']),
-                                  jnp.asarray(packed['nsp_positions'])))
+  sequence_unpacked, pooled_unpacked = encoder.apply(
+      encoder_variables, unpacked_ids, unpacked['segment_ids'], unpacked['input_mask'])
+  sequence_packed, pooled_packed = encoder.apply(
+      encoder_variables, packed_ids, packed['segment_ids'], packed['input_mask'], True,
+      jnp.asarray(packed['position_ids']), jnp.asarray(packed['pair_ids']),
+      jnp.asarray(packed['nsp_positions']))
   for r, x in enumerate(ids):
     np.testing.assert_allclose(sequence_packed[0, starts[r]:starts[r + 1]],
                                sequence_unpacked[r, :len(x)], atol=2e-5)
     np.testing.assert_allclose(pooled_packed[0, r], pooled_unpacked[r], atol=2e-5)
   # And the losses: NSP per pair, MLM at the same tokens.
-  outputs = model.apply(variables, packed_ids, packed['segment_ids'], packed['input_mask'],
-                        packed['masked_lm_positions'], True, packed['position_ids'],
-                        packed['pair_ids'], packed['nsp_positions'])
+  outputs = model.apply(variables, {**packed, 'input_ids': packed_ids})
   assert outputs['nsp_logits'].shape == (1, 3, 2)
-  reference = model.apply(variables, unpacked_ids, unpacked['segment_ids'],
-                          unpacked['input_mask'], unpacked['masked_lm_positions'])
+  reference = model.apply(variables, {**unpacked, 'input_ids': unpacked_ids})
   np.testing.assert_allclose(outputs['nsp_logits'][0], reference['nsp_logits'], atol=2e-5)
 
 

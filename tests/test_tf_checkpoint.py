@@ -424,8 +424,9 @@ def test_bert_jax_imports_the_tf_checkpoint_and_computes_the_original_model(chec
   ids = rng.integers(0, TINY['vocab_size'], (2, 7))
   types = rng.integers(0, 2, (2, 7))
   positions = np.tile(np.arange(7), (2, 1))
-  out = steps.build_model(config).apply({'params': params}, ids, types, np.ones_like(ids),
-                                        positions)
+  out = steps.build_model(config).apply({'params': params}, {
+      'input_ids': ids, 'segment_ids': types, 'input_mask': np.ones_like(ids),
+      'masked_lm_positions': positions})
   weights = {n: v.astype(np.float64) for n, v in tf_vars.items()}
   mlm, nsp = original_bert_forward(weights, TINY, ids, types)
   np.testing.assert_allclose(out['mlm_logits'], mlm, rtol=1e-4, atol=1e-4)

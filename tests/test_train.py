@@ -11,17 +11,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import MICRO
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A micro model on a slice of the built-in corpus: seconds per run.
-OVERRIDES = {
-    'model.vocab_size': 1024, 'model.hidden_size': 32, 'model.num_layers': 2,
-    'model.num_heads': 2, 'model.intermediate_size': 64, 'model.max_position_embeddings': 32,
-    'data.tokenizer_vocab_size': 1024, 'data.max_seq_length': 32,
-    'data.max_predictions_per_seq': 5, 'data.max_documents': 150, 'data.eval_fraction': 0.1,
-    'train.batch_size': 8, 'train.learning_rate': 1e-3, 'train.warmup_steps': 5,
-    'train.eval_batches': 2, 'train.keep_checkpoints': 2, 'train.peak_flops': 1e11,
-}
+OVERRIDES = MICRO
 TRAIN_FIELDS = {'step', 'split', 'loss', 'mlm_loss', 'mlm_accuracy', 'nsp_loss', 'nsp_accuracy',
                 'learning_rate', 'seq_per_s', 'mfu', 'grad_norm'}
 TIMING_FIELDS = ('seq_per_s', 'mfu')

@@ -11,6 +11,9 @@ import dataclasses
 
 import numpy as np
 
+from bert_jax import objectives
+from bert_jax.data import masking
+
 # Draws at finding a document other than the current one, as the original.
 _RANDOM_DOCUMENT_TRIES = 10
 
@@ -46,7 +49,8 @@ class MaskingSettings:
     """config.data and config.masking -> settings (`more`: a subclass's own fields)."""
     return cls(
         special=special, vocab_size=vocab_size, max_seq_length=config.data.max_seq_length,
-        max_predictions=config.data.max_predictions_per_seq, nsp=config.data.nsp,
+        max_predictions=config.data.max_predictions_per_seq,
+        nsp=objectives.sentence_pairs(config),
         short_seq_prob=config.data.short_seq_prob, mask_rate=config.masking.rate,
         mask_token_fraction=config.masking.mask_token_fraction,
         random_token_fraction=config.masking.random_token_fraction,
@@ -212,72 +216,6 @@ def assemble(instance, special):
   return input_ids, segment_ids
 
 
-def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
-                max_predictions, mask_token_fraction, random_token_fraction,
-                keep_fraction, is_continuation=None):
-  """Chooses positions to predict and corrupts them: (masked_ids, positions, labels)."""
-  del keep_fraction  # The remainder of the other two; the config validates it.
-  input_ids = np.asarray(input_ids, np.int32)
-  # Counts the special tokens too, as the original does.
-  num_to_predict = min(max_predictions,
-                       max(1, int(round(len(input_ids) * mask_rate))))
-  is_candidate = ~np.isin(input_ids, [special.cls, special.sep, special.pad])
-  if is_continuation is None:
-    positions = rng.permutation(np.flatnonzero(is_candidate))[:num_to_predict]
-  else:
-    positions = _choose_whole_words(
-        input_ids, is_candidate, is_continuation, num_to_predict, rng)
-  positions = np.sort(positions).astype(np.int32)
-  labels = input_ids[positions]
-  masked_ids = input_ids.copy()
-  masked_ids[positions] = _corrupt(
-      labels, rng, special.mask, vocab_size, mask_token_fraction,
-      random_token_fraction)
-  return masked_ids, positions, labels
-
-
-def _choose_whole_words(input_ids, is_candidate, is_continuation,
-                        num_to_predict, rng):
-  """Returns the positions of random whole words, num_to_predict pieces at most."""
-  words = _words(input_ids, is_candidate, is_continuation)
-  chosen, num_chosen = [], 0
-  for k in rng.permutation(len(words)):
-    if num_chosen >= num_to_predict:
-      break
-    # A word that would overshoot is skipped, as in the original; a shorter
-    # one later may still fit.
-    if num_chosen + len(words[k]) > num_to_predict:
-      continue
-    chosen.append(words[k])
-    num_chosen += len(words[k])
-  if not chosen:
-    return np.zeros(0, np.int64)
-  return np.concatenate(chosen)
-
-
-def _words(input_ids, is_candidate, is_continuation):
-  """Splits candidate positions into words: a piece and the '##' pieces after it."""
-  positions = np.flatnonzero(is_candidate)
-  if not len(positions):
-    return []
-  continues = np.asarray(is_continuation)[input_ids[positions]]
-  # Unlike the original, a '##' piece right after [SEP] does not join the
-  # last word of A: that piece lost its head to truncation.
-  follows_candidate = np.diff(positions, prepend=-2) == 1
-  starts = np.flatnonzero(~(continues & follows_candidate))
-  return np.split(positions, starts[1:])
-
-
-def _corrupt(labels, rng, mask_id, vocab_size, mask_token_fraction,
-             random_token_fraction):
-  """Returns the replacement of each chosen token: [MASK], a random id, or itself."""
-  u = rng.random(len(labels))
-  random_ids = rng.integers(0, vocab_size, size=len(labels), dtype=np.int32)
-  replacements = np.where(
-      u < mask_token_fraction + random_token_fraction, random_ids, labels)
-  return np.where(u < mask_token_fraction, mask_id, replacements).astype(np.int32)
-
-
 def make_features(instance, rng, *, special, vocab_size, max_seq_length,
                   max_predictions, mask_rate, mask_token_fraction,
                   random_token_fraction, keep_fraction, is_continuation=None):
@@ -286,7 +224,7 @@ def make_features(instance, rng, *, special, vocab_size, max_seq_length,
   if len(input_ids) > max_seq_length:
     raise ValueError(f'Instance of {len(input_ids)} tokens exceeds '
                      f'max_seq_length={max_seq_length}.')
-  masked_ids, positions, labels = mask_tokens(
+  masked_ids, positions, labels = masking.mask_tokens(
       input_ids, rng, special=special, vocab_size=vocab_size,
       mask_rate=mask_rate, max_predictions=max_predictions,
       mask_token_fraction=mask_token_fraction,

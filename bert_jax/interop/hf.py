@@ -20,7 +20,9 @@ import numpy as np
 import safetensors.numpy
 
 from bert_jax.models import layers
+from bert_jax import objectives
 from bert_jax.models import bert as model_lib
+from bert_jax.models import pretraining
 from bert_jax.train import step as steps
 
 # (our path, HF key, transform). `{n}` is the layer; ours is the unscanned name, which the scanned
@@ -230,11 +232,16 @@ def hf_config_to_model_overrides(hf_config: dict) -> dict:
   return overrides
 
 
+def has_nsp(config) -> bool:
+  """Whether the run's model has the NSP head (config.objectives names 'nsp')."""
+  return 'nsp' in objectives.parse(config.objectives)
+
+
 def model_to_hf_config(config) -> dict:
   """Our full config -> an HF BertConfig dict (BertForMaskedLM when there is no NSP head)."""
   m = config.model
   return {
-      'architectures': ['BertForPreTraining' if config.data.nsp else 'BertForMaskedLM'],
+      'architectures': ['BertForPreTraining' if has_nsp(config) else 'BertForMaskedLM'],
       'model_type': 'bert', 'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
       'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
       'intermediate_size': m.intermediate_size,
@@ -250,10 +257,9 @@ def model_to_hf_config(config) -> dict:
 
 def leaf_shapes(config) -> dict:
   """{unscanned path: shape} of every parameter the model has, NSP head included."""
-  cfg = dataclasses.replace(model_lib.BertConfig.from_config(config), scan_layers=False, nsp=True)
-  ids = jax.ShapeDtypeStruct((1, 2), np.int32)
-  shapes = jax.eval_shape(model_lib.BertForPreTraining(cfg).init, jax.random.PRNGKey(0), ids,
-                          ids, ids, jax.ShapeDtypeStruct((1, 1), np.int32))
+  cfg = dataclasses.replace(model_lib.BertConfig.from_config(config), scan_layers=False)
+  model = pretraining.PretrainingModel(cfg, ('mlm', 'nsp'))
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), steps.dummy_batch(1, 2, 1))
   return {k: tuple(v.shape) for k, v in _flatten(nn.meta.unbox(shapes['params'])).items()}
 
 
@@ -362,19 +368,21 @@ def _plan(state_dict, config, hf_config, resize_vocab, report):
                       f'{config.model.vocab_size}; pass resize_vocab=True to truncate or add rows')
   wanted = {'backbone'} | ({'mlm', 'nsp'} if heads else set())
   if not heads:
-    report.missing_heads = ['predictions'] + (['seq_relationship'] if config.data.nsp else [])
+    report.missing_heads = ['predictions'] + (['seq_relationship'] if has_nsp(config) else [])
   load, known = [], set()
   for e in table:
     known.add(e.hf_key)
     if e.group not in wanted:
       continue
-    if e.group == 'nsp' and not config.data.nsp:
+    if e.group == 'nsp' and not has_nsp(config):
       if e.hf_key in state_dict:
-        report.skipped.append(f'{e.hf_key}: config.data.nsp is False, the model has no NSP head')
+        report.skipped.append(f'{e.hf_key}: config.objectives has no nsp, the model has no NSP '
+                              'head')
       continue
     if e.hf_key not in state_dict:
       if e.transform != 'tied':
-        hint = ' (an MLM-only checkpoint? set config.data.nsp=False)' if e.group == 'nsp' else ''
+        hint = (" (an MLM-only checkpoint? set config.objectives='mlm')" if e.group == 'nsp'
+                else '')
         problems.append(f'missing key {e.hf_key} (for {e.path}){hint}')
       continue
     expected = list(_shape_of(e.transform, shapes[e.path]))
@@ -459,9 +467,10 @@ def _resize_vocab(flat, config, seed, report):
 
 def init_params(config, seed: int = 0):
   """Fresh float32 numpy params of config's model (the same init as training)."""
-  ids = np.zeros((1, 2), np.int32)
-  init = jax.jit(steps.build_model(config).init)
-  variables = init(jax.random.PRNGKey(seed), ids, ids, ids, np.zeros((1, 1), np.int32))
+  model = steps.build_model(config)
+  batch = {k: np.zeros(v.shape, v.dtype)
+           for k, v in steps.dummy_batch(1, 2, 1, objectives=model.objectives).items()}
+  variables = jax.jit(model.init)(jax.random.PRNGKey(seed), batch)
   return jax.tree.map(np.asarray, nn.meta.unbox(variables['params']))
 
 
@@ -487,7 +496,7 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   """Writes out_dir/config.json and model.safetensors (torch layout, float32); returns the keys.
 
   The tied decoder weight and bias are written too, so any transformers version loads the MLM
-  head without missing keys. Without NSP (config.data.nsp False) there is no NSP head to write:
+  head without missing keys. Without NSP (no 'nsp' in config.objectives) there is no NSP head:
   config.json names BertForMaskedLM, which loads cleanly (it drops the pooler, which nothing
   trained); BertForPreTraining would randomly initialise cls.seq_relationship.
   """
@@ -495,7 +504,7 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   if config.model.scan_layers:
     flat = _unstack_layers(flat)
   shapes = leaf_shapes(config)
-  if not config.data.nsp:
+  if not has_nsp(config):
     shapes = {k: v for k, v in shapes.items() if not k.startswith('seq_relationship/')}
   problems = [f'missing {k}' for k in shapes if k not in flat]
   problems += [f'unexpected {k}' for k in flat if k not in shapes]
@@ -505,8 +514,8 @@ def export_hf(params, config, out_dir: str) -> list[str]:
     raise CheckpointMismatchError('Parameters do not fit config.model', problems)
   tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path]))
              for e in entries(config.model.num_layers) if e.path in flat}
-  if not config.data.nsp:
-    logging.warning('config.data.nsp is False: no NSP head is exported. BertForMaskedLM loads '
+  if not has_nsp(config):
+    logging.warning("config.objectives has no 'nsp': no NSP head is exported. BertForMaskedLM loads '
                     'the checkpoint fully; BertForPreTraining would randomly initialise '
                     'cls.seq_relationship.')
   os.makedirs(out_dir, exist_ok=True)

@@ -1,0 +1,50 @@
+"""Encoders, by name: each family member is one module here that registers a Family.
+
+config.model.name picks the encoder; the pretraining model (models/pretraining.py) puts the
+objectives' heads on it and the fine-tuning model (models/heads.py) a task head. A family's
+encoder takes (input_ids, segment_ids, input_mask, deterministic, position_ids, pair_ids,
+cls_positions) and returns (sequence [batch, length, embed], pooled [batch, embed]); its
+`attend(x)` gives logits against the tied word embeddings.
+"""
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+# The encoders shipped in this package (each registers itself on import).
+BUILTIN = ('bert',)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One encoder family."""
+  name: str
+  config_from: Callable[[Any], Any]  # The run's ConfigDict -> the encoder's frozen config.
+  encoder: Callable[..., Any]  # (model config, name=...) -> the linen encoder module.
+  # config.model -> the encoder's training FLOPs per sequence of `length` tokens / 3 (forward).
+  flops: Callable[[Any, int], float]
+  scope: str = 'bert'  # The encoder's parameter subtree ('bert/...', as the original BERT).
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+  """Makes `family` available by its name (a module's own family registers on import)."""
+  _REGISTRY[family.name] = family
+  return family
+
+
+def get(name: str) -> Family:
+  """The family called `name`; ValueError naming the valid ones otherwise."""
+  if name not in _REGISTRY and name in BUILTIN:
+    importlib.import_module(f'{__name__}.{name}')
+  if name not in _REGISTRY:
+    raise ValueError(f'Unknown model {name!r}; valid models are {", ".join(available())}.')
+  return _REGISTRY[name]
+
+
+def available() -> list[str]:
+  """Every model name that get() takes."""
+  return sorted(set(BUILTIN) | set(_REGISTRY))

@@ -1,4 +1,8 @@
-"""BERT in flax.linen: embeddings, post-LN encoder, pooler, MLM and NSP heads.
+"""BERT's encoder in flax.linen (models registry name 'bert'): embeddings, post-LN encoder, pooler.
+
+The pretraining heads are the objectives' (bert_jax/objectives: mlm, nsp), the fine-tuning heads
+models/heads.py's. Attention, the feed-forward block and the LayerNorm after each sublayer go
+through bert_jax.ops, which picks XLA or a kernel from static config values.
 
 Parameter names follow the original TF BERT (`bert/embeddings/word_embeddings`,
 `bert/encoder/layer_N/attention/self/query/kernel`, `cls/predictions/output_bias`, ...), with
@@ -6,18 +10,18 @@ flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 """
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.kernels.gpu import fused_attention
-from bert_jax.kernels.gpu import fused_ffn
-from bert_jax.kernels.gpu import fused_norm
+from bert_jax import models
 from bert_jax.models import layers
-from bert_jax import sharding
+from bert_jax.ops import attention as attention_ops
+from bert_jax.ops import ffn as ffn_ops
+from bert_jax.ops import norm as norm_ops
+from bert_jax.ops import per_device
 
 REMAT_POLICIES = {
     'none': None,
@@ -65,16 +69,16 @@ class BertConfig:
   # the GELU; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
-  nsp: bool = True  # Whether the NSP head exists.
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
   @classmethod
   def from_config(cls, config) -> 'BertConfig':
-    """Builds from a full ConfigDict (reads config.model and config.data.nsp)."""
+    """Builds from a full ConfigDict (reads config.model and config.seed)."""
     fields = dict(config.model)
+    fields.pop('name', None)
     fields['dtype'] = DTYPES[fields['dtype']]
     fields['param_dtype'] = DTYPES[fields['param_dtype']]
-    return cls(nsp=config.data.get('nsp', False), seed=config.get('seed', 0), **fields)
+    return cls(seed=config.get('seed', 0), **fields)
 
   @property
   def head_dim(self) -> int:
@@ -140,98 +144,38 @@ class BertSelfAttention(nn.Module):
     cfg = self.config
     rate = 0.0 if deterministic else cfg.attention_dropout_rate
     heads = (cfg.num_heads, cfg.head_dim)
-    if bias.ndim == 2:  # Segment ids [batch, length]: rows fused_attention takes.
+    if bias.ndim == 2:  # Segment ids [batch, length]: rows the fused kernels take.
       # One matmul for the three projections (the same parameters as the path below).
       kernels, biases = zip(*(layers.DenseParams(
           (x.shape[-1],), heads, ('embed', 'heads', 'kv'), cfg.param_dtype, cfg.init,
           name=name)() for name in ('query', 'key', 'value')))
       kernel = jnp.stack([jnp.asarray(k, cfg.dtype) for k in kernels], axis=1)  # [embed, 3, H, kv]
       x = jnp.asarray(x, cfg.dtype)
-      if _splits_heads():  # [embed, 3 * H * kv] would not tile over heads: keep the n-d dot.
+      if per_device.splits_heads():  # [embed, 3 * H * kv] would not tile over heads.
         qkv = jnp.einsum('ble,ejhd->bljhd', x, kernel)
-      else:  # One 2-d matmul, measured on an H100 (experiments/perf_notes.md).
+      else:  # One 2-d matmul: faster on GPUs than the n-d dot (docs/performance.md).
         qkv = (x.reshape(-1, x.shape[-1]) @ kernel.reshape(x.shape[-1], -1)).reshape(
             x.shape[:2] + kernel.shape[1:])
       qkv = nn.with_logical_constraint(qkv, ('batch', 'length', None, 'heads', 'kv'))
       keys = None
-      if fused_attention.dropout_threshold(rate) > 0:
-        keys = fused_attention.tile_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
-      return kernel_attention(qkv, jnp.stack(biases), bias, keys, rate=rate,
-                              long_blocks=fused_attention.long_blocks(cfg.long_attention_backward),
-                              short_backward=cfg.short_attention_backward)
+      if attention_ops.wants_dropout_keys(rate):
+        keys = attention_ops.dropout_keys(self.make_rng('dropout'), x.shape[0], cfg.num_heads)
+      return attention_ops.packed_qkv_attention(
+          qkv, jnp.stack(biases), bias, keys, rate=rate,
+          long_backward=cfg.long_attention_backward,
+          short_backward=cfg.short_attention_backward)
     project = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         heads, ('embed', 'heads', 'kv'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
-    if cfg.attention_impl in ('cudnn', 'pallas'):
-      return layers.cudnn_attention(query, key, value, bias, rate,
-                                    layers.cudnn_dropout_seed(cfg.seed, self.layer_index))
     dropout_rng = None
-    if not deterministic and cfg.attention_dropout_rate > 0:
+    if (cfg.attention_impl == 'xla' and not deterministic
+        and cfg.attention_dropout_rate > 0):
       dropout_rng = self.make_rng('dropout')
-    return layers.dot_product_attention(query, key, value, bias, dropout_rng,
-                                        cfg.attention_dropout_rate, deterministic, cfg.dtype)
-
-
-def _splits_heads() -> bool:
-  """Whether the current mesh splits the 'heads' logical axis over several devices."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return not mesh.empty and sharding.ways(mesh, nn.logical_to_mesh_axes(('heads',))[0]) > 1
-
-
-def _splitting_mesh(x, spec):
-  """The mesh when it splits activation x (PartitionSpec spec) over several devices, for a
-  kernel to run per device under shard_map; None on one device or when the mesh cannot split x
-  (init's batch of 1): then the kernel runs on the whole array."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or mesh.size == 1 or sharding.indivisible(
-      jax.ShapeDtypeStruct(x.shape, x.dtype), jax.sharding.NamedSharding(mesh, spec)):
-    return None
-  return mesh
-
-
-def _on_each_device(kernel, args, in_specs, out_specs, *, whole: dict, setting: str):
-  """kernel(*args), on a mesh of several devices under shard_map: each device runs it on its
-  block of the activations (in_specs, out_specs: PartitionSpecs of args and the result, args[0]
-  the activation that decides; parameters whole, their gradients summed by shard_map's
-  transpose). On one device, or where the mesh cannot split args[0] (init's batch of 1), kernel
-  runs on the whole arrays. whole: {what: mesh axes the rules map it to} for what the kernels
-  need unsplit; a ValueError naming `setting` when the rules split one."""
-  mesh = _splitting_mesh(args[0], in_specs[0])
-  if mesh is None:
-    return kernel(*args)
-  split = {what: axes for what, axes in whole.items() if axes is not None}
-  if split:
-    raise ValueError(f"{setting} needs whole {' and '.join(split)}; the mesh rules split them "
-                     f"over {' / '.join(map(repr, split.values()))}.")
-  return jax.shard_map(kernel, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                       check_vma=False)(*args)
-
-
-def kernel_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
-                     long_blocks: fused_attention.LongBlocks | None = None,
-                     short_backward: str = 'triton'):
-  """fused_attention.attention_qkv (interpreted off GPUs, for tests); on a mesh of several
-  devices each runs the kernels on its rows and heads, under shard_map.
-
-  qkv: [batch, length, 3, heads, head_dim] before the bias; qkv_bias: [3, heads, head_dim] (the
-  parameters, in their dtype: the kernels' float32 sums give their gradient); segment_ids:
-  [batch, length]; keys: fused_attention.tile_keys for the whole batch (so the masks do not
-  depend on the mesh); long_blocks: the tiling of rows over 128 (fused_attention's default);
-  short_backward: the kernel of the backward of rows up to 128 (fused_attention.KERNELS).
-  """
-  attend = functools.partial(fused_attention.attention_qkv, rate=rate, long_blocks=long_blocks,
-                             short_backward=short_backward,
-                             interpret=jax.default_backend() != 'gpu')
-  heads = nn.logical_to_mesh_axes(('batch', 'length', None, 'heads', 'kv'))
-  spec = jax.sharding.PartitionSpec
-  keys_spec = None if keys is None else spec(heads[0], heads[3], None)
-  # The bias is replicated over the batch axes; shard_map's transpose sums its gradient there.
-  return _on_each_device(
-      attend, (qkv, qkv_bias, segment_ids, keys),
-      (heads, spec(None, heads[3], None), spec(heads[0], None), keys_spec),
-      spec(heads[0], None, heads[3], None), whole={'rows': heads[1], 'heads': heads[4]},
-      setting="attention_impl='pallas'")
+    return attention_ops.attention(
+        cfg.attention_impl, query, key, value, bias, rate=cfg.attention_dropout_rate,
+        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype,
+        cudnn_seed=attention_ops.cudnn_dropout_seed(cfg.seed, self.layer_index))
 
 
 class BertResidualOutput(nn.Module):
@@ -252,13 +196,12 @@ class BertResidualOutput(nn.Module):
       kernel, bias = layers.DenseParams(
           (up_kernel.shape[-1],), (cfg.hidden_size,), self.in_axes + ('embed',),
           param_dtype=cfg.param_dtype, kernel_init=cfg.init, name='dense')()
-      y = kernel_ffn(jnp.asarray(x, cfg.dtype), up_kernel, up_bias, kernel)
+      y = ffn_ops.fused_ffn(jnp.asarray(x, cfg.dtype), up_kernel, up_bias, kernel)
       if not fused:
         y = y + jnp.asarray(bias, cfg.dtype)
     else:
-      # With the fused kernel this matmul's bias goes to the kernel; flattening every encoder
-      # dense layer measured 1.7% slower on an H100 than flattening all but this one (bool keep
-      # masks, before the 16-bit draws; experiments/perf_notes.md), so it keeps the n-d dot there.
+      # With the fused kernel this matmul's bias goes to the kernel, and it keeps the n-d dot:
+      # flattening it too measured slower on an H100 (docs/performance.md).
       y = layers.DenseGeneral(cfg.hidden_size, self.in_axes + ('embed',), axis=contracted,
                               dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                               kernel_init=cfg.init, bias_apart=fused,
@@ -287,47 +230,10 @@ class FusedLayerNorm(nn.Module):
                      for name, init in layers.layer_norm_inits().items())
     rate = cfg.hidden_dropout_rate
     keys = None
-    if not deterministic and fused_norm.dropout_threshold(rate) > 0:
-      # Drawn for the whole batch, so the masks do not depend on the mesh.
-      keys = fused_norm.row_keys(self.make_rng('dropout'), y.size // y.shape[-1]).reshape(
-          y.shape[:-1])
-    norm = functools.partial(_fused_norm_rows, rate=rate, eps=cfg.layer_norm_eps,
-                             interpret=jax.default_backend() != 'gpu')
-    args = (y, dense_bias, residual.astype(y.dtype), keys, scale, offset)
-    rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-    replicated = jax.sharding.PartitionSpec()
-    keys_spec = None if keys is None else jax.sharding.PartitionSpec(*rows[:-1])
-    return _on_each_device(norm, args,
-                           (rows, replicated, rows, keys_spec, replicated, replicated), rows,
-                           whole={'embed rows': rows[2]}, setting="layer_norm_impl='pallas'")
-
-
-def kernel_ffn(x, up_kernel, up_bias, kernel):
-  """fused_ffn.ffn over [batch, length, embed] rows (its kernels on Hopper GPUs; elsewhere the
-  same custom VJP the XLA way): on a mesh of several devices each runs it on its rows, under
-  shard_map (the parameters gathered, their gradients summed by shard_map's transpose). Returns
-  [batch, length, embed]."""
-  rows = nn.logical_to_mesh_axes(('batch', 'length', 'embed'))
-  mlp = nn.logical_to_mesh_axes(('mlp',))[0]
-  spec = jax.sharding.PartitionSpec
-  return _on_each_device(_ffn_rows, (x, up_kernel, up_bias, kernel),
-                         (rows, spec(), spec(), spec()), spec(rows[0], None, None),
-                         whole={'rows': rows[1], 'embed rows': rows[2], 'feed-forward rows': mlp},
-                         setting="ffn_impl='pallas'")
-
-
-def _ffn_rows(x, up_kernel, up_bias, kernel):
-  """fused_ffn.ffn on [..., embed] rows."""
-  y = fused_ffn.ffn(x.reshape(-1, x.shape[-1]), up_kernel, up_bias, kernel)
-  return y.reshape(x.shape)
-
-
-def _fused_norm_rows(y, bias, residual, keys, scale, offset, *, rate, eps, interpret):
-  """fused_norm.dropout_add_layer_norm on [..., embed] rows; keys [...] (one per row)."""
-  if keys is not None:
-    keys = keys.reshape(-1)
-  return fused_norm.dropout_add_layer_norm(y, bias, residual, keys, scale, offset, rate=rate,
-                                           eps=eps, impl='pallas', interpret=interpret)
+    if not deterministic and norm_ops.wants_dropout_keys(rate):
+      keys = norm_ops.dropout_keys(self.make_rng('dropout'), y.shape[:-1])
+    return norm_ops.fused_dropout_add_layer_norm(y, dense_bias, residual, keys, scale, offset,
+                                                 rate=rate, eps=cfg.layer_norm_eps)
 
 
 class BertAttention(nn.Module):
@@ -456,8 +362,7 @@ class BertModel(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cfg = self.config
-    if cfg.attention_impl == 'pallas' and fused_attention.supported(input_ids.shape[1],
-                                                                    cfg.head_dim):
+    if attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1], cfg.head_dim):
       # fused_attention's kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
       bias = (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
     else:
@@ -473,51 +378,12 @@ class BertModel(nn.Module):
     return self.embeddings.attend(x)
 
 
-class MaskedLmHead(nn.Module):
-  """`cls/predictions`: Dense(gelu) -> LayerNorm -> tied-embedding logits + output bias."""
-  config: BertConfig
-
-  @nn.compact
-  def __call__(self, x, attend):
-    cfg = self.config
-    # x: [batch, predictions, embed], already gathered at the masked positions.
-    x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
-                            param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                            name='transform_dense')(x)
-    x = layers.gelu(x, cfg.gelu)
-    x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
-                          name='transform_LayerNorm')(x)
-    bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                   ('vocab',)),
-                      (cfg.vocab_size,), cfg.param_dtype)
-    logits = attend(x).astype(jnp.float32) + bias.astype(jnp.float32)
-    return logits  # [batch, predictions, vocab]
+def encoder_flops(model, length: int) -> float:
+  """DESIGN.md's formula for the encoder and pooler: forward FLOPs of one sequence of `length`
+  tokens (attention counted in full)."""
+  h, f, layers_ = model.hidden_size, model.intermediate_size, model.num_layers
+  return layers_ * (length * (8 * h * h + 4 * h * f) + 4 * length * length * h) + 2 * h * h
 
 
-class BertForPreTraining(nn.Module):
-  """BERT with the MLM head and (when config.nsp) the NSP head."""
-  config: BertConfig
-
-  def setup(self):
-    cfg = self.config
-    self.bert = BertModel(cfg)
-    self.predictions = MaskedLmHead(cfg)
-    if cfg.nsp:
-      self.seq_relationship = layers.DenseGeneral(
-          2, ('embed', 'classes'), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-          kernel_init=cfg.init)
-
-  def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
-               deterministic=True, position_ids=None, pair_ids=None, nsp_positions=None):
-    """Returns {'mlm_logits': [batch, predictions, vocab], 'nsp_logits': [batch, 2]}.
-
-    Packed rows (several pairs per row) pass position_ids, pair_ids and nsp_positions (each
-    pair's [CLS]); 'nsp_logits' is then [batch, pairs, 2].
-    """
-    sequence, pooled = self.bert(input_ids, segment_ids, input_mask, deterministic,
-                                 position_ids, pair_ids, nsp_positions)
-    gathered = layers.gather_positions(sequence, masked_lm_positions)
-    outputs = {'mlm_logits': self.predictions(gathered, self.bert.attend)}
-    if self.config.nsp:
-      outputs['nsp_logits'] = self.seq_relationship(pooled).astype(jnp.float32)
-    return outputs
+FAMILY = models.register(models.Family(name='bert', config_from=BertConfig.from_config,
+                                       encoder=BertModel, flops=encoder_flops))

@@ -1,27 +1,31 @@
 """BERT with a fine-tuning head (paper section 4): [CLS], per-token or start/end span outputs.
 
-The encoder sits under `bert/`, named as in BertForPreTraining, so pretrained encoder weights
-(ours, HF, TF) drop in; the head is freshly initialised. The feature-based mode (paper 5.3)
+The encoder (config.model.name in the models registry) sits under its scope, `bert/` as in the
+pretraining model, so pretrained encoder weights (ours, HF, TF) drop in; the head is freshly
+initialised. The feature-based mode (paper 5.3)
 freezes the encoder, concatenates its last layers and tags tokens with a BiLSTM.
 """
+
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bert_jax.models import layers
-from bert_jax.models import bert as model_lib
+from bert_jax import models
 from bert_jax.tasks import base
 
 
 class BertForFineTuning(nn.Module):
   """BERT + one task head; returns {'logits'} or {'start_logits', 'end_logits'} in float32."""
-  config: model_lib.BertConfig
+  config: Any  # The encoder's frozen config (its family's config_from).
   head: str  # One of tasks.base.HEADS.
   num_outputs: int  # Classes (1: regression; 2: span start and end).
   feature_layers: int = 0  # > 0: feature-based, frozen encoder, concat of the last N layers.
   lstm_units: int = 384  # Feature-based: units per direction of each BiLSTM layer.
   lstm_layers: int = 2  # Feature-based: stacked BiLSTM layers (the paper: two).
+  model: str = 'bert'  # The encoder's name in the models registry.
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
@@ -34,7 +38,8 @@ class BertForFineTuning(nn.Module):
     dropout = nn.Dropout(cfg.hidden_dropout_rate)
     if self.feature_layers:
       return {'logits': self._feature_based(input_ids, segment_ids, input_mask, deterministic)}
-    sequence, pooled = model_lib.BertModel(cfg, name='bert')(
+    family = models.get(self.model)
+    sequence, pooled = family.encoder(cfg, name=family.scope)(
         input_ids, segment_ids, input_mask, deterministic)  # [batch, length, embed], [batch, embed]
     if self.head in ('classification', 'regression'):
       x = dropout(pooled, deterministic=deterministic)
@@ -56,7 +61,8 @@ class BertForFineTuning(nn.Module):
       raise ValueError(f'The feature-based mode tags tokens; head={self.head!r} needs '
                        'feature_layers=0 (fine-tuning).')
     # The encoder runs without dropout and passes no gradient: its weights stay as loaded.
-    all_layers, _ = model_lib.BertModel(cfg, return_all_layers=True, name='bert')(
+    family = models.get(self.model)
+    all_layers, _ = family.encoder(cfg, return_all_layers=True, name=family.scope)(
         input_ids, segment_ids, input_mask, True)  # [layers, batch, length, embed]
     last = all_layers[-self.feature_layers:]
     x = jax.lax.stop_gradient(jnp.concatenate(list(last), axis=-1)).astype(jnp.float32)

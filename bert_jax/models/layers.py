@@ -7,7 +7,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 Dtype = Any
 Initializer = Any
@@ -58,7 +57,7 @@ class DenseGeneral(nn.Module):
   use_bias: bool = True
   bias_apart: bool = False  # Return (x @ kernel, bias) for a consumer that adds the bias itself.
   # Contract trailing input axes as one 2-d matmul [tokens, in] @ [in, out] + bias[out]: the same
-  # function, a different HLO for XLA to fuse (model.flat_matmuls; experiments/perf_notes.md).
+  # function, a different HLO for XLA to fuse (model.flat_matmuls; docs/performance.md).
   flatten: bool = False
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32  # Storage dtype.
@@ -159,7 +158,7 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
   Exact (one 1 per row, HIGHEST precision for float32). take_along_axis computes the same, but its
   backward is a scatter-add whose output XLA lays out length-minor on GPUs, and that layout then
   spreads through the whole encoder backward as transposes (13 ms of a 90 ms BERT-Large step on an
-  H100, experiments/perf_notes.md); the one-hot product's backward is a plain batched matmul.
+  H100); the one-hot product's backward is a plain batched matmul.
   """
   one_hot = jax.nn.one_hot(positions, x.shape[1], dtype=x.dtype)  # [batch, picks, length]
   precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
@@ -178,56 +177,3 @@ def pair_attention_bias(pair_ids: jax.Array, dtype: Dtype) -> jax.Array:
   big_negative = jnp.finfo(dtype).min
   same = (pair_ids[:, :, None] == pair_ids[:, None, :]) & (pair_ids[:, None, :] > 0)
   return jnp.where(same[:, None], 0.0, big_negative).astype(dtype)
-
-
-def cudnn_dropout_seed(run_seed: int, layer: int) -> int:
-  """The static seed of one layer's cuDNN attention dropout: distinct per (run seed, layer)."""
-  return int(np.random.SeedSequence([run_seed, layer]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
-def cudnn_attention(query, key, value, bias, dropout_rate: float = 0.0, seed: int = 0):
-  """cuDNN's fused (flash) attention, the padding given as key lengths; GPU only.
-
-  Rows are right-padded (real tokens first), so a row's key length is its count of unmasked keys.
-  Padded query positions come out as zeros instead of attending; nothing reads them (the MLM head
-  gathers real positions, the pooler reads [CLS]), so the loss equals the einsum path's.
-
-  With dropout_rate > 0 the probabilities are dropped inside the kernel by cuDNN's Philox
-  generator: XLA gives each attention call a static `seed` and an offset that advances on every
-  execution, so the mask changes every step and the backward kernel, which advances in step with
-  its own forward, drops the same probabilities (`experiments/cudnn_dropout_probe.py` checks all
-  of this on the GPU). That pairing holds only when every layer is its own call executed once per
-  step (`scan_layers=False`, no remat of attention): config validation enforces it.
-  """
-  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length].
-  packed = bias.shape[2] > 1  # Packed pairs: the block-diagonal bias itself.
-  lengths = None if packed else jnp.sum(bias[:, 0, 0, :] == 0, axis=-1).astype(jnp.int32)
-  if dropout_rate == 0.0:
-    if packed:
-      return jax.nn.dot_product_attention(query, key, value, bias=bias, implementation='cudnn')
-    return jax.nn.dot_product_attention(query, key, value, query_seq_lengths=lengths,
-                                        key_value_seq_lengths=lengths, implementation='cudnn')
-  # The public API has no dropout; the cuDNN wrapper underneath it does.
-  # pylint: disable-next=g-import-not-at-top
-  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
-  scale = 1.0 / np.sqrt(query.shape[-1])
-  if packed:
-    return cudnn_fa.dot_product_attention(query, key, value, bias=bias, scale=scale, seed=seed,
-                                          dropout_rate=dropout_rate)
-  return cudnn_fa.dot_product_attention(query, key, value, q_seqlen=lengths, kv_seqlen=lengths,
-                                        scale=scale, mask_type=cudnn_fa.MaskType.PADDING,
-                                        seed=seed, dropout_rate=dropout_rate)
-
-
-def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,
-                          dtype):
-  """Softmax(q k^T / sqrt(d) + bias) v, softmax in float32, dropout on the probabilities."""
-  # query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length].
-  depth = query.shape[-1]
-  scores = jnp.einsum('bqhd,bkhd->bhqk', query, key) / np.sqrt(depth).astype(dtype)
-  scores = scores.astype(jnp.float32) + bias.astype(jnp.float32)
-  probs = jax.nn.softmax(scores, axis=-1)  # [batch, heads, q_length, k_length]
-  if not deterministic and dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  return jnp.einsum('bhqk,bkhd->bqhd', probs.astype(dtype), value)

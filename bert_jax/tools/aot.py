@@ -4,7 +4,7 @@
  [--config.KEY=VALUE ...]`
 
 Needs libtpu (`pip install "jax[tpu]"`), not a TPU: libtpu describes the slice's devices and
-compiles for them, as MaxText's train_compile.py does. The step is steps.jit_train_step, the one
+compiles for them, as MaxText's train_compile.py does. The step is steps.jit_pretraining_step, the one
 pretrain.py trains with, over config.train.batch_size x config.data.max_seq_length; no corpus or
 tokenizer is read (the vocabulary is config.model.vocab_size).
 
@@ -137,9 +137,11 @@ def compile_train_step(config, mesh):
   state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
   batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
                             config.data.max_predictions_per_seq,
-                            config.data.max_pairs_per_row if config.data.packing else 0)
-  train_step = steps.jit_train_step(model, tx, state_shardings, sharding.batch_sharding(mesh),
-                                    compiler_options=config_lib.xla_options(config))
+                            config.data.max_pairs_per_row if config.data.packing else 0,
+                            objectives=model.objectives)
+  train_step = steps.jit_pretraining_step(config, model, tx, state_shardings,
+                                          sharding.batch_sharding(mesh),
+                                          compiler_options=config_lib.xla_options(config))
   logging.info('Compiling the %d-layer step (scan_layers=%s).', config.model.num_layers,
                config.model.scan_layers)
   with sharding.activation_rules(mesh, rules):  # As pretrain.py traces it.

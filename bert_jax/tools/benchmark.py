@@ -42,15 +42,18 @@ def random_batch(config, rng):
              config.data.max_predictions_per_seq)
   lengths = np.full(b, s)  # Full-length rows, as packed or long-document pretraining feeds.
   input_mask = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
-  return {
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  batch = {
       'input_ids': rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32) * input_mask,
       'input_mask': input_mask,
       'segment_ids': (np.arange(s)[None] >= lengths[:, None] // 2).astype(np.int32) * input_mask,
       'masked_lm_positions': np.sort(rng.integers(1, s - 1, (b, p)), axis=1).astype(np.int32),
       'masked_lm_ids': rng.integers(5, config.model.vocab_size, (b, p)).astype(np.int32),
       'masked_lm_weights': np.ones((b, p), np.float32),
-      'next_sentence_labels': rng.integers(0, 2, b).astype(np.int32),
   }
+  if objectives.sentence_pairs(config):
+    batch['next_sentence_labels'] = rng.integers(0, 2, b).astype(np.int32)
+  return batch
 
 
 def code_fingerprint(root: str | None = None) -> str:
@@ -105,8 +108,8 @@ class Setup:
       self.state, shardings = steps.create_train_state(config, self.model, self.tx, self.mesh,
                                                        self.rules)
       batch_sharding = sharding.batch_sharding(self.mesh)
-      self.step = steps.jit_train_step(
-          self.model, self.tx, shardings, batch_sharding,
+      self.step = steps.jit_pretraining_step(
+          config, self.model, self.tx, shardings, batch_sharding,
           compiler_options=config_lib.xla_options(config))
       host_batches = ([random_batch(config, np.random.default_rng(0))] if not
                       config.data.prepared else corpus_batches(config, _REAL_BATCHES))
@@ -124,7 +127,6 @@ def run(config, num_steps: int, warmup: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.tools import gpu_clocks  # pylint: disable=g-import-not-at-top
   from bert_jax.train import metrics  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   setup = Setup(config)
   mesh, state, step, batches = setup.mesh, setup.state, setup.step, setup.batches
   # The SM clock and power (GPUs) under the peak's matmuls and under the timed steps: a GPU at
@@ -175,7 +177,7 @@ def run(config, num_steps: int, warmup: int) -> dict:
       'peak_memory_bytes': max((m.get('peak_bytes_in_use', 0) for m in memory), default=0),
       'clocks': clocks.summary(), 'peak_clocks': peak_clocks.summary(),
       'code': code_fingerprint(), 'jax': jax.__version__,
-      'loss': float(steps.total_loss(jax.device_get(stats))),
+      'loss': float(jax.device_get(stats['loss'])),
   }
 
 
@@ -222,7 +224,7 @@ def child_record(proc: subprocess.CompletedProcess) -> dict:
   """A benchmark process's JSON record (its last line starting with '{', kept also when the
   process failed after printing it, e.g. at exit), or {'error': why} for one that printed none:
   the line that says why (our setup check's, XLA's out-of-memory one, a failed check, the last
-  exception), prefixed 'out of memory: ' for that. bench_compare reads ours and the peer's
+  exception), prefixed 'out of memory: ' for that. benchmarks/harness.py reads ours and the peer's
   processes with it too."""
   records = [line for line in proc.stdout.splitlines() if line.startswith('{')]
   if records:
@@ -241,7 +243,7 @@ def sweep(args: list[str], spec: str, first_batch: int, child=run_child,
           batch_flag: str = '--config.train.batch_size') -> list[dict]:
   """Runs `child` (the benchmark) once per --sweep batch, with `args` then `batch_flag=B`,
   printing each record; returns them with the summary last. 'double' stops at the first batch
-  that fails; a list runs every batch. experiments/bench_peer.py sweeps the peer with it."""
+  that fails; a list runs every batch. benchmarks/peer.py sweeps the peer with it."""
   batches = sweep_batches(spec)
   doubling = batches is None
   if doubling:

@@ -65,7 +65,8 @@ def describe(source_dir: str) -> str:
   lines.append(f'layout: {layout}')
   config = base.get_config()
   # A head checkpoint without NSP keys came from an MLM-only model; a BertModel one says nothing.
-  config.data.nsp = not heads or any(k.startswith('cls.seq_relationship.') for k in state_dict)
+  nsp = not heads or any(k.startswith('cls.seq_relationship.') for k in state_dict)
+  config.objectives = 'mlm,nsp' if nsp else 'mlm'
   if hf_config is not None:
     lines.append('config.json: ' + json.dumps(hf_config, sort_keys=True))
     try:
@@ -89,7 +90,7 @@ def describe(source_dir: str) -> str:
     lines.append(f'{key:60s} {str(tuple(state_dict[key].shape)):>14s} -> {status}')
   try:
     _, report = import_hf(state_dict, config, hf_config=hf_config)
-    lines.append(f'\nimports cleanly (nsp={config.data.nsp}): {report.summary()}')
+    lines.append(f'\nimports cleanly (nsp={nsp}): {report.summary()}')
   except (CheckpointMismatchError, UnsupportedConfigError) as e:
     lines.append(f'\ndoes not import: {e}')
   return '\n'.join(lines)

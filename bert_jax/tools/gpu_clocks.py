@@ -4,7 +4,7 @@ libnvidia-ml) on a background thread: `with ClockSampler() as clocks: ...; clock
 Why a benchmark wants this: an H200 at BERT-Large seq 512 runs into its 700 W cap, and its SM
 clock falls from 1,980 MHz to about 1,700 MHz during the timed steps, while the matmul peak that
 MFU divides by is measured in a short burst at full clock (`peak_clocks`: a median of 1,980 MHz on
-an H200, experiments/perf_notes.md, twenty-second session). A faster kernel then draws more power
+an H200, docs/performance.md). A faster kernel then draws more power
 and lowers the clock under the rest of the step, so step times and the clock must be read side by
 side. No NVML (a CPU or TPU machine, no NVIDIA driver) gives no readings and a summary of None;
 nothing else here needs a GPU.

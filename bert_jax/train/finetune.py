@@ -26,9 +26,10 @@ from bert_jax import config_lib
 from bert_jax.models import heads
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
-from bert_jax.models import bert as model_lib
+from bert_jax import models
 from bert_jax.train import optim
 from bert_jax import sharding
+from bert_jax.train import state as state_lib
 from bert_jax.train import step as steps
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import base
@@ -63,25 +64,20 @@ def build_task(config) -> base.Task:
 
 def build_model(config, task: base.Task) -> heads.BertForFineTuning:
   t = config.task
-  return heads.BertForFineTuning(model_lib.BertConfig.from_config(config), task.head,
+  name = config.model.get('name', 'bert')
+  return heads.BertForFineTuning(models.get(name).config_from(config), task.head,
                                  task.num_outputs, feature_layers=t.feature_layers,
-                                 lstm_units=t.feature_lstm_units, lstm_layers=t.feature_lstm_layers)
+                                 lstm_units=t.feature_lstm_units, lstm_layers=t.feature_lstm_layers,
+                                 model=name)
 
 
 def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
-  """The paper's fine-tuning AdamW: warmup over a share of the steps, then linear decay to 0."""
+  """The paper's fine-tuning AdamW (optim.create_optimizer): warmup over a share of the steps,
+  then linear decay to 0. Returns (optimizer, schedule)."""
   warmup = int(train_config.warmup_proportion * num_steps)
-  schedule = optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
-  tx = optax.chain(
-      optax.clip_by_global_norm(train_config.max_grad_norm),
-      optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
-                  eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
-                  mask=optim.weight_decay_mask))
-  if not frozen_encoder:
-    return tx, schedule
-  # Feature-based: the encoder's weights never change and carry no optimizer state.
-  labels = lambda params: {k: 'frozen' if k == 'bert' else 'train' for k in params}  # noqa: E731
-  return optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels), schedule
+  tx = optim.create_optimizer(train_config, num_steps, warmup,
+                              frozen=('bert',) if frozen_encoder else ())
+  return tx, optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
 
 
 def task_loss(head: str, outputs, batch):
@@ -104,19 +100,11 @@ def _apply(model, params, batch, deterministic, rngs=None):
                      deterministic=deterministic, rngs=rngs)
 
 
-def train_step(state: steps.TrainState, batch, *, model, tx):
-  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats)."""
-  dropout_rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params):
-    return task_loss(model.head, _apply(model, params, batch, False, {'dropout': dropout_rng}),
-                     batch)
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  stats = {'loss': loss, 'grad_norm': optax.tree_utils.tree_norm(grads)}
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), stats
+def task_loss_fn(model):
+  """loss_fn for step.train_step: the head's loss (no other stats)."""
+  def loss_fn(params, batch, rngs):
+    return task_loss(model.head, _apply(model, params, batch, False, rngs), batch), {}
+  return loss_fn
 
 
 def eval_step(params, batch, *, model):
@@ -126,13 +114,8 @@ def eval_step(params, batch, *, model):
 
 def state_initializer(model, tx, max_seq_length: int):
   """init(rng) -> TrainState with logically annotated (boxed) parameters."""
-  def init(rng):
-    params_rng, dropout_rng = jax.random.split(rng)
-    ids = jnp.zeros((1, max_seq_length), jnp.int32)
-    params = model.init({'params': params_rng}, ids, ids, ids, deterministic=True)['params']
-    return steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                            opt_state=tx.init(params), rng=dropout_rng)
-  return init
+  ids = jnp.zeros((1, max_seq_length), jnp.int32)
+  return state_lib.initializer(model, tx, ids, ids, ids)
 
 
 def train_batches(features: dict, batch_size: int, seed: int, epoch: int):
@@ -161,16 +144,13 @@ class SeedRun:
     self.config, self.task, self.model, self.tx = config, task, model, tx
     self.mesh, self.encoder_params = mesh, encoder_params
     init_boxed = state_initializer(model, tx, config.data.max_seq_length)
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    boxed = jax.eval_shape(init_boxed, key)
-    self.state_shardings = sharding.logical_to_sharding(nn.get_partition_spec(boxed), mesh, rules)
-    self.abstract_state = nn.meta.unbox(boxed)
+    self.state_shardings = state_lib.shardings(init_boxed, mesh, rules)
+    self.abstract_state = nn.meta.unbox(state_lib.abstract(init_boxed))
     self._init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)),
                          out_shardings=self.state_shardings)
     self.batch_shardings = sharding.batch_sharding(mesh)
-    self.train_step = jax.jit(functools.partial(train_step, model=model, tx=tx),
-                              in_shardings=(self.state_shardings, self.batch_shardings),
-                              out_shardings=(self.state_shardings, None), donate_argnums=0)
+    self.train_step = steps.jit_train_step(task_loss_fn(model), tx, self.state_shardings,
+                                           self.batch_shardings)
     self.eval_step = jax.jit(functools.partial(eval_step, model=model),
                              in_shardings=(self.state_shardings.params, self.batch_shardings))
 
@@ -204,11 +184,11 @@ def load_encoder_params(config, model):
     # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
     # its heads are not used here.
     config = ml_collections.ConfigDict(config.to_dict())
-    config.data.nsp = True
+    config.objectives = 'mlm,nsp'
     pretrain_model = steps.build_model(config)
+    batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in steps.dummy_batch(1, 2, 1).items()}
     fresh = jax.eval_shape(functools.partial(pretrain_model.init, deterministic=True),
-                           jax.random.PRNGKey(0), *([jnp.zeros((1, 2), jnp.int32)] * 3),
-                           jnp.zeros((1, 1), jnp.int32))['params']
+                           jax.random.PRNGKey(0), batch)['params']
     fresh = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(fresh))
     pretrain_params = init_from.load_params(config, fresh)
   ids = jnp.zeros((1, 2), jnp.int32)

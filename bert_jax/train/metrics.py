@@ -8,16 +8,20 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
+from bert_jax import models
+from bert_jax import objectives
 from bert_jax.tools import chips
 
 
 def model_flops_per_sequence(config) -> float:
-  """DESIGN.md's formula: training FLOPs of one sequence (3x forward, attention in full)."""
+  """DESIGN.md's formula: training FLOPs of one sequence (3x forward, attention in full): the
+  encoder's (its family's flops) and each objective head's."""
   m, d = config.model, config.data
-  s, p = d.max_seq_length, d.max_predictions_per_seq
-  h, f, v, layers = m.hidden_size, m.intermediate_size, m.vocab_size, m.num_layers
-  encoder = layers * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h)
-  return 3.0 * (encoder + p * (2 * h * h + 2 * h * v) + 2 * h * h)
+  shape = objectives.BatchShape(d.max_seq_length, d.max_predictions_per_seq)
+  forward = models.get(m.get('name', 'bert')).flops(m, d.max_seq_length)
+  for objective in objectives.of_config(config):
+    forward += objective.flops(m, shape)
+  return 3.0 * forward
 
 
 # A measured peak this far above the datasheet's is not a real figure (e.g. XLA's
@@ -123,11 +127,21 @@ def format_duration(seconds: float) -> str:
   return f'{h}h{m:02d}m' if h else f'{m}m{s:02d}s'
 
 
+def objective_parts(values: dict) -> list[str]:
+  """'NAME LOSS (acc ACCURACY)' for each objective's '<name>_loss' in values."""
+  parts = []
+  for key in values:
+    name = key[:-len('_loss')]
+    if not key.endswith('_loss') or not name:
+      continue
+    accuracy = values.get(f'{name}_accuracy')
+    parts.append(f'{name} {values[key]:.4f}'
+                 + (f' (acc {accuracy:.3f})' if accuracy is not None else ''))
+  return parts
+
+
 def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float) -> None:
-  parts = [f'step {step}/{num_steps}', f'loss {values["loss"]:.4f}',
-           f'mlm {values["mlm_loss"]:.4f} (acc {values["mlm_accuracy"]:.3f})']
-  if 'nsp_loss' in values:
-    parts.append(f'nsp {values["nsp_loss"]:.4f} (acc {values["nsp_accuracy"]:.3f})')
+  parts = [f'step {step}/{num_steps}', f'loss {values["loss"]:.4f}', *objective_parts(values)]
   parts += [f'lr {values["learning_rate"]:.2e}', f'{values["seq_per_s"]:.1f} seq/s',
             f'mfu {100 * values["mfu"]:.1f}%', f'ETA {format_duration(eta_seconds)}']
   logging.info(' | '.join(parts))

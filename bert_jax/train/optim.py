@@ -38,18 +38,32 @@ def lamb(learning_rate, b1, b2, eps, weight_decay, mu_dtype=None) -> optax.Gradi
       optax.scale_by_learning_rate(learning_rate))
 
 
-def create_optimizer(train_config) -> optax.GradientTransformation:
-  """Global-norm clipping then AdamW or LAMB, as config.train describes."""
-  schedule = learning_rate_schedule(train_config.learning_rate, train_config.warmup_steps,
-                                    train_config.num_steps)
+def create_optimizer(train_config, num_steps: int | None = None,
+                     warmup_steps: int | None = None, frozen: tuple[str, ...] = ()):
+  """Global-norm clipping then AdamW or LAMB under the warmup + linear-decay schedule: the one
+  optimizer of every mode.
+
+  train_config: config.train (learning_rate, adam_b1/b2/eps, weight_decay, max_grad_norm;
+  optimizer 'adamw' (default) or 'lamb'; adam_mu_dtype). num_steps and warmup_steps default to
+  train_config.num_steps and warmup_steps (pretraining); fine-tuning passes its own. frozen: top
+  level parameter subtrees that never change and carry no optimizer state (the feature-based
+  mode's encoder, 'bert').
+  """
+  num_steps = train_config.num_steps if num_steps is None else num_steps
+  warmup_steps = train_config.warmup_steps if warmup_steps is None else warmup_steps
+  schedule = learning_rate_schedule(train_config.learning_rate, warmup_steps, num_steps)
   # Adam's first moment may be stored in bfloat16 (train.adam_mu_dtype); the second moment and
   # the master weights stay in their own (float32) dtype.
   mu_dtype = jnp.dtype(train_config.get('adam_mu_dtype', 'float32'))
-  if train_config.optimizer == 'lamb':
+  if train_config.get('optimizer', 'adamw') == 'lamb':
     update = lamb(schedule, train_config.adam_b1, train_config.adam_b2, train_config.adam_eps,
                   train_config.weight_decay, mu_dtype)
   else:
     update = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
                          mask=weight_decay_mask, mu_dtype=mu_dtype)
-  return optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)
+  tx = optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)
+  if frozen:
+    labels = lambda params: {k: 'frozen' if k in frozen else 'train' for k in params}  # noqa: E731
+    tx = optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels)
+  return tx

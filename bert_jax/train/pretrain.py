@@ -20,6 +20,7 @@ from bert_jax import config_lib
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import optim
+from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax.train import step as steps
 from bert_jax.data import corpus as corpus_lib
@@ -271,9 +272,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   start_step = int(state.step)
 
   max_skips = config.train.max_nonfinite_skips
-  train_step = steps.jit_train_step(model, tx, state_shardings, batch_shardings,
-                                    skip_nonfinite=max_skips > 0,
-                                    compiler_options=config_lib.xla_options(config))
+  train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
+                                          compiler_options=config_lib.xla_options(config))
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
@@ -281,7 +281,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   if isinstance(stream, pipeline.PretrainingStream):
     first_epoch = stream.epoch_examples(0)
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
-    if config.data.nsp:
+    if objectives.sentence_pairs(config):
       # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
       logging.info('Epoch 0: %d examples, %.1f%% NotNext.', len(first_epoch['input_ids']),
                    100 * float(np.mean(first_epoch['next_sentence_labels'])))
@@ -297,13 +297,14 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
     for batch in held_out:
       stats = eval_step(state.params, sharding.global_batch(batch, batch_shardings))
       totals = stats if totals is None else jax.tree.map(np.add, totals, stats)
-    values = steps.summarize(totals)
-    values['mlm_baseline_accuracy'] = baseline
+    values = steps.summarize(model, totals)
+    if 'mlm_loss' in values:
+      values['mlm_baseline_accuracy'] = baseline
     writer.write(step, 'eval', values)
-    logging.info('eval step %d | loss %.4f | mlm %.4f (acc %.3f; most-frequent-token baseline '
-                 '%.3f)%s', step, values['loss'], values['mlm_loss'], values['mlm_accuracy'],
-                 baseline, (f' | nsp {values["nsp_loss"]:.4f} (acc {values["nsp_accuracy"]:.3f})'
-                            if 'nsp_loss' in values else ''))
+    parts = metrics_lib.objective_parts(values)
+    parts = [p[:-1] + f'; most-frequent-token baseline {baseline:.3f})' if p.startswith('mlm ')
+             else p for p in parts]
+    logging.info('eval step %d | loss %.4f | %s', step, values['loss'], ' | '.join(parts))
     return values
 
   peak_flops = config.train.peak_flops or metrics_lib.measure_peak_flops()
@@ -383,7 +384,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         stats = jax.device_get(accumulated)
         elapsed = time.perf_counter() - interval_start - excluded
         seq_per_s = timed_steps * batch_size / elapsed if timed_steps else 0.0
-        values = steps.summarize(stats)
+        values = steps.summarize(model, stats)
         values.update(learning_rate=float(schedule(step - 1)),
                       grad_norm=float(stats['grad_norm']) / max(len(finite_flags) - len(bad), 1),
                       seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
@@ -429,7 +430,7 @@ def log_summary(workdir: str, last_eval: dict) -> None:
   """One line: how far eval MLM loss fell and how accuracy compares with the baseline."""
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
     evals = [r for r in map(json.loads, f) if r['split'] == 'eval']
-  if not evals or not last_eval:
+  if not evals or not last_eval or 'mlm_loss' not in last_eval:
     return
   first = evals[0]['mlm_loss']
   logging.info('Done. Eval MLM loss %.3f -> %.3f (%+.0f%%); MLM accuracy %.3f vs %.3f for '

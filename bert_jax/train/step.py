@@ -1,82 +1,159 @@
-"""Train state, its sharded creation, and the pure train and eval steps."""
+"""The pure train step every mode jits, and the pretraining model's batch, losses and state.
+
+train_step(state, batch) is one function for pretraining and fine-tuning: the mode hands it a
+loss function. It is jitted once with explicit shardings and a donated state (jit_train_step), so
+that the AOT compiler and the benchmark lower exactly what trains.
+"""
 
 import functools
-from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
-from bert_jax.models import bert as model_lib
+from bert_jax import objectives as objectives_lib
 from bert_jax import sharding
+from bert_jax.models import pretraining
+from bert_jax.train import state as state_lib
 
-# Keys of a pretraining batch, and their per-example trailing shape (see data/pretraining.py).
-BATCH_KEYS = ('input_ids', 'input_mask', 'segment_ids', 'masked_lm_positions',
-              'masked_lm_ids', 'masked_lm_weights', 'next_sentence_labels')
-
-
-@flax.struct.dataclass
-class TrainState:
-  """Everything a step changes; saved whole in checkpoints."""
-  step: jax.Array  # [] int32
-  params: Any
-  opt_state: Any
-  rng: jax.Array  # [2] uint32; dropout key of step s is fold_in(rng, s)
+TrainState = state_lib.TrainState
 
 
-# Extra keys of packed batches (several pairs per row; see data/streaming.py).
-PACKING_KEYS = ('position_ids', 'pair_ids', 'nsp_positions', 'nsp_weights')
+def train_step(state: TrainState, batch, *, loss_fn, tx, skip_nonfinite: bool = False,
+               dropout_rng_impl: str = 'threefry'):
+  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats).
+
+  loss_fn(params, batch, rngs) -> (loss, stats): the mode's loss and the sums it reports; the
+  step adds stats['loss'], stats['grad_norm'] and stats['finite'] (1.0 when the loss and the
+  gradient norm are finite). With skip_nonfinite, a step where they are not keeps the old
+  parameters and optimizer state (the step counter still advances) and its stats are zeroed, so
+  the interval's means cover the applied steps only. dropout_rng_impl: 'threefry', or 'rbg'
+  (XLA's RngBitGenerator draws the masks at a fraction of threefry's cost on GPUs).
+  """
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+  if dropout_rng_impl == 'rbg':
+    dropout_rng = jax.random.wrap_key_data(
+        jax.random.bits(dropout_rng, (4,), jnp.uint32), impl='rbg')
+
+  def loss_and_stats(params):
+    loss, stats = loss_fn(params, batch, {'dropout': dropout_rng})
+    return loss, {**stats, 'loss': loss}
+
+  grads, stats = jax.grad(loss_and_stats, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
+  finite = jnp.isfinite(stats['loss']) & jnp.isfinite(stats['grad_norm'])
+  if skip_nonfinite:
+    keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params = jax.tree.map(keep_old, params, state.params)
+    opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
+    stats = jax.tree.map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), stats)
+  stats['finite'] = finite.astype(jnp.float32)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, stats
+
+
+def jit_train_step(loss_fn, tx, state_shardings, batch_shardings, skip_nonfinite=False,
+                   dropout_rng_impl='threefry', compiler_options=None):
+  """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state.
+
+  compiler_options: XLA debug options for this computation (config_lib.xla_options).
+  """
+  return jax.jit(functools.partial(train_step, loss_fn=loss_fn, tx=tx,
+                                   skip_nonfinite=skip_nonfinite,
+                                   dropout_rng_impl=dropout_rng_impl),
+                 in_shardings=(state_shardings, batch_shardings),
+                 out_shardings=(state_shardings, None), donate_argnums=0,
+                 compiler_options=compiler_options or None)
+
+
+# Pretraining.
+
+def build_model(config) -> pretraining.PretrainingModel:
+  """The pretraining model of a run's config (config.model.name, config.objectives)."""
+  return pretraining.build(config)
+
+
+def objectives_of(model: pretraining.PretrainingModel):
+  return tuple(objectives_lib.get(name) for name in model.objectives)
+
+
+def batch_shape(config) -> objectives_lib.BatchShape:
+  """The rows of a run's (phase's) batches, from its config."""
+  pairs = config.data.max_pairs_per_row if config.data.get('packing') else 0
+  return objectives_lib.BatchShape(config.data.max_seq_length,
+                                   config.data.max_predictions_per_seq, pairs)
 
 
 def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
-                max_pairs_per_row: int = 0):
+                max_pairs_per_row: int = 0, objectives=('mlm', 'nsp')):
   """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation.
 
-  max_pairs_per_row > 0: a packed batch (NSP labels per pair, and the PACKING_KEYS).
+  max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair).
   """
-  s, p, k = max_seq_length, max_predictions, max_pairs_per_row
-  spec = {'input_ids': (s,), 'input_mask': (s,), 'segment_ids': (s,),
-          'masked_lm_positions': (p,), 'masked_lm_ids': (p,), 'masked_lm_weights': (p,),
-          'next_sentence_labels': (k,) if k else ()}
-  if k:
-    spec.update({'position_ids': (s,), 'pair_ids': (s,), 'nsp_positions': (k,),
-                 'nsp_weights': (k,)})
-  floats = ('masked_lm_weights', 'nsp_weights')
-  return {k: jax.ShapeDtypeStruct((batch_size,) + shape,
-                                  jnp.float32 if k in floats else jnp.int32)
-          for k, shape in spec.items()}
+  shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row)
+  spec = objectives_lib.batch_spec([objectives_lib.get(n) for n in objectives], shape)
+  return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}
 
 
-def _init_variables(model, rng, max_seq_length, max_predictions):
-  ids = jnp.zeros((1, max_seq_length), jnp.int32)
-  positions = jnp.zeros((1, max_predictions), jnp.int32)
-  return model.init({'params': rng}, ids, ids, ids, positions, deterministic=True)
+def init_batch(model: pretraining.PretrainingModel, config):
+  """Zeros of one row of the model's (unpacked) batch: what init traces."""
+  spec = dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq,
+                     objectives=model.objectives)
+  return {k: jnp.zeros(v.shape, v.dtype) for k, v in spec.items()}
 
 
 def state_initializer(config, model, tx):
-  """init(rng) -> TrainState with logically annotated (boxed) parameters."""
-  s, p = config.data.max_seq_length, config.data.max_predictions_per_seq
+  """init(rng) -> the pretraining TrainState, parameters boxed with their logical names."""
+  return state_lib.initializer(model, tx, init_batch(model, config))
 
-  def init(rng):
-    params_rng, dropout_rng = jax.random.split(rng)
-    params = _init_variables(model, params_rng, s, p)['params']
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), rng=dropout_rng)
-  return init
+
+def pretraining_loss_fn(model: pretraining.PretrainingModel):
+  """loss_fn for train_step: the objectives' summed loss and their sums and counts."""
+  objectives = objectives_of(model)
+
+  def loss_fn(params, batch, rngs):
+    outputs = model.apply({'params': params}, batch, deterministic=False, rngs=rngs)
+    stats = objectives_lib.losses(objectives, outputs, batch)
+    return objectives_lib.total_loss(objectives, stats), stats
+  return loss_fn
+
+
+def eval_step(params, batch, *, model):
+  """Sums and counts of the objectives' metrics on one batch (no dropout)."""
+  outputs = model.apply({'params': params}, batch, deterministic=True)
+  return objectives_lib.losses(objectives_of(model), outputs, batch)
+
+
+def summarize(model, stats) -> dict[str, float]:
+  """Pooled sums and counts -> the metrics.jsonl fields (loss, mlm_*, nsp_*, ...)."""
+  return objectives_lib.summarize(objectives_of(model), stats)
+
+
+def jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
+                         compiler_options=None):
+  """The pretraining train step, jitted as it trains."""
+  return jit_train_step(pretraining_loss_fn(model), tx, state_shardings, batch_shardings,
+                        skip_nonfinite=config.train.max_nonfinite_skips > 0,
+                        dropout_rng_impl=config.model.dropout_rng_impl,
+                        compiler_options=compiler_options)
 
 
 def abstract_train_state(config, model, tx):
-  """The state's shapes and dtypes (boxed with logical names); nothing is materialised."""
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # A raw PRNGKey's shape: nothing runs eagerly.
-  return jax.eval_shape(state_initializer(config, model, tx), key)
+  """The pretraining state's shapes and dtypes (boxed); nothing is materialised."""
+  return state_lib.abstract(state_initializer(config, model, tx))
 
 
 def train_state_shardings(config, model, tx, mesh, rules):
-  """The state's NamedShardings, from its logical axis names under `rules`."""
-  logical_specs = nn.get_partition_spec(abstract_train_state(config, model, tx))
-  return sharding.logical_to_sharding(logical_specs, mesh, rules)
+  """The pretraining state's NamedShardings, from its logical axis names under `rules`."""
+  return state_lib.shardings(state_initializer(config, model, tx), mesh, rules)
+
+
+def create_train_state(config, model, tx, mesh, rules):
+  """The pretraining state, materialised sharded: (state, state_shardings)."""
+  return state_lib.create(state_initializer(config, model, tx), config.seed, mesh, rules)
 
 
 # Model sizes whose multiples a mesh axis may need, and the config key that sets each.
@@ -107,121 +184,3 @@ def check_state_divides(config, model, tx, mesh, rules):
       f'{path} {tuple(shape)}: dimension {dim} ({size}{", " + keys[0] if keys else ""}) '
       f'over {axes} ({ways} ways); {fix}, or use a mesh whose {axes} size divides it '
       f'({len(problems)} parameter(s) affected).')
-
-
-def create_train_state(config, model, tx, mesh, rules):
-  """Builds the state abstractly, derives its shardings, then materialises it sharded.
-
-  Returns (state, state_shardings).
-  """
-  init_boxed = state_initializer(config, model, tx)
-  state_shardings = train_state_shardings(config, model, tx, mesh, rules)
-  init = lambda rng: nn.meta.unbox(init_boxed(rng))  # noqa: E731
-  state = jax.jit(init, out_shardings=state_shardings)(jax.random.PRNGKey(config.seed))
-  return state, state_shardings
-
-
-def pretraining_losses(outputs, batch):
-  """Sums and counts for MLM and NSP, so batches and devices can be pooled exactly."""
-  logits = outputs['mlm_logits']  # [batch, predictions, vocab] float32
-  labels = batch['masked_lm_ids']
-  weights = batch['masked_lm_weights']
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  stats = {
-      'mlm_loss_sum': jnp.sum(ce * weights),
-      'mlm_weight': jnp.sum(weights),
-      'mlm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
-  }
-  if 'nsp_logits' in outputs:
-    nsp_logits = outputs['nsp_logits']  # [batch, 2], packed: [batch, pairs, 2]
-    nsp_labels = batch['next_sentence_labels']
-    nsp_weights = batch.get('nsp_weights', jnp.ones(nsp_labels.shape, jnp.float32))
-    stats['nsp_loss_sum'] = jnp.sum(
-        optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels) * nsp_weights)
-    stats['nsp_count'] = jnp.sum(nsp_weights)
-    stats['nsp_correct'] = jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels) * nsp_weights)
-  return stats
-
-
-def total_loss(stats):
-  """Mean MLM cross-entropy over real masked positions + mean NSP cross-entropy."""
-  loss = stats['mlm_loss_sum'] / (stats['mlm_weight'] + 1e-5)
-  if 'nsp_loss_sum' in stats:
-    loss = loss + stats['nsp_loss_sum'] / stats['nsp_count']
-  return loss
-
-
-def summarize(stats) -> dict[str, float]:
-  """Pooled sums/counts -> the metrics.jsonl fields (loss, mlm_*, nsp_*)."""
-  stats = {k: float(v) for k, v in stats.items()}
-  out = {'mlm_loss': stats['mlm_loss_sum'] / max(stats['mlm_weight'], 1e-5),
-         'mlm_accuracy': stats['mlm_correct'] / max(stats['mlm_weight'], 1e-5)}
-  out['loss'] = out['mlm_loss']
-  if 'nsp_loss_sum' in stats:
-    out['nsp_loss'] = stats['nsp_loss_sum'] / stats['nsp_count']
-    out['nsp_accuracy'] = stats['nsp_correct'] / stats['nsp_count']
-    out['loss'] += out['nsp_loss']
-  return out
-
-
-def _apply(model, params, batch, deterministic, rngs=None):
-  return model.apply({'params': params}, batch['input_ids'], batch['segment_ids'],
-                     batch['input_mask'], batch['masked_lm_positions'],
-                     deterministic=deterministic, rngs=rngs,
-                     position_ids=batch.get('position_ids'), pair_ids=batch.get('pair_ids'),
-                     nsp_positions=batch.get('nsp_positions'))
-
-
-def train_step(state: TrainState, batch, *, model, tx, skip_nonfinite: bool = False):
-  """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats).
-
-  stats['finite'] is 1.0 when the loss and the gradient norm are finite. With skip_nonfinite,
-  a step where they are not keeps the old parameters and optimizer state (the step counter still
-  advances) and its stats are zeroed, so the interval's means cover the applied steps only.
-  """
-  dropout_rng = jax.random.fold_in(state.rng, state.step)
-  if model.config.dropout_rng_impl == 'rbg':
-    # XLA's RngBitGenerator draws the masks at a fraction of threefry's cost on GPUs.
-    dropout_rng = jax.random.wrap_key_data(
-        jax.random.bits(dropout_rng, (4,), jnp.uint32), impl='rbg')
-
-  def loss_fn(params):
-    outputs = _apply(model, params, batch, False, {'dropout': dropout_rng})
-    stats = pretraining_losses(outputs, batch)
-    return total_loss(stats), stats
-
-  grads, stats = jax.grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
-  finite = jnp.isfinite(total_loss(stats)) & jnp.isfinite(stats['grad_norm'])
-  if skip_nonfinite:
-    keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-    params = jax.tree.map(keep_old, params, state.params)
-    opt_state = jax.tree.map(keep_old, opt_state, state.opt_state)
-    stats = jax.tree.map(lambda v: jnp.where(finite, v, jnp.zeros_like(v)), stats)
-  stats['finite'] = finite.astype(jnp.float32)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-  return new_state, stats
-
-
-def jit_train_step(model, tx, state_shardings, batch_shardings, skip_nonfinite=False,
-                   compiler_options=None):
-  """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state.
-
-  compiler_options: XLA debug options for this computation (config_lib.xla_options).
-  """
-  return jax.jit(functools.partial(train_step, model=model, tx=tx,
-                                   skip_nonfinite=skip_nonfinite),
-                 in_shardings=(state_shardings, batch_shardings),
-                 out_shardings=(state_shardings, None), donate_argnums=0,
-                 compiler_options=compiler_options or None)
-
-
-def eval_step(params, batch, *, model):
-  """Sums and counts of the eval metrics on one batch (no dropout)."""
-  return pretraining_losses(_apply(model, params, batch, True), batch)
-
-
-def build_model(config) -> model_lib.BertForPreTraining:
-  return model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config))

@@ -1,0 +1,42 @@
+"""The pretraining model: an encoder from the models registry with its objectives' heads.
+
+Parameters: the encoder under its family's scope (`bert/`), each head under its own name
+(`predictions/`, `seq_relationship/`), as the original BERT's checkpoints lay them out.
+"""
+
+from typing import Any
+
+import flax.linen as nn
+
+from bert_jax import models
+from bert_jax import objectives as objectives_lib
+
+
+class PretrainingModel(nn.Module):
+  """Encoder + heads: batch -> {output name: array} (e.g. 'mlm_logits', 'nsp_logits')."""
+  config: Any  # The encoder's frozen config (its family's config_from).
+  objectives: tuple[str, ...] = ('mlm', 'nsp')  # Names in the objectives registry.
+  model: str = 'bert'  # Name in the models registry.
+
+  @nn.compact
+  def __call__(self, batch, deterministic: bool = True):
+    # batch: the keys of objectives.batch_spec; input_ids, segment_ids, input_mask [batch,
+    # length]; packed rows also position_ids, pair_ids [batch, length] and nsp_positions
+    # [batch, pairs] (each pair's [CLS], pooled).
+    family = models.get(self.model)
+    encoder = family.encoder(self.config, name=family.scope)
+    sequence, pooled = encoder(batch['input_ids'], batch['segment_ids'], batch['input_mask'],
+                               deterministic, batch.get('position_ids'), batch.get('pair_ids'),
+                               batch.get('nsp_positions'))
+    encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
+    outputs = {}
+    for name in self.objectives:
+      outputs.update(objectives_lib.get(name).head(self.config, encoded, batch, deterministic))
+    return outputs
+
+
+def build(config) -> PretrainingModel:
+  """The pretraining model a run's config describes (config.model.name, config.objectives)."""
+  name = config.model.get('name', 'bert')
+  return PretrainingModel(models.get(name).config_from(config),
+                          objectives_lib.parse(config.objectives), name)

@@ -1,0 +1,157 @@
+"""Pretraining objectives, by name: what each training signal adds to an encoder.
+
+An objective is one module in this package (or anywhere, registered with `register`) holding an
+Objective: the batch keys it reads, the head it puts on the encoder's outputs (its parameters
+under the head's own name), its loss as pooled sums and counts, the metrics.jsonl fields made of
+them, and its FLOPs per sequence for MFU. config.objectives names the run's objectives ('mlm,nsp':
+BERT; 'mlm': no NSP); the pretraining model, the train step, the metrics and the benchmark compose
+whatever it names, so a new objective is a new file plus a config.
+"""
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+# The objectives shipped in this package (each registers itself on import).
+BUILTIN = ('mlm', 'nsp')
+
+# Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
+BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+  """What an encoder hands the heads."""
+  sequence: jax.Array  # [batch, length, embed]: the last layer's states.
+  pooled: jax.Array  # [batch, embed] (packed rows: [batch, pairs, embed]): the pooler on [CLS].
+  attend: Callable[[jax.Array], jax.Array]  # [..., embed] -> [..., vocab]: tied embeddings.
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+  """The static shape of a pretraining batch's rows (one phase of a run)."""
+  max_seq_length: int
+  max_predictions: int
+  max_pairs_per_row: int = 0  # > 0: packed rows, that many instances each at most.
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """One pretraining objective. Every function is pure; `head` builds linen modules and is
+  called inside the pretraining model's compact __call__, so its modules are the model's
+  children (their names are parameter paths: keep them when a checkpoint layout must hold)."""
+  name: str
+  # BatchShape -> the batch keys it reads beyond the encoder's inputs.
+  batch_spec: Callable[[BatchShape], BatchSpec]
+  # (model config, Encoded, batch, deterministic) -> {output name: array}.
+  head: Callable[[Any, Encoded, Mapping, bool], dict]
+  # (outputs, batch) -> {'<name>_...': sums and counts}, pooled exactly over batches and devices.
+  losses: Callable[[Mapping, Mapping], dict]
+  # Pooled stats (arrays or floats) -> its term of the training loss.
+  loss: Callable[[Mapping], Any]
+  # Pooled stats (floats) -> its metrics.jsonl fields, '<name>_loss' among them (the run's
+  # 'loss' is their sum), e.g. mlm_loss, mlm_accuracy.
+  metrics: Callable[[Mapping], dict]
+  # (model config dict (config.model), BatchShape) -> training FLOPs per sequence / 3 (forward).
+  flops: Callable[[Any, BatchShape], float]
+  # The data it needs: 'pairs' ([CLS] A [SEP] B [SEP] with NotNext labels) or 'segments'
+  # (one segment per row).
+  instances: str = 'segments'
+
+
+_REGISTRY: dict[str, Objective] = {}
+
+
+def register(objective: Objective) -> Objective:
+  """Makes `objective` available by its name (a module's own objectives register on import)."""
+  _REGISTRY[objective.name] = objective
+  return objective
+
+
+def get(name: str) -> Objective:
+  """The objective called `name`; ValueError naming the valid ones otherwise."""
+  if name not in _REGISTRY and name in BUILTIN:
+    importlib.import_module(f'{__name__}.{name}')
+  if name not in _REGISTRY:
+    raise ValueError(f'Unknown objective {name!r}; valid objectives are '
+                     f'{", ".join(available())}.')
+  return _REGISTRY[name]
+
+
+def available() -> list[str]:
+  """Every objective name that get() takes."""
+  return sorted(set(BUILTIN) | set(_REGISTRY))
+
+
+def parse(text: str) -> tuple[str, ...]:
+  """'mlm,nsp' -> ('mlm', 'nsp'): config.objectives' form; ValueError for an unknown name, a
+  repeat, or none at all."""
+  names = tuple(n.strip() for n in str(text).split(',') if n.strip())
+  if not names:
+    raise ValueError(f'config.objectives={text!r} names no objective; valid objectives are '
+                     f'{", ".join(available())} (comma separated, e.g. \'mlm,nsp\').')
+  for name in names:
+    if name not in available():
+      raise ValueError(f'config.objectives={text!r}: unknown objective {name!r}; valid '
+                       f'objectives are {", ".join(available())}.')
+  if len(set(names)) != len(names):
+    raise ValueError(f'config.objectives={text!r} names an objective twice.')
+  return names
+
+
+def of_config(config) -> tuple[Objective, ...]:
+  """The objectives config.objectives names, in its order."""
+  return tuple(get(name) for name in parse(config.objectives))
+
+
+def sentence_pairs(config) -> bool:
+  """Whether the run's rows are sentence pairs with NotNext labels (an objective needs them)."""
+  return any(o.instances == 'pairs' for o in of_config(config))
+
+
+def batch_spec(objectives, shape: BatchShape) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """The whole batch's per-example spec: the encoder's inputs, the packing keys for packed rows,
+  and every objective's keys."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  s = shape.max_seq_length
+  spec = {'input_ids': ((s,), jnp.int32), 'input_mask': ((s,), jnp.int32),
+          'segment_ids': ((s,), jnp.int32)}
+  if shape.max_pairs_per_row:
+    spec.update({'position_ids': ((s,), jnp.int32), 'pair_ids': ((s,), jnp.int32)})
+  for objective in objectives:
+    spec.update(objective.batch_spec(shape))
+  return spec
+
+
+def losses(objectives, outputs, batch) -> dict:
+  """Every objective's sums and counts on one batch."""
+  stats = {}
+  for objective in objectives:
+    stats.update(objective.losses(outputs, batch))
+  return stats
+
+
+def total_loss(objectives, stats):
+  """The training loss: the sum of the objectives' terms, in their order."""
+  total = None
+  for objective in objectives:
+    term = objective.loss(stats)
+    total = term if total is None else total + term
+  return total
+
+
+def summarize(objectives, stats) -> dict[str, float]:
+  """Pooled sums and counts -> the metrics.jsonl fields: each objective's (among them
+  '<name>_loss'), and 'loss', the sum of those."""
+  stats = {k: float(v) for k, v in stats.items()}
+  out, loss = {}, None
+  for objective in objectives:
+    fields = objective.metrics(stats)
+    out.update(fields)
+    term = fields[f'{objective.name}_loss']
+    loss = term if loss is None else loss + term
+  out['loss'] = loss
+  return out

@@ -1,0 +1,82 @@
+"""Masked language modelling (BERT): predict the tokens at the masked positions.
+
+The head is the original BERT's `cls/predictions`: gather the masked positions first, then
+Dense(H, gelu) -> LayerNorm -> logits against the tied word embeddings plus a per-token output
+bias. Batch keys: masked_lm_positions, masked_lm_ids and masked_lm_weights (1.0 real, 0.0
+padding), [max_predictions] each.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+import optax
+
+from bert_jax import objectives
+from bert_jax.models import layers
+
+
+class MaskedLmHead(nn.Module):
+  """`cls/predictions`: Dense(gelu) -> LayerNorm -> tied-embedding logits + output bias."""
+  config: object  # The encoder's model config (hidden_size, vocab_size, gelu, dtypes, init).
+
+  @nn.compact
+  def __call__(self, x, attend):
+    cfg = self.config
+    # x: [batch, predictions, embed], already gathered at the masked positions.
+    x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype, kernel_init=cfg.init,
+                            name='transform_dense')(x)
+    x = layers.gelu(x, cfg.gelu)
+    x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
+                          name='transform_LayerNorm')(x)
+    bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                   ('vocab',)),
+                      (cfg.vocab_size,), cfg.param_dtype)
+    logits = attend(x).astype(jnp.float32) + bias.astype(jnp.float32)
+    return logits  # [batch, predictions, vocab]
+
+
+def batch_spec(shape: objectives.BatchShape) -> objectives.BatchSpec:
+  p = (shape.max_predictions,)
+  return {'masked_lm_positions': (p, jnp.int32), 'masked_lm_ids': (p, jnp.int32),
+          'masked_lm_weights': (p, jnp.float32)}
+
+
+def head(config, encoded: objectives.Encoded, batch, deterministic: bool) -> dict:
+  del deterministic  # The head has no dropout, as the original.
+  gathered = layers.gather_positions(encoded.sequence, batch['masked_lm_positions'])
+  return {'mlm_logits': MaskedLmHead(config, name='predictions')(gathered, encoded.attend)}
+
+
+def losses(outputs, batch) -> dict:
+  """Cross-entropy sum, weight and correct predictions over the real masked positions."""
+  logits = outputs['mlm_logits']  # [batch, predictions, vocab] float32
+  labels = batch['masked_lm_ids']
+  weights = batch['masked_lm_weights']
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  return {
+      'mlm_loss_sum': jnp.sum(ce * weights),
+      'mlm_weight': jnp.sum(weights),
+      'mlm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
+  }
+
+
+def loss(stats):
+  """Mean cross-entropy over real masked positions."""
+  return stats['mlm_loss_sum'] / (stats['mlm_weight'] + 1e-5)
+
+
+def metrics(stats) -> dict:
+  weight = max(stats['mlm_weight'], 1e-5)
+  return {'mlm_loss': stats['mlm_loss_sum'] / weight,
+          'mlm_accuracy': stats['mlm_correct'] / weight}
+
+
+def flops(model, shape: objectives.BatchShape) -> float:
+  """The head's forward FLOPs: a dense layer and the vocabulary logits per prediction."""
+  h, v = model.hidden_size, model.vocab_size
+  return shape.max_predictions * (2 * h * h + 2 * h * v)
+
+
+OBJECTIVE = objectives.register(objectives.Objective(
+    name='mlm', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
+    flops=flops))

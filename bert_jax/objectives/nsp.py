@@ -1,0 +1,61 @@
+"""Next-sentence prediction (BERT): is segment B the text that follows A (label 0) or a random
+run of sentences from another document (label 1)?
+
+The head is a 2-way dense layer (`cls/seq_relationship`) on the pooled [CLS] state. Batch key:
+next_sentence_labels, [] per row, or with packed rows [pairs] with nsp_positions (each pair's
+[CLS], which the encoder pools) and nsp_weights (1.0 for a real pair).
+"""
+
+import jax.numpy as jnp
+import optax
+
+from bert_jax import objectives
+from bert_jax.models import layers
+
+
+def batch_spec(shape: objectives.BatchShape) -> objectives.BatchSpec:
+  k = shape.max_pairs_per_row
+  if not k:
+    return {'next_sentence_labels': ((), jnp.int32)}
+  return {'next_sentence_labels': ((k,), jnp.int32), 'nsp_positions': ((k,), jnp.int32),
+          'nsp_weights': ((k,), jnp.float32)}
+
+
+def head(config, encoded: objectives.Encoded, batch, deterministic: bool) -> dict:
+  del batch, deterministic
+  dense = layers.DenseGeneral(2, ('embed', 'classes'), dtype=config.dtype,
+                              param_dtype=config.param_dtype, kernel_init=config.init,
+                              name='seq_relationship')
+  return {'nsp_logits': dense(encoded.pooled).astype(jnp.float32)}  # [batch, (pairs,) 2]
+
+
+def losses(outputs, batch) -> dict:
+  nsp_logits = outputs['nsp_logits']  # [batch, 2], packed: [batch, pairs, 2]
+  nsp_labels = batch['next_sentence_labels']
+  nsp_weights = batch.get('nsp_weights', jnp.ones(nsp_labels.shape, jnp.float32))
+  return {
+      'nsp_loss_sum': jnp.sum(
+          optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels) * nsp_weights),
+      'nsp_count': jnp.sum(nsp_weights),
+      'nsp_correct': jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels) * nsp_weights),
+  }
+
+
+def loss(stats):
+  """Mean cross-entropy over the pairs."""
+  return stats['nsp_loss_sum'] / stats['nsp_count']
+
+
+def metrics(stats) -> dict:
+  return {'nsp_loss': stats['nsp_loss_sum'] / stats['nsp_count'],
+          'nsp_accuracy': stats['nsp_correct'] / stats['nsp_count']}
+
+
+def flops(model, shape: objectives.BatchShape) -> float:
+  del model, shape  # Two logits per pair: negligible, as DESIGN.md's formula counts it.
+  return 0
+
+
+OBJECTIVE = objectives.register(objectives.Objective(
+    name='nsp', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
+    flops=flops, instances='pairs'))

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Every test here runs for many seconds.
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The tiny config, shrunk further where a test only needs a compiled step.
 MICRO = ('--config.model.vocab_size=512', '--config.model.hidden_size=32',

@@ -14,6 +14,7 @@ from bert_jax.train import metrics
 from configs import tiny
 
 
+@pytest.mark.slow
 def test_benchmark_reports_throughput_mfu_and_shape(monkeypatch):
   # A GPU's clocks: one reading per read, its clock counting the reads (the peak's come first).
   reads = iter(range(1, 10**6))
@@ -151,6 +152,7 @@ def test_sweep_of_a_list_runs_every_batch_and_names_each_failure():
   assert records[-1]['largest_batch_that_fits'] == 16 and records[-1]['out_of_memory'] == []
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_benchmark_once_a_batch_in_its_own_process():
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   command = [sys.executable, '-m', 'bert_jax.benchmark', '--config=configs/tiny.py',

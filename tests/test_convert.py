@@ -116,12 +116,14 @@ def assert_trees_identical(a, b):
     assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_table_covers_every_parameter(checkpoint):
   config = our_config(checkpoint[1])
   table = {e.path for e in convert.entries(config.model.num_layers)}
   assert table == set(convert.leaf_shapes(config))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan_layers', [True, False])
 def test_import_matches_transformers(hf_model, checkpoint, inputs, scan_layers):
   config = our_config(checkpoint[1], scan_layers)
@@ -133,6 +135,7 @@ def test_import_matches_transformers(hf_model, checkpoint, inputs, scan_layers):
   assert max(diffs.values()) < TOLERANCE, diffs
 
 
+@pytest.mark.slow
 def test_tanh_gelu_model_matches_transformers_gelu_new(hf_model, inputs, tmp_path):
   """HF's 'gelu_new' (the original TF BERT's tanh GELU) imports as model.gelu='tanh'."""
   hf = transformers.BertForPreTraining(transformers.BertConfig(
@@ -165,6 +168,7 @@ def test_export_loads_in_transformers_and_round_trips(checkpoint, inputs, tmp_pa
   assert_trees_identical(params, again)
 
 
+@pytest.mark.slow
 def test_export_without_nsp_loads_as_masked_lm(checkpoint, inputs, tmp_path):
   config = our_config(checkpoint[1], nsp=False)
   params, report = convert.import_hf(checkpoint[0], config)
@@ -185,6 +189,7 @@ def test_export_without_nsp_loads_as_masked_lm(checkpoint, inputs, tmp_path):
                   np.take_along_axis(logits, positions[..., None], axis=1)) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_bert_model_checkpoint_leaves_heads_to_merge(hf_model, inputs, tmp_path):
   hf_model[0].bert.save_pretrained(str(tmp_path))
   state_dict, hf_config = convert.load_hf_state_dict(str(tmp_path))
@@ -334,6 +339,7 @@ def sst2_dev_sentences():
   return [row[0] for row in rows[1:]]
 
 
+@pytest.mark.slow
 def test_minilm_hidden_states_match_transformers():
   state_dict, hf_config = convert.load_hf_state_dict(MINILM_DIR)
   config = our_config(hf_config)
@@ -413,6 +419,7 @@ def write_corpus(path):
   return str(path)
 
 
+@pytest.mark.slow
 def test_cli_exports_a_trained_workdir(tmp_path, capsys):
   from configs import tiny  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top

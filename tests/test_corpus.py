@@ -258,6 +258,7 @@ def test_empty_spec_is_rejected():
     corpus.read_corpus(' , ')
 
 
+@pytest.mark.slow
 def test_builtin_corpus_is_substantial(builtin_documents):
   sentences = [sentence for document in builtin_documents for sentence in document]
   assert len(builtin_documents) > 300
@@ -266,6 +267,7 @@ def test_builtin_corpus_is_substantial(builtin_documents):
   assert not any(sentence.startswith('>>>') for sentence in sentences)
 
 
+@pytest.mark.slow
 def test_builtin_corpus_is_deterministic(builtin_documents):
   assert corpus.builtin_corpus() == builtin_documents
 

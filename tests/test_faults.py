@@ -79,6 +79,7 @@ def cache_reads(stderr: str) -> tuple[int, int]:
   return int(match.group(1)), int(match.group(2))
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference, tmp_path):
   """...and the rerun reads its compiled steps from the persistent compilation cache the
   preempted run wrote (the reference compiled its own: the results are the same)."""
@@ -105,6 +106,7 @@ def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference,
 
 # 2. Crash at any moment -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_the_same_command_ends_identically(reference, tmp_path):
   """SIGKILL in startup, in steps and in checkpoint writes (saved every 2 steps), 5 times; the
   runs share a persistent compilation cache, which a kill may leave with a partly written entry
@@ -208,6 +210,7 @@ def test_when_no_checkpoint_is_readable_nothing_is_moved(tmp_path):
   assert os.listdir(directory) == ['1']
 
 
+@pytest.mark.slow
 def test_corrupt_newest_checkpoint_of_a_run_then_the_run_ends_identically(reference, tmp_path):
   workdir = str(tmp_path / 'corrupted')
   shutil.copytree(reference, workdir)
@@ -219,6 +222,7 @@ def test_corrupt_newest_checkpoint_of_a_run_then_the_run_ends_identically(refere
   assert_trees_equal(final_params(workdir, 120), final_params(reference, 120))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_model_shape_is_named(reference, tmp_path):
   workdir = str(tmp_path / 'reshaped')
   shutil.copytree(reference, workdir)
@@ -249,6 +253,7 @@ def micro_config(tmp_path=None, **overrides):
   return conftest.micro_config(tmp_path, **{**RUN, **overrides})
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path,
                                                                            monkeypatch):
   poison_step(monkeypatch, 47)
@@ -260,6 +265,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_p
   assert saved_steps(workdir) == [20, 40]
 
 
+@pytest.mark.slow
 def test_nan_steps_are_skipped_and_counted_when_configured(tmp_path, monkeypatch, caplog):
   poison_step(monkeypatch, 47)
   workdir = str(tmp_path / 'skip')
@@ -273,6 +279,7 @@ def test_nan_steps_are_skipped_and_counted_when_configured(tmp_path, monkeypatch
   assert saved_steps(workdir)[-1] == 120
 
 
+@pytest.mark.slow
 def test_skipped_step_keeps_parameters_and_optimizer_state():
   config = micro_config(**{'train.batch_size': 4})
   model = steps.build_model(config)
@@ -306,6 +313,7 @@ def test_too_little_free_space_fails_before_training(tmp_path, monkeypatch):
   assert not compiles
 
 
+@pytest.mark.slow
 def test_unwritable_workdir_is_named(tmp_path):
   blocker = tmp_path / 'a-file'
   blocker.write_text('not a directory')
@@ -350,6 +358,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path):
 
 # 6. Wrong inputs ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_resuming_with_another_vocab_is_named(reference, tmp_path):
   workdir = str(tmp_path / 'revocab')
   shutil.copytree(reference, workdir)

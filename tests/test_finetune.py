@@ -79,6 +79,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, vocab_file):
   config = sst2_config(tmp_path, vocab_file)
   config.seeds = 2
@@ -100,6 +101,7 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   assert os.path.isfile(predictions) or os.listdir(os.path.dirname(predictions))
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
   config = sst2_config(tmp_path, vocab_file, num_epochs=1.0)
   workdir = str(tmp_path / 'run')
@@ -114,6 +116,7 @@ class Interrupt(Exception):
   pass
 
 
+@pytest.mark.slow
 def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monkeypatch):
   config = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4)
   reference = finetune.run(config, str(tmp_path / 'reference'))
@@ -159,6 +162,7 @@ def write_conll(path, n, seed):
   return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('features', [0, 2])
 def test_ner_fine_tuning_and_feature_based_tag_entities(tmp_path, vocab_file, features):
   config = ner_config.get_config()
@@ -192,6 +196,7 @@ def squad_file(path, n_articles):
   return str(path)
 
 
+@pytest.mark.slow
 def test_squad_on_half_the_dev_articles_scores_the_other_half(tmp_path, vocab_file):
   config = squad_config.get_config('split=0.5')
   config.task.dev_file = squad_file(tmp_path / 'dev.json', 40)

@@ -64,6 +64,7 @@ def value_and_grads(impl, q, k, v, segment_ids, tile_keys, cotangent, rate, long
     # The Mosaic GPU backward (bert_jax.kernels.gpu.flash_backward) on its interpreter: two
     # warpgroups.
     (jnp.bfloat16, 256, 64, fused_attention.MOSAIC_LONG_BLOCKS, 'triton')])
+@pytest.mark.slow
 def test_kernels_equal_the_reference(dtype, length, head_dim, long_blocks, short_backward, rate):
   q, k, v, segment_ids, tile_keys, cotangent = operands(dtype, length=length, head_dim=head_dim)
   out_ref, grads_ref = value_and_grads('xla', q, k, v, segment_ids, tile_keys, cotangent, rate)
@@ -94,6 +95,7 @@ def _races_found(run, monkeypatch) -> bool:
   return interpret_pallas_call.get_races().races_found
 
 
+@pytest.mark.slow
 def test_the_race_detector_finds_a_race(monkeypatch):
   """The control for the test below: a warpgroup reads what the other wrote, with no barrier."""
   def kernel(out_ref, smem):
@@ -115,6 +117,7 @@ def test_the_race_detector_finds_a_race(monkeypatch):
   assert _races_found(racy, monkeypatch)
 
 
+@pytest.mark.slow
 def test_row_backward_has_no_shared_memory_races(monkeypatch):
   """Its barriers order each warpgroup's probabilities and dS before the other reads them."""
   q, k, v, segment_ids, keys, do = operands(jnp.bfloat16, length=128, head_dim=64)
@@ -126,6 +129,7 @@ def test_row_backward_has_no_shared_memory_races(monkeypatch):
   assert not _races_found(run, monkeypatch)
 
 
+@pytest.mark.slow
 def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   """flash_backward with one compute warpgroup of 128 keys, stepping 64 at a time (its pipeline
   indices and the dropout draws' offsets), rows of 512, on Mosaic GPU's interpreter, through the
@@ -156,6 +160,7 @@ def test_mosaic_backward_with_one_warpgroup_and_steps_unlike_its_blocks():
   assert float(jnp.max(jnp.abs(dbias))) > 1.0  # Not a zero gradient matching a zero one.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (64, 'mosaic'),
                                                     (512, 'triton')])
 def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_backward,
@@ -192,6 +197,7 @@ def test_mosaic_kernels_lower_for_a_cuda_device_at_berts_shapes(length, short_ba
   assert orientations == ([False] if short_backward == 'mosaic' else [True, False])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('length, short_backward', [(128, 'mosaic'), (512, 'triton')])
 def test_the_mosaic_backward_of_every_layer_lowers_once(length, short_backward):
   """The layers of a model share one trace and one CUDA lowering of the Mosaic GPU attention
@@ -255,6 +261,7 @@ def test_paired_draws_pairing_on_the_wgmma_layout_gives_the_kernels_draws():
     np.testing.assert_array_equal(got, draws_of(queries, keys))
 
 
+@pytest.mark.slow
 def test_flash_kernels_take_rows_whose_real_tokens_come_last():
   """Queries whose first key blocks are all of another segment (the running softmax starts on
   masked blocks), a padding-only row, and segments of one token at the end of a row."""
@@ -271,6 +278,7 @@ def test_flash_kernels_take_rows_whose_real_tokens_come_last():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=4e-5, err_msg=f'd{name}')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('rate', [0.0, 0.1])
 @pytest.mark.parametrize('length', [LENGTH, 256])
 def test_packed_projection_gives_the_bias_gradient_from_the_kernels(length, rate):
@@ -423,6 +431,7 @@ def model_batch():
   return test_fused_norm.model_batch(length=16)
 
 
+@pytest.mark.slow
 def test_model_with_the_fused_attention_computes_the_same_function():
   xla = pretraining.PretrainingModel(small_config())
   fused = pretraining.PretrainingModel(small_config(attention_impl='pallas'))
@@ -431,6 +440,7 @@ def test_model_with_the_fused_attention_computes_the_same_function():
   test_fused_norm.assert_same_function(xla, fused, params, args)
 
 
+@pytest.mark.slow
 def test_model_with_the_fused_attention_on_long_rows_computes_the_same_function(monkeypatch):
   """Rows of 256 (phase 2's kind) go to the flash kernels, not to cuDNN's attention."""
   monkeypatch.setattr(attention_ops, 'cudnn_attention', None)  # Calling it would fail.
@@ -487,6 +497,7 @@ def test_model_layers_draw_their_own_tile_keys(monkeypatch):
   assert not np.array_equal(drawn[0], drawn[1])
 
 
+@pytest.mark.slow
 def test_model_fused_attention_drops_in_training_only():
   model = pretraining.PretrainingModel(small_config(attention_impl='pallas',
                                                     hidden_dropout_rate=0.0))
@@ -584,6 +595,7 @@ def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 def test_scanned_rematerialised_layers_draw_the_same_masks_again():
   """Under nn.scan + nn.remat the recomputed attention draws its forward's masks (the keys come
   from the rng stream), so the gradients equal those without remat."""

@@ -38,6 +38,7 @@ def value_and_grads(impl, x, w1, b1, w2, cotangent):
   return out, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_custom_vjp_equals_the_models_way(dtype):
   x, w1, b1, w2, cotangent = operands(dtype)
@@ -57,6 +58,7 @@ def test_custom_vjp_equals_the_models_way(dtype):
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=f'd{name}')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tokens, mlp, embed', [(32768, 3072, 768), (16384, 4096, 1024)])
 def test_the_kernels_lower_to_mosaic_gpu_at_bert_shapes(tokens, mlp, embed, mosaic_semantics):
   """Both kernels lowered for a CUDA device (Mosaic GPU's layout inference and lowering run on
@@ -206,6 +208,7 @@ def test_shapes_the_tiling_does_not_divide_run_the_same_vjp_on_xla():
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_model_with_the_fused_ffn_computes_the_same_function_and_gradients():
   batch, length, embed, mlp = 16, 8, 64, 256
   assert fused_ffn.fits(batch * length, mlp, embed)

@@ -40,6 +40,7 @@ def value_and_grads(impl, y, bias, residual, row_keys, scale, offset, cotangent,
   return out, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype,embed,with_dropout', [
     (jnp.float32, 128, True), (jnp.float32, 96, False), (jnp.float32, 96, True),
     (jnp.bfloat16, 128, True)])
@@ -83,6 +84,7 @@ def test_dropout_zeroes_dropped_values_before_the_residual():
                              run(jnp.where(keep, y, 0.0), 'xla'), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_reference_is_flax_dropout_then_layer_norm():
   y, bias, residual, row_keys, scale, offset, _ = operands(16, 64, jnp.float32)
   rate = 0.1
@@ -218,6 +220,7 @@ def model_batch(batch=2, length=8, **packed):
            'masked_lm_positions': positions, **packed},)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layers', [dict(scan_layers=False),
                                     dict(scan_layers=True, remat_policy='full')])
 def test_model_with_the_fused_layer_norm_computes_the_same_function(layers):

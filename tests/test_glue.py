@@ -330,6 +330,7 @@ def bert_tokenizer():
   return tokenizer_lib.WordPieceTokenizer(str(path), lowercase=True)
 
 
+@pytest.mark.slow
 def test_shared_sst2_counts(bert_tokenizer):
   task = glue.GlueTask('sst2', str(shared_data_dir() / 'glue' / 'SST-2'))
   train = task.train_split(bert_tokenizer, 128)

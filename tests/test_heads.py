@@ -41,6 +41,7 @@ def init(module):
     ('token', 9, ('logits',), (BATCH, SEQ, 9)),
     ('span', 2, ('start_logits', 'end_logits'), (BATCH, SEQ)),
 ])
+@pytest.mark.slow
 def test_each_head_returns_its_outputs_in_float32(head, num_outputs, keys, shape):
   module = heads.BertForFineTuning(small_config(dtype=jnp.bfloat16), head, num_outputs)
   params = init(module)
@@ -50,6 +51,7 @@ def test_each_head_returns_its_outputs_in_float32(head, num_outputs, keys, shape
     assert value.shape == shape and value.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_encoder_lives_under_bert_like_the_pretraining_model():
   fine = init(heads.BertForFineTuning(small_config(), 'classification', 2))
   ids = jnp.zeros((1, SEQ), jnp.int32)
@@ -61,6 +63,7 @@ def test_encoder_lives_under_bert_like_the_pretraining_model():
   assert set(fine) == {'bert', 'classifier'}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [True, False])
 def test_all_layers_end_with_the_sequence_output(scan):
   cfg = small_config(scan_layers=scan)
@@ -77,6 +80,7 @@ def test_all_layers_end_with_the_sequence_output(scan):
   assert not np.allclose(all_layers[0], all_layers[-1])
 
 
+@pytest.mark.slow
 def test_feature_based_mode_passes_no_gradient_to_the_encoder():
   module = heads.BertForFineTuning(small_config(), 'token', 9, feature_layers=2, lstm_units=8,
                                    lstm_layers=2)
@@ -94,6 +98,7 @@ def test_feature_based_mode_passes_no_gradient_to_the_encoder():
   assert encoder_norm == 0.0 and head_norm > 0.0
 
 
+@pytest.mark.slow
 def test_feature_based_optimizer_never_moves_the_encoder():
   module = heads.BertForFineTuning(small_config(), 'token', 9, feature_layers=2, lstm_units=8)
   params = init(module)

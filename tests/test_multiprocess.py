@@ -17,6 +17,8 @@ from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import tokenizer as tokenizer_lib
 from test_train import OVERRIDES, REPO, assert_trees_equal, read_metrics, without_timing
 
+pytestmark = pytest.mark.slow  # Every test here runs for many seconds.
+
 STEPS = {'train.num_steps': 4, 'train.log_every': 2, 'train.eval_every': 2,
          'train.checkpoint_every': 2, 'train.eval_batches': 1}
 DATA_MESH = {'mesh.preset': 'data', 'mesh.data': -1}  # Parameters replicated on both processes.

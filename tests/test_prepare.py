@@ -323,6 +323,7 @@ def test_shared_corpus_file_matches_reader_and_tokenizer(tmp_path):
   assert metadata.num_documents == 60 and metadata.raw_bytes == 1121681
 
 
+@pytest.mark.slow
 def test_cli_prepares_builtin(tmp_path, vocab_file):
   output = tmp_path / 'out'
   result = subprocess.run(

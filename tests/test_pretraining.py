@@ -211,6 +211,7 @@ def test_every_instance_fits_max_seq_length(corpus, nsp):
         assert (len(inst.tokens_b) >= 1) == nsp
 
 
+@pytest.mark.slow
 def test_nsp_labels_are_balanced_when_the_chunk_has_several_sentences(corpus):
   # A document's first chunk always holds 2+ sentences here (sentences are
   # shorter than the target); later chunks of one sentence are NotNext by

@@ -321,6 +321,7 @@ def _perturbed_predictions(dataset, seed):
   return predictions
 
 
+@pytest.mark.slow
 def test_squad_v1_parity_with_official_script_on_dev():
   path = shared_data_dir() / 'squad' / 'dev-v1.1.json'
   with open(path, encoding='utf-8') as f:

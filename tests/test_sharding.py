@@ -15,6 +15,8 @@ import sharding_check
 from bert_jax import sharding
 from configs import base
 
+pytestmark = pytest.mark.slow  # Every test here runs for many seconds.
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5  # fp32: reductions split over devices sum in another order.
 # One subprocess per preset; the first also checks the mesh-mismatch error.

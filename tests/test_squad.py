@@ -461,6 +461,7 @@ def dev_set():
   return examples, dataset, uncased
 
 
+@pytest.mark.slow
 def test_dev_round_trip_and_oracle(dev_set):
   examples, dataset, uncased = dev_set
   assert len(examples) == 10570

@@ -166,6 +166,7 @@ def test_held_out_documents_never_train():
   assert sorted(np.concatenate([train, held_out])) == list(range(100))
 
 
+@pytest.mark.slow
 def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
   cfg = model_lib.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
                              intermediate_size=64, max_position_embeddings=64,
@@ -252,6 +253,7 @@ def final_params(workdir, step):
       os.path.join(workdir, 'checkpoints', str(step), 'state'))['params']
 
 
+@pytest.mark.slow
 def test_training_on_a_prepared_corpus_resumes_exactly(prepared, tmp_path, packing=True):
   import shutil  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
@@ -294,6 +296,7 @@ def test_a_prepared_corpus_of_another_vocab_is_refused(prepared, tmp_path):
     pretrain.train_and_evaluate(config, str(tmp_path / 'run5'))
 
 
+@pytest.mark.slow
 def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):
   import shutil  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'experiments'))
 
@@ -25,6 +27,7 @@ def test_arm_arguments_append_to_the_config():
   assert sweep.arm_dirname('layers=3,nsp=False') == 'layers=3_nsp=False'
 
 
+@pytest.mark.slow
 def test_sweep_runs_each_arm_and_tabulates(tmp_path):
   workdir = tmp_path / 'sweep'
   result = subprocess.run(

@@ -138,6 +138,7 @@ def copy_checkpoint(prefix: str, dest) -> str:
 # --- reading ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('which', ['bert', 'dtypes', 'sharded'])
 def test_reads_back_exactly_what_tensorflow_saved(checkpoints, which):
   prefix, expected = checkpoints[which]
@@ -149,12 +150,14 @@ def test_reads_back_exactly_what_tensorflow_saved(checkpoints, which):
     assert np.array_equal(got[name], value), name
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_is_spread_over_its_data_files(checkpoints):
   root = checkpoints['root'] / 'sharded'
   assert sorted(os.listdir(root)) == ['ckpt.data-00000-of-00002', 'ckpt.data-00001-of-00002',
                                       'ckpt.index']
 
 
+@pytest.mark.slow
 def test_reading_without_checksums_gives_the_same_arrays(checkpoints):
   prefix, expected = checkpoints['bert']
   got = tf_checkpoint.read_tf_checkpoint(prefix, verify_checksums=False)
@@ -379,6 +382,7 @@ def original_bert_forward(w: dict[str, np.ndarray], config: dict, ids, types):
   return mlm, nsp
 
 
+@pytest.mark.slow
 def test_transformers_loads_every_weight_and_computes_the_original_model(checkpoints):
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')

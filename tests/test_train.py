@@ -13,6 +13,8 @@ import pytest
 
 from conftest import MICRO
 
+pytestmark = pytest.mark.slow  # Every test here runs for many seconds.
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A micro model on a slice of the built-in corpus: seconds per run.

@@ -515,8 +515,8 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path]))
              for e in entries(config.model.num_layers) if e.path in flat}
   if not has_nsp(config):
-    logging.warning("config.objectives has no 'nsp': no NSP head is exported. BertForMaskedLM loads '
-                    'the checkpoint fully; BertForPreTraining would randomly initialise '
+    logging.warning("config.objectives has no 'nsp': no NSP head is exported. BertForMaskedLM "
+                    'loads the checkpoint fully; BertForPreTraining would randomly initialise '
                     'cls.seq_relationship.')
   os.makedirs(out_dir, exist_ok=True)
   # transformers reads the 'pt' format tag to know the layout is torch's.

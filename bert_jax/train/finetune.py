@@ -114,7 +114,7 @@ def eval_step(params, batch, *, model):
 
 def state_initializer(model, tx, max_seq_length: int):
   """init(rng) -> TrainState with logically annotated (boxed) parameters."""
-  ids = jnp.zeros((1, max_seq_length), jnp.int32)
+  ids = np.zeros((1, max_seq_length), np.int32)  # Host numpy: nothing runs on a device.
   return state_lib.initializer(model, tx, ids, ids, ids)
 
 

@@ -10,6 +10,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bert_jax import objectives as objectives_lib
@@ -99,10 +100,11 @@ def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
 
 
 def init_batch(model: pretraining.PretrainingModel, config):
-  """Zeros of one row of the model's (unpacked) batch: what init traces."""
+  """Zeros of one row of the model's (unpacked) batch: what init traces. Host numpy, so that
+  building the state abstractly runs nothing on a device."""
   spec = dummy_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq,
                      objectives=model.objectives)
-  return {k: jnp.zeros(v.shape, v.dtype) for k, v in spec.items()}
+  return {k: np.zeros(v.shape, v.dtype) for k, v in spec.items()}
 
 
 def state_initializer(config, model, tx):

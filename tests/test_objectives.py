@@ -48,7 +48,7 @@ SEGMENT = objectives.Objective(
 def segment_objective():
   objectives.register(SEGMENT)
   yield SEGMENT
-  objectives._REGISTRY.pop('segment')  # pylint: disable=protected-access
+  objectives.REGISTRY.unregister('segment')
 
 
 def test_builtin_objectives_and_models_are_found_by_name():

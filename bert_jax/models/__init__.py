@@ -8,9 +8,10 @@ cls_positions) and returns (sequence [batch, length, embed], pooled [batch, embe
 """
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
+
+from bert_jax import registry
 
 # The encoders shipped in this package (each registers itself on import).
 BUILTIN = ('bert',)
@@ -27,24 +28,7 @@ class Family:
   scope: str = 'bert'  # The encoder's parameter subtree ('bert/...', as the original BERT).
 
 
-_REGISTRY: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-  """Makes `family` available by its name (a module's own family registers on import)."""
-  _REGISTRY[family.name] = family
-  return family
-
-
-def get(name: str) -> Family:
-  """The family called `name`; ValueError naming the valid ones otherwise."""
-  if name not in _REGISTRY and name in BUILTIN:
-    importlib.import_module(f'{__name__}.{name}')
-  if name not in _REGISTRY:
-    raise ValueError(f'Unknown model {name!r}; valid models are {", ".join(available())}.')
-  return _REGISTRY[name]
-
-
-def available() -> list[str]:
-  """Every model name that get() takes."""
-  return sorted(set(BUILTIN) | set(_REGISTRY))
+REGISTRY = registry.Registry('model', __name__, BUILTIN)
+register = REGISTRY.register
+get = REGISTRY.get
+available = REGISTRY.available

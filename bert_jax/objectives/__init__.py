@@ -9,11 +9,12 @@ whatever it names, so a new objective is a new file plus a config.
 """
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+
+from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
 BUILTIN = ('mlm', 'nsp')
@@ -62,28 +63,10 @@ class Objective:
   instances: str = 'segments'
 
 
-_REGISTRY: dict[str, Objective] = {}
-
-
-def register(objective: Objective) -> Objective:
-  """Makes `objective` available by its name (a module's own objectives register on import)."""
-  _REGISTRY[objective.name] = objective
-  return objective
-
-
-def get(name: str) -> Objective:
-  """The objective called `name`; ValueError naming the valid ones otherwise."""
-  if name not in _REGISTRY and name in BUILTIN:
-    importlib.import_module(f'{__name__}.{name}')
-  if name not in _REGISTRY:
-    raise ValueError(f'Unknown objective {name!r}; valid objectives are '
-                     f'{", ".join(available())}.')
-  return _REGISTRY[name]
-
-
-def available() -> list[str]:
-  """Every objective name that get() takes."""
-  return sorted(set(BUILTIN) | set(_REGISTRY))
+REGISTRY = registry.Registry('objective', __name__, BUILTIN)
+register = REGISTRY.register
+get = REGISTRY.get
+available = REGISTRY.available
 
 
 def parse(text: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ A save that fails (disk full, permissions) is an error that names the step and t
 checkpoint; the good ones stay.
 """
 
+import contextlib
 import os
 import shutil
 import time
@@ -143,6 +144,19 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self._manager.close()
+
+
+@contextlib.contextmanager
+def closing(checkpointer: Checkpointer):
+  """A loop's checkpointer: closed when the loop ends; on an error the save in flight is completed
+  first (its own failure logged), then the error propagates, so a failing run never leaves a
+  half-written checkpoint behind a good one."""
+  try:
+    yield checkpointer
+  except BaseException:
+    checkpointer.finish_quietly()
+    raise
+  checkpointer.close()
 
 
 def _first_line(error: BaseException) -> str:

@@ -302,7 +302,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   train_seconds, timed_steps, interval_loss, interval_steps = 0.0, 0, 0.0, 0
   clock = None  # Start of the current timed stretch of train steps.
   last_eval, step = None, start_step
-  with checkpointer_closing(checkpointer):
+  with checkpoint_lib.closing(checkpointer):
     while step < num_steps:
       epoch, skip = divmod(step, steps_per_epoch)
       for index, batch in enumerate(train_batches(train_inputs, batch_size, seed, epoch)):
@@ -362,23 +362,6 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
     with open(results_path, 'w', encoding='utf-8') as f:
       json.dump(result, f, indent=2)
   return result
-
-
-class checkpointer_closing:  # pylint: disable=invalid-name
-  """Closes the checkpointer at the end; on an error, completes a save in flight first."""
-
-  def __init__(self, checkpointer):
-    self.checkpointer = checkpointer
-
-  def __enter__(self):
-    return self.checkpointer
-
-  def __exit__(self, exc_type, exc, tb):
-    if exc_type is None:
-      self.checkpointer.close()
-    else:
-      self.checkpointer.finish_quietly()
-    return False
 
 
 def _eval_loss(head: str, outputs, split: base.EncodedSplit) -> float:

@@ -212,16 +212,6 @@ def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: 
         'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
 
 
-@contextlib.contextmanager
-def _finishing_saves_on_error(checkpointer):
-  """On any exception, the checkpoint being written is completed before the error propagates."""
-  try:
-    yield
-  except BaseException:
-    checkpointer.finish_quietly()
-    raise
-
-
 def _nonfinite_steps(flags, first_step: int) -> list[int]:
   """Steps of an interval whose loss or gradients were not finite (flags: per-step 0/1)."""
   return [first_step + i for i, ok in enumerate(jax.device_get(flags)) if not ok]
@@ -343,7 +333,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   # excluded from the interval's time.
   accumulated, finite_flags, timed_steps = None, [], 0
   interval_start, excluded = time.perf_counter(), 0.0
-  with preemption.handling(), _finishing_saves_on_error(checkpointer):
+  with preemption.handling(), checkpoint_lib.closing(checkpointer):
     for step in range(start_step + 1, num_steps + 1):
       if step > phase.last_step:
         if hasattr(phase_stream, 'close'):
@@ -409,7 +399,6 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
       if preempted:
         stopped_at = step
         break
-  checkpointer.close()
   writer.close()
   if hasattr(phase_stream, 'close'):
     phase_stream.close()

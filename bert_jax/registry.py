@@ -1,0 +1,39 @@
+"""A registry of named things (encoder families, objectives): register, look up, list.
+
+A name in `builtin` is imported from `package`.<name> the first time it is asked for (the module
+registers itself on import), so nothing is loaded that a run does not name.
+"""
+
+import importlib
+
+
+class Registry:
+  """Named items (each with a `.name`) of one kind."""
+
+  def __init__(self, kind: str, package: str, builtin: tuple[str, ...]):
+    self.kind = kind  # 'model', 'objective': how errors name an item.
+    self.package = package  # Where the built-in items' modules live.
+    self.builtin = builtin
+    self._items = {}
+
+  def register(self, item):
+    """Makes `item` available by its name; returns it."""
+    self._items[item.name] = item
+    return item
+
+  def unregister(self, name: str) -> None:
+    """Removes `name` (a test's own item, when the test ends)."""
+    self._items.pop(name, None)
+
+  def get(self, name: str):
+    """The item called `name`; ValueError naming the valid ones otherwise."""
+    if name not in self._items and name in self.builtin:
+      importlib.import_module(f'{self.package}.{name}')
+    if name not in self._items:
+      raise ValueError(f'Unknown {self.kind} {name!r}; valid {self.kind}s are '
+                       f'{", ".join(self.available())}.')
+    return self._items[name]
+
+  def available(self) -> list[str]:
+    """Every name get() takes."""
+    return sorted(set(self.builtin) | set(self._items))

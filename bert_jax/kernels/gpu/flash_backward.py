@@ -26,9 +26,8 @@ The dropout's draws hash each pair of keys once, as the Triton kernels do, throu
 registers to reach, so there each value hashes alone (`_draws`): the same draws, twice the
 hashing.
 
-At BERT-Large 32 x 512 on an H100, with the paper's dropout: 0.705 ms a layer forward+backward
-(the forward the Triton kernel's) against 0.829 with the Triton backward and 0.779 for cuDNN's
-attention with its own dropout; 0.486 without dropout, against cuDNN's 0.571 (docs/performance.md).
+With the paper's dropout at BERT-Large 32 x 512 it is faster than both the Triton backward and
+cuDNN's attention with its own dropout (docs/performance.md).
 """
 
 import functools

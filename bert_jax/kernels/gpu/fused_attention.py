@@ -15,16 +15,12 @@ Longer rows (256 and 512, BERT's phase 2): flash attention (`LongBlocks`). The f
 program per block of 128 queries, a running softmax over blocks of 64 keys; the backward one
 program per block of 64 keys and as many queries: dK, dV of its keys stepping over every query,
 then dQ of its queries stepping over every key (the probabilities recomputed in both, which costs
-two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were 2-4.6x
-slower). At Large 32 x 512 on an H100: 0.806 ms per layer forward+backward with dropout against
-cuDNN's 0.789, and the step 89.1 -> 83.7 ms with the packed projection below
-(docs/performance.md). `LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that backward
-as bert_jax.kernels.gpu.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit): 0.829
--> 0.705 ms a layer forward+backward, the step 79.8 -> 77.7 ms. `short_backward='mosaic'`
-(flash_backward.row_backward, one block per row and head holding the whole row, nothing
-recomputed) runs the backward of rows of 64 or 128 on Mosaic GPU, with the same masks and draws:
-at Base 256 x 128 on an H100 0.432 -> 0.339 ms a layer forward+backward with dropout, the step
-42.6 -> 41.2 ms.
+two matmuls of the seven, but needs no float32 dQ accumulator: Triton's atomic adds were slower).
+`LongBlocks(backward='mosaic')` (`MOSAIC_LONG_BLOCKS`) runs that backward as
+bert_jax.kernels.gpu.flash_backward's Mosaic GPU kernel instead (Hopper GPUs, 16-bit), and
+`short_backward='mosaic'` (flash_backward.row_backward, one block per row and head holding the
+whole row, nothing recomputed) the backward of rows of 64 or 128, with the same masks and draws;
+both are faster than the Triton backwards on Hopper (docs/performance.md has the timings).
 
 q, k and v come as one array [batch, length, 3, heads, head_dim], the output of one matmul
 (`attention_qkv`, what the model uses): its bias is added in that matmul's epilogue, and the
@@ -41,8 +37,8 @@ the kernel hashes each pair of neighbouring keys once, as fused_norm hashes pair
 (`fused_norm.pair_draws` of pair index query * length / 2 + c), and the low and high 16 bits are
 the draws of keys 2c and 2c + 1; a probability is kept when its draw is at least
 `dropout_threshold(rate)` = round(rate * 2^16) (0.1 becomes 0.100006) and kept probabilities are
-scaled by 1/P(keep). Half the hashing of a 32-bit draw each: 0.310 against 0.429 ms per Large
-layer forward+backward on an H100. The backward recomputes the same draws. `reference` is the
+scaled by 1/P(keep). One hash serves two draws, half the hashing of a 32-bit draw each. The
+backward recomputes the same draws. `reference` is the
 same function in jnp (the test oracle).
 
 `impl='xla'` runs `reference`; `impl='pallas'` the kernels (`interpret=True` runs them anywhere,

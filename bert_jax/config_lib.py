@@ -5,6 +5,7 @@ import math
 import os
 import re
 
+from bert_jax import ops
 from configs import base
 
 VALID_CHOICES = {
@@ -12,13 +13,13 @@ VALID_CHOICES = {
     'model.dtype': ('float32', 'bfloat16', 'float16'),
     'model.param_dtype': ('float32', 'bfloat16'),
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
-    'model.attention_impl': ('xla', 'cudnn', 'pallas'),
+    'model.attention_impl': ops.ATTENTION_IMPLS,
     'model.gelu': ('erf', 'tanh'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
-    'model.layer_norm_impl': ('xla', 'pallas'),
-    'model.ffn_impl': ('xla', 'pallas'),
-    'model.long_attention_backward': ('triton', 'mosaic'),
-    'model.short_attention_backward': ('triton', 'mosaic'),
+    'model.layer_norm_impl': ops.NORM_IMPLS,
+    'model.ffn_impl': ops.FFN_IMPLS,
+    'model.long_attention_backward': ops.ATTENTION_BACKWARDS,
+    'model.short_attention_backward': ops.ATTENTION_BACKWARDS,
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),

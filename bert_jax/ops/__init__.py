@@ -6,3 +6,9 @@ and imports the kernel module it chose only when it is chosen, so a TPU or CPU r
 GPU kernel code. The config checks of those values live here too (ops.checks), beside the
 kernels they guard.
 """
+
+# The implementations each static config value may choose (config_lib checks them by these).
+ATTENTION_IMPLS = ('xla', 'cudnn', 'pallas')  # model.attention_impl
+ATTENTION_BACKWARDS = ('triton', 'mosaic')  # model.long_ and short_attention_backward
+FFN_IMPLS = ('xla', 'pallas')  # model.ffn_impl
+NORM_IMPLS = ('xla', 'pallas')  # model.layer_norm_impl

@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import ops
 from bert_jax.ops import per_device
 
-IMPLS = ('xla', 'cudnn', 'pallas')
+IMPLS = ops.ATTENTION_IMPLS
 # The kernels of each attention backward with attention_impl='pallas' (model.short_ and
 # long_attention_backward): Pallas Triton, or Pallas Mosaic GPU (Hopper's wgmma).
-BACKWARDS = ('triton', 'mosaic')
+BACKWARDS = ops.ATTENTION_BACKWARDS
 
 
 def _fused():

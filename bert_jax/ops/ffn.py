@@ -6,9 +6,10 @@ bert_jax.kernels.gpu.fused_ffn; NVIDIA Hopper GPUs).
 import flax.linen as nn
 import jax
 
+from bert_jax import ops
 from bert_jax.ops import per_device
 
-IMPLS = ('xla', 'pallas')
+IMPLS = ops.FFN_IMPLS
 
 
 def _fused():

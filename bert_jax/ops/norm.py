@@ -8,9 +8,10 @@ import functools
 import flax.linen as nn
 import jax
 
+from bert_jax import ops
 from bert_jax.ops import per_device
 
-IMPLS = ('xla', 'pallas')
+IMPLS = ops.NORM_IMPLS
 
 
 def _fused():

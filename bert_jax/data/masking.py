@@ -72,9 +72,10 @@ def _words(input_ids, is_candidate, is_continuation):
 
 def _corrupt(labels, rng, mask_id, vocab_size, mask_token_fraction,
              random_token_fraction):
-  """Returns the replacement of each chosen token: [MASK], a random id, or itself."""
-  u = rng.random(len(labels))
-  random_ids = rng.integers(0, vocab_size, size=len(labels), dtype=np.int32)
+  """Returns the replacement of each chosen token (labels of any shape): [MASK], a random id,
+  or itself."""
+  u = rng.random(labels.shape)
+  random_ids = rng.integers(0, vocab_size, size=labels.shape, dtype=np.int32)
   replacements = np.where(
       u < mask_token_fraction + random_token_fraction, random_ids, labels)
   return np.where(u < mask_token_fraction, mask_id, replacements).astype(np.int32)
@@ -130,11 +131,8 @@ def mask_batch(ids, pair_of, rng, settings):
   weights = (slots < length).astype(np.float32)
   positions = np.where(slots < length, slots, 0).astype(np.int32)
   labels = np.where(slots < length, np.take_along_axis(ids, positions, 1), s.special.pad)
-  u = rng.random((b, p))
-  random_ids = rng.integers(0, s.vocab_size, (b, p), dtype=np.int32)
-  replaced = np.where(u < s.mask_token_fraction, s.special.mask,
-                      np.where(u < s.mask_token_fraction + s.random_token_fraction, random_ids,
-                               labels))
+  replaced = _corrupt(labels, rng, s.special.mask, s.vocab_size, s.mask_token_fraction,
+                      s.random_token_fraction)  # [b, p]
   masked = ids.copy()
   rows = np.repeat(np.arange(b), p)[weights.ravel() > 0]
   masked[rows, positions.ravel()[weights.ravel() > 0]] = replaced.ravel()[weights.ravel() > 0]

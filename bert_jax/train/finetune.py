@@ -146,8 +146,7 @@ class SeedRun:
     init_boxed = state_initializer(model, tx, config.data.max_seq_length)
     self.state_shardings = state_lib.shardings(init_boxed, mesh, rules)
     self.abstract_state = nn.meta.unbox(state_lib.abstract(init_boxed))
-    self._init = jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)),
-                         out_shardings=self.state_shardings)
+    self._init = state_lib.jit_init(init_boxed, self.state_shardings)
     self.batch_shardings = sharding.batch_sharding(mesh)
     self.train_step = steps.jit_train_step(task_loss_fn(model), tx, self.state_shardings,
                                            self.batch_shardings)
@@ -186,12 +185,11 @@ def load_encoder_params(config, model):
     config = ml_collections.ConfigDict(config.to_dict())
     config.objectives = 'mlm,nsp'
     pretrain_model = steps.build_model(config)
-    batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in steps.dummy_batch(1, 2, 1).items()}
     fresh = jax.eval_shape(functools.partial(pretrain_model.init, deterministic=True),
-                           jax.random.PRNGKey(0), batch)['params']
+                           jax.random.PRNGKey(0), steps.dummy_batch(1, 2, 1))['params']
     fresh = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(fresh))
     pretrain_params = init_from.load_params(config, fresh)
-  ids = jnp.zeros((1, 2), jnp.int32)
+  ids = jax.ShapeDtypeStruct((1, 2), jnp.int32)
   target = jax.eval_shape(functools.partial(model.init, deterministic=True),
                           jax.random.PRNGKey(0), ids, ids, ids)['params']['bert']
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(target))

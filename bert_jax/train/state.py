@@ -46,9 +46,12 @@ def shardings(init, mesh, rules):
   return sharding.logical_to_sharding(nn.get_partition_spec(abstract(init)), mesh, rules)
 
 
+def jit_init(init, state_shardings):
+  """init compiled to build the (unboxed) state directly in its shardings: rng -> state."""
+  return jax.jit(lambda rng: nn.meta.unbox(init(rng)), out_shardings=state_shardings)
+
+
 def create(init, seed: int, mesh, rules):
   """Materialises the state, sharded: (state, state_shardings)."""
   state_shardings = shardings(init, mesh, rules)
-  unboxed = lambda rng: nn.meta.unbox(init(rng))  # noqa: E731
-  state = jax.jit(unboxed, out_shardings=state_shardings)(jax.random.PRNGKey(seed))
-  return state, state_shardings
+  return jit_init(init, state_shardings)(jax.random.PRNGKey(seed)), state_shardings

@@ -24,11 +24,22 @@ class InitFromError(ValueError):
 
 
 def parse(spec: str) -> tuple[str, str]:
-  """'hf:DIR' -> ('hf', DIR); 'tf:PREFIX' -> ('tf', PREFIX); a workdir -> ('workdir', DIR)."""
+  """'hf:DIR' -> ('hf', DIR); 'tf:PREFIX' -> ('tf', PREFIX); a workdir -> ('workdir', DIR).
+
+  Local paths come back absolute (relative ones are taken from the current directory), since
+  orbax restores only from absolute paths.
+  """
   kind, sep, path = spec.partition(':')
-  if sep and kind in ('hf', 'tf'):
-    return kind, os.path.expanduser(path)
-  return 'workdir', os.path.expanduser(spec)
+  if not (sep and kind in ('hf', 'tf')):
+    kind, path = 'workdir', spec
+  return kind, _absolute(path)
+
+
+def _absolute(path: str) -> str:
+  """`path` with ~ expanded, made absolute; a URL (gs://...) is left as it is."""
+  if '://' in path or not path:
+    return path
+  return os.path.abspath(os.path.expanduser(path))
 
 
 def check_exists(spec: str) -> None:

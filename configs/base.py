@@ -1,10 +1,17 @@
 """BERT-Base pretraining with the paper's recipe (Devlin et al., 2018).
 
 Arguments (comma separated, `configs/base.py:layers=6,nsp=False,mask_rate=0.3`):
-  layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, corpus, vocab.
+  layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, warmup, corpus, vocab.
 (`nsp=False` drops 'nsp' from config.objectives: single segments, MLM only.)
-Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`.
+Arguments carry what depends on them (`apply_pretraining_arguments`): `steps` without `warmup`
+keeps the warmup's share of the steps (here 1%, 10k of 1M; at least one step), and `mask_rate`
+or `seq` raise data.max_predictions_per_seq (and, with `mask_rate`, the phase-2 one) in
+proportion, rounded up (the paper's 20 at seq 128 and rate 0.15 become 40 at rate 0.3).
+Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`; such an override is
+taken as given, and derives nothing.
 """
+
+import math
 
 import ml_collections
 
@@ -19,6 +26,7 @@ ARGUMENTS = {
     'seq': 'data.max_seq_length',
     'batch': 'train.batch_size',
     'steps': 'train.num_steps',
+    'warmup': 'train.warmup_steps',
     'corpus': 'data.corpus',
     'vocab': 'data.vocab_file',
 }
@@ -157,13 +165,50 @@ def get_config(arg=None):
   train.compilation_cache_dir = ''
 
   if arg:
-    apply_arguments(config, arg)
+    apply_pretraining_arguments(config, arg)
   return config
 
 
-def apply_arguments(config, arg, arguments=None):
-  """Applies `key=value,...` arguments (names in `arguments`, default ARGUMENTS) to `config`."""
+def apply_pretraining_arguments(config, arg) -> None:
+  """Applies ARGUMENTS to a pretraining config, then scales what depends on them.
+
+  The config's own values are the reference: `steps=N` without `warmup` sets the warmup to the
+  same share of N (at least 1 step); `mask_rate` and `seq` raise max_predictions_per_seq to the
+  config's value times (seq / its seq) x (rate / its rate), rounded up, and never lower it.
+  """
+  data, train = config.data, config.train
+  steps, warmup = train.num_steps, train.warmup_steps
+  seq, rate = data.max_seq_length, config.masking.rate
+  predictions, phase2_predictions = (data.max_predictions_per_seq,
+                                     data.phase2_max_predictions_per_seq)
+  given = apply_arguments(config, arg)
+  if 'steps' in given and 'warmup' not in given:
+    train.warmup_steps = max(1, round(warmup * train.num_steps / steps))
+  if 'mask_rate' in given or 'seq' in given:
+    data.max_predictions_per_seq = scaled_predictions(
+        predictions, data.max_seq_length / seq, config.masking.rate / rate,
+        data.max_seq_length * config.masking.rate)
+  if 'mask_rate' in given:
+    data.phase2_max_predictions_per_seq = scaled_predictions(
+        phase2_predictions, 1.0, config.masking.rate / rate,
+        data.phase2_max_seq_length * config.masking.rate)
+
+
+def scaled_predictions(predictions: int, seq_ratio: float, rate_ratio: float,
+                       expected: float) -> int:
+  """Masked positions per example for a new seq length or rate: `predictions` scaled by both
+  ratios and rounded up, at least round(`expected`) (what validation asks) and never fewer than
+  `predictions`."""
+  # The 1e-9 keeps float noise (20 * 0.3 / 0.15 = 40.000000000000004) from rounding up.
+  scaled = math.ceil(predictions * seq_ratio * rate_ratio - 1e-9)
+  return max(predictions, scaled, int(round(expected)))
+
+
+def apply_arguments(config, arg, arguments=None) -> set:
+  """Applies `key=value,...` arguments (names in `arguments`, default ARGUMENTS) to `config`;
+  returns the names given."""
   arguments = ARGUMENTS if arguments is None else arguments
+  given = set()
   for item in arg.split(','):
     if not item.strip():
       continue
@@ -173,6 +218,7 @@ def apply_arguments(config, arg, arguments=None):
       raise ValueError(
           f'Unknown config argument {item!r}; valid arguments are '
           f'{", ".join(sorted(arguments))} as name=value.')
+    given.add(name)
     if callable(arguments[name]):
       arguments[name](config, value.strip())
       continue
@@ -181,6 +227,7 @@ def apply_arguments(config, arg, arguments=None):
     for parent in parents:
       node = node[parent]
     node[leaf] = _parse_like(node[leaf], value.strip(), name)
+  return given
 
 
 def _set_objective(config, name: str, on: bool) -> None:

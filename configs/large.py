@@ -10,5 +10,5 @@ def get_config(arg=None):
   config.model.num_heads = 16
   config.model.intermediate_size = 4096
   if arg:
-    base.apply_arguments(config, arg)
+    base.apply_pretraining_arguments(config, arg)
   return config

@@ -26,5 +26,5 @@ def get_config(arg=None):
                       long_attention_backward='mosaic', short_attention_backward='mosaic')
   config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
   if arg:
-    base.apply_arguments(config, arg)
+    base.apply_pretraining_arguments(config, arg)
   return config

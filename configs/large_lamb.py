@@ -33,5 +33,5 @@ def get_config(arg=None):
                       learning_rate=p['lr'], warmup_steps=p['warmup'], log_every=10,
                       eval_every=1000, checkpoint_every=500)
   if arg:
-    base.apply_arguments(config, arg)
+    base.apply_pretraining_arguments(config, arg)
   return config

@@ -1,4 +1,8 @@
-"""A tiny BERT on the built-in corpus: learns visibly in a few minutes on 2 CPU cores."""
+"""A tiny BERT on the built-in corpus: learns visibly in a few minutes on 2 CPU cores.
+
+Takes the arguments of configs/base.py; `steps=N` keeps the warmup at 10% of the steps (200 of
+2000) unless `warmup` is given.
+"""
 
 from configs import base
 
@@ -15,5 +19,5 @@ def get_config(arg=None):
       batch_size=32, num_steps=2000, learning_rate=1e-3, warmup_steps=200,
       log_every=100, eval_every=500, eval_batches=10, checkpoint_every=500)
   if arg:
-    base.apply_arguments(config, arg)
+    base.apply_pretraining_arguments(config, arg)
   return config

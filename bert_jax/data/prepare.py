@@ -8,7 +8,8 @@ Sources (`config.data.corpus`, comma separated, in order): text files and globs 
 `tfds:NAME[:SPLIT]` (each example's 'text' is a document; needs tensorflow_datasets).
 
 The vocab is `data.vocab_file`, else DIR/vocab.txt, trained on the first `--vocab_sample_mb` MB of
-the corpus (and kept there, so a rerun reuses it).
+the corpus (and kept there, so a rerun reuses it). A given vocab is copied to DIR/vocab.txt, so the
+directory holds everything a run streaming it needs (`prepared_vocab_file`), wherever it is moved.
 
 The plan (DIR/plan.json) groups the input files into work units of about `--shard_mb` MB of raw
 text (a file is never split; 'builtin' and each TFDS range are units of their own). A pool of
@@ -36,6 +37,7 @@ import math
 import multiprocessing
 import os
 import re
+import shutil
 import sys
 import sysconfig
 import time
@@ -468,6 +470,7 @@ def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float
   vocab_file = os.path.abspath(tokenizer.vocab_file)
   plan_config = {'vocab_sha256': tokenizer.vocab_hash(), **plan_config}
   _check_plan_config(output_dir, plan_config, vocab_file)
+  _keep_vocab(vocab_file, output_dir)
   _write_json(os.path.join(output_dir, PLAN_FILENAME),
               {'version': PLAN_VERSION, 'config': plan_config, 'corpus': data.corpus,
                'shard_mb': shard_mb, 'vocab_file': vocab_file, 'units': units})
@@ -503,6 +506,30 @@ def _load_vocab(config, output_dir: str, units: list[dict],
   return tokenizer_lib.load_or_train_tokenizer(
       '', sample, data.tokenizer_vocab_size, data.lowercase, output_dir,
       data.get('tokenizer_cache_dir', ''))
+
+
+def _keep_vocab(vocab_file: str, output_dir: str) -> None:
+  """Copies the vocab to output_dir/vocab.txt (through a renamed temporary)."""
+  target = os.path.join(output_dir, tokenizer_lib.VOCAB_FILENAME)
+  if os.path.abspath(vocab_file) == target:
+    return
+  temporary = f'{target}.{os.getpid()}.tmp'
+  shutil.copyfile(vocab_file, temporary)
+  os.replace(temporary, target)
+
+
+def prepared_vocab_file(directory: str, metadata: records.Metadata) -> str:
+  """The vocab a prepared corpus was tokenised with: DIR/vocab.txt, else (a directory prepared
+  before the vocab was copied there) the file its metadata names."""
+  kept = os.path.join(directory, tokenizer_lib.VOCAB_FILENAME)
+  if os.path.isfile(kept):
+    return kept
+  if metadata.vocab_file and os.path.isfile(metadata.vocab_file):
+    return metadata.vocab_file
+  raise PrepareError(
+      f'config.data.prepared={directory!r} has no {tokenizer_lib.VOCAB_FILENAME} and the vocab '
+      f'it was prepared with ({metadata.vocab_file!r}) is not there; set config.data.vocab_file '
+      'to that vocab.')
 
 
 def _sample_documents(units: list[dict], corpus_format: str, max_chars: float,

@@ -365,8 +365,9 @@ def check_prepared(metadata: records.Metadata, directory: str, tokenizer, config
     raise ValueError(
         f'config.data.prepared={directory!r} was tokenised with the vocab of sha256 '
         f'{metadata.vocab_sha256[:12]} ({metadata.vocab_file}), but this run uses '
-        f'{tokenizer.vocab_file} (sha256 {vocab_hash[:12]}); set config.data.vocab_file to '
-        'the vocab it was prepared with, or prepare it again.')
+        f'{tokenizer.vocab_file} (sha256 {vocab_hash[:12]}); leave config.data.vocab_file '
+        'empty to use the vocab it was prepared with (kept in that directory), or prepare it '
+        'again.')
   if metadata.lowercase != config.data.lowercase:
     raise ValueError(
         f'config.data.prepared={directory!r} was prepared with lowercase={metadata.lowercase}, '

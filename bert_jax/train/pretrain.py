@@ -112,7 +112,9 @@ def prepare_streaming(config, with_eval: bool = True):
   directory = os.path.expanduser(config.data.prepared)
   try:
     metadata = records.read_metadata(directory)
-    vocab_file = config.data.vocab_file or os.path.join(directory, 'vocab.txt')
+    from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+    # Without data.vocab_file, the vocab the corpus was prepared with.
+    vocab_file = config.data.vocab_file or prepare.prepared_vocab_file(directory, metadata)
     tokenizer = tokenizer_lib.WordPieceTokenizer(vocab_file, config.data.lowercase)
     streaming.check_prepared(metadata, directory, tokenizer, config)
   except (ValueError, OSError) as e:

@@ -13,6 +13,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from bert_jax.interop import hf
 from bert_jax.tools import convert
 from bert_jax.models import bert as model_lib
 from bert_jax.train import step as steps
@@ -456,3 +457,90 @@ def test_cli_exports_a_trained_workdir(tmp_path, capsys):
   convert.main(['inspect', f'--source=hf:{out}'])
   printed = capsys.readouterr().out
   assert 'layout: BertForPreTraining' in printed and 'imports cleanly' in printed
+
+
+def write_sharded(directory, shard_names):
+  """A safetensors index over one tensor per shard name; each shard written where it names."""
+  os.makedirs(directory, exist_ok=True)
+  weight_map = {}
+  for i, name in enumerate(shard_names):
+    target = os.path.normpath(os.path.join(directory, name))
+    if not os.path.lexists(target):
+      safetensors_numpy().save_file({f'w{i}': np.full(3, i, np.float32)}, target)
+    weight_map[f'w{i}'] = name
+  with open(os.path.join(directory, 'model.safetensors.index.json'), 'w', encoding='utf-8') as f:
+    json.dump({'metadata': {}, 'weight_map': weight_map}, f)
+
+
+def safetensors_numpy():
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  return safetensors.numpy
+
+
+def test_sharded_safetensors_inside_the_directory_load(tmp_path):
+  os.makedirs(tmp_path / 'model' / 'sub')
+  write_sharded(str(tmp_path / 'model'), ['a.safetensors', 'sub/../b.safetensors'])
+  state_dict, _ = convert.load_hf_state_dict(str(tmp_path / 'model'))
+  assert sorted(state_dict) == ['w0', 'w1'] and state_dict['w1'][0] == 1
+
+
+@pytest.mark.parametrize('outside', ['../x.safetensors', 'ABSOLUTE', 'sub/../../x.safetensors'])
+def test_index_naming_a_file_outside_the_model_is_refused(tmp_path, outside):
+  safetensors_numpy().save_file({'w1': np.ones(3, np.float32)}, str(tmp_path / 'x.safetensors'))
+  outside = str(tmp_path / 'x.safetensors') if outside == 'ABSOLUTE' else outside
+  write_sharded(str(tmp_path / 'model'), ['a.safetensors', outside])
+  with pytest.raises(hf.UnsafeCheckpointError,
+                     match=rf"weight_map entry 'w1' -> '{outside}' is not a file name inside"):
+    convert.load_hf_state_dict(str(tmp_path / 'model'))
+
+
+def test_index_naming_a_symlink_out_of_the_model_is_refused(tmp_path):
+  safetensors_numpy().save_file({'w1': np.ones(3, np.float32)}, str(tmp_path / 'x.safetensors'))
+  os.makedirs(tmp_path / 'model')
+  os.symlink(tmp_path / 'x.safetensors', tmp_path / 'model' / 'b.safetensors')
+  write_sharded(str(tmp_path / 'model'), ['a.safetensors', 'b.safetensors'])
+  with pytest.raises(hf.UnsafeCheckpointError,
+                     match=r"weight_map entry 'w1' -> 'b.safetensors' resolves to .*x.safetensors, "
+                     'outside'):
+    convert.load_hf_state_dict(str(tmp_path / 'model'))
+
+
+def test_hub_cache_snapshot_links_into_its_blobs_load(tmp_path):
+  """The Hugging Face hub cache keeps files in REPO/blobs and links them from snapshots/REV."""
+  repo = tmp_path / 'models--org--bert'
+  os.makedirs(repo / 'blobs')
+  snapshot = repo / 'snapshots' / 'abc123'
+  os.makedirs(snapshot)
+  for i in range(2):
+    safetensors_numpy().save_file({f'w{i}': np.full(3, i, np.float32)}, str(repo / 'blobs' / f'{i}'))
+    os.symlink(f'../../blobs/{i}', snapshot / f'part{i}.safetensors')
+  write_sharded(str(snapshot), ['part0.safetensors', 'part1.safetensors'])
+  state_dict, _ = convert.load_hf_state_dict(str(snapshot))
+  assert sorted(state_dict) == ['w0', 'w1']
+
+
+def test_index_naming_a_missing_shard_names_the_entry(tmp_path):
+  write_sharded(str(tmp_path / 'model'), ['a.safetensors', 'b.safetensors'])
+  os.remove(tmp_path / 'model' / 'b.safetensors')
+  with pytest.raises(FileNotFoundError, match=r"weight_map entry 'w1' -> 'b.safetensors'.*does "
+                     'not exist'):
+    convert.load_hf_state_dict(str(tmp_path / 'model'))
+
+
+@pytest.mark.parametrize('text', ['{"weight_map": ', '[1, 2]', '{"weight_map": {}}'])
+def test_index_that_is_not_a_weight_map_is_named(tmp_path, text):
+  os.makedirs(tmp_path / 'model')
+  (tmp_path / 'model' / 'model.safetensors.index.json').write_text(text)
+  with pytest.raises(ValueError, match=r'model.safetensors.index.json (is not a safetensors '
+                     r'index|has no weight_map)'):
+    convert.load_hf_state_dict(str(tmp_path / 'model'))
+
+
+def test_truncated_safetensors_is_a_value_error_naming_it(tmp_path):
+  os.makedirs(tmp_path / 'model')
+  path = str(tmp_path / 'model' / 'model.safetensors')
+  safetensors_numpy().save_file({'w': np.ones(300, np.float32)}, path)
+  with open(path, 'rb+') as f:
+    f.truncate(100)
+  with pytest.raises(ValueError, match=r'model.safetensors is not a readable safetensors file'):
+    convert.load_hf_state_dict(str(tmp_path / 'model'))

@@ -17,6 +17,7 @@ from absl import logging
 import flax.linen as nn
 import jax
 import numpy as np
+import safetensors
 import safetensors.numpy
 
 from bert_jax.models import layers
@@ -130,7 +131,8 @@ class CheckpointMismatchError(ValueError):
 
 
 class UnsafeCheckpointError(ValueError):
-  """A weights file that would need unpickling arbitrary objects; never loaded."""
+  """A weights file that would need unpickling arbitrary objects, or an index that names files
+  outside its model directory; never loaded."""
 
 
 class UnsupportedConfigError(ValueError):
@@ -555,11 +557,9 @@ def load_hf_state_dict(path_or_dir: str):
       raise FileNotFoundError(f'{path} has none of {list(names)}.')
     path = os.path.join(path, found[0])
   if path.endswith('.index.json'):
-    with open(path, encoding='utf-8') as f:
-      shards = sorted(set(json.load(f)['weight_map'].values()))
     state_dict = {}
-    for shard in shards:
-      state_dict.update(_read_safetensors(os.path.join(directory, shard)))
+    for shard in _index_shards(path, directory):
+      state_dict.update(_read_safetensors(shard))
   elif path.endswith('.safetensors'):
     state_dict = _read_safetensors(path)
   else:
@@ -572,8 +572,56 @@ def load_hf_state_dict(path_or_dir: str):
   return state_dict, hf_config
 
 
+def _index_shards(index_path: str, directory: str) -> list[str]:
+  """The shard files a model.safetensors.index.json's weight_map names, each checked to lie in
+  `directory`: the index is data that came with the download, and a name like
+  '../../x.safetensors', an absolute path or a symlink out of the directory would read a file
+  that is not part of the model."""
+  try:
+    with open(index_path, encoding='utf-8') as f:
+      weight_map = json.load(f).get('weight_map')
+  except (ValueError, AttributeError) as e:  # Not JSON, or JSON but not an object.
+    raise ValueError(f'{index_path} is not a safetensors index (a JSON object with a '
+                     f'weight_map): {e}') from e
+  if not isinstance(weight_map, dict) or not weight_map:
+    raise ValueError(f'{index_path} has no weight_map of parameter names to shard files.')
+  paths = [model_file(directory, shard, f'{index_path}: weight_map entry {name!r} -> {shard!r}')
+           for name, shard in weight_map.items()]
+  return sorted(set(paths))
+
+
+def model_file(directory: str, name, what: str) -> str:
+  """directory/name for a file name read from inside a model directory; UnsafeCheckpointError
+  (naming `what`) when it is not a plain relative name, or leads or links out of the directory.
+
+  A Hugging Face hub cache snapshot (.../snapshots/REV/) holds symlinks into the repository's
+  .../blobs/, which are part of the same download and allowed.
+  """
+  if (not isinstance(name, str) or not name or os.path.isabs(name)
+      or os.path.normpath(name).split(os.sep)[0] == os.pardir):
+    raise UnsafeCheckpointError(f'{what} is not a file name inside {directory}; refusing to read '
+                                'it (a model directory reads only its own files).')
+  path = os.path.join(directory, name)
+  root = os.path.realpath(directory)
+  allowed = [root]
+  if os.path.basename(os.path.dirname(root)) == 'snapshots':
+    allowed.append(os.path.join(os.path.dirname(os.path.dirname(root)), 'blobs'))
+  resolved = os.path.realpath(path)
+  if not any(os.path.commonpath([resolved, a]) == a for a in allowed):
+    raise UnsafeCheckpointError(f'{what} resolves to {resolved}, outside {directory}; refusing '
+                                'to read it (a model directory reads only its own files).')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{what}: {path} does not exist; the model directory is '
+                            'incomplete (download it again).')
+  return path
+
+
 def _read_safetensors(path):
-  return safetensors.numpy.load_file(path)
+  try:
+    return safetensors.numpy.load_file(path)
+  except safetensors.SafetensorError as e:  # Not a ValueError: callers would see a traceback.
+    raise ValueError(f'{path} is not a readable safetensors file ({e}); it is truncated or '
+                     'corrupt (download it again).') from e
 
 
 def _read_torch(path):

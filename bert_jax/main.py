@@ -12,6 +12,9 @@ from ml_collections import config_flags
 # Config files import `configs.base`: make the repository root importable from anywhere.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/tiny.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; resumes when it has checkpoints.')
 flags.mark_flags_as_required(['config', 'workdir'])
@@ -84,18 +87,7 @@ def main(argv):
                    cache_reads['hits'], cache_reads['requests'])
 
 
-def parse_flags(argv):
-  """absl flag parsing, with a bad config argument or override reported in one line."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    last_line = [line for line in str(e).splitlines() if line.strip()][-1].strip()
-    sys.exit(f'Invalid flags: {last_line}\nPass --helpshort for the flags.')
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    # ml_collections wraps a KeyError's repr in an AttributeError: unwrap it to plain text.
-    message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
-    sys.exit(f'Invalid config override: {message}')
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  chips.quiet_absent_tpu()  # Before JAX starts.
+  # One-line errors for bad flags and config files; --help adds the config keys.
+  app.run(main, flags_parser=cli.flags_parser(__name__))

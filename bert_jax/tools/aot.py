@@ -41,6 +41,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from bert_jax.tools import chips
+from bert_jax.tools import cli
 from bert_jax.tools.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
 
 # Config files import `configs.base`: make the repository root importable from anywhere.
@@ -301,6 +303,7 @@ def _compile_only_environment() -> None:
   """
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  chips.quiet_absent_tpu(compile_only=True)
 
 
 def main(argv):
@@ -318,20 +321,8 @@ def main(argv):
     sys.exit(2)  # The JSON says why; scripts can test the status.
 
 
-def parse_flags(argv):
-  """absl flag parsing with one-line errors, as bert_jax/main.py (whose flags differ) does."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    last_line = [line for line in str(e).splitlines() if line.strip()][-1].strip()
-    sys.exit(f'Invalid flags: {last_line}\nPass --helpshort for the flags.')
-  except (AttributeError, KeyError, TypeError, ValueError) as e:
-    message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
-    sys.exit(f'Invalid config override: {message}')
-
-
 def run_command():
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=cli.flags_parser(__name__))
 
 
 if __name__ == '__main__':

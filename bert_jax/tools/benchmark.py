@@ -24,6 +24,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax.tools import chips
+from bert_jax.tools import cli
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/base.py.')
@@ -285,7 +288,8 @@ def main(argv):
 
 
 def run_command():
-  app.run(main)
+  chips.quiet_absent_tpu()  # Before JAX starts.
+  app.run(main, flags_parser=cli.flags_parser(__name__))
 
 
 if __name__ == '__main__':

@@ -3,6 +3,9 @@ for them) and the dense bf16 peaks of TPUs and NVIDIA GPUs (bert_jax.train.metri
 them beside the measured peak)."""
 
 import dataclasses
+import glob
+import logging
+import os
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +46,37 @@ def datasheet_peak_flops(device_kind: str) -> float | None:
     if device_kind == spec.device_kind:
       return spec.peak_tflops * 1e12
   return next((flops for name, flops in GPU_DATASHEET_BF16_FLOPS if name in device_kind), None)
+
+
+# Where a TPU VM exposes its chips: /dev/accel* (v2-v4, v5p), /dev/vfio/N (v5e, v6e).
+TPU_DEVICE_FILES = ('/dev/accel*', '/dev/vfio/[0-9]*')
+
+
+def tpu_attached() -> bool:
+  """Whether this machine has TPU chips (their device files exist)."""
+  return any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES)
+
+
+def quiet_absent_tpu(compile_only: bool = False) -> None:
+  """Keeps libtpu from printing errors about a TPU this machine does not have.
+
+  Call at the start of a command, before JAX starts its backends. With libtpu installed
+  (requirements-dev.txt and -tpu.txt install it) JAX loads it on every machine, and without a
+  TPU libtpu prints errors about the accelerator type, worker hostnames and host bounds it
+  cannot find. Where a TPU is attached, or JAX_PLATFORMS names 'tpu', nothing changes. Otherwise
+  libtpu is not loaded (TPU_LOAD_LIBRARY=0, its own switch; JAX picks CPU or GPU as it would
+  anyway), or, with `compile_only` (bert_jax.aot compiles for TPU topologies through libtpu),
+  libtpu is told it runs on one local host, which it would otherwise look up; the topologies it
+  describes are the same. TPU_* variables already set are kept.
+  """
+  if tpu_attached() or 'tpu' in os.environ.get('JAX_PLATFORMS', ''):
+    return
+  if compile_only:
+    os.environ.setdefault('TPU_WORKER_HOSTNAMES', 'localhost')
+    os.environ.setdefault('TPU_HOST_BOUNDS', '1,1,1')
+  else:
+    os.environ.setdefault('TPU_LOAD_LIBRARY', '0')
+  # JAX's INFO line about the TPU backend it could not start says nothing new here.
+  logging.getLogger('jax._src.xla_bridge').addFilter(
+      lambda record: not (record.levelno <= logging.INFO and
+                          "backend 'tpu'" in record.getMessage()))

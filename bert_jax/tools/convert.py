@@ -125,6 +125,8 @@ def main(argv=None) -> None:
 def run_command():
   # `configs` lives at the repository root: make it importable from anywhere, as main.py does.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+  from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top
+  chips.quiet_absent_tpu()  # Before JAX starts.
   main()
 
 

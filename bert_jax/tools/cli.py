@@ -1,0 +1,181 @@
+"""What the `--config=FILE` commands share: absl flag parsing whose errors are one line, and a
+`--help` that lists the config's keys after the flags.
+
+  app.run(main, flags_parser=cli.flags_parser('bert_jax.main'))
+"""
+
+import functools
+import glob
+import importlib.util
+import os
+import re
+import sys
+import textwrap
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_CONFIG = 'configs/base.py'
+HELP_FLAGS = ('--help', '-help', '--helpshort', '-helpshort', '-?')
+_WIDTH = 100  # Help lines are cut to this many characters.
+
+
+def flags_parser(module: str):
+  """absl's flags_parser for the command whose flags `module` defines."""
+  return functools.partial(parse_flags, module=module)
+
+
+def parse_flags(argv, module: str):
+  """Parses `argv`; a bad flag, config argument or override, or a config file that does not load,
+  exits with one line. --help prints the flags and then the config's keys, and exits 0."""
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    try:
+      print(command_help(argv, module), flush=True)
+    except BrokenPipeError:  # `--help | head`
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    last_line = [line for line in str(e).splitlines() if line.strip()][-1].strip()
+    sys.exit(f'Invalid flags: {last_line}\nPass --help for the flags and config keys.')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    # ml_collections wraps a KeyError's repr in an AttributeError: unwrap it to plain text.
+    message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
+    sys.exit(f'Invalid config override: {message}')
+  except (OSError, ImportError, SyntaxError) as e:  # Raised by the config file's code.
+    path = (_config_argument(argv) or '').partition(':')[0]
+    _exit_config_error(path, e)
+  if 'config' in flags.FLAGS and flags.FLAGS['config'].present:
+    check_config_loads(flags.FLAGS['config'])
+  return rest
+
+
+def check_config_loads(flag) -> None:
+  """Exits naming the file when the --config file is missing or does not load; ml_collections
+  would raise only where the config is first read, with a long traceback."""
+  path = config_flags.get_config_filename(flag)
+  if not os.path.isfile(path):
+    path = path.partition(':')[0]  # A missing file's arguments stay in the name.
+    sys.exit(f'Config file {path!r} does not exist (relative paths start at {os.getcwd()}); '
+             f'the configs are {", ".join(config_files())} in {os.path.join(REPO, "configs")}.')
+  try:
+    flag.value  # pylint: disable=pointless-statement
+  except (OSError, ImportError, SyntaxError) as e:
+    _exit_config_error(path, e)
+
+
+def _exit_config_error(path: str, error: Exception) -> None:
+  cause = error.__cause__ or error
+  lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+  sys.exit(f'Config file {path!r} does not load: {type(cause).__name__}: '
+           f'{lines[-1] if lines else ""}')
+
+
+def config_files() -> list:
+  """The config files of the repository, as --config takes them."""
+  return sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, 'configs',
+                                                                              '*.py'))
+                if not path.endswith('__init__.py'))
+
+
+def command_help(argv, module: str) -> str:
+  """The command's docstring, its flags, and the keys of --config (configs/base.py when none is
+  given) with their values and comments."""
+  doc = (sys.modules[module].__doc__ or '').strip()
+  # absl files the flags of the program's own module under its path.
+  module = sys.argv[0] if module == '__main__' else module
+  lines = [doc, '', 'flags:', flags.FLAGS.module_help(module) or '  (none)', '']
+  spec = _config_argument(argv) or DEFAULT_CONFIG
+  path, _, arg = spec.partition(':')
+  try:
+    config = _load_config(path, arg or None)
+  except Exception as e:  # pylint: disable=broad-except
+    lines.append(f'(config keys of {spec!r} not listed: {type(e).__name__}: {e})')
+  else:
+    lines.append(f'config keys of {spec} (set one with --config.KEY=VALUE; '
+                 f'--config=FILE --help lists another file\'s):')
+    comments = {**_comments(os.path.join(REPO, 'configs', 'base.py')),
+                **_comments(os.path.join(REPO, 'configs', 'finetune.py')), **_comments(path)}
+    values = _flatten(config)
+    order = list(dict.fromkeys([key for key in comments if key in values] + sorted(values)))
+    for key, value in ((key, values[key]) for key in order):
+      text = f'  {key} = {value!r}'
+      if comments.get(key):
+        text = f'{text:<52} {comments[key]}'
+      lines.append(text if len(text) <= _WIDTH else text[:_WIDTH - 3] + '...')
+  lines += [''] + textwrap.wrap(
+      f'configs: {", ".join(config_files())}. A config file\'s arguments come after a colon '
+      '(configs/base.py:layers=6,nsp=False; its docstring lists them); configs/base.py comments '
+      'every key.', _WIDTH)
+  return '\n'.join(lines)
+
+
+def _config_argument(argv):
+  """The value of --config in argv, or None."""
+  for index, arg in enumerate(argv[1:], 1):
+    if arg.startswith(('--config=', '-config=')):
+      return arg.split('=', 1)[1]
+    if arg in ('--config', '-config') and index + 1 < len(argv):
+      return argv[index + 1]
+  return None
+
+
+def _load_config(path: str, arg):
+  """get_config(arg) of the config file at `path` (absolute, or relative to the current
+  directory, then to the repository)."""
+  if not os.path.isfile(path) and os.path.isfile(os.path.join(REPO, path)):
+    path = os.path.join(REPO, path)
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # Config files import `configs.base`.
+  spec = importlib.util.spec_from_file_location('_config_for_help', path)
+  if spec is None:
+    raise FileNotFoundError(path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def _flatten(config, prefix='') -> dict:
+  out = {}
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      out.update(_flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _comments(path: str) -> dict:
+  """{'model.hidden_size': 'H.', ...}: the comment beside (or, failing that, the first sentence
+  of the comment above) each `section.key = value` line of a config file."""
+  if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(REPO, path)):
+      return {}
+    path = os.path.join(REPO, path)
+  with open(path, encoding='utf-8') as f:
+    source = f.read().splitlines()
+  aliases = {'config': ''}
+  for line in source:
+    match = re.match(r'\s*config\.(\w+) = (\w+) = ml_collections\.ConfigDict\(\)', line)
+    if match:
+      aliases[match.group(2)] = match.group(1) + '.'
+  comments, above = {}, []
+  for line in source:
+    stripped = line.strip()
+    if stripped.startswith('#'):
+      above.append(stripped.lstrip('# '))
+      continue
+    match = re.match(r'\s*(\w+)\.(\w+) = [^=].*?(?:  # (.*))?$', line)
+    key = match and match.group(1) in aliases and aliases[match.group(1)] + match.group(2)
+    if key and key not in comments:  # The first assignment is get_config's.
+      comments[key] = match.group(3) or re.split(r'(?<=\.) ', ' '.join(above))[0]
+    above = []
+  return comments
+
+
+def run(main, module: str) -> None:
+  """app.run(main) with this module's flag parsing."""
+  app.run(main, flags_parser=flags_parser(module))

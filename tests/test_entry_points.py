@@ -1,0 +1,96 @@
+"""The commands' shared start: --help lists the config keys, a missing config file is one line,
+and libtpu stays quiet on a machine without a TPU."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.tools import chips
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Each command's other required flags.
+COMMANDS = {'bert_jax.main': ['--workdir=WORKDIR'], 'bert_jax.aot': ['--topology=v4:2x2x1'],
+            'bert_jax.benchmark': [], 'bert_jax.data.prepare': ['--output=WORKDIR']}
+
+
+def run(*args, cwd=REPO, env=None):
+  return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                        timeout=120, env=env, check=False)
+
+
+@pytest.mark.parametrize('help_flag', ['--help', '--helpshort'])
+def test_help_lists_flags_then_config_keys_with_defaults(help_flag):
+  result = run('-m', 'bert_jax.main', help_flag)
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert '--workdir' in out
+  assert out.index('--workdir') < out.index('config keys of configs/base.py')
+  assert "  train.warmup_steps = 10000 " in out
+  assert "  model.hidden_size = 768 " in out and ' H.' in out
+  assert 'configs/tiny.py' in out
+
+
+def test_help_lists_the_keys_of_the_given_config():
+  result = run('-m', 'bert_jax.main', '--config=configs/glue.py:task=mrpc', '--help')
+  assert result.returncode == 0, result.stderr
+  assert "  task.name = 'mrpc'" in result.stdout
+  assert "  mode = 'finetune'" in result.stdout
+
+
+@pytest.mark.parametrize('command', COMMANDS)
+def test_a_missing_config_file_is_one_line_naming_it_and_the_configs(command, tmp_path):
+  others = [arg.replace('WORKDIR', str(tmp_path)) for arg in COMMANDS[command]]
+  result = run('-m', command, '--config=configs/nope.py', *others)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert "Config file 'configs/nope.py' does not exist" in lines[0]
+  assert 'configs/base.py' in lines[0] and 'configs/tiny.py' in lines[0]
+  assert 'Traceback' not in result.stderr
+
+
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path):
+  broken = tmp_path / 'broken.py'
+  broken.write_text('def get_config(:\n', encoding='utf-8')
+  result = run('-m', 'bert_jax.main', f'--config={broken}', f'--workdir={tmp_path}')
+  assert result.returncode == 1
+  assert result.stderr.strip().startswith(f'Config file {str(broken)!r} does not load:')
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+needs_libtpu_without_tpu = pytest.mark.skipif(
+    importlib.util.find_spec('libtpu') is None or chips.tpu_attached(),
+    reason='libtpu is not installed, or a TPU is attached: nothing to quiet')
+
+
+def _without_tpu_settings():
+  return {k: v for k, v in os.environ.items()
+          if not k.startswith('TPU_') and k != 'JAX_PLATFORMS'}
+
+
+@needs_libtpu_without_tpu
+def test_libtpu_is_quiet_on_a_machine_without_a_tpu():
+  result = run('-c', 'from bert_jax.tools import chips; chips.quiet_absent_tpu(); import jax; '
+               'print(jax.devices()[0].platform)', env=_without_tpu_settings())
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() in ('cpu', 'gpu')
+  assert 'TPU' not in result.stderr and 'libtpu' not in result.stderr, result.stderr
+
+
+@needs_libtpu_without_tpu
+def test_compile_only_still_describes_tpu_topologies_quietly():
+  # As bert_jax.aot starts; other processes may hold libtpu.
+  code = ('import os; os.environ["JAX_PLATFORMS"] = "cpu"\n'
+          'os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"\n'
+          'from bert_jax.tools import chips; chips.quiet_absent_tpu(compile_only=True)\n'
+          'from jax.experimental import topologies\n'
+          'd = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x4", '
+          'chip_config_name="megacore", num_slices=1)\n'
+          'print(len(d.devices), len({x.process_index for x in d.devices}))\n')
+  result = run('-c', code, env=_without_tpu_settings())
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ['16', '4']  # 16 chips on 4 hosts.
+  assert 'TPU' not in result.stderr and 'Error' not in result.stderr, result.stderr

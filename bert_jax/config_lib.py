@@ -4,6 +4,7 @@ import difflib
 import math
 import os
 import re
+from typing import Callable, NamedTuple
 
 from bert_jax import ops
 from configs import base
@@ -25,20 +26,65 @@ VALID_CHOICES = {
     'train.optimizer': ('adamw', 'lamb'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
 }
-RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate', 'data.short_seq_prob',
-         'data.eval_fraction', 'train.phase2_fraction', 'masking.rate',
-         'masking.mask_token_fraction', 'masking.random_token_fraction', 'masking.keep_fraction')
-POSITIVE = ('model.scan_unroll', 'model.vocab_size', 'model.hidden_size', 'model.num_layers', 'model.num_heads',
-            'model.intermediate_size', 'model.max_position_embeddings',
-            'model.type_vocab_size', 'data.max_seq_length', 'data.max_predictions_per_seq',
-            'data.tokenizer_vocab_size', 'data.max_pairs_per_row', 'train.batch_size',
-            'train.num_steps',
-            'train.log_every', 'train.eval_batches', 'train.keep_checkpoints')
-NON_NEGATIVE = ('train.warmup_steps', 'train.eval_every', 'train.checkpoint_every',
-                'train.learning_rate', 'train.weight_decay', 'train.max_grad_norm',
-                'data.max_documents', 'train.peak_flops', 'train.max_nonfinite_skips',
-                'data.dupe_factor', 'data.workers', 'train.phase2_batch_size',
-                'data.input_shards')
+
+
+class Range(NamedTuple):
+  """The valid values of a numeric key, beyond being a finite number: `test` and its wording."""
+  test: Callable[[float], bool]
+  text: str  # Completes 'must be a finite number ...' (an integer for integer keys).
+
+
+POSITIVE = Range(lambda x: x > 0, '> 0')
+NON_NEGATIVE = Range(lambda x: x >= 0, '>= 0')
+PROBABILITY = Range(lambda x: 0 <= x <= 1, 'in [0, 1]')
+# A rate of 1 drops every unit (dropout), keeps no running average (Adam's betas), or leaves
+# nothing else to train or evaluate on (shares of data or steps).
+BELOW_ONE = Range(lambda x: 0 <= x < 1, 'in [0, 1)')
+OPEN_SHARE = Range(lambda x: 0 < x < 1, 'in (0, 1)')
+ANY_SIGN = Range(lambda x: True, '')
+MESH_AXIS = Range(lambda x: x == -1 or x >= 1, '>= 1, or -1 (the devices the other axes leave)')
+# numpy's seeded generators take non-negative seeds; JAX's keys take them below 2**63.
+SEED = Range(lambda x: 0 <= x < 2**63, 'in [0, 2**63)')
+
+# Every numeric key of configs/base.py and configs/finetune.py (and the task configs that start
+# from it) and its valid values. A key missing here fails tests/test_config.py.
+RANGES = {
+    'seed': SEED, 'seeds': POSITIVE,
+    'model.vocab_size': POSITIVE, 'model.hidden_size': POSITIVE, 'model.num_layers': POSITIVE,
+    'model.num_heads': POSITIVE, 'model.intermediate_size': POSITIVE,
+    'model.max_position_embeddings': POSITIVE, 'model.type_vocab_size': POSITIVE,
+    'model.hidden_dropout_rate': BELOW_ONE, 'model.attention_dropout_rate': BELOW_ONE,
+    'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
+    'model.scan_unroll': POSITIVE,
+    'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
+    'mesh.dcn_data': POSITIVE,
+    'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,
+    'data.max_predictions_per_seq': POSITIVE, 'data.short_seq_prob': PROBABILITY,
+    'data.eval_fraction': OPEN_SHARE, 'data.max_documents': NON_NEGATIVE,
+    'data.max_pairs_per_row': POSITIVE, 'data.dupe_factor': NON_NEGATIVE,
+    'data.workers': NON_NEGATIVE, 'data.input_shards': NON_NEGATIVE,
+    'data.phase2_max_seq_length': POSITIVE, 'data.phase2_max_predictions_per_seq': POSITIVE,
+    'masking.rate': PROBABILITY, 'masking.mask_token_fraction': PROBABILITY,
+    'masking.random_token_fraction': PROBABILITY, 'masking.keep_fraction': PROBABILITY,
+    'train.batch_size': POSITIVE, 'train.num_steps': POSITIVE, 'train.phase2_fraction': BELOW_ONE,
+    'train.phase2_batch_size': NON_NEGATIVE, 'train.learning_rate': POSITIVE,
+    'train.warmup_steps': NON_NEGATIVE, 'train.weight_decay': NON_NEGATIVE,
+    'train.adam_b1': BELOW_ONE, 'train.adam_b2': BELOW_ONE, 'train.adam_eps': POSITIVE,
+    # optax's clipping to a norm of 0 zeroes every update (NaN for a zero gradient).
+    'train.max_grad_norm': POSITIVE,
+    'train.max_nonfinite_skips': NON_NEGATIVE, 'train.log_every': POSITIVE,
+    'train.eval_every': POSITIVE, 'train.eval_batches': POSITIVE,
+    'train.checkpoint_every': NON_NEGATIVE, 'train.keep_checkpoints': POSITIVE,
+    'train.peak_flops': NON_NEGATIVE,
+    # Fine-tuning only.
+    'train.eval_batch_size': NON_NEGATIVE, 'train.num_epochs': POSITIVE,
+    'train.warmup_proportion': BELOW_ONE,
+    'task.max_train_examples': NON_NEGATIVE, 'task.split_dev_fraction': BELOW_ONE,
+    'task.doc_stride': POSITIVE, 'task.max_query_length': POSITIVE, 'task.n_best_size': POSITIVE,
+    'task.max_answer_length': POSITIVE, 'task.null_score_diff_threshold': ANY_SIGN,
+    'task.feature_layers': NON_NEGATIVE, 'task.feature_lstm_units': POSITIVE,
+    'task.feature_lstm_layers': POSITIVE,
+}
 
 
 # Keys that no longer exist, and what replaced them.
@@ -65,7 +111,8 @@ def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
-  _check_ranges(flat, VALID_CHOICES, POSITIVE, NON_NEGATIVE, RATES)
+  _check_ranges(flat, VALID_CHOICES)
+  _check_schedule(config.train)
   _check_names(config)
   _check_model_shape(config.model)
   _checks().check_model(config.model, row_lengths(config))
@@ -161,20 +208,31 @@ def _check_init_from(config) -> None:
       raise ConfigError(str(e)) from e
 
 
-def _check_ranges(flat, choices, positive, non_negative, rates) -> None:
-  """Choices, > 0, >= 0 and [0, 1] checks of the flattened config's keys."""
+def _check_ranges(flat, choices) -> None:
+  """Choices, then RANGES, of the flattened config's keys; every number must be finite."""
   for key, valid in choices.items():
     if key in flat and flat[key] not in valid:
       raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {valid}.')
-  for key in positive:
-    if not flat[key] > 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be > 0.')
-  for key in non_negative:
-    if not flat[key] >= 0:
-      raise ConfigError(f'config.{key}={flat[key]!r} must be >= 0.')
-  for key in rates:
-    if not 0.0 <= flat[key] <= 1.0:
-      raise ConfigError(f'config.{key}={flat[key]!r} is a rate and must lie in [0, 1].')
+  for key, value in flat.items():
+    if key not in RANGES:
+      continue
+    valid = RANGES[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    finite = number and (isinstance(value, int) or math.isfinite(value))
+    if not (finite and valid.test(value)):
+      kind = 'an integer' if isinstance(value, int) else 'a finite number'
+      raise ConfigError(f'config.{key}={value!r}: must be {kind}'
+                        + (f' {valid.text}.' if valid.text else '.'))
+
+
+def _check_schedule(train) -> None:
+  """The warmup fits in the run: past num_steps the learning rate would never reach its peak."""
+  if train.warmup_steps > train.num_steps:
+    raise ConfigError(
+        f'config.train.warmup_steps={train.warmup_steps} exceeds config.train.num_steps='
+        f'{train.num_steps}: the learning rate would never reach config.train.learning_rate='
+        f'{train.learning_rate}; set warmup_steps to at most {train.num_steps} (the config '
+        'argument steps=N scales the warmup with the steps).')
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:
@@ -309,15 +367,6 @@ FINETUNE_CHOICES = {
     'task.source': ('files', 'tfds'),
     'task.version': ('1.1', '2.0'),
 }
-FINETUNE_POSITIVE = ('seeds', 'data.max_seq_length', 'train.batch_size', 'train.num_epochs',
-                     'train.log_every', 'train.keep_checkpoints', 'task.doc_stride',
-                     'task.max_query_length', 'task.n_best_size', 'task.max_answer_length',
-                     'task.feature_lstm_units', 'task.feature_lstm_layers')
-FINETUNE_NON_NEGATIVE = ('train.eval_batch_size', 'train.learning_rate', 'train.weight_decay',
-                         'train.max_grad_norm', 'train.checkpoint_every', 'task.feature_layers',
-                         'task.max_train_examples')
-FINETUNE_RATES = ('model.hidden_dropout_rate', 'model.attention_dropout_rate',
-                  'train.warmup_proportion', 'task.split_dev_fraction')
 
 
 def validate_finetune(config) -> None:
@@ -326,9 +375,7 @@ def validate_finetune(config) -> None:
   from configs import finetune  # pylint: disable=g-import-not-at-top
   flat = flatten(config)
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
-  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES},
-                FINETUNE_POSITIVE + tuple(k for k in POSITIVE if k.startswith('model.')),
-                FINETUNE_NON_NEGATIVE, FINETUNE_RATES)
+  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
   _check_names(config)
   _check_model_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])

@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax.train import pretrain
-from configs import base, large, large_gpu, large_lamb, tiny
+from configs import base, finetune, glue, large, large_gpu, large_lamb, ner, squad, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,9 +65,9 @@ def test_bad_arguments_are_named(arg, match):
 
 @pytest.mark.parametrize('key,value,match', [
     ('model.num_heads', 5, r'hidden_size=128 is not divisible by config.model.num_heads=5'),
-    ('masking.rate', 1.5, r'config.masking.rate=1.5 is a rate and must lie in \[0, 1\]'),
-    ('model.hidden_dropout_rate', -0.1, r'hidden_dropout_rate=-0.1 is a rate'),
-    ('data.short_seq_prob', 2.0, r'short_seq_prob=2.0 is a rate'),
+    ('masking.rate', 1.5, r'config.masking.rate=1.5: must be a finite number in \[0, 1\]\.'),
+    ('model.hidden_dropout_rate', -0.1, r'hidden_dropout_rate=-0.1: must be a finite number in'),
+    ('data.short_seq_prob', 2.0, r'short_seq_prob=2.0: must be a finite number in \[0, 1\]'),
     ('masking.mask_token_fraction', 0.7, r'0.7 \+ 0.1 \+ 0.1 = 0.9; they must sum to 1'),
     ('data.max_predictions_per_seq', 5, r'max_predictions_per_seq=5 is too small.*at least 10'),
     ('model.dtype', 'float8', r"config.model.dtype='float8' is not valid"),
@@ -76,8 +76,8 @@ def test_bad_arguments_are_named(arg, match):
     ('model.attention_impl', 'cudnn',
      r"attention_impl='cudnn' with attention dropout.*needs config.model.scan_layers=False"),
     ('model.dropout_rng_impl', 'philox', r"dropout_rng_impl='philox' is not valid"),
-    ('model.scan_unroll', 0, r'config.model.scan_unroll=0 must be > 0'),
-    ('train.batch_size', 0, r'config.train.batch_size=0 must be > 0'),
+    ('model.scan_unroll', 0, r'config.model.scan_unroll=0: must be an integer > 0\.'),
+    ('train.batch_size', 0, r'config.train.batch_size=0: must be an integer > 0\.'),
     ('data.max_seq_length', 512, r'max_seq_length=512 exceeds'),
     ('data.corpus', '', r'config.data.corpus is empty'),
     ('train.xla_options', 'xla_gpu_enable_triton_gemm',
@@ -92,6 +92,117 @@ def test_bad_values_are_named(key, value, match):
   config[parent][leaf] = value
   with pytest.raises(config_lib.ConfigError, match=match):
     config_lib.validate(config)
+
+
+def numeric_keys(config) -> set:
+  return {k for k, v in config_lib.flatten(config).items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def test_every_numeric_key_has_a_valid_range():
+  """A new numeric key needs a row in config_lib.RANGES, or its bad values would pass."""
+  keys = set()
+  for get_config in (base.get_config, finetune.get_config, glue.get_config, squad.get_config,
+                     ner.get_config):
+    keys |= numeric_keys(get_config())
+  assert sorted(keys - set(config_lib.RANGES)) == []
+  assert sorted(set(config_lib.RANGES) - keys) == []  # No row for a key that is gone.
+
+
+NAN, INF = float('nan'), float('inf')
+
+
+@pytest.mark.parametrize('key,value,valid', [
+    # One per kind of range; inf and NaN in each kind of key.
+    ('train.learning_rate', INF, '> 0'),
+    ('train.learning_rate', NAN, '> 0'),
+    ('train.learning_rate', 0.0, '> 0'),
+    ('train.adam_eps', 0.0, '> 0'),
+    ('model.layer_norm_eps', -1e-12, '> 0'),
+    ('model.initializer_range', INF, '> 0'),
+    ('train.max_grad_norm', 0.0, '> 0'),
+    ('train.weight_decay', -0.01, '>= 0'),
+    ('train.peak_flops', INF, '>= 0'),
+    ('model.hidden_dropout_rate', 1.0, 'in [0, 1)'),
+    ('model.attention_dropout_rate', NAN, 'in [0, 1)'),
+    ('train.adam_b1', 1.0, 'in [0, 1)'),
+    ('train.adam_b2', -0.5, 'in [0, 1)'),
+    ('train.phase2_fraction', 1.0, 'in [0, 1)'),
+    ('masking.keep_fraction', NAN, 'in [0, 1]'),
+    ('masking.rate', -0.15, 'in [0, 1]'),
+    ('data.eval_fraction', 0.0, 'in (0, 1)'),
+    ('data.eval_fraction', 1.0, 'in (0, 1)'),
+    ('train.warmup_steps', -1, '>= 0'),
+    ('train.eval_every', 0, '> 0'),
+    ('train.checkpoint_every', -10, '>= 0'),
+    ('data.workers', -1, '>= 0'),
+    ('mesh.fsdp', 0, '>= 1, or -1 (the devices the other axes leave)'),
+    ('seed', -1, 'in [0, 2**63)'),
+])
+def test_out_of_range_values_are_refused_naming_what_is_valid(key, value, valid):
+  config = valid_config()
+  *parents, leaf = key.split('.')
+  node = config
+  for parent in parents:
+    node = node[parent]
+  node[leaf] = value
+  kind = 'an integer' if isinstance(value, int) else 'a finite number'
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.validate(config)
+  assert str(error.value) == f'config.{key}={value!r}: must be {kind} {valid}.'
+
+
+def test_warmup_longer_than_the_run_is_refused():
+  config = valid_config()
+  config.train.update(num_steps=100, warmup_steps=200)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'warmup_steps=200 exceeds config.train.num_steps=100.*at most 100'):
+    config_lib.validate(config)
+  config.train.warmup_steps = 100  # Peak at the last step: allowed.
+  config_lib.validate(config)
+
+
+def glue_config(tmp_path):
+  config = glue.get_config()
+  config.task.data_dir = str(tmp_path)  # An existing folder is all validation asks of it.
+  return config
+
+
+def test_shipped_finetune_configs_have_valid_numbers(tmp_path):
+  config_lib.validate_finetune(glue_config(tmp_path))
+  for get_config in (squad.get_config, ner.get_config):
+    config_lib._check_ranges(config_lib.flatten(get_config()), {})
+
+
+@pytest.mark.parametrize('key,value,valid', [
+    ('train.learning_rate', INF, 'a finite number > 0'),
+    ('train.num_epochs', 0.0, 'a finite number > 0'),
+    ('train.warmup_proportion', 1.0, 'a finite number in [0, 1)'),
+    ('train.adam_b2', NAN, 'a finite number in [0, 1)'),
+    ('task.split_dev_fraction', 1.0, 'a finite number in [0, 1)'),
+    ('task.null_score_diff_threshold', NAN, 'a finite number'),
+    ('model.hidden_dropout_rate', 1.0, 'a finite number in [0, 1)'),
+    ('seeds', 0, 'an integer > 0'),
+])
+def test_finetune_out_of_range_values_are_refused(tmp_path, key, value, valid):
+  config = glue_config(tmp_path)
+  *parents, leaf = key.split('.')
+  node = config
+  for parent in parents:
+    node = node[parent]
+  node[leaf] = value
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.validate_finetune(config)
+  assert str(error.value) == f'config.{key}={value!r}: must be {valid}.'
+
+
+def test_main_refuses_an_infinite_learning_rate_before_compiling(tmp_path):
+  result = run_main('--config=configs/tiny.py', f'--workdir={tmp_path}',
+                    '--config.train.learning_rate=inf')
+  assert result.returncode != 0
+  assert 'Invalid config: config.train.learning_rate=inf: must be a finite number > 0.' in (
+      result.stderr)
+  assert not (tmp_path / 'checkpoints').exists()
 
 
 def test_xla_options_parse_into_compiler_options():

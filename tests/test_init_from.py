@@ -12,9 +12,11 @@ from bert_jax import config_lib
 from bert_jax.train import pretrain
 import conftest
 
-# conftest's micro config, three steps, no evaluation or checkpoint before the end.
-RUN = {'data.max_documents': 120, 'train.num_steps': 3, 'train.eval_batches': 1,
-       'train.log_every': 1, 'train.eval_every': 100, 'train.checkpoint_every': 100}
+# conftest's micro config, three steps (one of warmup), no evaluation or checkpoint before the
+# end.
+RUN = {'data.max_documents': 120, 'train.num_steps': 3, 'train.warmup_steps': 1,
+       'train.eval_batches': 1, 'train.log_every': 1, 'train.eval_every': 100,
+       'train.checkpoint_every': 100}
 
 
 def micro_config(tmp_path, **top):
@@ -33,8 +35,8 @@ def test_init_from_a_workdir_starts_at_step_0_from_its_weights(tmp_path):
   # The new run differs in shape keys on purpose: they are taken from the source.
   config = micro_config(tmp_path, init_from=source)
   config.model.num_layers = 4
-  config.train.num_steps = 1
-  config.train.learning_rate = 0.0  # The weights after one step are then the source's.
+  # The first step of the warmup has learning rate 0: the weights after it are the source's.
+  config.train.update(num_steps=1, warmup_steps=1)
   target = str(tmp_path / 'target')
   pretrain.train_and_evaluate(config, target)
   src, dst = params_at(source, 3), params_at(target, 1)
@@ -73,7 +75,7 @@ def test_init_from_hf_continues_pretraining_a_real_checkpoint(tmp_path):
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   source = minilm_dir()
   config = micro_config(tmp_path, init_from='hf:' + source)
-  config.train.update(num_steps=1, learning_rate=0.0)
+  config.train.update(num_steps=1, warmup_steps=1)  # Learning rate 0 in the only step.
   workdir = str(tmp_path / 'minilm')
   pretrain.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
@@ -95,3 +97,19 @@ def test_init_from_hf_with_the_wrong_casing_is_a_clear_error(tmp_path):
   config.data.lowercase = False
   with pytest.raises(config_lib.ConfigError, match='config.data.lowercase=False'):
     pretrain.train_and_evaluate(config, str(tmp_path / 'cased'))
+
+
+def test_init_from_hf_index_naming_a_file_outside_the_model_is_a_clear_error(tmp_path):
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  safetensors.numpy.save_file({'w': np.ones(3, np.float32)}, str(tmp_path / 'other.safetensors'))
+  model = tmp_path / 'model'
+  model.mkdir()
+  (model / 'model.safetensors.index.json').write_text(
+      json.dumps({'weight_map': {'bert.embeddings.word_embeddings.weight':
+                                 '../other.safetensors'}}))
+  config = micro_config(tmp_path, init_from=f'hf:{model}')
+  with pytest.raises(init_from.InitFromError,
+                     match=r"weight_map entry 'bert.embeddings.word_embeddings.weight' -> "
+                     r"'../other.safetensors' is not a file name inside"):
+    init_from.load_params(config, fresh_params={})

@@ -19,8 +19,8 @@ from test_train import OVERRIDES, REPO, assert_trees_equal, read_metrics, withou
 
 pytestmark = pytest.mark.slow  # Every test here runs for many seconds.
 
-STEPS = {'train.num_steps': 4, 'train.log_every': 2, 'train.eval_every': 2,
-         'train.checkpoint_every': 2, 'train.eval_batches': 1}
+STEPS = {'train.num_steps': 4, 'train.warmup_steps': 2, 'train.log_every': 2,
+         'train.eval_every': 2, 'train.checkpoint_every': 2, 'train.eval_batches': 1}
 DATA_MESH = {'mesh.preset': 'data', 'mesh.data': -1}  # Parameters replicated on both processes.
 FSDP_MESH = {'mesh.preset': 'fsdp', 'mesh.data': 1, 'mesh.fsdp': -1}  # Each holds half of them.
 TIMEOUT_S = 240

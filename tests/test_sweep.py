@@ -16,8 +16,8 @@ MICRO = ['--config.model.vocab_size=1024', '--config.model.hidden_size=32',
          '--config.data.tokenizer_vocab_size=1024', '--config.data.max_seq_length=32',
          '--config.data.max_predictions_per_seq=5', '--config.data.max_documents=100',
          '--config.data.eval_fraction=0.1', '--config.train.batch_size=8',
-         '--config.train.num_steps=3', '--config.train.eval_batches=1',
-         '--config.train.peak_flops=1e11']
+         '--config.train.num_steps=3', '--config.train.warmup_steps=1',
+         '--config.train.eval_batches=1', '--config.train.peak_flops=1e11']
 
 
 def test_arm_arguments_append_to_the_config():

@@ -512,7 +512,8 @@ def test_hub_cache_snapshot_links_into_its_blobs_load(tmp_path):
   snapshot = repo / 'snapshots' / 'abc123'
   os.makedirs(snapshot)
   for i in range(2):
-    safetensors_numpy().save_file({f'w{i}': np.full(3, i, np.float32)}, str(repo / 'blobs' / f'{i}'))
+    safetensors_numpy().save_file({f'w{i}': np.full(3, i, np.float32)},
+                                  str(repo / 'blobs' / str(i)))
     os.symlink(f'../../blobs/{i}', snapshot / f'part{i}.safetensors')
   write_sharded(str(snapshot), ['part0.safetensors', 'part1.safetensors'])
   state_dict, _ = convert.load_hf_state_dict(str(snapshot))

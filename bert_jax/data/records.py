@@ -14,9 +14,24 @@ import os
 
 import numpy as np
 
+from bert_jax import config_lib
+
 FORMAT_VERSION = 1
 METADATA_FILENAME = 'metadata.json'
 SHARD_PATTERN = 'documents-{index:05d}.array_record'
+
+
+class PreparedCorpusError(config_lib.ConfigError):
+  """A prepared corpus (config.data.prepared) whose metadata or shards are missing, truncated or
+  corrupt. A ConfigError, so a run stops with one line naming the file, whether the fault shows
+  when the corpus is opened or at a read mid-run."""
+
+
+def redo_hint(directory: str) -> str:
+  """How to repair a prepared directory: prepare reruns only its missing shards."""
+  return (f're-run `python -m bert_jax.data.prepare --config=... --output={directory}` with the '
+          'config and corpus it was prepared with (metadata.json lists the sources); it rewrites '
+          'only missing shards')
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -77,18 +92,53 @@ class Metadata:
 
 
 def read_metadata(directory: str) -> Metadata:
-  """The metadata of a prepared directory; ValueError naming the path when absent or foreign."""
+  """The metadata of a prepared directory; PreparedCorpusError naming the path when it is absent,
+  foreign, unreadable or lacks what the reader needs."""
   path = os.path.join(os.path.expanduser(directory), METADATA_FILENAME)
   if not os.path.isfile(path):
-    raise ValueError(f'{path} does not exist: {directory!r} is not a prepared corpus; run '
-                     '`python -m bert_jax.data.prepare --config=... --output=DIR` first.')
-  with open(path, encoding='utf-8') as f:
-    fields = json.load(f)
+    raise PreparedCorpusError(
+        f'{path} does not exist: {directory!r} is not a prepared corpus; run '
+        '`python -m bert_jax.data.prepare --config=... --output=DIR` first.')
+  try:
+    with open(path, encoding='utf-8') as f:
+      fields = json.load(f)
+  except (OSError, ValueError) as e:  # ValueError: not JSON (a file cut short), not UTF-8.
+    raise PreparedCorpusError(f'{path} cannot be read ({e}); delete it and '
+                              f'{redo_hint(directory)}.') from e
+  if not isinstance(fields, dict):
+    raise PreparedCorpusError(f'{path} is not a JSON object; delete it and '
+                              f'{redo_hint(directory)}.')
   if fields.get('format_version') != FORMAT_VERSION:
-    raise ValueError(f'{path}: format_version {fields.get("format_version")!r}, this code reads '
-                     f'{FORMAT_VERSION}; prepare the corpus again.')
-  known = {f.name for f in dataclasses.fields(Metadata)}
-  return Metadata(**{k: v for k, v in fields.items() if k in known})
+    raise PreparedCorpusError(
+        f'{path}: format_version {fields.get("format_version")!r}, this code reads '
+        f'{FORMAT_VERSION}; prepare the corpus again.')
+  known = dataclasses.fields(Metadata)
+  missing = [f.name for f in known if f.name not in fields
+             and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+  if missing:
+    raise PreparedCorpusError(f'{path} lacks {", ".join(missing)}; delete it and '
+                              f'{redo_hint(directory)}.')
+  metadata = Metadata(**{f.name: fields[f.name] for f in known if f.name in fields})
+  problem = _metadata_problem(metadata)
+  if problem:
+    raise PreparedCorpusError(f'{path}: {problem}; delete it and {redo_hint(directory)}.')
+  return metadata
+
+
+def _metadata_problem(metadata: Metadata) -> str:
+  """What makes metadata unreadable for streaming ('' when nothing)."""
+  if metadata.token_dtype not in ('uint16', 'int32'):
+    return f"token_dtype {metadata.token_dtype!r} is not 'uint16' or 'int32'"
+  if not isinstance(metadata.shards, list):
+    return 'shards is not a list'
+  for index, shard in enumerate(metadata.shards):
+    if not isinstance(shard, dict) or not isinstance(shard.get('documents'), int):
+      return f'shard entry {index} has no document count'
+    name = shard.get('file')
+    # A shard is a file of the directory itself: a path would read a file of something else.
+    if not isinstance(name, str) or os.path.basename(name) != name or name in ('', '.', '..'):
+      return f'shard entry {index} names {name!r}, not a file in the directory'
+  return ''
 
 
 def write_metadata(directory: str, metadata: Metadata) -> None:

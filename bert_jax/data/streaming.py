@@ -34,9 +34,10 @@ class DocumentStore:
 
   def __init__(self, directory: str, metadata: records.Metadata | None = None):
     self.metadata = metadata or records.read_metadata(directory)
+    self._directory = directory
     self._paths = self.metadata.shard_paths(directory)
     for path, shard in zip(self._paths, self.metadata.shards):
-      _check_shard(path, shard['documents'])
+      _check_shard(path, shard['documents'], directory)
     self._ends = np.cumsum([shard['documents'] for shard in self.metadata.shards])
     self._source = grain.sources.ArrayRecordDataSource(self._paths)
     self._dtype = self.metadata.token_dtype
@@ -47,10 +48,18 @@ class DocumentStore:
   def __getitem__(self, index: int) -> 'Sentences':
     try:
       return Sentences(*records.decode_flat(self._source[int(index)], self._dtype))
-    except ValueError as e:
+    # RuntimeError: ArrayRecord's reader (a chunk that fails its checksum, a shard cut short or
+    # deleted since it was checked); ValueError: a record that does not decode.
+    except (RuntimeError, OSError, ValueError) as e:
       shard = int(np.searchsorted(self._ends, index, side='right'))
-      raise ValueError(f'Document {index} in {self._paths[shard]} is corrupt ({e}); prepare the '
-                       'corpus again.') from e
+      raise records.PreparedCorpusError(
+          f'Document {index} in shard {self._paths[shard]} cannot be read '
+          f'({_first_line(e)}): the shard is truncated or corrupt; delete it and '
+          f'{records.redo_hint(self._directory)}.') from e
+
+
+def _first_line(error: Exception) -> str:
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 class Sentences:
@@ -79,24 +88,24 @@ class Sentences:
       yield self._tokens[self._starts[i]:self._starts[i + 1]]
 
 
-def _check_shard(path: str, documents: int) -> None:
+def _check_shard(path: str, documents: int, directory: str) -> None:
   """A shard must exist and hold the documents metadata.json counts (a truncated or corrupt
   ArrayRecord file opens with fewer records)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   if not os.path.isfile(path):
-    raise ValueError(f'Shard {path} is missing; prepare the corpus again (a rerun of prepare '
-                     'redoes only missing shards).')
+    raise records.PreparedCorpusError(f'Shard {path} is missing; {records.redo_hint(directory)}.')
   try:
     reader = array_record_module.ArrayRecordReader(path)
     found = reader.num_records()
     reader.close()
   except RuntimeError as e:
-    raise ValueError(f'Shard {path} cannot be read ({str(e).strip()[:200] or "RuntimeError"}): '
-                     'the file is truncated or corrupt; prepare the corpus again.') from e
+    raise records.PreparedCorpusError(
+        f'Shard {path} cannot be read ({_first_line(e)}): the file is truncated or corrupt; '
+        f'delete it and {records.redo_hint(directory)}.') from e
   if found != documents:
-    raise ValueError(f'Shard {path} holds {found} records, but metadata.json counts '
-                     f'{documents} documents: the file is truncated or corrupt; prepare the '
-                     'corpus again.')
+    raise records.PreparedCorpusError(
+        f'Shard {path} holds {found} records, but metadata.json counts {documents} documents: '
+        f'the file is truncated or corrupt; delete it and {records.redo_hint(directory)}.')
 
 
 class SubsetDocuments:

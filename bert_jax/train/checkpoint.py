@@ -5,34 +5,113 @@ killed mid-save leaves the previous checkpoints intact; old ones are deleted onl
 one is complete. A newest checkpoint that cannot be read (truncated or corrupted files) while an
 older one can is moved aside to `<step>.unreadable-<time>` (never deleted), and the older one is
 restored instead.
+Every checkpoint carries integrity data written at save: two position-weighted sums of each
+array's bits and a sha256 of the data position. Restore recomputes them, so a checkpoint whose
+bytes changed on disk (a flipped bit) is unreadable like a truncated one, and the previous good
+step is restored instead; the warning names the array that differs.
 A save that fails (disk full, permissions) is an error that names the step and the newest good
 checkpoint; the good ones stay.
 """
 
 import contextlib
+import gc
+import hashlib
+import json
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+
+INTEGRITY_KEY = 'integrity'
 
 
 class CheckpointError(RuntimeError):
   """A checkpoint could not be written, or none of the existing ones can be read."""
 
 
+class IntegrityError(ValueError):
+  """A restored checkpoint differs from what was saved (its files changed on disk)."""
+
+
+def _leaf_checksums(x):
+  """[2] uint32: the sum of the array's bits as words, and their sum weighted by position (1,
+  2, ...), both modulo 2**32. Integer sums are exact in any order, so they are the same
+  sharded or whole, on any device; any single changed bit changes the first."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  x = x.reshape(-1)
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  else:
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
+    words = jax.lax.bitcast_convert_type(x, unsigned)
+    if x.dtype.itemsize == 8:  # Both halves count.
+      words = (words ^ (words >> 32)).astype(jnp.uint32)
+    words = words.astype(jnp.uint32)
+  position = jnp.arange(1, words.size + 1, dtype=jnp.uint32)
+  return jnp.stack([jnp.sum(words, dtype=jnp.uint32),
+                    jnp.sum(words * position, dtype=jnp.uint32)])
+
+
+_checksums = jax.jit(lambda tree: jax.tree.map(_leaf_checksums, tree))
+
+
+def state_checksums(state) -> dict:
+  """{array path: [sum, position-weighted sum]} of every array in the state."""
+  sums = jax.device_get(_checksums(state))
+  return {jax.tree_util.keystr(path): [int(v) for v in np.asarray(value)]
+          for path, value in jax.tree_util.tree_leaves_with_path(sums)}
+
+
+def _position_digest(position: dict) -> str:
+  body = {k: v for k, v in position.items() if k != INTEGRITY_KEY}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def with_integrity(state, position: dict) -> dict:
+  """The data position with the integrity record of (state, position) added."""
+  return {**position, INTEGRITY_KEY: {'arrays': state_checksums(state),
+                                      'position_sha256': _position_digest(position)}}
+
+
+def verify_integrity(state, position: dict) -> bool:
+  """Raises IntegrityError naming what differs from the record written at save; False when the
+  checkpoint has no record (written before records existed: restored unverified)."""
+  record = position.get(INTEGRITY_KEY)
+  if record is None:
+    return False
+  if not isinstance(record, dict) or _position_digest(position) != record.get('position_sha256'):
+    raise IntegrityError('the data position differs from the one saved (its sha256)')
+  saved = record.get('arrays', {})
+  read = state_checksums(state)
+  changed = [path for path in read if saved.get(path) != read[path]]
+  if changed or set(saved) != set(read):
+    changed = changed or sorted(set(saved) ^ set(read))
+    raise IntegrityError(
+        f'array {changed[0]} differs from the one saved (checksum)'
+        + (f', and {len(changed) - 1} more' if len(changed) > 1 else ''))
+  return True
+
+
 class Checkpointer:
-  """Saves {state, data position} every `every` steps, keeps the newest `keep`."""
+  """Saves {state, data position} every `every` steps, keeps the newest `keep`.
+
+  The directory is created by the first save, not before: a run refused at restore leaves none.
+  """
 
   def __init__(self, directory: str, every: int, keep: int):
     self.directory = os.path.abspath(directory)
     self.every = every
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=('state', 'data'),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=False,
                                              cleanup_tmp_directories=True))
     self._pending_step = None  # Step of the save in flight (async), if any.
 
@@ -47,14 +126,22 @@ class Checkpointer:
     with a warning. CheckpointError when checkpoints exist but none can be read (then nothing
     is moved), or when a checkpoint holds a model of another shape.
     """
+    with _quiet_abandoned_reads():
+      return self._restore(abstract_state)
+
+  def _restore(self, abstract_state) -> tuple[Any, dict] | None:
     failures = []
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         position = dict(restored['data'])
-        if not {'epoch', 'batch'} <= set(position):
-          raise ValueError(f'data position {position} lacks epoch/batch')
+        if not verify_integrity(restored['state'], position):
+          logging.warning('Checkpoint step %d has no integrity record; restored unverified.',
+                          step)
+        position.pop(INTEGRITY_KEY, None)
+        if not all(isinstance(position.get(k), int) for k in ('epoch', 'batch')):
+          raise ValueError(f'the data position lacks integer epoch/batch: {str(position)[:200]}')
       except Exception as e:  # pylint: disable=broad-except
         if _is_shape_mismatch(e):
           raise CheckpointError(
@@ -103,6 +190,8 @@ class Checkpointer:
     """Starts an (async) save; the previous one is finished (and its errors raised) first."""
     self.wait()
     try:
+      os.makedirs(self.directory, exist_ok=True)
+      data_position = with_integrity(state, data_position)
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position)),
                          force=True)
@@ -159,6 +248,29 @@ def closing(checkpointer: Checkpointer):
   checkpointer.close()
 
 
+@contextlib.contextmanager
+def _quiet_abandoned_reads():
+  """A failed restore abandons orbax's pending read coroutines; when they are collected, Python
+  prints each as 'Exception ignored in <coroutine ...>' (or 'Event loop is closed'). restore
+  reports the failure itself in one line, so these echoes are dropped: collected here, under a
+  hook that drops only exceptions raised inside orbax or tensorstore."""
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    frames, tb = [], unraisable.exc_traceback
+    while tb is not None:
+      frames.append(tb.tb_frame.f_code.co_filename)
+      tb = tb.tb_next
+    if not any('/orbax/' in f or '/tensorstore/' in f or '/asyncio/' in f for f in frames):
+      previous(unraisable)
+  sys.unraisablehook = hook
+  try:
+    yield
+  finally:
+    gc.collect()
+    sys.unraisablehook = previous
+
+
 def _first_line(error: BaseException) -> str:
   text = str(error).strip() or type(error).__name__
   return f'{type(error).__name__}: {text.splitlines()[0][:300]}'
@@ -189,9 +301,9 @@ def check_writable(workdir: str, bytes_needed: int) -> None:
 
   Raises CheckpointError naming the directory, what failed and how much space is needed.
   """
-  os.makedirs(os.path.join(workdir, 'checkpoints'), exist_ok=True)
+  checkpoints = os.path.join(workdir, 'checkpoints')
   try:
-    write_probe(os.path.join(workdir, 'checkpoints'))
+    write_probe(checkpoints if os.path.isdir(checkpoints) else workdir)
   except OSError as e:
     raise CheckpointError(f'--workdir={workdir!r} is not writable ({e.strerror}: '
                           f'{e.filename}); choose a writable directory.') from e

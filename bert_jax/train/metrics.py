@@ -1,5 +1,6 @@
 """Metrics out of a run: metrics.jsonl, TensorBoard events, the log line, MFU."""
 
+import contextlib
 import json
 import os
 import time
@@ -72,7 +73,8 @@ class MetricWriter:
     self._file = self._tb = None
     if jax.process_index() != 0:  # One writer per run: the first process.
       return
-    _truncate_after(self.path, resume_step)
+    # A fresh start (no checkpoint) keeps nothing, not even an aborted attempt's step-0 eval.
+    _truncate_after(self.path, resume_step if resume_step else -1)
     self._file = open(self.path, 'a', encoding='utf-8')
     import tensorboardX  # pylint: disable=g-import-not-at-top
     self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
@@ -95,6 +97,21 @@ class MetricWriter:
       self._file.close()
     if self._tb is not None:
       self._tb.close()
+
+
+def read_record(workdir: str, step: int, split: str) -> dict | None:
+  """The values of metrics.jsonl's last `split` record at `step`, or None."""
+  found = None
+  with contextlib.suppress(OSError):
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except ValueError:
+          continue
+        if record.get('step') == step and record.get('split') == split:
+          found = {k: v for k, v in record.items() if k not in ('step', 'split')}
+  return found
 
 
 def _plain(value):

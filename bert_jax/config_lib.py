@@ -171,14 +171,6 @@ def check_xla_options(config) -> None:
                       f'{str(e).splitlines()[0]}') from e
 
 
-def check_workdir(workdir: str) -> None:
-  """Refuses an object-store URL: metrics and config are written with open(), so `gs://b/run`
-  would become a local directory named 'gs:' and the run would be lost there."""
-  if '://' in workdir:
-    raise ConfigError(f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. '
-                      'gcsfuse) and pass the mounted path.')
-
-
 def write_config(config, workdir: str) -> None:
   """workdir/config.json: the run's whole config."""
   with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:

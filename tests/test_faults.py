@@ -421,3 +421,232 @@ def test_a_pickle_payload_in_imported_weights_is_refused(tmp_path):
   torch.save({'w': torch.ones(2, 2)}, path)
   state_dict, _ = hf_interop.load_hf_state_dict(str(path))
   np.testing.assert_array_equal(state_dict['w'], 1.0)
+
+
+# 6. Integrity: checkpoints whose bytes changed on disk -------------------------------------------
+
+def test_an_array_changed_on_disk_makes_its_step_unreadable_naming_the_array(tmp_path, caplog):
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  # Step 2's arrays replaced by other, well-formed ones: orbax reads them without complaint.
+  other = str(tmp_path / 'other')
+  forged = checkpoint_lib.Checkpointer(other, every=1, keep=5)
+  forged.save(2, {**small_state(2.0), 'b': jnp.full((64,), 2.5, jnp.float32)},
+              {'epoch': 0, 'batch': 2})
+  forged.close()
+  shutil.rmtree(os.path.join(directory, '2', 'state'))
+  shutil.copytree(os.path.join(other, '2', 'state'), os.path.join(directory, '2', 'state'))
+  with caplog.at_level('WARNING'):
+    state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  np.testing.assert_array_equal(state['w'], 1.0)
+  assert position == {'epoch': 0, 'batch': 1}  # The integrity record is not part of it.
+  assert "array ['b'] differs from the one saved" in caplog.text
+  assert 'Restored the previous good checkpoint, step 1' in caplog.text
+
+
+def test_a_changed_data_position_makes_its_step_unreadable(tmp_path, caplog):
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  [path] = [p for p in data_files(os.path.join(directory, '2', 'data')) if 'metadata' in p]
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  assert '"batch": 2' in text
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text.replace('"batch": 2', '"batch": 7'))
+  with caplog.at_level('WARNING'):
+    _, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  assert position['batch'] == 1
+  assert 'the data position differs from the one saved' in caplog.text
+
+
+def test_single_bit_flips_anywhere_in_the_newest_step_never_restore_damaged_values(tmp_path):
+  rng = random.Random(0)
+  directory = str(tmp_path / 'pristine')
+  saved_checkpointer(directory).close()
+  files = data_files(os.path.join(directory, '2'))
+  outcomes = set()
+  for trial in range(24):
+    copy = str(tmp_path / f'trial{trial}')
+    shutil.copytree(directory, copy)
+    path = rng.choice(data_files(os.path.join(copy, '2')))
+    size = os.path.getsize(path)
+    if not size:
+      continue
+    offset, bit = rng.randrange(size), rng.randrange(8)
+    with open(path, 'r+b') as f:
+      f.seek(offset)
+      byte = f.read(1)[0]
+      f.seek(offset)
+      f.write(bytes([byte ^ (1 << bit)]))
+    try:
+      state, position = checkpoint_lib.Checkpointer(copy, 1, 5).restore(ABSTRACT)
+    except checkpoint_lib.CheckpointError:
+      outcomes.add('refused')  # The flip hit what every step shares (none here) or both.
+      continue
+    # Either step 2 exactly as saved (the flip hit bytes no value depends on) or step 1.
+    expected = 2.0 if position['batch'] == 2 else 1.0
+    np.testing.assert_array_equal(state['w'], expected)
+    np.testing.assert_array_equal(state['b'], expected)
+    outcomes.add(position['batch'])
+  assert len(files) > 5 and 1 in outcomes  # Some flips were caught and fell back.
+
+
+# 7. One run per workdir; nothing written before the checks pass --------------------------------
+
+def test_a_second_run_on_a_held_workdir_is_refused_at_once(tmp_path):
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'busy')
+  with guard.claim(workdir):
+    with pytest.raises(guard.WorkdirError, match=rf"--workdir='{workdir}' is in use by another "
+                       rf'run \(process {os.getpid()} on '):
+      pretrain.train_and_evaluate(micro_config(tmp_path), workdir)
+    assert os.listdir(workdir) == ['.lock']  # The refused run wrote nothing.
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_message(tmp_path, caplog):
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'stale')
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time; sys.path.insert(0, sys.argv[1]); '
+       'from bert_jax.train import guard; c = guard.Claim(sys.argv[2]); c.acquire(); '
+       'c.commit(); print("held", flush=True); time.sleep(600)', REPO, workdir],
+      stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+    with pytest.raises(guard.WorkdirError, match=f'process {holder.pid} on '):
+      with guard.claim(workdir):
+        pass
+  finally:
+    holder.kill()
+    holder.wait()
+  with caplog.at_level('WARNING'):
+    with guard.claim(workdir) as claim:
+      claim.commit()
+  assert f'the run of process {holder.pid}' in caplog.text and 'no longer running' in caplog.text
+
+
+@pytest.mark.parametrize('kind', ['root', 'model', 'foreign', 'file', 'finetune'])
+def test_a_directory_that_is_not_a_run_of_this_mode_is_refused_untouched(tmp_path, kind):
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  workdir = {'root': '/', 'file': str(tmp_path / 'a-file')}.get(kind, str(tmp_path / kind))
+  expected = {'root': 'give a directory of its own', 'model': 'is a model directory',
+              'foreign': "holds files that are not a bert_jax pretrain run's \\(notes.md\\)",
+              'file': 'is a file, not a directory', 'finetune': 'holds a finetune run'}[kind]
+  if kind == 'model':
+    os.makedirs(workdir)
+    for name in ('config.json', 'model.safetensors'):
+      (tmp_path / kind / name).write_text('{"model_type": "bert"}')
+  elif kind == 'foreign':
+    os.makedirs(workdir)
+    (tmp_path / kind / 'notes.md').write_text('mine')
+  elif kind == 'file':
+    (tmp_path / 'a-file').write_text('mine')
+  elif kind == 'finetune':
+    os.makedirs(workdir)
+    (tmp_path / kind / 'config.json').write_text(
+        '{"mode": "finetune", "train": {}, "data": {}, "model": {}}')
+  before = None if kind in ('root', 'file') else sorted(
+      (p, p.read_bytes()) for p in (tmp_path / kind).iterdir())
+  with pytest.raises(guard.WorkdirError, match=expected):
+    pretrain.train_and_evaluate(micro_config(tmp_path), workdir)
+  if before is not None:
+    assert sorted((p, p.read_bytes()) for p in (tmp_path / kind).iterdir()) == before
+
+
+def test_a_run_refused_after_the_workdir_checks_leaves_nothing_behind(tmp_path):
+  workdir = tmp_path / 'new' / 'run'
+  config = micro_config(tmp_path, **{'data.vocab_file': str(tmp_path / 'missing-vocab.txt')})
+  with pytest.raises(config_lib.ConfigError, match='missing-vocab.txt'):
+    pretrain.train_and_evaluate(config, str(workdir))
+  assert not (tmp_path / 'new').exists()
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_batch_size_is_refused_and_config_json_kept(reference, tmp_path):
+  workdir = str(tmp_path / 'rebatched')
+  shutil.copytree(reference, workdir)
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    saved_config = f.read()
+  result = run(workdir, expect_ok=False, **{'train.batch_size': 4, 'train.num_steps': 140})
+  assert result.returncode == 1
+  assert re.search(r'another data layout: config\.train\.batch_size=4 \(the checkpoint: '
+                   r'8\)', result.stderr), result.stderr[-2000:]
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    assert f.read() == saved_config
+  assert saved_steps(workdir) == [100, 120]
+
+
+# 8. A state that becomes non-finite with finite gradients ---------------------------------------
+
+@pytest.mark.slow
+def test_non_finite_parameters_are_never_checkpointed(tmp_path, monkeypatch):
+  import optax  # pylint: disable=g-import-not-at-top
+  create = pretrain.optim.create_optimizer
+
+  def exploding(train_config, *args, **kwargs):
+    def update(updates, state, params=None):
+      del params
+      scale = jnp.where(state.count >= 24, jnp.inf, 1.0)  # Step 25 on: inf * update.
+      return jax.tree.map(lambda u: u * scale, updates), optax.ScaleByScheduleState(
+          count=state.count + 1)
+    return optax.chain(create(train_config, *args, **kwargs), optax.GradientTransformation(
+        lambda params: optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32)), update))
+  monkeypatch.setattr(pretrain.optim, 'create_optimizer', exploding)
+  workdir = str(tmp_path / 'exploding')
+  with pytest.raises(pretrain.NonFiniteLossError,
+                     match=r'parameters or the optimizer state became NaN or inf by step 25 '
+                     r'\(after step 20, .*last good checkpoint: step 20'):
+    pretrain.train_and_evaluate(micro_config(tmp_path), workdir)
+  assert saved_steps(workdir) == [20]
+
+
+# 9. SIGTERM at the end of a run; fine-tuning ---------------------------------------------------
+
+def sigterm_at(monkeypatch, method, when):
+  """Sends this process SIGTERM inside Checkpointer.`method` when when(step) is true."""
+  original = getattr(checkpoint_lib.Checkpointer, method)
+
+  def patched(self, step, *args, **kwargs):
+    if when(step):
+      os.kill(os.getpid(), signal.SIGTERM)
+    return original(self, step, *args, **kwargs)
+  monkeypatch.setattr(checkpoint_lib.Checkpointer, method, patched)
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_final_save_lets_the_run_finish(tmp_path, monkeypatch):
+  sigterm_at(monkeypatch, 'save', lambda step: step == 30)
+  workdir = str(tmp_path / 'final-save')
+  pretrain.train_and_evaluate(micro_config(tmp_path, **{'train.num_steps': 30}), workdir)
+  assert saved_steps(workdir) == [20, 30]
+  assert not [n for n in os.listdir(os.path.join(workdir, 'checkpoints')) if not n.isdigit()]
+  assert os.path.isfile(os.path.join(workdir, 'eval_results.json'))
+
+
+@pytest.mark.slow
+def test_sigterm_at_the_last_step_then_the_rerun_does_the_final_evaluation(tmp_path,
+                                                                          monkeypatch, caplog):
+  original_batches = pretrain.pipeline.PretrainingStream.batches
+
+  def batches(self, position):  # SIGTERM while step 30, the last, trains.
+    for step, item in enumerate(original_batches(self, position), start=1):
+      if step == 30:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield item
+  monkeypatch.setattr(pretrain.pipeline.PretrainingStream, 'batches', batches)
+  workdir = str(tmp_path / 'last-step')
+  config = micro_config(tmp_path, **{'train.num_steps': 30})
+  with caplog.at_level('WARNING'):
+    pretrain.train_and_evaluate(config, workdir)
+  assert 'Preempted: stopped after step 30 of 30' in caplog.text
+  assert not os.path.exists(os.path.join(workdir, 'eval_results.json'))
+  monkeypatch.undo()
+  last_eval = pretrain.train_and_evaluate(micro_config(tmp_path, **{'train.num_steps': 30}),
+                                          workdir)
+  assert 'mlm_loss' in last_eval
+  assert os.path.isfile(os.path.join(workdir, 'eval_results.json'))
+  evals = [r for r in read_metrics(workdir) if r['split'] == 'eval']
+  assert [r['step'] for r in evals] == [0, 30]
+  # A second rerun reads the final evaluation instead of adding another.
+  assert pretrain.train_and_evaluate(config, workdir) == last_eval
+  assert [r['step'] for r in read_metrics(workdir) if r['split'] == 'eval'] == [0, 30]

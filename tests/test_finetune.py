@@ -3,6 +3,7 @@ the feature-based mode, loading a real encoder, and errors before compilation.""
 
 import json
 import os
+import signal
 
 import jax
 import numpy as np
@@ -136,6 +137,36 @@ def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monke
   steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
            if r['split'] == 'train']
   assert steps == sorted(set(steps)), 'records after the checkpoint were not replaced'
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_seed_and_the_rerun_ends_identically(tmp_path, vocab_file,
+                                                               monkeypatch, caplog):
+  config = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4)
+  reference = finetune.run(config, str(tmp_path / 'reference'))
+  batches, yielded = finetune.train_batches, [0]
+
+  def terminated_at_7(*args, **kwargs):
+    for batch in batches(*args, **kwargs):
+      yielded[0] += 1
+      if yielded[0] == 7:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield batch
+  monkeypatch.setattr(finetune, 'train_batches', terminated_at_7)
+  workdir = str(tmp_path / 'terminated')
+  with caplog.at_level('WARNING'):
+    assert finetune.run(config, workdir) == {}
+  assert 'Preempted: seed 0 stopped after step 7' in caplog.text
+  assert sorted(os.listdir(os.path.join(workdir, 'seed_0', 'checkpoints')))[-1] == '7'
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+  monkeypatch.setattr(finetune, 'train_batches', batches)
+  rebatched = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4,
+                          batch_size=8)
+  with pytest.raises(config_lib.ConfigError, match=r'config\.train\.batch_size=8 \(the '
+                     r'checkpoint: 16\)'):
+    finetune.run(rebatched, workdir)
+  resumed = finetune.run(config, workdir)
+  assert resumed['per_seed'] == reference['per_seed']
 
 
 CONLL = """-DOCSTART- -X- -X- O

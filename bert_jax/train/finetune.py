@@ -22,6 +22,7 @@ import optax
 from absl import logging
 
 from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.train import guard
 from bert_jax import config_lib
 from bert_jax.models import heads
 from bert_jax.interop import init_from
@@ -199,8 +200,13 @@ def load_encoder_params(config, model):
 
 
 def run(config, workdir: str) -> dict:
-  """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content."""
-  config_lib.check_workdir(workdir)
+  """Fine-tunes and evaluates per `config` in `workdir`; returns results.json's content ({} when
+  stopped by SIGTERM: rerun the command to resume).
+
+  Nothing is written into the workdir before every check has passed (guard.claim); the workdir
+  is locked for the run's life and SIGTERM handled throughout.
+  """
+  workdir = guard.check_workdir(workdir, 'finetune')
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
   config_lib.apply_xla_flags(config)
   if not config.data.vocab_file:
@@ -237,18 +243,23 @@ def run(config, workdir: str) -> dict:
   model = build_model(config, task)
   tx, schedule = create_optimizer(config.train, num_steps, config.task.feature_layers > 0)
   rules = sharding.logical_axis_rules(config.mesh.preset)
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    config_lib.write_config(config, workdir)
-  encoder_params = load_encoder_params(config, model)
-  runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
-  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
-  with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
-    per_seed = []
-    for offset in range(config.seeds):
-      seed = config.seed + offset
-      per_seed.append(_run_seed(config, runner, train, evals, test, seed, num_steps,
-                                steps_per_epoch, schedule, os.path.join(workdir, f'seed_{seed}')))
+  preemption = guard.Preemption()
+  with preemption.handling(), guard.claim(workdir) as claim:
+    encoder_params = load_encoder_params(config, model)
+    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
+    checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
+    claim.commit()
+    if jax.process_index() == 0:
+      config_lib.write_config(config, workdir)
+    with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
+      per_seed = []
+      for offset in range(config.seeds):
+        seed = config.seed + offset
+        result = _run_seed(config, runner, train, evals, test, seed, num_steps, steps_per_epoch,
+                           schedule, os.path.join(workdir, f'seed_{seed}'), preemption)
+        if result is None:
+          return {}
+        per_seed.append(result)
   results = summarize_seeds(task, config, per_seed, train, num_steps)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
@@ -263,9 +274,19 @@ def _eval_batch(config) -> int:
   return config.train.eval_batch_size or config.train.batch_size
 
 
+# What decides a fine-tuning step's batch: a resume with another value would repeat or skip rows.
+DATA_LAYOUT_KEYS = ('task.kind', 'task.name', 'task.max_train_examples', 'train.batch_size',
+                    'data.max_seq_length')
+
+
+def data_layout(config) -> dict:
+  return {key: config.get(key.split('.')[0]).get(key.split('.')[1]) for key in DATA_LAYOUT_KEYS}
+
+
 def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, steps_per_epoch,
-              schedule, seed_dir) -> dict:
-  """Trains and evaluates one seed (or reads its finished results); returns them."""
+              schedule, seed_dir, preemption) -> dict | None:
+  """Trains and evaluates one seed (or reads its finished results); returns them, or None when
+  SIGTERM stopped it (its checkpoint saved)."""
   results_path = os.path.join(seed_dir, 'results.json')
   if os.path.isfile(results_path):
     with open(results_path, encoding='utf-8') as f:
@@ -278,10 +299,20 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       config.train.checkpoint_every or steps_per_epoch, config.train.keep_checkpoints)
   state = runner.fresh_state(seed)
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, runner.state_shardings))
+  layout = data_layout(config)
   if restored is not None:
-    state = restored[0]
+    state, saved = restored
+    before = saved.get('layout', layout)
+    changed = [f'config.{k}={layout.get(k)!r} (the checkpoint: {before.get(k)!r})'
+               for k in DATA_LAYOUT_KEYS if before.get(k) != layout.get(k)]
+    if changed:
+      raise config_lib.ConfigError(
+          f'The checkpoint of seed {seed} at step {int(state.step)} in {seed_dir} was written '
+          'with other batches: ' + '; '.join(changed) + '. Resume with the saved values '
+          '(config.json), or start a new --workdir.')
     logging.info('Seed %d: resumed from step %d.', seed, int(state.step))
   start_step = int(state.step)
+  state_finite = jax.jit(guard.all_finite)
   writer = metrics_lib.MetricWriter(seed_dir, start_step)
   train_inputs = {k: train.features[k] for k in INPUT_KEYS + TARGET_KEYS[task.head]}
 
@@ -326,9 +357,9 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
         if log:
           loss = float(interval_loss) / interval_steps
           if not np.isfinite(loss):
-            raise FloatingPointError(f'Seed {seed}: the loss was {loss} by step {step}; '
-                                     f'{checkpointer.describe_latest()}. Lower '
-                                     'config.train.learning_rate.')
+            raise guard.NonFiniteLossError(
+                f'Seed {seed}: the loss was {loss} by step {step}; '
+                f'{checkpointer.describe_latest()}. Lower config.train.learning_rate.')
           seq_per_s = timed_steps * batch_size / train_seconds if train_seconds else 0.0
           writer.write(step, 'train', {'loss': loss, 'learning_rate': float(schedule(step - 1)),
                                        'seq_per_s': seq_per_s})
@@ -337,8 +368,19 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           interval_loss, interval_steps = 0.0, 0
         if end_of_epoch and config.train.eval_every_epoch or step == num_steps:
           last_eval = evaluate(step, step / steps_per_epoch)
-        if checkpointer.should_save(step, step == num_steps):
-          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1})
+        preempted = preemption.reached(step, checkpointer)
+        if checkpointer.should_save(step, step == num_steps) or preempted:
+          if not state_finite(state.params, state.opt_state):
+            raise guard.NonFiniteLossError(
+                f'Seed {seed}: the parameters or the optimizer state became NaN or inf by step '
+                f'{step}; {checkpointer.describe_latest()}. Lower config.train.learning_rate.')
+          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1, 'layout': layout})
+        if preempted:
+          logging.warning('Preempted: seed %d stopped after step %d of %d with its checkpoint '
+                          'saved in %s; rerun the same command to resume.', seed, step,
+                          num_steps, checkpointer.directory)
+          writer.close()
+          return None
         if log or pause:  # Evaluation, saving and logging are not training time.
           clock = time.perf_counter()
         if step == num_steps:

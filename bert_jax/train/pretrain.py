@@ -1,12 +1,12 @@
 """Pretraining: data, state, the step loop, evaluation, checkpoints and metrics."""
 
-import contextlib
+import atexit
 import dataclasses
 import functools
 import json
 import os
-import signal
-import threading
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.train import guard
 from bert_jax import config_lib
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
@@ -31,40 +32,7 @@ from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
 
 
-class NonFiniteLossError(FloatingPointError):
-  """The loss or the gradients became NaN or inf (more often than config allows)."""
-
-
-class Preemption:
-  """SIGTERM (what a TPU VM gets before maintenance or preemption) asks for a checkpoint + exit.
-
-  One process: a handler sets a flag that the loop reads after each step. Several processes:
-  JAX's coordination service catches SIGTERM and all processes agree on the step to stop at
-  (orbax's reached_preemption), so no handler is installed.
-  """
-
-  def __init__(self):
-    self.requested = False
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
-    logging.warning('SIGTERM received: saving a checkpoint after this step, then exiting.')
-
-  @contextlib.contextmanager
-  def handling(self):
-    install = jax.process_count() == 1 and threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, self._handle) if install else None
-    try:
-      yield self
-    finally:
-      if install:
-        signal.signal(signal.SIGTERM, previous)
-
-  def reached(self, step: int, checkpointer) -> bool:
-    if jax.process_count() > 1:
-      return checkpointer.reached_preemption(step)
-    return self.requested
+NonFiniteLossError = guard.NonFiniteLossError
 
 
 def prepare_data(config, workdir: str):
@@ -82,10 +50,14 @@ def prepare_data(config, workdir: str):
     raise config_lib.ConfigError(
         f'config.data.vocab_file is empty in a run of {jax.process_count()} processes; give a '
         'vocab.txt every host reads (train one with a single-process run first).')
+  # The workdir is only read here: a trained vocab is staged elsewhere and copied into the
+  # workdir once the run has passed every check (keep_vocab).
+  in_workdir = os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
   try:
     tokenizer = tokenizer_lib.load_or_train_tokenizer(
-        config.data.vocab_file, documents, config.data.tokenizer_vocab_size,
-        config.data.lowercase, workdir, config.data.tokenizer_cache_dir)
+        config.data.vocab_file or (in_workdir if os.path.isfile(in_workdir) else ''), documents,
+        config.data.tokenizer_vocab_size, config.data.lowercase, _staging_dir(),
+        config.data.tokenizer_cache_dir)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r}: {e}') from e
   encoded = tokenizer_lib.encode_documents(tokenizer, documents)
@@ -105,6 +77,22 @@ def prepare_data(config, workdir: str):
                len(encoded), len(train_docs), len(eval_docs),
                sum(len(d) for d in encoded), tokenizer.vocab_size)
   return stream, held_out, tokenizer
+
+
+def _staging_dir() -> str:
+  """A temporary directory for files the run keeps in its workdir once it commits."""
+  directory = tempfile.mkdtemp(prefix='bert_jax_')
+  atexit.register(shutil.rmtree, directory, True)
+  return directory
+
+
+def keep_vocab(tokenizer, workdir: str) -> None:
+  """workdir/vocab.txt: the vocab the run tokenizes with, for export and fine-tuning."""
+  target = os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
+  if os.path.abspath(tokenizer.vocab_file) != target:
+    temporary = f'{target}.{os.getpid()}.tmp'
+    shutil.copyfile(tokenizer.vocab_file, temporary)
+    os.replace(temporary, target)
 
 
 def prepare_streaming(config, with_eval: bool = True):
@@ -176,8 +164,12 @@ def phases(config) -> list[Phase]:
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval."""
-  config_lib.check_workdir(workdir)
+  """Pretrains per `config` in `workdir`, resuming from its newest checkpoint. Returns last eval.
+
+  Nothing is written into the workdir before every check has passed, the resume's included
+  (guard.claim); the workdir is locked for the run's life and SIGTERM handled throughout.
+  """
+  workdir = guard.check_workdir(workdir, 'pretrain')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
   config_lib.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
@@ -187,20 +179,54 @@ def train_and_evaluate(config, workdir: str) -> dict:
     abstract_state = steps.check_state_divides(config, model, tx, mesh, rules)
   except sharding.MeshError as e:
     raise config_lib.ConfigError(str(e)) from e
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise checkpoint_lib.CheckpointError(
-        f'--workdir={workdir!r} cannot be created ({e.strerror}); choose a writable '
-        'directory.') from e
-  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
-  stream, held_out, tokenizer = prepare_data(config, workdir)
-  config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
-  if jax.process_index() == 0:
-    config_lib.write_config(config, workdir)
-  logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
-  with sharding.activation_rules(mesh, rules):
-    return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
+  preemption = guard.Preemption()
+  with preemption.handling(), guard.claim(workdir) as claim:
+    checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
+    stream, held_out, tokenizer = prepare_data(config, workdir)
+    config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
+    logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
+    with sharding.activation_rules(mesh, rules):
+      return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
+                    claim, preemption)
+
+
+# What decides which examples make each batch: a resume with another value would repeat or skip
+# examples, so it is refused (num_steps may change: a longer run continues the same stream).
+DATA_LAYOUT_KEYS = (
+    'seed', 'objectives', 'train.batch_size', 'train.phase2_batch_size',
+    'train.phase2_fraction', 'data.max_seq_length', 'data.max_predictions_per_seq',
+    'data.phase2_max_seq_length', 'data.phase2_max_predictions_per_seq', 'data.short_seq_prob',
+    'data.eval_fraction', 'data.max_documents', 'data.packing', 'data.max_pairs_per_row',
+    'data.dupe_factor', 'masking.rate', 'masking.mask_token_fraction',
+    'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word')
+
+
+def data_layout(config) -> dict:
+  """{key: value} of DATA_LAYOUT_KEYS in `config` (keys it lacks are left out)."""
+  layout = {}
+  for key in DATA_LAYOUT_KEYS:
+    node = config
+    for part in key.split('.'):
+      node = node.get(part) if hasattr(node, 'get') else None
+    if node is not None:
+      layout[key] = node
+  return layout
+
+
+def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
+  """A resume reads the saved data position with the batches of the config that saved it."""
+  before = saved.get('layout')
+  if before is None:
+    return
+  now = data_layout(config)
+  changed = [f'config.{k}={now.get(k)!r} (the checkpoint: {before.get(k)!r})'
+             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+  if changed:
+    raise config_lib.ConfigError(
+        f'The checkpoint at step {step} in {workdir} was written with another data layout: '
+        + '; '.join(changed) + '. Its data position counts batches of that layout, so this '
+        'run would repeat or skip examples. Resume with the saved values (config.json), or '
+        'start a new --workdir.')
 
 
 def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: str) -> None:
@@ -219,7 +245,8 @@ def _nonfinite_steps(flags, first_step: int) -> list[int]:
   return [first_step + i for i, ok in enumerate(jax.device_get(flags)) if not ok]
 
 
-def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules) -> dict:
+def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
+           preemption) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
   vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
@@ -250,6 +277,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
             f'The checkpoint at step {int(state.step)} was written with config.data.workers='
             f'{saved.get("stream_workers", 0)}; this run has {config.data.workers}, which would '
             'give another batch order. Resume with the same workers, or start a new --workdir.')
+    _check_layout(saved, config, int(state.step), workdir)
     skipped = int(saved.get('nonfinite_skips', 0))
     position['phase'] = int(saved.get('phase', 1))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
@@ -262,6 +290,13 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
+  claim.commit()  # Every check passed: from here on the run writes its files.
+  if jax.process_index() == 0:
+    config_lib.write_config(config, workdir)
+    keep_vocab(tokenizer, workdir)
+  layout = data_layout(config)
+  vocab_record = config.data.vocab_file or os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
+  state_finite = jax.jit(guard.all_finite)
 
   max_skips = config.train.max_nonfinite_skips
   train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
@@ -308,6 +343,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   elif start_step >= num_steps:
     logging.info('The checkpoint is at step %d of %d: nothing left to train.', start_step,
                  num_steps)
+    # A run stopped between its last save and its final evaluation evaluates now.
+    last_eval = metrics_lib.read_record(workdir, start_step, 'eval') or evaluate(start_step)
 
   run_phases = phases(config)
   phase = next((p for p in run_phases if start_step < p.last_step), run_phases[-1])
@@ -329,13 +366,17 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
   if position.get('phase', 1) != phase.index:  # Saved at the last step of the phase before.
     position = {'epoch': 0, 'batch': 0}
   phase_stream, batches, make_global, batch_size, flops_per_seq = enter(phase, position)
-  preemption = Preemption()
   stopped_at = None
+  if preemption.requested and start_step < num_steps:
+    logging.warning('Stopped by SIGTERM before the first step, at step %d of %d; rerun the same '
+                    'command to resume.', start_step, num_steps)
+    writer.close()
+    return last_eval
   # Throughput counts train steps only: the first step's compilation, evals and saves are
   # excluded from the interval's time.
   accumulated, finite_flags, timed_steps = None, [], 0
   interval_start, excluded = time.perf_counter(), 0.0
-  with preemption.handling(), checkpoint_lib.closing(checkpointer):
+  with checkpoint_lib.closing(checkpointer):
     for step in range(start_step + 1, num_steps + 1):
       if step > phase.last_step:
         if hasattr(phase_stream, 'close'):
@@ -369,6 +410,12 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
                  'before)' if max_skips else '')
               + f'; {checkpointer.describe_latest()}. Lower train.learning_rate, check the data, '
               'or set train.max_nonfinite_skips to skip such steps.')
+        if not state_finite(state.params, state.opt_state):
+          raise NonFiniteLossError(
+              f'The parameters or the optimizer state became NaN or inf by step {step} (after '
+              f'step {step - len(finite_flags)}, with a finite loss and gradients); '
+              f'{checkpointer.describe_latest()}. Lower train.learning_rate or check the '
+              'optimizer settings.')
         if bad:
           skipped += len(bad)
           logging.warning('Skipped the update of step(s) %s: loss or gradients not finite '
@@ -396,7 +443,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules)
         checkpointer.save(step, state, {**position, **stream_state, 'phase': phase.index,
                                         'nonfinite_skips': skipped,
                                         'vocab_sha256': vocab_sha256,
-                                        'vocab_file': tokenizer.vocab_file})
+                                        'vocab_file': vocab_record, 'layout': layout})
       excluded += time.perf_counter() - pause_start
       if preempted:
         stopped_at = step

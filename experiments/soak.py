@@ -11,6 +11,13 @@ end, and its final parameters are compared with an uninterrupted run in WORKDIR/
 that finishes inside the cycles is compared too, and the cycles go on with a fresh run
 (WORKDIR/run0, run1, ...).
 
+With --corrupt_share, that share of the kills is followed by a single-bit flip (a random bit of a
+random file) in the newest complete checkpoint, when an older one exists. Each flip is judged at
+once by restoring the damaged step with plain orbax beside its untouched copy: "damaging" when
+the arrays or the data position read differ (or cannot be read), "harmless" when it hit bytes no
+value depends on. The next restore must then not resume from a damaged step
+(`loaded_damaged`, which must be 0); the final bit-identical comparison checks the rest.
+
 Reported per cycle (WORKDIR/soak.jsonl) and in total (printed JSON): the step the run had logged
 before the kill, the step it had resumed from, the progress lost (logged steps beyond the newest
 complete checkpoint: at most checkpoint_every if checkpoints are sound), whether a checkpoint
@@ -27,6 +34,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_FLAGS = ['--config.train.checkpoint_every=10', '--config.train.log_every=10',
@@ -73,10 +82,68 @@ def final_params(workdir, step):
 
 
 def max_param_diff(a, b) -> float:
+  """The largest difference of two trees' values (inf where the structures or shapes differ or
+  a value is NaN on one side only)."""
+  a, b = _leaves(a), _leaves(b)
+  if len(a) != len(b):
+    return float('inf')
+  diff = 0.0
+  for x, y in zip(a, b):
+    x, y = np.asarray(x), np.asarray(y)
+    if x.shape != y.shape:
+      return float('inf')
+    if x.size:
+      with np.errstate(invalid='ignore'):
+        d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+      same_nan = np.isnan(x.astype(np.float64)) & np.isnan(y.astype(np.float64))
+      d = np.where(same_nan, 0.0, np.nan_to_num(d, nan=np.inf))
+      diff = max(diff, float(np.max(d)))
+  return diff
+
+
+def read_step(step_dir):
+  """(arrays, data position) of a checkpoint step read by plain orbax, with no checks of ours."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  arrays = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'state'))
+  with open(os.path.join(step_dir, 'data', 'metadata'), encoding='utf-8') as f:
+    return arrays, json.load(f)
+
+
+def flip_one_bit(run_dir, rng, scratch, num_steps):
+  """Flips one random bit of the newest complete checkpoint; returns what was hit and whether it
+  changes what a restore reads (None when there is no older checkpoint to fall back to, or the
+  newest is the run's last, which the soak compares with the reference)."""
+  steps = sorted(int(name) for name in checkpoint_dirs(run_dir) if name.isdigit())
+  if len(steps) < 2 or steps[-1] >= num_steps:
+    return None
+  step_dir = os.path.join(run_dir, 'checkpoints', str(steps[-1]))
+  pristine = os.path.join(scratch, 'pristine')
+  shutil.rmtree(pristine, ignore_errors=True)
+  shutil.copytree(step_dir, pristine)
+  files = sorted(os.path.join(root, name) for root, _, names in os.walk(step_dir)
+                 for name in names if os.path.getsize(os.path.join(root, name)))
+  path = rng.choice(files)
+  offset, bit = rng.randrange(os.path.getsize(path)), rng.randrange(8)
+  with open(path, 'r+b') as f:
+    f.seek(offset)
+    byte = f.read(1)[0]
+    f.seek(offset)
+    f.write(bytes([byte ^ (1 << bit)]))
+  before = read_step(pristine)
+  try:
+    after = read_step(step_dir)
+    damaging = after[1] != before[1] or max_param_diff(after[0], before[0]) != 0.0 or any(
+        np.asarray(x).dtype != np.asarray(y).dtype for x, y in zip(_leaves(after[0]),
+                                                                  _leaves(before[0])))
+  except Exception:  # pylint: disable=broad-except
+    damaging = True
+  return {'step': steps[-1], 'file': os.path.relpath(path, step_dir), 'offset': offset,
+          'bit': bit, 'damaging': damaging}
+
+
+def _leaves(tree):
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  return jax.tree.leaves(tree)
 
 
 def num_steps_of(workdir) -> int:
@@ -94,6 +161,8 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--startup_share', type=float, default=0.2,
                       help='Share of cycles killed during start-up (delay from launch).')
+  parser.add_argument('--corrupt_share', type=float, default=0.0,
+                      help='Share of kills followed by a single-bit flip in the newest checkpoint.')
   parser.add_argument('--finish', action='store_true',
                       help='No cycles: finish and summarise a soak whose loop was stopped.')
   parser.add_argument('extra', nargs='*', help='--config.KEY=VALUE overrides, after --')
@@ -114,6 +183,7 @@ def main():
     return
 
   cycles, previous_resume, finished_runs = [], 0, []
+  pending_flip = None  # The flip made after the previous kill, until a run restores.
   start = time.time()
   for cycle in range(args.cycles):
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
@@ -137,6 +207,11 @@ def main():
       log = f.read()
     match = re.search(r'Resumed from step (\d+)', log)
     resumed = int(match.group(1)) if match else None  # None: killed before restoring.
+    flip_judged, loaded_damaged = None, False
+    if pending_flip is not None and (resumed is not None or 'Restored the previous' in log):
+      flip_judged = pending_flip
+      loaded_damaged = pending_flip['damaging'] and resumed == pending_flip['step']
+      pending_flip = None
     reached = logged_step(run_dir)
     saved = [int(name) for name in checkpoint_dirs(run_dir) if name.isdigit()]
     record = {
@@ -148,9 +223,16 @@ def main():
         # Progress logged before the kill that no complete checkpoint holds.
         'lost_steps': max(0, reached - max(saved, default=0)),
         'save_in_flight': any('tmp' in name for name in checkpoint_dirs(run_dir)),
-        'went_back': resumed is not None and resumed < previous_resume,
+        # Back to an older step than the last resume: only after a damaging flip fell back.
+        'went_back': resumed is not None and resumed < previous_resume and not (
+            flip_judged and flip_judged['damaging']),
+        'flip_judged': flip_judged, 'loaded_damaged': loaded_damaged,
         'error': None if process.returncode in (0, -9) else log.strip().splitlines()[-1:],
     }
+    if (process.returncode == -9 and args.corrupt_share and pending_flip is None
+        and rng.random() < args.corrupt_share):
+      pending_flip = flip_one_bit(run_dir, rng, workdir, num_steps)
+      record['flipped'] = pending_flip
     cycles.append(record)
     previous_resume = resumed if resumed is not None else previous_resume
     with open(log_path, 'a', encoding='utf-8') as f:
@@ -183,6 +265,11 @@ def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds):
       'kills_with_save_in_flight': sum(c['save_in_flight'] for c in cycles),
       'errors': [c['error'] for c in cycles if c['error']],
       'went_back': sum(c['went_back'] for c in cycles),
+      'bit_flips': sum(bool(c.get('flipped')) for c in cycles),
+      'damaging_flips': sum(bool(c.get('flipped') and c['flipped']['damaging']) for c in cycles),
+      'loaded_damaged': sum(bool(c.get('loaded_damaged')) for c in cycles),
+      'fell_back_after_flip': sum(bool(c.get('flip_judged') and c['flip_judged']['damaging']
+                                       and not c['loaded_damaged']) for c in cycles),
       'max_lost_steps': max(lost, default=0),
       'mean_lost_steps': sum(lost) / max(len(lost), 1),
       'final_run_returncode': final.returncode, 'num_steps': num_steps,

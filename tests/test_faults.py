@@ -525,13 +525,14 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_message(tmp_path, caplog)
   assert f'the run of process {holder.pid}' in caplog.text and 'no longer running' in caplog.text
 
 
-@pytest.mark.parametrize('kind', ['root', 'model', 'foreign', 'file', 'finetune'])
+@pytest.mark.parametrize('kind', ['root', 'model', 'foreign', 'file', 'finetune', 'checkpoints'])
 def test_a_directory_that_is_not_a_run_of_this_mode_is_refused_untouched(tmp_path, kind):
   from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
   workdir = {'root': '/', 'file': str(tmp_path / 'a-file')}.get(kind, str(tmp_path / kind))
   expected = {'root': 'give a directory of its own', 'model': 'is a model directory',
               'foreign': "holds files that are not a bert_jax pretrain run's \\(notes.md\\)",
-              'file': 'is a file, not a directory', 'finetune': 'holds a finetune run'}[kind]
+              'file': 'is a file, not a directory', 'finetune': 'holds a finetune run',
+              'checkpoints': 'is a file where the run keeps its checkpoint directory'}[kind]
   if kind == 'model':
     os.makedirs(workdir)
     for name in ('config.json', 'model.safetensors'):
@@ -541,6 +542,9 @@ def test_a_directory_that_is_not_a_run_of_this_mode_is_refused_untouched(tmp_pat
     (tmp_path / kind / 'notes.md').write_text('mine')
   elif kind == 'file':
     (tmp_path / 'a-file').write_text('mine')
+  elif kind == 'checkpoints':
+    os.makedirs(workdir)
+    (tmp_path / kind / 'checkpoints').write_text('mine')
   elif kind == 'finetune':
     os.makedirs(workdir)
     (tmp_path / kind / 'config.json').write_text(

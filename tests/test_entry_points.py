@@ -94,3 +94,14 @@ def test_compile_only_still_describes_tpu_topologies_quietly():
   assert result.returncode == 0, result.stderr
   assert result.stdout.split() == ['16', '4']  # 16 chips on 4 hosts.
   assert 'TPU' not in result.stderr and 'Error' not in result.stderr, result.stderr
+
+
+def test_a_config_file_with_arguments_passes_the_file_check():
+  code = ('from absl import flags; from ml_collections import config_flags\n'
+          'from bert_jax.tools import cli\n'
+          'config_flags.DEFINE_config_file("config")\n'
+          'flags.FLAGS(["x", "--config=configs/tiny.py:steps=2,nsp=False"])\n'
+          'cli.check_config_loads(flags.FLAGS["config"]); print("loaded")\n')
+  result = run('-c', code)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == 'loaded'

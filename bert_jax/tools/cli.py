@@ -58,7 +58,8 @@ def check_config_loads(flag) -> None:
   would raise only where the config is first read, with a long traceback."""
   path = config_flags.get_config_filename(flag)
   if not os.path.isfile(path):
-    path = path.partition(':')[0]  # A missing file's arguments stay in the name.
+    path = path.partition(':')[0]  # The file's arguments may still be in the name.
+  if not os.path.isfile(path):
     sys.exit(f'Config file {path!r} does not exist (relative paths start at {os.getcwd()}); '
              f'the configs are {", ".join(config_files())} in {os.path.join(REPO, "configs")}.')
   try:

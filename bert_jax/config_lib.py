@@ -305,7 +305,9 @@ def _check_data(config) -> None:
     raise ConfigError(
         f'config.data.max_predictions_per_seq={data.max_predictions_per_seq} is too small for '
         f'config.masking.rate={masking.rate} x config.data.max_seq_length='
-        f'{data.max_seq_length} = {needed} predictions; set it to at least {needed}.')
+        f'{data.max_seq_length} = {needed} predictions; set it to at least {needed} (the '
+        'config arguments mask_rate and seq raise it; masking would cap the predictions there '
+        'and train at a lower rate).')
   minimum = 3 if _objectives().sentence_pairs(config) else 2
   if data.max_seq_length < minimum + 2:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
@@ -447,7 +449,8 @@ def _check_phase2(config) -> None:
     raise ConfigError(
         f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
         f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '
-        f'= {needed} predictions; set it to at least {needed}.')
+        f'= {needed} predictions; set it to at least {needed} (the config argument mask_rate '
+        'raises it).')
 
 
 # XLA records cuDNN kernels into CUDA graphs ("command buffers") by default; a cuDNN attention

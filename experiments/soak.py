@@ -13,7 +13,8 @@ that finishes inside the cycles is compared too, and the cycles go on with a fre
 
 With --corrupt_share, that share of the kills is followed by a single-bit flip (a random bit of a
 random file) in the newest complete checkpoint, when an older one exists. Each flip is judged at
-once by restoring the damaged step with plain orbax beside its untouched copy: "damaging" when
+once by restoring the damaged step with plain orbax (to the untouched copy's shapes and
+shardings, as the run restores) beside that copy: "damaging" when
 the arrays or the data position read differ (or cannot be read), "harmless" when it hit bytes no
 value depends on. The next restore must then not resume from a damaged step
 (`loaded_damaged`, which must be 0); the final bit-identical comparison checks the rest.
@@ -101,10 +102,15 @@ def max_param_diff(a, b) -> float:
   return diff
 
 
-def read_step(step_dir):
-  """(arrays, data position) of a checkpoint step read by plain orbax, with no checks of ours."""
+def read_step(step_dir, like=None):
+  """(arrays, data position) of a checkpoint step read by plain orbax, with no checks of ours.
+  With `like` (arrays read before), restored to its shapes, dtypes and shardings, as the run
+  restores: orbax's record of the saved placement (`_sharding`) is then not read."""
+  import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  arrays = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'state'))
+  target = None if like is None else jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+  arrays = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'state'), target)
   with open(os.path.join(step_dir, 'data', 'metadata'), encoding='utf-8') as f:
     return arrays, json.load(f)
 
@@ -131,7 +137,7 @@ def flip_one_bit(run_dir, rng, scratch, num_steps):
     f.write(bytes([byte ^ (1 << bit)]))
   before = read_step(pristine)
   try:
-    after = read_step(step_dir)
+    after = read_step(step_dir, like=before[0])
     damaging = after[1] != before[1] or max_param_diff(after[0], before[0]) != 0.0 or any(
         np.asarray(x).dtype != np.asarray(y).dtype for x, y in zip(_leaves(after[0]),
                                                                   _leaves(before[0])))

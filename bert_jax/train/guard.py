@@ -215,6 +215,8 @@ def claim(workdir: str):
   held = Claim(workdir)
   if jax.process_index() == 0:
     held.acquire()
+  else:  # The first process may not have made it yet; the others check it is writable.
+    os.makedirs(workdir, exist_ok=True)
   try:
     yield held
   finally:

@@ -279,10 +279,6 @@ DATA_LAYOUT_KEYS = ('task.kind', 'task.name', 'task.max_train_examples', 'train.
                     'data.max_seq_length')
 
 
-def data_layout(config) -> dict:
-  return {key: config.get(key.split('.')[0]).get(key.split('.')[1]) for key in DATA_LAYOUT_KEYS}
-
-
 def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, steps_per_epoch,
               schedule, seed_dir, preemption) -> dict | None:
   """Trains and evaluates one seed (or reads its finished results); returns them, or None when
@@ -299,12 +295,10 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       config.train.checkpoint_every or steps_per_epoch, config.train.keep_checkpoints)
   state = runner.fresh_state(seed)
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, runner.state_shardings))
-  layout = data_layout(config)
+  layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
   if restored is not None:
     state, saved = restored
-    before = saved.get('layout', layout)
-    changed = [f'config.{k}={layout.get(k)!r} (the checkpoint: {before.get(k)!r})'
-               for k in DATA_LAYOUT_KEYS if before.get(k) != layout.get(k)]
+    changed = guard.layout_changes(saved.get('layout'), layout)
     if changed:
       raise config_lib.ConfigError(
           f'The checkpoint of seed {seed} at step {int(state.step)} in {seed_dir} was written '

@@ -50,6 +50,28 @@ def all_finite(*trees) -> jax.Array:
   return jnp.all(jnp.stack([jnp.sum(x.astype(jnp.float32) * 0) == 0 for x in leaves]))
 
 
+def data_layout(config, keys) -> dict:
+  """{dotted key: value} of `keys` in `config` (keys it lacks are left out): the values that
+  decide a run's batches, saved with each checkpoint."""
+  layout = {}
+  for key in keys:
+    node = config
+    for part in key.split('.'):
+      node = node.get(part) if hasattr(node, 'get') else None
+    if node is not None:
+      layout[key] = node
+  return layout
+
+
+def layout_changes(saved: dict | None, now: dict) -> list[str]:
+  """'config.KEY=NOW (the checkpoint: SAVED)' for each value a resume would change (none when
+  the checkpoint has no layout)."""
+  if saved is None:
+    return []
+  return [f'config.{k}={now.get(k)!r} (the checkpoint: {saved.get(k)!r})'
+          for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+
+
 class WorkdirError(config_lib.ConfigError):
   """The workdir cannot hold this run: not a run directory, or in use by another run."""
 

@@ -201,26 +201,10 @@ DATA_LAYOUT_KEYS = (
     'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word')
 
 
-def data_layout(config) -> dict:
-  """{key: value} of DATA_LAYOUT_KEYS in `config` (keys it lacks are left out)."""
-  layout = {}
-  for key in DATA_LAYOUT_KEYS:
-    node = config
-    for part in key.split('.'):
-      node = node.get(part) if hasattr(node, 'get') else None
-    if node is not None:
-      layout[key] = node
-  return layout
-
-
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
   """A resume reads the saved data position with the batches of the config that saved it."""
-  before = saved.get('layout')
-  if before is None:
-    return
-  now = data_layout(config)
-  changed = [f'config.{k}={now.get(k)!r} (the checkpoint: {before.get(k)!r})'
-             for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+  changed = guard.layout_changes(saved.get('layout'),
+                                 guard.data_layout(config, DATA_LAYOUT_KEYS))
   if changed:
     raise config_lib.ConfigError(
         f'The checkpoint at step {step} in {workdir} was written with another data layout: '
@@ -294,7 +278,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
   if jax.process_index() == 0:
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)
-  layout = data_layout(config)
+  layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
   vocab_record = config.data.vocab_file or os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
   state_finite = jax.jit(guard.all_finite)
 

@@ -22,6 +22,7 @@ VALID_CHOICES = {
     'model.long_attention_backward': ops.ATTENTION_BACKWARDS,
     'model.short_attention_backward': ops.ATTENTION_BACKWARDS,
     'data.corpus_format': ('auto', 'bert', 'prose'),
+    'masking.eval': ('train', 'reference'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),

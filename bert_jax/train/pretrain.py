@@ -71,12 +71,27 @@ def prepare_data(config, workdir: str):
                                                      tokenizer.vocab_size,
                                                      tokenizer.is_continuation())
   stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed)
-  held_out = pipeline.eval_batches(eval_docs, settings, config.train.batch_size,
+  held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
+                                   config.train.batch_size,
                                    config.train.eval_batches, config.seed)
   logging.info('Corpus: %d documents (%d train, %d held out), %d sentences; vocab %d.',
                len(encoded), len(train_docs), len(eval_docs),
                sum(len(d) for d in encoded), tokenizer.vocab_size)
   return stream, held_out, tokenizer
+
+
+# The paper's masking (section 3.1): what config.masking.eval='reference' scores the held-out
+# set with.
+REFERENCE_MASKING = {'mask_rate': 0.15, 'mask_token_fraction': 0.8, 'random_token_fraction': 0.1,
+                     'is_continuation': None}
+
+
+def eval_masking(settings, config):
+  """The held-out set's masking: the run's, or with masking.eval='reference' the paper's (a run
+  that masks nothing, e.g. a left-to-right LM, keeps its unmasked rows)."""
+  if config.masking.eval != 'reference' or not settings.mask_rate:
+    return settings
+  return dataclasses.replace(settings, **REFERENCE_MASKING)
 
 
 def _staging_dir() -> str:
@@ -123,7 +138,7 @@ def prepare_streaming(config, with_eval: bool = True):
     return stream, None, tokenizer
   held_out = streaming.eval_batches(
       streaming.SubsetDocuments(store, eval_ids),
-      dataclasses.replace(settings, batch_size=config.train.batch_size),
+      eval_masking(dataclasses.replace(settings, batch_size=config.train.batch_size), config),
       config.train.eval_batches, config.seed)
   logging.info('Prepared corpus %s: %d documents (%d train, %d held out), %d sentences, %d tokens; '
                'vocab %d; process %d of %d streams its share of the training documents%s.',

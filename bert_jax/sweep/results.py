@@ -1,0 +1,218 @@
+"""What a sweep's runs left in its workdir: budgets and losses of the pretraining runs, the
+per-seed scores of the fine-tuning runs, and which runs are missing or unfinished.
+
+Reads only WORKDIR/sweep.json and the run workdirs it names (relative to WORKDIR); writes
+nothing. A run that is absent or unfinished is loaded with what it has so far, so the report of
+a sweep that is still running shows its progress.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+
+import ml_collections
+
+from bert_jax.train import metrics as metrics_lib
+from bert_jax.train import pretrain
+
+SWEEP_FILE = 'sweep.json'
+# The language-model losses a held-out record may hold, in the order a run's is picked.
+LM_KINDS = ('mlm', 'clm')
+
+MISSING, UNFINISHED, FINISHED = 'missing', 'unfinished', 'finished'
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainRun:
+  """One pretraining run: how far it got, what it cost, and its losses."""
+  name: str
+  workdir: str  # Relative to the sweep's workdir.
+  config: str  # Its config file and arguments, e.g. 'configs/small.py:nsp=False'.
+  overrides: dict  # Its --config.KEY=VALUE overrides.
+  status: str  # MISSING, UNFINISHED or FINISHED.
+  steps: int | None = None  # The last step metrics.jsonl reached.
+  num_steps: int | None = None  # The config's train.num_steps.
+  tokens: int | None = None  # Sequence slots trained on (padding included).
+  flops: float | None = None  # Training FLOPs (model_flops_per_sequence x sequences).
+  train_loss: float | None = None  # The last train record's loss (all objectives summed).
+  lm_kind: str | None = None  # 'mlm' or 'clm': the loss the held-out figures are of.
+  eval_loss: float | None = None  # The last eval record's <lm_kind>_loss.
+  seq_per_s: float | None = None  # Mean over the train records that timed any step.
+  mfu: float | None = None  # Likewise.
+  train_curve: tuple = ()  # ((step, <lm_kind>_loss), ...) of the train records.
+  eval_curve: tuple = ()  # ((step, <lm_kind>_loss), ...) of the eval records.
+
+  @property
+  def perplexity(self) -> float | None:
+    return None if self.eval_loss is None else math.exp(self.eval_loss)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneRun:
+  """One fine-tuning run: an arm's encoder on one task, each seed's main metric (0-100)."""
+  arm: str
+  task: str
+  step: int | None  # The pretraining step fine-tuned from; None: the run's final checkpoint.
+  workdir: str  # Relative to the sweep's workdir.
+  status: str  # MISSING, UNFINISHED or FINISHED.
+  split: str | None = None  # 'dev' when the run has one, else its first split.
+  metric: str | None = None  # The task's main metric.
+  scores: tuple = ()  # One per seed, in seed order.
+  seeds_done: int = 0  # Seeds an unfinished run has finished.
+
+  @property
+  def median(self) -> float | None:
+    return statistics.median(self.scores) if self.scores else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """sweep.json and what its runs hold."""
+  spec: dict  # sweep.json as written by the runner.
+  pretrain: dict  # Run name -> PretrainRun, in the order of the arms they feed.
+  finetune: tuple  # FinetuneRun, in sweep.json's order.
+
+  @property
+  def arms(self) -> list:
+    return self.spec.get('arms', [])
+
+  @property
+  def tasks(self) -> list:
+    return self.spec.get('tasks', [])
+
+  def final(self, arm: str, task: str) -> FinetuneRun | None:
+    """The fine-tuning run of (arm, task) from the pretraining run's last checkpoint."""
+    return next((r for r in self.finetune if (r.arm, r.task, r.step) == (arm, task, None)), None)
+
+  def average(self, arm: str) -> float | None:
+    """The mean of an arm's task medians; None unless every task has one."""
+    medians = [getattr(self.final(arm, task), 'median', None) for task in self.tasks]
+    if not medians or None in medians:
+      return None
+    return statistics.fmean(medians)
+
+  def stepped(self) -> list:
+    """The fine-tuning runs from intermediate pretraining checkpoints."""
+    return [r for r in self.finetune if r.step is not None]
+
+
+def load(workdir: str) -> Sweep:
+  """Reads WORKDIR/sweep.json and every run it names; FileNotFoundError without sweep.json."""
+  path = os.path.join(workdir, SWEEP_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{path} does not exist: {workdir!r} is not a sweep workdir (the '
+                            'sweep runner writes sweep.json there before its first run).')
+  with open(path, encoding='utf-8') as f:
+    spec = json.load(f)
+  runs = spec.get('pretrain_runs', {})
+  # The runner writes sweep.json with sorted keys: the arms' list keeps the sweep's order.
+  order = [a['pretrain_run'] for a in spec.get('arms', []) if a.get('pretrain_run') in runs]
+  pretrain_runs = {name: load_pretrain(workdir, name, runs[name])
+                   for name in dict.fromkeys(order + list(runs))}
+  finetune_runs = tuple(load_finetune(workdir, run) for run in spec.get('finetune_runs', []))
+  return Sweep(spec, pretrain_runs, finetune_runs)
+
+
+def read_records(path: str) -> list[dict]:
+  """metrics.jsonl's records; a line cut short by a crash is skipped."""
+  records = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        continue
+  return records
+
+
+def read_config(run_dir: str):
+  """A run's config.json as a ConfigDict, or None where it has none yet."""
+  path = os.path.join(run_dir, 'config.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def budget(config, steps: int) -> tuple[int, float | None]:
+  """(sequence slots, training FLOPs) of the first `steps` steps, phase by phase (a second
+  phase has its own sequence length and batch size). FLOPs are None when the config names a
+  model or objective this checkout does not have."""
+  tokens, flops, first = 0, 0.0, 0
+  for phase in pretrain.phases(config):
+    done = max(0, min(steps, phase.last_step) - first)
+    batch, seq = phase.config.train.batch_size, phase.config.data.max_seq_length
+    tokens += done * batch * seq
+    if flops is not None:
+      try:
+        flops += done * batch * metrics_lib.model_flops_per_sequence(phase.config)
+      except ValueError:  # An unknown objective or model name: its FLOPs are not known here.
+        flops = None
+    first = phase.last_step
+  return tokens, flops
+
+
+def _lm_kind(records: list[dict]) -> str | None:
+  for kind in LM_KINDS:
+    if any(f'{kind}_loss' in r for r in records):
+      return kind
+  return None
+
+
+def _mean(values: list[float]) -> float | None:
+  return statistics.fmean(values) if values else None
+
+
+def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
+  """One pretraining run of sweep.json's pretrain_runs."""
+  run_dir = os.path.join(workdir, run['workdir'])
+  common = {'name': name, 'workdir': run['workdir'], 'config': run.get('config', ''),
+            'overrides': run.get('overrides', {})}
+  metrics_path = os.path.join(run_dir, 'metrics.jsonl')
+  if not os.path.isfile(metrics_path):
+    return PretrainRun(status=MISSING, **common)
+  records = read_records(metrics_path)
+  config = read_config(run_dir)
+  train = [r for r in records if r.get('split') == 'train']
+  evals = [r for r in records if r.get('split') == 'eval']
+  steps = max((r['step'] for r in records), default=0)
+  num_steps = config.train.num_steps if config is not None else None
+  tokens, flops = budget(config, steps) if config is not None else (None, None)
+  finished = (os.path.isfile(os.path.join(run_dir, 'eval_results.json'))
+              and num_steps is not None and steps >= num_steps)
+  kind = _lm_kind(records)
+  key = f'{kind}_loss' if kind else 'loss'
+  timed = [r for r in train if r.get('seq_per_s')]  # 0: the interval timed no step.
+  return PretrainRun(
+      status=FINISHED if finished else UNFINISHED, steps=steps, num_steps=num_steps,
+      tokens=tokens, flops=flops, train_loss=train[-1]['loss'] if train else None,
+      lm_kind=kind, eval_loss=evals[-1].get(key) if evals else None,
+      seq_per_s=_mean([r['seq_per_s'] for r in timed]),
+      mfu=_mean([r['mfu'] for r in timed if 'mfu' in r]),
+      train_curve=tuple((r['step'], r[key]) for r in train if key in r),
+      eval_curve=tuple((r['step'], r[key]) for r in evals if key in r), **common)
+
+
+def load_finetune(workdir: str, run: dict) -> FinetuneRun:
+  """One fine-tuning run of sweep.json's finetune_runs; its scores from results.json."""
+  run_dir = os.path.join(workdir, run['workdir'])
+  common = {'arm': run['arm'], 'task': run['task'], 'step': run.get('step'),
+            'workdir': run['workdir']}
+  results_path = os.path.join(run_dir, 'results.json')
+  if not os.path.isfile(results_path):
+    if not os.path.isdir(run_dir):
+      return FinetuneRun(status=MISSING, **common)
+    seeds_done = sum(os.path.isfile(os.path.join(run_dir, d, 'results.json'))
+                     for d in os.listdir(run_dir) if d.startswith('seed_'))
+    return FinetuneRun(status=UNFINISHED, seeds_done=seeds_done, **common)
+  with open(results_path, encoding='utf-8') as f:
+    results = json.load(f)
+  split = 'dev' if 'dev' in results['per_seed'] else next(iter(results['per_seed']))
+  per_seed = results['per_seed'][split]
+  # Task metrics are percentages already (bert_jax/tasks/base.py), the paper's scale.
+  metric = results.get('main_metric') or next(iter(per_seed[0]))
+  scores = tuple(float(r[metric]) for r in per_seed)
+  return FinetuneRun(status=FINISHED, split=split, metric=metric, scores=scores,
+                     seeds_done=len(scores), **common)

@@ -1,0 +1,198 @@
+"""A sweep's plots (PNG): loss curves, downstream scores per seed, score against compute and
+against pretraining steps.
+
+matplotlib is imported inside the functions (Agg canvas, no pyplot state), so the report's
+tables need no matplotlib. Sizes, dpi and colours are fixed (colours follow the arms' order in
+sweep.json), so a rerun draws the same images.
+"""
+
+import os
+
+from bert_jax.sweep import results
+
+DPI = 100
+PANEL = (5.0, 3.8)  # Inches per panel (width, height).
+# matplotlib's tab10, fixed here so the colours do not depend on the installed style.
+COLOURS = ('#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2',
+           '#7f7f7f', '#bcbd22', '#17becf')
+
+
+def arm_colour(index: int) -> str:
+  return COLOURS[index % len(COLOURS)]
+
+
+def run_colours(sweep: results.Sweep) -> dict[str, str]:
+  """A pretraining run's colour: that of the first arm it feeds, else the next free one."""
+  colours = {}
+  for i, arm in enumerate(sweep.arms):
+    if arm.get('pretrain_run'):
+      colours.setdefault(arm['pretrain_run'], arm_colour(i))
+  spare = len(sweep.arms)
+  for name in sweep.pretrain:
+    if name not in colours:
+      colours[name], spare = arm_colour(spare), spare + 1
+  return colours
+
+
+def _figure(panels: int):
+  """(figure, its axes): `panels` side by side on an Agg canvas."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  figure = Figure(figsize=(PANEL[0] * panels, PANEL[1]), dpi=DPI)
+  FigureCanvasAgg(figure)
+  axes = figure.subplots(1, panels, squeeze=False)[0]
+  return figure, list(axes)
+
+
+def _save(figure, path: str) -> None:
+  figure.tight_layout()
+  # No software version in the file: the same data draws the same bytes.
+  figure.savefig(path, dpi=DPI, metadata={'Software': None})
+
+
+def _empty(ax, text: str = 'no finished runs') -> None:
+  ax.text(0.5, 0.5, text, ha='center', va='center', transform=ax.transAxes, color='gray')
+
+
+def curves(sweep: results.Sweep, path: str) -> None:
+  """Train and held-out LM loss against step, one line per pretraining run (CLM dashed)."""
+  figure, (train_ax, eval_ax) = _figure(2)
+  colours = run_colours(sweep)
+  for ax, attr, title in ((train_ax, 'train_curve', 'train'),
+                          (eval_ax, 'eval_curve', 'held-out')):
+    drawn = False
+    for run in sweep.pretrain.values():
+      points = getattr(run, attr)
+      if not points:
+        continue
+      steps, losses = zip(*points)
+      kind = (run.lm_kind or 'total').upper()
+      ax.plot(steps, losses, color=colours[run.name], marker='.' if len(points) < 30 else None,
+              linestyle='--' if run.lm_kind == 'clm' else '-', label=f'{run.name} ({kind})')
+      drawn = True
+    ax.set_title(f'{title} LM loss')
+    ax.set_xlabel('step')
+    ax.set_ylabel('loss (MLM solid, CLM dashed)')
+    if drawn:
+      ax.legend(fontsize='small')
+    else:
+      _empty(ax)
+  _save(figure, path)
+
+
+def downstream(sweep: results.Sweep, path: str) -> None:
+  """One panel per task: each arm's median over seeds as a bar, every seed as a dot."""
+  tasks = sweep.tasks or ['(no tasks)']
+  figure, axes = _figure(len(tasks))
+  labels = [arm.get('label', arm['name']) for arm in sweep.arms]
+  for ax, task in zip(axes, tasks):
+    scores = []
+    for i, arm in enumerate(sweep.arms):
+      run = sweep.final(arm['name'], task)
+      if run is None or not run.scores:
+        continue
+      ax.bar(i, run.median, width=0.6, color=arm_colour(i), alpha=0.6)
+      n = len(run.scores)
+      offsets = [0.0] if n == 1 else [-0.2 + 0.4 * k / (n - 1) for k in range(n)]
+      ax.scatter([i + o for o in offsets], run.scores, color='black', s=12, zorder=3)
+      scores += run.scores
+    metric = next((r.metric for r in sweep.finetune if r.task == task and r.metric), '')
+    ax.set_title(task)
+    ax.set_ylabel(f'{metric} (0-100)'.strip())
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha='right', fontsize='small')
+    if scores:
+      ax.set_ylim(max(0.0, min(scores) - 5.0), min(100.0, max(scores) + 2.0))
+    else:
+      _empty(ax)
+  _save(figure, path)
+
+
+def score_of(sweep: results.Sweep) -> tuple[str, dict[str, float]]:
+  """(what, arm name -> score) for the compute plot: the average over tasks where every arm
+  with scores has one, else the first task's median (never the two mixed)."""
+  averages = {arm['name']: sweep.average(arm['name']) for arm in sweep.arms}
+  scored = [arm['name'] for arm in sweep.arms
+            if any(r.scores for r in sweep.finetune if r.arm == arm['name'] and r.step is None)]
+  if scored and all(averages[name] is not None for name in scored):
+    return 'average score over tasks', {name: averages[name] for name in scored}
+  task = sweep.tasks[0] if sweep.tasks else ''
+  medians = {arm['name']: getattr(sweep.final(arm['name'], task), 'median', None)
+             for arm in sweep.arms}
+  return f'{task} median', {name: value for name, value in medians.items() if value is not None}
+
+
+def score_vs_compute(sweep: results.Sweep, path: str) -> None:
+  """The downstream score of each arm against its pretraining FLOPs and tokens (log x); arms
+  without pretraining as dashed horizontal lines."""
+  figure, axes = _figure(2)
+  what, scores = score_of(sweep)
+  for ax, attr, xlabel in ((axes[0], 'flops', 'pretraining FLOPs'),
+                           (axes[1], 'tokens', 'pretraining tokens (sequence slots)')):
+    drawn = False
+    for i, arm in enumerate(sweep.arms):
+      score = scores.get(arm['name'])
+      if score is None:
+        continue
+      label = arm.get('label', arm['name'])
+      run = sweep.pretrain.get(arm.get('pretrain_run') or '')
+      x = getattr(run, attr, None) if run else None
+      if not arm.get('pretrain_run'):
+        ax.axhline(score, color=arm_colour(i), linestyle='--', label=label)
+      elif x:
+        ax.scatter([x], [score], color=arm_colour(i), s=40, label=label, zorder=3)
+      else:
+        continue
+      drawn = True
+    ax.set_xscale('log')
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f'{what} (0-100)')
+    ax.set_title('dashed: no pretraining', fontsize='small')
+    if drawn:
+      ax.legend(fontsize='small')
+    else:
+      _empty(ax)
+  _save(figure, path)
+
+
+def score_vs_steps(sweep: results.Sweep, path: str) -> None:
+  """One panel per task: each arm's median against the pretraining step it fine-tuned from
+  (its final checkpoint at the run's train.num_steps once that run finished)."""
+  tasks = [t for t in sweep.tasks if any(r.task == t for r in sweep.stepped())] or ['(none)']
+  figure, axes = _figure(len(tasks))
+  for ax, task in zip(axes, tasks):
+    drawn = False
+    for i, arm in enumerate(sweep.arms):
+      points = [(r.step, r.median) for r in sweep.stepped()
+                if (r.arm, r.task) == (arm['name'], task) and r.scores]
+      final = sweep.final(arm['name'], task)
+      run = sweep.pretrain.get(arm.get('pretrain_run') or '')
+      if points and final and final.scores and run and run.status == results.FINISHED:
+        points.append((run.num_steps, final.median))
+      if not points:
+        continue
+      steps, medians = zip(*sorted(points))
+      ax.plot(steps, medians, color=arm_colour(i), marker='o',
+              label=arm.get('label', arm['name']))
+      drawn = True
+    ax.set_title(task)
+    ax.set_xlabel('pretraining step')
+    ax.set_ylabel('median over seeds (0-100)')
+    if drawn:
+      ax.legend(fontsize='small')
+    else:
+      _empty(ax)
+  _save(figure, path)
+
+
+PLOTS = {'curves': curves, 'downstream': downstream, 'score_vs_compute': score_vs_compute,
+         'score_vs_steps': score_vs_steps}
+
+
+def write(sweep: results.Sweep, directory: str, names: list[str]) -> list[str]:
+  """Draws the named plots into directory/<name>.png; returns their paths."""
+  os.makedirs(directory, exist_ok=True)
+  paths = []
+  for name in names:
+    paths.append(os.path.join(directory, f'{name}.png'))
+    PLOTS[name](sweep, paths[-1])
+  return paths

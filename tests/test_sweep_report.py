@@ -1,0 +1,272 @@
+"""The sweep report: tables from synthetic workdirs, budgets, missing runs, reruns, plots."""
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.sweep import report
+from bert_jax.train import metrics as metrics_lib
+from configs import tiny
+
+TASKS = ('sst2', 'mrpc')
+SEEDS = 3
+ARMS = (  # (name, label, pretraining run, paper numbers)
+    ('mlm_nsp', 'MLM + NSP (BERT)', 'mlm_nsp', {'sst2': 92.7, 'mrpc': 86.7}),
+    ('mlm', 'MLM only', 'mlm', {'sst2': 92.6}),
+    ('random', 'No pretraining', None, {}),
+)
+PAPER_COLUMNS = ['mnli', 'sst2', 'mrpc']
+
+
+def pretrain_config(objectives: str, num_steps: int, phase2_fraction: float = 0.0):
+  config = tiny.get_config()
+  config.objectives = objectives
+  config.train.update(num_steps=num_steps, batch_size=13, phase2_fraction=phase2_fraction,
+                      phase2_batch_size=7)
+  config.data.update(max_seq_length=32, phase2_max_seq_length=64)
+  return config
+
+
+def write_pretrain(directory, config, steps: int, lm: str = 'mlm', finished: bool = True):
+  """config.json and metrics.jsonl of a run that reached `steps`; eval_results.json if done."""
+  directory.mkdir(parents=True)
+  if config is not None:
+    (directory / 'config.json').write_text(config.to_json())
+  records = []
+  for step in range(0, steps + 1, 10):
+    loss = 8.0 / (1 + step / 10)
+    if step:
+      records.append({'step': step, 'split': 'train', 'loss': loss + 0.7,
+                      f'{lm}_loss': loss, 'seq_per_s': 100.0 + step, 'mfu': 0.001 * step,
+                      'learning_rate': 1e-3})
+    records.append({'step': step, 'split': 'eval', 'loss': loss + 0.8, f'{lm}_loss': loss + 0.1})
+  (directory / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  if finished:
+    (directory / 'eval_results.json').write_text(json.dumps(records[-1]))
+  return records
+
+
+def scores_of(arm: str, task: str, step=None) -> list[float]:
+  """Each seed's accuracy, made up but distinct per (arm, task, step, seed)."""
+  base = ({'mlm_nsp': 85.0, 'mlm': 83.0, 'random': 60.0}[arm] + {'sst2': 6.0, 'mrpc': 0.0}[task]
+          + (step or 0) / 100)
+  return [round(base + 1.3 * seed - 0.4 * seed**2, 2) for seed in range(SEEDS)]
+
+
+def write_finetune(directory, task: str, scores: list[float]):
+  """results.json as finetune.summarize_seeds makes it."""
+  directory.mkdir(parents=True)
+  per_seed = [{'accuracy': s, 'f1': s - 1.0} for s in scores]
+  (directory / 'results.json').write_text(json.dumps({
+      'task': task, 'main_metric': 'accuracy', 'seeds': list(range(len(scores))),
+      'median': {'dev': {k: statistics.median(r[k] for r in per_seed) for k in per_seed[0]}},
+      'per_seed': {'dev': per_seed}}))
+
+
+def make_sweep(root, steps=(), skip=()):
+  """A finished sweep in root: two pretraining runs, three arms (one from random init), every
+  arm on every task, and fine-tuning from each of `steps`; runs named in `skip` left out."""
+  configs = {'mlm_nsp': pretrain_config('mlm,nsp', 40), 'mlm': pretrain_config('mlm', 40)}
+  for name, config in configs.items():
+    write_pretrain(root / 'pretrain' / name, config, 40)
+  finetune_runs = []
+  for arm, _, run, _ in ARMS:
+    for task in TASKS:
+      for step in [None] + (list(steps) if run else []):
+        rel = f'finetune/{arm}/{task}' + (f'@{step}' if step else '')
+        finetune_runs.append({'arm': arm, 'task': task, 'step': step, 'workdir': rel})
+        if rel not in skip:
+          write_finetune(root / rel, task, scores_of(arm, task, step))
+  (root / 'sweep.json').write_text(json.dumps({
+      'name': 'table5', 'title': 'BERT Table 5: pre-training tasks',
+      'description': 'Pre-training tasks, ablated.', 'sweep_file': 'sweeps/table5.py',
+      'base': 'configs/tiny.py', 'tasks': list(TASKS), 'seeds': SEEDS,
+      'notes': ['MRPC dev is its own split.'],
+      'paper': {'source': 'Devlin et al. 2018, Table 5', 'columns': PAPER_COLUMNS},
+      'pretrain_runs': {name: {'workdir': f'pretrain/{name}', 'config': 'configs/tiny.py',
+                               'overrides': {'objectives': c.objectives, 'train.log_every': 10}}
+                        for name, c in configs.items()},
+      'arms': [{'name': a, 'label': label, 'pretrain_run': run, 'finetune_overrides': {},
+                'paper': paper} for a, label, run, paper in ARMS],
+      'finetune_runs': finetune_runs}, indent=2, sort_keys=True))
+  return configs
+
+
+def cells(header_rows, row_label):
+  header, rows = header_rows
+  return dict(zip(header, next(r for r in rows if r[0] == row_label)))
+
+
+def test_main_table_gives_median_spread_and_average_of_the_seeds(tmp_path):
+  make_sweep(tmp_path)
+  row = cells(report.main_rows(report.load(str(tmp_path))), 'MLM + NSP (BERT)')
+  medians = []
+  for task in TASKS:
+    scores = scores_of('mlm_nsp', task)
+    medians.append(statistics.median(scores))
+    assert row[f'{task} accuracy'] == (
+        f'{statistics.median(scores):.1f} [{min(scores):.1f}–{max(scores):.1f}]')
+  assert row['average'] == f'{statistics.fmean(medians):.1f}'
+  assert row['pretraining'] == 'mlm_nsp'
+
+
+def test_paper_columns_hold_the_arms_numbers_and_dashes(tmp_path):
+  make_sweep(tmp_path)
+  table = report.main_rows(report.load(str(tmp_path)))
+  for _, label, _, paper in ARMS:
+    row = cells(table, label)
+    for column in PAPER_COLUMNS:
+      expected = f'{paper[column]:.1f}' if column in paper else '-'
+      assert row[f'paper {column}'] == expected
+
+
+def test_fewer_seeds_than_the_sweeps_are_counted(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/mlm/sst2'})
+  scores = scores_of('mlm', 'sst2')[:2]
+  write_finetune(tmp_path / 'finetune/mlm/sst2', 'sst2', scores)
+  row = cells(report.main_rows(report.load(str(tmp_path))), 'MLM only')
+  assert row['sst2 accuracy'] == (f'{statistics.median(scores):.1f} '
+                                  f'[{min(scores):.1f}–{max(scores):.1f}] (2/{SEEDS} seeds)')
+
+
+def test_absent_run_shows_a_dash_and_is_listed_missing(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/mlm/mrpc'})
+  sweep = report.load(str(tmp_path))
+  row = cells(report.main_rows(sweep), 'MLM only')
+  assert row['mrpc accuracy'] == '-'
+  assert row['average'] == '-'  # Not every task has a median.
+  assert row['sst2 accuracy'] != '-'
+  assert report.missing_runs(sweep) == ['fine-tuning `mlm` on mrpc (finetune/mlm/mrpc): missing']
+  text = report.markdown(sweep)
+  assert '- fine-tuning `mlm` on mrpc (finetune/mlm/mrpc): missing' in text
+
+
+def test_unfinished_finetuning_run_counts_its_finished_seeds(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/random/sst2'})
+  for seed in range(2):
+    (tmp_path / f'finetune/random/sst2/seed_{seed}').mkdir(parents=True)
+  (tmp_path / 'finetune/random/sst2/seed_0/results.json').write_text('{}')
+  sweep = report.load(str(tmp_path))
+  assert cells(report.main_rows(sweep), 'No pretraining')['sst2 accuracy'] == '-'
+  assert report.missing_runs(sweep) == [
+      f'fine-tuning `random` on sst2 (finetune/random/sst2): unfinished, 1 of {SEEDS} seeds done']
+
+
+def test_a_complete_sweep_lists_no_missing_runs(tmp_path):
+  make_sweep(tmp_path)
+  assert report.missing_runs(report.load(str(tmp_path))) == []
+  assert 'None: every run finished.' in report.markdown(report.load(str(tmp_path)))
+
+
+def test_budget_counts_sequence_slots_and_model_flops(tmp_path):
+  configs = make_sweep(tmp_path)
+  sweep = report.load(str(tmp_path))
+  config = configs['mlm_nsp']
+  run = sweep.pretrain['mlm_nsp']
+  assert run.steps == 40 and run.status == 'finished'
+  assert run.tokens == 40 * config.train.batch_size * config.data.max_seq_length
+  assert run.flops == pytest.approx(
+      40 * config.train.batch_size * metrics_lib.model_flops_per_sequence(config))
+  row = cells(report.budget_rows(sweep), 'mlm_nsp')
+  assert row['PFLOPs'] == f'{run.flops / 1e15:.4g}'
+  eval_mlm = [r for r in map(json.loads, (tmp_path / 'pretrain/mlm_nsp/metrics.jsonl')
+                             .read_text().splitlines()) if r['split'] == 'eval'][-1]['mlm_loss']
+  assert row['held-out MLM loss'] == f'{eval_mlm:.3f}'
+  assert row['MLM perplexity'] == f'{math.exp(eval_mlm):.2f}'
+
+
+def test_overrides_every_run_shares_are_said_once(tmp_path):
+  make_sweep(tmp_path)
+  sweep = report.load(str(tmp_path))
+  assert cells(report.budget_rows(sweep), 'mlm')['overrides'] == '`objectives=mlm`'
+  assert 'Every run also has `train.log_every=10`.' in report.markdown(sweep)
+
+
+def test_budget_of_a_two_phase_run_counts_each_phase(tmp_path):
+  config = pretrain_config('mlm', 40, phase2_fraction=0.25)
+  write_pretrain(tmp_path / 'run', config, 40)
+  run = report.results.load_pretrain(str(tmp_path), 'two_phase', {'workdir': 'run'})
+  second = config.copy_and_resolve_references()
+  second.data.max_seq_length = config.data.phase2_max_seq_length
+  second.data.max_predictions_per_seq = config.data.phase2_max_predictions_per_seq
+  second.train.batch_size = config.train.phase2_batch_size
+  assert run.tokens == (30 * config.train.batch_size * config.data.max_seq_length
+                        + 10 * second.train.batch_size * second.data.max_seq_length)
+  assert run.flops == pytest.approx(
+      30 * config.train.batch_size * metrics_lib.model_flops_per_sequence(config)
+      + 10 * second.train.batch_size * metrics_lib.model_flops_per_sequence(second))
+
+
+def test_unfinished_pretraining_run_shows_its_progress(tmp_path):
+  make_sweep(tmp_path)
+  (tmp_path / 'pretrain/mlm').rename(tmp_path / 'old')
+  write_pretrain(tmp_path / 'pretrain/mlm', pretrain_config('mlm', 40), 20, finished=False)
+  sweep = report.load(str(tmp_path))
+  assert cells(report.budget_rows(sweep), 'mlm')['steps'] == '20/40'
+  assert 'pretraining `mlm` (pretrain/mlm): unfinished, at step 20 of 40' in (
+      report.missing_runs(sweep))
+
+
+def test_clm_run_gets_its_own_loss_columns(tmp_path):
+  make_sweep(tmp_path)
+  (tmp_path / 'pretrain/mlm').rename(tmp_path / 'old')
+  records = write_pretrain(tmp_path / 'pretrain/mlm', None, 40, lm='clm')
+  sweep = report.load(str(tmp_path))
+  row = cells(report.budget_rows(sweep), 'mlm')
+  clm = [r for r in records if r['split'] == 'eval'][-1]['clm_loss']
+  assert row['held-out CLM loss'] == f'{clm:.3f}'
+  assert row['CLM perplexity'] == f'{math.exp(clm):.2f}'
+  assert row['held-out MLM loss'] == '-'
+  assert cells(report.budget_rows(sweep), 'mlm_nsp')['held-out CLM loss'] == '-'
+  assert 'are not comparable' in report.markdown(sweep)
+
+
+def test_steps_table_appears_only_with_stepped_runs(tmp_path):
+  make_sweep(tmp_path / 'plain')
+  plain = report.load(str(tmp_path / 'plain'))
+  assert report.step_rows(plain)[1] == []
+  assert 'against pretraining steps' not in report.markdown(plain)
+  assert 'score_vs_steps' not in report.plot_names(plain)
+
+  make_sweep(tmp_path / 'stepped', steps=(10, 20))
+  stepped = report.load(str(tmp_path / 'stepped'))
+  header, rows = report.step_rows(stepped)
+  assert [r[0] for r in rows] == ['10', '20', 'final']
+  assert len(header) == 1 + 2 * len(TASKS)  # The random-init arm has no steps.
+  row = cells((header, rows), '20')
+  assert row['MLM only: mrpc'] == f'{statistics.median(scores_of("mlm", "mrpc", 20)):.1f}'
+  assert '## Downstream against pretraining steps' in report.markdown(stepped)
+
+
+def test_write_rebuilds_the_same_report_and_draws_the_plots(tmp_path):
+  pytest.importorskip('matplotlib')
+  make_sweep(tmp_path, steps=(20,), skip={'finetune/mlm/mrpc'})
+  text = report.write(str(tmp_path))
+  assert (tmp_path / 'report.md').read_text(encoding='utf-8') == text
+  first = (tmp_path / 'report.md').read_bytes()
+  pngs = {p.name: p.read_bytes() for p in (tmp_path / 'plots').iterdir()}
+  assert sorted(pngs) == ['curves.png', 'downstream.png', 'score_vs_compute.png',
+                          'score_vs_steps.png']
+  for data in pngs.values():
+    assert data.startswith(b'\x89PNG\r\n\x1a\n') and len(data) > 10_000
+  for name in pngs:
+    assert f'(plots/{name})' in text
+  report.write(str(tmp_path))
+  assert (tmp_path / 'report.md').read_bytes() == first
+  assert {p.name: p.read_bytes() for p in (tmp_path / 'plots').iterdir()} == pngs
+
+
+def test_workdir_without_sweep_json_is_a_clear_error(tmp_path):
+  with pytest.raises(SystemExit, match='sweep.json does not exist'):
+    report.main([str(tmp_path)])
+
+
+@pytest.mark.slow  # A subprocess: a fresh interpreter is the only clean sys.modules.
+def test_tables_need_no_matplotlib():
+  code = ('import sys; from bert_jax.sweep import report; '
+          "assert 'matplotlib' not in sys.modules")
+  subprocess.run([sys.executable, '-c', code], check=True)

@@ -84,7 +84,8 @@ RANGES = {
     'task.doc_stride': POSITIVE, 'task.max_query_length': POSITIVE, 'task.n_best_size': POSITIVE,
     'task.max_answer_length': POSITIVE, 'task.null_score_diff_threshold': ANY_SIGN,
     'task.feature_layers': NON_NEGATIVE, 'task.feature_lstm_units': POSITIVE,
-    'task.feature_lstm_layers': POSITIVE,
+    'task.feature_lstm_layers': POSITIVE, 'task.lstm_layers': NON_NEGATIVE,
+    'task.lstm_units': POSITIVE,
 }
 
 
@@ -385,6 +386,11 @@ def validate_finetune(config) -> None:
 def _check_task(config) -> None:
   """The task's files exist and its settings fit together."""
   task = config.task
+  if task.lstm_layers and task.feature_layers:
+    raise ConfigError(f'config.task.lstm_layers={task.lstm_layers} with config.task.feature_layers='
+                      f'{task.feature_layers}: the feature-based mode has its own BiLSTM '
+                      '(config.task.feature_lstm_layers); set lstm_layers=0 for it, or '
+                      'feature_layers=0 to fine-tune the encoder with a BiLSTM on top.')
   if task.kind == 'glue':
     from configs import glue  # pylint: disable=g-import-not-at-top
     if task.name not in glue.FOLDERS:

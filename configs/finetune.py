@@ -67,6 +67,12 @@ def get_config(arg=None):
   task.feature_layers = 0  # > 0: feature-based (frozen encoder, concat of the last N layers).
   task.feature_lstm_units = 384  # Feature-based: BiLSTM units per direction.
   task.feature_lstm_layers = 2  # Feature-based: BiLSTM layers (the paper: two).
+  # Fine-tuning with N randomly initialised BiLSTM layers between the encoder and the head (the
+  # paper's Table 5 "+ BiLSTM"); 0 is the paper's fine-tuning. The [CLS] heads read the forward
+  # state at the last real token joined to the backward state at the first; token and span heads
+  # read each token's output. Not with feature_layers (that mode has its own BiLSTM).
+  task.lstm_layers = 0
+  task.lstm_units = 384  # Units per direction of each of those layers (2 x 384: BERT-Base's 768).
   task.write_predictions = True  # Dev predictions (and test/submission files) in each seed dir.
 
   config.train = train = ml_collections.ConfigDict()

@@ -183,6 +183,8 @@ def test_shipped_finetune_configs_have_valid_numbers(tmp_path):
     ('task.null_score_diff_threshold', NAN, 'a finite number'),
     ('model.hidden_dropout_rate', 1.0, 'a finite number in [0, 1)'),
     ('seeds', 0, 'an integer > 0'),
+    ('task.lstm_layers', -1, 'an integer >= 0'),
+    ('task.lstm_units', 0, 'an integer > 0'),
 ])
 def test_finetune_out_of_range_values_are_refused(tmp_path, key, value, valid):
   config = glue_config(tmp_path)
@@ -194,6 +196,14 @@ def test_finetune_out_of_range_values_are_refused(tmp_path, key, value, valid):
   with pytest.raises(config_lib.ConfigError) as error:
     config_lib.validate_finetune(config)
   assert str(error.value) == f'config.{key}={value!r}: must be {valid}.'
+
+
+def test_a_bilstm_on_top_of_the_feature_based_mode_is_refused(tmp_path):
+  config = glue_config(tmp_path)
+  config.task.update(lstm_layers=1, feature_layers=4)
+  with pytest.raises(config_lib.ConfigError, match=r'lstm_layers=1 with config\.task\.'
+                     r'feature_layers=4: the feature-based mode has its own BiLSTM'):
+    config_lib.validate_finetune(config)
 
 
 def test_main_refuses_an_infinite_learning_rate_before_compiling(tmp_path):

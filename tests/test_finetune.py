@@ -16,6 +16,7 @@ from bert_jax.tasks import base as tasks_base
 from configs import glue as glue_config
 from configs import ner as ner_config
 from configs import squad as squad_config
+from conftest import shared_data_dir
 
 WORDS = ('good great fine nice bad awful poor sad the movie plot was is a an and very '
          'really film story acting john paris smith london went to in').split()
@@ -208,6 +209,30 @@ def test_ner_fine_tuning_and_feature_based_tag_entities(tmp_path, vocab_file, fe
   assert results['main_metric'] == 'f1'
   assert results['median']['dev']['f1'] > 80.0, results['median']
   assert results['feature_layers'] == features
+
+
+@pytest.mark.slow
+def test_sst2_fine_tunes_with_a_bilstm_on_top_and_records_it(tmp_path):
+  data = shared_data_dir()
+  config = glue_config.get_config('task=sst2,epochs=1,batch=16,seq=32')
+  config.task.data_dir = str(data / 'glue' / 'SST-2')
+  config.task.max_train_examples = 64
+  config.task.lstm_layers, config.task.lstm_units = 1, 8
+  config.data.vocab_file = str(data / 'vocab' / 'bert-base-uncased-vocab.txt')
+  m = config.model
+  m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.intermediate_size = (
+      30522, 32, 1, 2, 64)
+  config.task.write_predictions = False
+  workdir = tmp_path / 'run'
+  results = finetune.run(config, str(workdir))
+  assert (results['lstm_layers'], results['lstm_units'], results['num_steps']) == (1, 8, 4)
+  assert 0.0 <= results['median']['dev']['accuracy'] <= 100.0
+  with open(workdir / 'results.json', encoding='utf-8') as f:
+    assert json.load(f)['lstm_layers'] == 1
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  checkpoints = workdir / 'seed_0' / 'checkpoints'
+  saved = ocp.StandardCheckpointer().restore(checkpoints / max(os.listdir(checkpoints)) / 'state')
+  assert set(saved['params']) == {'bert', 'bilstm_0', 'classifier'}
 
 
 def squad_file(path, n_articles):

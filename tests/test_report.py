@@ -7,12 +7,12 @@ import pytest
 from bert_jax.tasks import report
 
 
-def write_results(directory, task, per_seed, feature_layers=0):
+def write_results(directory, task, per_seed, feature_layers=0, lstm_layers=0):
   directory.mkdir()
   medians = {k: sorted(r[k] for r in per_seed)[len(per_seed) // 2] for k in per_seed[0]}
   (directory / 'results.json').write_text(json.dumps({
       'task': task, 'median': {'dev': medians}, 'per_seed': {'dev': per_seed},
-      'feature_layers': feature_layers}))
+      'feature_layers': feature_layers, 'lstm_layers': lstm_layers}))
   return str(directory)
 
 
@@ -32,6 +32,15 @@ def test_table_puts_our_median_and_seeds_beside_the_paper(tmp_path, capsys):
              and '96.1' in line
              for line in lines)
   assert not any('precision' in line for line in lines)
+
+
+def test_a_bilstm_run_is_named_apart_from_plain_fine_tuning(tmp_path, capsys):
+  plain = write_results(tmp_path / 'plain', 'sst2', [{'accuracy': 91.0}])
+  bilstm = write_results(tmp_path / 'bilstm', 'sst2', [{'accuracy': 90.0}], lstm_layers=1)
+  report.main([plain, bilstm])
+  out = capsys.readouterr().out
+  assert '| plain | sst2 | dev | accuracy | 91.00 |' in out
+  assert '| bilstm | sst2 (+ BiLSTM x1) | dev | accuracy | 90.00 |' in out
 
 
 def test_missing_results_names_the_file(tmp_path):

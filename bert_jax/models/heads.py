@@ -2,8 +2,9 @@
 
 The encoder (config.model.name in the models registry) sits under its scope, `bert/` as in the
 pretraining model, so pretrained encoder weights (ours, HF, TF) drop in; the head is freshly
-initialised. The feature-based mode (paper 5.3)
-freezes the encoder, concatenates its last layers and tags tokens with a BiLSTM.
+initialised. With lstm_layers, a freshly initialised BiLSTM sits between the fine-tuned encoder
+and the head (the paper's Table 5, "+ BiLSTM"). The feature-based mode (paper 5.3) freezes the
+encoder, concatenates its last layers and tags tokens with a BiLSTM.
 """
 
 from typing import Any
@@ -23,8 +24,10 @@ class BertForFineTuning(nn.Module):
   head: str  # One of tasks.base.HEADS.
   num_outputs: int  # Classes (1: regression; 2: span start and end).
   feature_layers: int = 0  # > 0: feature-based, frozen encoder, concat of the last N layers.
-  lstm_units: int = 384  # Feature-based: units per direction of each BiLSTM layer.
-  lstm_layers: int = 2  # Feature-based: stacked BiLSTM layers (the paper: two).
+  feature_lstm_units: int = 384  # Feature-based: units per direction of each BiLSTM layer.
+  feature_lstm_layers: int = 2  # Feature-based: stacked BiLSTM layers (the paper: two).
+  lstm_layers: int = 0  # Fine-tuning: BiLSTM layers between the encoder and the head (0: none).
+  lstm_units: int = 384  # Fine-tuning: units per direction of each of those BiLSTM layers.
   model: str = 'bert'  # The encoder's name in the models registry.
 
   @nn.compact
@@ -37,22 +40,44 @@ class BertForFineTuning(nn.Module):
         n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
     dropout = nn.Dropout(cfg.hidden_dropout_rate)
     if self.feature_layers:
+      if self.lstm_layers:
+        raise ValueError(f'lstm_layers={self.lstm_layers} with feature_layers='
+                         f'{self.feature_layers}: the feature-based mode has its own BiLSTM '
+                         '(feature_lstm_layers); set one of them to 0.')
       return {'logits': self._feature_based(input_ids, segment_ids, input_mask, deterministic)}
     family = models.get(self.model)
     sequence, pooled = family.encoder(cfg, name=family.scope)(
         input_ids, segment_ids, input_mask, deterministic)  # [batch, length, embed], [batch, embed]
+    width = 'embed'  # The logical axis of what the head reads.
+    if self.lstm_layers:
+      # [batch, length, 2 * lstm_units], [batch, 2 * lstm_units]
+      sequence, pooled = self._bilstm(sequence, input_mask, deterministic)
+      width = 'mlp'
     if self.head in ('classification', 'regression'):
       x = dropout(pooled, deterministic=deterministic)
-      return {'logits': dense(self.num_outputs, ('embed', 'classes'), 'classifier')(x)
+      return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
                         .astype(jnp.float32)}  # [batch, classes]
     if self.head == 'token':
       x = dropout(sequence, deterministic=deterministic)
-      return {'logits': dense(self.num_outputs, ('embed', 'classes'), 'classifier')(x)
+      return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
                         .astype(jnp.float32)}  # [batch, length, classes]
     # Span: a start and an end vector dotted with every final hidden state (no dropout, as the
     # original run_squad.py).
-    logits = dense(2, ('embed', 'classes'), 'qa_outputs')(sequence).astype(jnp.float32)
+    logits = dense(2, (width, 'classes'), 'qa_outputs')(sequence).astype(jnp.float32)
     return {'start_logits': logits[..., 0], 'end_logits': logits[..., 1]}  # [batch, length] each
+
+  def _bilstm(self, sequence, input_mask, deterministic):
+    """The encoder's output through lstm_layers BiLSTM layers over each row's real tokens: the
+    per-token outputs and a sentence summary (bilstm_summary) in place of the pooled [CLS]."""
+    lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [batch]
+    # The recurrence runs in float32: a bfloat16 carry loses precision step after step.
+    x = sequence.astype(jnp.float32)  # [batch, length, embed]
+    for i in range(self.lstm_layers):
+      if i:  # Between layers; the head's own dropout follows the last.
+        x = nn.Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
+      x = BiLstm(self.lstm_units, name=f'bilstm_{i}')(x, lengths)
+    # x: [batch, length, 2 * lstm_units]
+    return x, bilstm_summary(x, lengths)
 
   def _feature_based(self, input_ids, segment_ids, input_mask, deterministic):
     """Token logits from a BiLSTM over the frozen encoder's last feature_layers layers."""
@@ -67,16 +92,34 @@ class BertForFineTuning(nn.Module):
     last = all_layers[-self.feature_layers:]
     x = jax.lax.stop_gradient(jnp.concatenate(list(last), axis=-1)).astype(jnp.float32)
     lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)  # [batch]
-    for i in range(self.lstm_layers):
-      x = BiLstm(self.lstm_units, name=f'bilstm_{i}')(x, lengths)
+    for i in range(self.feature_lstm_layers):
+      x = BiLstm(self.feature_lstm_units, name=f'bilstm_{i}')(x, lengths)
       x = nn.Dropout(cfg.hidden_dropout_rate)(x, deterministic=deterministic)
-    # x: [batch, length, 2 * lstm_units]
+    # x: [batch, length, 2 * feature_lstm_units]
     return layers.DenseGeneral(self.num_outputs, ('mlp', 'classes'), kernel_init=cfg.init,
                                name='classifier')(x).astype(jnp.float32)
 
 
+def bilstm_summary(outputs, lengths):
+  """A sentence from a BiLSTM: the forward direction's output at the last real token joined to
+  the backward direction's at the first token, the two outputs that have each read the whole row.
+
+  outputs: [batch, length, 2 * units], forward half first (BiLstm's layout); lengths: [batch].
+  Returns [batch, 2 * units].
+  """
+  units = outputs.shape[-1] // 2
+  last = jnp.maximum(lengths - 1, 0)[:, None, None]  # [batch, 1, 1]
+  forward = jnp.take_along_axis(outputs[..., :units], last, axis=1)[:, 0]  # [batch, units]
+  return jnp.concatenate([forward, outputs[:, 0, units:]], axis=-1)
+
+
 class BiLstm(nn.Module):
-  """One bidirectional LSTM layer over the real (unpadded) tokens of each row."""
+  """One bidirectional LSTM layer over the real (unpadded) tokens of each row.
+
+  With seq_lengths, flax's backward RNN reverses only the first `length` steps of each row
+  (padding stays at the end), so no direction reads padding before a real token: outputs at
+  real tokens are the same whatever padding follows.
+  """
   units: int  # Per direction.
 
   @nn.compact

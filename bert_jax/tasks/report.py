@@ -57,7 +57,8 @@ def rows(results: dict) -> list[list[str]]:
       dev = PAPER_BASE_DEV.get((task, metric))
       if feature_based and task == 'conll2003' and metric == 'f1':
         paper_split, base, large, dev = 'dev, feature-based', PAPER_FEATURE_BASED_DEV, None, None
-      name = task + (' (feature-based)' if feature_based else '')
+      name = task + (' (feature-based)' if feature_based else '') + (
+          f' (+ BiLSTM x{results["lstm_layers"]})' if results.get('lstm_layers', 0) else '')
       out.append([name, split, metric, f'{median:.2f}', f'{len(results["per_seed"][split])}: '
                   f'{seeds}', _number(dev), paper_split, _number(base), _number(large)])
   return out

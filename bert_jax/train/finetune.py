@@ -68,8 +68,9 @@ def build_model(config, task: base.Task) -> heads.BertForFineTuning:
   name = config.model.get('name', 'bert')
   return heads.BertForFineTuning(models.get(name).config_from(config), task.head,
                                  task.num_outputs, feature_layers=t.feature_layers,
-                                 lstm_units=t.feature_lstm_units, lstm_layers=t.feature_lstm_layers,
-                                 model=name)
+                                 feature_lstm_units=t.feature_lstm_units,
+                                 feature_lstm_layers=t.feature_lstm_layers,
+                                 lstm_layers=t.lstm_layers, lstm_units=t.lstm_units, model=name)
 
 
 def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
@@ -422,4 +423,6 @@ def summarize_seeds(task, config, per_seed: list[dict], train, num_steps: int) -
       'learning_rate': config.train.learning_rate,
       'max_seq_length': config.data.max_seq_length,
       'feature_layers': config.task.feature_layers,
+      # 0: no BiLSTM between the encoder and the head; units count only where layers > 0.
+      'lstm_layers': config.task.lstm_layers, 'lstm_units': config.task.lstm_units,
   }

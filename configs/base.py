@@ -66,6 +66,11 @@ def get_config(arg=None):
   # 'erf': exact GELU, as HF computes it; 'tanh': the original TF BERT's approximation (cheaper
   # on GPUs).
   model.gelu = 'erf'
+  # Causal attention: each token attends only to itself and earlier tokens, and the pooled output
+  # is the last real token's state (a causal [CLS] sees nothing else). For the left-to-right LM
+  # objective 'clm' (the paper's Table 5 "LTR & No NSP"); 'mlm' and 'nsp' need False. 'xla'
+  # attention only; no packed rows.
+  model.causal = False
   # How each part is computed (bert_jax/ops dispatches; docs/gpu.md has the kernels):
   # attention 'xla' (einsum softmax with attention dropout; any device), 'cudnn' (cuDNN's fused
   # attention, dropout in the kernel: needs scan_layers=False and remat 'none' while

@@ -52,6 +52,8 @@ class BertConfig:
   scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
   remat_policy: str = 'none'
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
+  # Each token attends to itself and earlier tokens; the pooler reads the last real token.
+  causal: bool = False
   # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
   # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU).
   attention_impl: str = 'xla'
@@ -343,6 +345,7 @@ class BertPooler(nn.Module):
 class BertModel(nn.Module):
   """Embeddings, encoder and pooler: (sequence_output, pooled_output).
 
+  The pooler reads [CLS] (position 0), or with config.causal each row's last real token.
   With return_all_layers: (every layer's output [layers, batch, length, embed], pooled_output).
   """
   config: BertConfig
@@ -362,7 +365,14 @@ class BertModel(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cfg = self.config
-    if attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1], cfg.head_dim):
+    if cfg.causal:
+      if pair_ids is not None:
+        raise ValueError('Causal attention over packed rows is not supported (config '
+                         'validation refuses config.data.packing with config.model.causal).')
+      # [batch, 1, length, length]: the 'xla' attention's bias; config validation keeps causal
+      # runs off the fused kernels, which take no causal mask.
+      bias = layers.causal_attention_bias(input_mask, cfg.dtype)
+    elif attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1], cfg.head_dim):
       # fused_attention's kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
       bias = (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
     else:
@@ -370,6 +380,10 @@ class BertModel(nn.Module):
               else layers.pair_attention_bias(pair_ids, cfg.dtype))
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
+    if cls_positions is None and cfg.causal:
+      # A causal [CLS] has seen only itself; the last real token has seen the whole row.
+      ends = layers.last_positions(input_mask)[:, None]  # [batch, 1]
+      return x, self.pooler(layers.gather_positions(last, ends)[:, 0])
     if cls_positions is None:
       return x, self.pooler(last[:, 0])
     return x, self.pooler(layers.gather_positions(last, cls_positions))

@@ -177,3 +177,22 @@ def pair_attention_bias(pair_ids: jax.Array, dtype: Dtype) -> jax.Array:
   big_negative = jnp.finfo(dtype).min
   same = (pair_ids[:, :, None] == pair_ids[:, None, :]) & (pair_ids[:, None, :] > 0)
   return jnp.where(same[:, None], 0.0, big_negative).astype(dtype)
+
+
+def causal_attention_bias(input_mask: jax.Array, dtype: Dtype) -> jax.Array:
+  """[batch, length] 1/0 mask -> additive bias [batch, 1, length, length] that lets a token attend
+  to itself and the real tokens before it."""
+  big_negative = jnp.finfo(dtype).min
+  length = input_mask.shape[1]
+  earlier = jnp.arange(length)[None, :] <= jnp.arange(length)[:, None]  # [query, key]
+  # One where(): adding a padding bias to a causal one would overflow to -inf, and a query with
+  # no key left (an all-padding row) would then softmax to NaN instead of uniform.
+  allowed = earlier[None, None] & (input_mask[:, None, None, :] > 0)
+  return jnp.where(allowed, 0.0, big_negative).astype(dtype)
+
+
+def last_positions(input_mask: jax.Array) -> jax.Array:
+  """[batch, length] 1/0 mask -> [batch] int32 position of each row's last real token (0 for a
+  row without one)."""
+  positions = jnp.arange(input_mask.shape[1], dtype=jnp.int32)
+  return jnp.max(jnp.where(input_mask > 0, positions[None, :], 0), axis=1)

@@ -22,6 +22,12 @@ def cudnn_attention_possible(model, lengths) -> bool:
 def check_model(model, lengths) -> None:
   """The kernel settings of config.model fit together for rows of these lengths (no devices
   needed)."""
+  if model.get('causal', False) and model.attention_impl != 'xla':
+    # cuDNN gets key lengths and the fused kernels segment ids: neither takes the causal bias.
+    raise ConfigError(
+        f"config.model.causal=True needs config.model.attention_impl='xla' (got "
+        f"{model.attention_impl!r}): the causal mask is an attention bias, which only the XLA "
+        "attention takes. Set attention_impl='xla'.")
   # 'pallas' runs the rows fused_attention does not take through cuDNN; its own kernels draw
   # their dropout from the rng stream, so scans and remat keep their masks.
   if cudnn_attention_possible(model, lengths) and model.attention_dropout_rate > 0:

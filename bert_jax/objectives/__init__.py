@@ -4,8 +4,9 @@ An objective is one module in this package (or anywhere, registered with `regist
 Objective: the batch keys it reads, the head it puts on the encoder's outputs (its parameters
 under the head's own name), its loss as pooled sums and counts, the metrics.jsonl fields made of
 them, and its FLOPs per sequence for MFU. config.objectives names the run's objectives ('mlm,nsp':
-BERT; 'mlm': no NSP); the pretraining model, the train step, the metrics and the benchmark compose
-whatever it names, so a new objective is a new file plus a config.
+BERT; 'mlm': no NSP; 'clm': a left-to-right LM); the pretraining model, the train step, the
+metrics and the benchmark compose whatever it names, so a new objective is a new file plus a
+config.
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('mlm', 'nsp')
+BUILTIN = ('clm', 'mlm', 'nsp')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
@@ -61,6 +62,12 @@ class Objective:
   # The data it needs: 'pairs' ([CLS] A [SEP] B [SEP] with NotNext labels) or 'segments'
   # (one segment per row).
   instances: str = 'segments'
+  # Whether it needs corrupted inputs (MLM's [MASK]s): a run none of whose objectives does reads
+  # its rows unmasked (data.pretraining.MaskingSettings.from_config).
+  masks_inputs: bool = False
+  # The attention it trains: True needs config.model.causal=True (each token sees itself and
+  # earlier ones), False bidirectional attention; config validation checks the run's agree.
+  causal: bool = False
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)
@@ -93,6 +100,11 @@ def of_config(config) -> tuple[Objective, ...]:
 def sentence_pairs(config) -> bool:
   """Whether the run's rows are sentence pairs with NotNext labels (an objective needs them)."""
   return any(o.instances == 'pairs' for o in of_config(config))
+
+
+def masks_inputs(config) -> bool:
+  """Whether the run's rows are masked (an objective predicts corrupted tokens)."""
+  return any(o.masks_inputs for o in of_config(config))
 
 
 def batch_spec(objectives, shape: BatchShape) -> dict[str, tuple[tuple[int, ...], Any]]:

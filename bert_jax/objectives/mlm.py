@@ -79,4 +79,4 @@ def flops(model, shape: objectives.BatchShape) -> float:
 
 OBJECTIVE = objectives.register(objectives.Objective(
     name='mlm', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops))
+    flops=flops, masks_inputs=True))

@@ -4,9 +4,10 @@ The paper's rules (BERT's create_pretraining_data): [CLS] and [SEP] are never ch
 num_to_predict = min(max_predictions, max(1, round(n_tokens * mask_rate))), [CLS] and [SEP]
 counted in n_tokens; of the chosen tokens mask_token_fraction become [MASK],
 random_token_fraction a random id, the rest stay; whole-word masking chooses all pieces of a word
-together. mask_tokens masks one sequence (the in-memory path, data/pipeline.py, and static
-masks); mask_batch masks every pair of a batch of (packed) rows at once (the streaming path,
-data/batching.py). A new masking scheme (spans, n-grams) is a new chooser here.
+together; a mask_rate of 0 chooses nothing (the unmasked rows of a run whose objectives read
+clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory path, data/pipeline.py,
+and static masks); mask_batch masks every pair of a batch of (packed) rows at once (the
+streaming path, data/batching.py). A new masking scheme (spans, n-grams) is a new chooser here.
 """
 
 import numpy as np
@@ -20,6 +21,8 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
   """Chooses positions to predict and corrupts them: (masked_ids, positions, labels)."""
   del keep_fraction  # The remainder of the other two; the config validates it.
   input_ids = np.asarray(input_ids, np.int32)
+  if mask_rate == 0:
+    return input_ids.copy(), np.zeros(0, np.int32), np.zeros(0, np.int32)
   # Counts the special tokens too, as the original does.
   num_to_predict = min(max_predictions,
                        max(1, int(round(len(input_ids) * mask_rate))))
@@ -92,6 +95,10 @@ def mask_batch(ids, pair_of, rng, settings):
   """
   s = settings
   b, length = ids.shape
+  if s.mask_rate == 0:
+    p = s.max_predictions
+    return (ids.copy(), np.zeros((b, p), np.int32), np.full((b, p), s.special.pad, np.int32),
+            np.zeros((b, p), np.float32))
   special = np.isin(ids, [s.special.cls, s.special.sep, s.special.pad])
   candidate = (~special) & (pair_of > 0)
   k = s.max_pairs_per_row

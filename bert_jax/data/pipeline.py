@@ -108,9 +108,10 @@ def eval_batches(documents, settings: pretraining.MaskingSettings, batch_size: i
 
 
 def most_frequent_label(examples) -> int:
-  """The token most often masked in `examples`: the always-predict-it baseline's guess."""
+  """The token most often masked in `examples`: the always-predict-it baseline's guess (0 when
+  nothing is masked: unmasked rows have no MLM baseline)."""
   labels = examples['masked_lm_ids'][examples['masked_lm_weights'] > 0]
-  return int(np.bincount(labels).argmax())
+  return int(np.bincount(labels).argmax()) if len(labels) else 0
 
 
 def baseline_accuracy(batches, token: int) -> float:

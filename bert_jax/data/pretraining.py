@@ -38,7 +38,7 @@ class MaskingSettings:
   max_predictions: int
   nsp: bool
   short_seq_prob: float
-  mask_rate: float
+  mask_rate: float  # 0: no token is chosen, the rows stay unmasked.
   mask_token_fraction: float
   random_token_fraction: float  # The rest of the predicted tokens is kept.
   is_continuation: np.ndarray | None = None  # Whole-word masking when set.
@@ -46,15 +46,19 @@ class MaskingSettings:
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
                   is_continuation: np.ndarray, **more):
-    """config.data and config.masking -> settings (`more`: a subclass's own fields)."""
+    """config.data and config.masking -> settings (`more`: a subclass's own fields). A run
+    none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows."""
+    masked = objectives.masks_inputs(config)
     return cls(
         special=special, vocab_size=vocab_size, max_seq_length=config.data.max_seq_length,
         max_predictions=config.data.max_predictions_per_seq,
         nsp=objectives.sentence_pairs(config),
-        short_seq_prob=config.data.short_seq_prob, mask_rate=config.masking.rate,
+        short_seq_prob=config.data.short_seq_prob,
+        mask_rate=config.masking.rate if masked else 0.0,
         mask_token_fraction=config.masking.mask_token_fraction,
         random_token_fraction=config.masking.random_token_fraction,
-        is_continuation=is_continuation if config.masking.whole_word else None, **more)
+        is_continuation=is_continuation if masked and config.masking.whole_word else None,
+        **more)
 
   @property
   def keep_fraction(self) -> float:

@@ -116,6 +116,7 @@ def validate(config) -> None:
   _check_ranges(flat, VALID_CHOICES)
   _check_schedule(config.train)
   _check_names(config)
+  _check_attention(config)
   _check_model_shape(config.model)
   _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
@@ -274,6 +275,34 @@ def _check_names(config) -> None:
       raise ConfigError(str(e)) from e
 
 
+def _check_attention(config) -> None:
+  """The objectives agree on the attention they train, and it is config.model.causal's."""
+  names = _objectives().parse(config.objectives)
+  causal = [n for n in names if _objectives().get(n).causal]
+  bidirectional = [n for n in names if n not in causal]
+  if causal and bidirectional:
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} mixes objectives of causal attention '
+        f'({", ".join(causal)}) and of bidirectional attention ({", ".join(bidirectional)}); a '
+        "run trains one encoder with one attention: e.g. config.objectives='clm' with "
+        "config.model.causal=True, or 'mlm,nsp' with causal=False.")
+  wanted = bool(causal)
+  if bool(config.model.get('causal', False)) != wanted:
+    if wanted:
+      raise ConfigError(
+          f'config.objectives={config.objectives!r} needs causal attention ({", ".join(causal)}: '
+          'each token predicts the next from itself and earlier ones): set '
+          f'config.model.causal=True (got {config.model.get("causal", False)}).')
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} needs bidirectional attention, but '
+        'config.model.causal=True; a masked LM with causal attention is not BERT. Set '
+        "config.model.causal=False, or config.objectives='clm' for a left-to-right LM.")
+  if wanted and config.data.get('packing'):
+    raise ConfigError('config.data.packing=True with config.model.causal=True is not supported '
+                      '(attention within each packed pair is not made causal); set '
+                      'config.data.packing=False.')
+
+
 def _checks():
   # The kernel settings' checks live beside their dispatch (bert_jax/ops); they import this
   # module's ConfigError.
@@ -290,26 +319,13 @@ def _check_model_shape(model) -> None:
 
 
 def _check_data(config) -> None:
-  data, masking = config.data, config.masking
+  data = config.data
   if data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(
         f'config.data.max_seq_length={data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
-  fractions = (masking.mask_token_fraction, masking.random_token_fraction,
-               masking.keep_fraction)
-  if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-    raise ConfigError(
-        f'config.masking.mask_token_fraction + random_token_fraction + keep_fraction = '
-        f'{fractions[0]} + {fractions[1]} + {fractions[2]} = {sum(fractions):.6g}; they must sum '
-        'to 1.')
-  needed = int(round(data.max_seq_length * masking.rate))
-  if data.max_predictions_per_seq < needed:
-    raise ConfigError(
-        f'config.data.max_predictions_per_seq={data.max_predictions_per_seq} is too small for '
-        f'config.masking.rate={masking.rate} x config.data.max_seq_length='
-        f'{data.max_seq_length} = {needed} predictions; set it to at least {needed} (the '
-        'config arguments mask_rate and seq raise it; masking would cap the predictions there '
-        'and train at a lower rate).')
+  if _objectives().masks_inputs(config):  # Otherwise the rows are unmasked: unused values.
+    _check_masking(config)
   minimum = 3 if _objectives().sentence_pairs(config) else 2
   if data.max_seq_length < minimum + 2:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
@@ -333,6 +349,30 @@ def _check_data(config) -> None:
         raise ConfigError(f'config.data.{key}={data[key]!r} needs a prepared corpus '
                           '(config.data.prepared); the in-memory reader of config.data.corpus '
                           'has no packing, static masking or workers.')
+
+
+def _check_masking(config) -> None:
+  """config.masking fits the data, for a run whose objectives mask inputs."""
+  data, masking = config.data, config.masking
+  if masking.rate == 0:
+    raise ConfigError(
+        f'config.masking.rate=0 masks no token: config.objectives={config.objectives!r} would '
+        'have nothing to predict; use a rate in (0, 1] (the paper: 0.15).')
+  fractions = (masking.mask_token_fraction, masking.random_token_fraction,
+               masking.keep_fraction)
+  if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+    raise ConfigError(
+        f'config.masking.mask_token_fraction + random_token_fraction + keep_fraction = '
+        f'{fractions[0]} + {fractions[1]} + {fractions[2]} = {sum(fractions):.6g}; they must sum '
+        'to 1.')
+  needed = int(round(data.max_seq_length * masking.rate))
+  if data.max_predictions_per_seq < needed:
+    raise ConfigError(
+        f'config.data.max_predictions_per_seq={data.max_predictions_per_seq} is too small for '
+        f'config.masking.rate={masking.rate} x config.data.max_seq_length='
+        f'{data.max_seq_length} = {needed} predictions; set it to at least {needed} (the '
+        'config arguments mask_rate and seq raise it; masking would cap the predictions there '
+        'and train at a lower rate).')
 
 
 def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:
@@ -452,7 +492,7 @@ def _check_phase2(config) -> None:
                       f'config.model.max_position_embeddings='
                       f'{config.model.max_position_embeddings}.')
   needed = int(round(seq * config.masking.rate))
-  if data.phase2_max_predictions_per_seq < needed:
+  if _objectives().masks_inputs(config) and data.phase2_max_predictions_per_seq < needed:
     raise ConfigError(
         f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
         f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '

@@ -1,22 +1,26 @@
-"""Initial weights from elsewhere: `--config.init_from=hf:DIR | tf:PREFIX | WORKDIR`.
+"""Initial weights from elsewhere: `--config.init_from=hf:DIR | tf:PREFIX | WORKDIR[@STEP]`.
 
 The weights replace the fresh parameters; the optimizer starts fresh and the step is 0. The
 model's shape is taken from the source, so `configs/base.py` can start from any BERT checkpoint.
+A workdir gives its newest checkpoint, or with @STEP that step's (for scores against pretraining
+steps); either is checked against the integrity record written at save.
 """
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 
-from bert_jax.train.checkpoint import latest_step
+from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
 ARCHITECTURE_KEYS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-                     'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps')
+                     'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'causal')
+# Values of the keys that workdirs written before the key existed lack.
+_WORKDIR_DEFAULTS = {'causal': False}
 
 
 class InitFromError(ValueError):
@@ -24,15 +28,34 @@ class InitFromError(ValueError):
 
 
 def parse(spec: str) -> tuple[str, str]:
-  """'hf:DIR' -> ('hf', DIR); 'tf:PREFIX' -> ('tf', PREFIX); a workdir -> ('workdir', DIR).
+  """'hf:DIR' -> ('hf', DIR); 'tf:PREFIX' -> ('tf', PREFIX); 'WORKDIR[@STEP]' -> ('workdir',
+  WORKDIR) (parse_step gives STEP).
 
   Local paths come back absolute (relative ones are taken from the current directory), since
   orbax restores only from absolute paths.
   """
-  kind, sep, path = spec.partition(':')
+  rest, step = _split_step(spec)
+  kind, sep, path = rest.partition(':')
   if not (sep and kind in ('hf', 'tf')):
-    kind, path = 'workdir', spec
+    kind, path = 'workdir', rest
+  elif step is not None:
+    raise InitFromError(
+        f'config.init_from={spec!r}: @{step} names a checkpoint step, which only a bert_jax '
+        f'workdir has (WORKDIR@STEP); {kind}:{"DIR" if kind == "hf" else "PREFIX"} holds one set '
+        f'of weights: drop @{step}.')
   return kind, _absolute(path)
+
+
+def parse_step(spec: str) -> int | None:
+  """STEP of 'WORKDIR@STEP'; None when the spec names no step (a workdir's newest checkpoint)."""
+  parse(spec)  # Refuses a step on hf: and tf: sources.
+  return _split_step(spec)[1]
+
+
+def _split_step(spec: str) -> tuple[str, int | None]:
+  """'PATH@2000' -> ('PATH', 2000); a spec without a trailing @ and digits -> (spec, None)."""
+  match = re.fullmatch(r'(.+)@([0-9]+)', spec)
+  return (match[1], int(match[2])) if match else (spec, None)
 
 
 def _absolute(path: str) -> str:
@@ -52,10 +75,21 @@ def check_exists(spec: str) -> None:
     raise InitFromError(f'config.init_from={spec!r}: {path + ".index"!r} does not exist; '
                         'tf:PREFIX names an original BERT checkpoint (PREFIX.index, '
                         'PREFIX.data-*, bert_config.json beside it).')
-  if kind == 'workdir' and latest_step(path) is None:
-    raise InitFromError(
-        f'config.init_from={spec!r} is neither hf:DIR, tf:PREFIX nor a bert_jax workdir with '
-        'checkpoints.')
+  if kind == 'workdir':
+    steps = checkpoint.checkpoint_steps(path)
+    if not steps:
+      raise InitFromError(
+          f'config.init_from={spec!r} is neither hf:DIR, tf:PREFIX nor a bert_jax workdir with '
+          'checkpoints' + (' (a step is named as WORKDIR@2000)' if '@' in spec else '') + '.')
+    step = parse_step(spec)
+    if step is not None and step not in steps:
+      raise InitFromError(f'config.init_from={spec!r}: ' + _missing_step(path, step, steps))
+
+
+def _missing_step(workdir: str, step: int, steps: list[int]) -> str:
+  return (f'{os.path.join(workdir, "checkpoints")} has no checkpoint of step {step}; it has '
+          f'steps {", ".join(map(str, steps))} (a run keeps its newest '
+          'train.keep_checkpoints). Name one of them as WORKDIR@STEP.')
 
 
 def source_architecture(spec: str) -> dict:
@@ -64,7 +98,7 @@ def source_architecture(spec: str) -> dict:
   if kind == 'workdir':
     with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
       model = json.load(f)['model']
-    return {k: model[k] for k in ARCHITECTURE_KEYS}
+    return {k: model[k] if k in model else _WORKDIR_DEFAULTS[k] for k in ARCHITECTURE_KEYS}
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
     config_path = os.path.join(path, 'config.json')
@@ -124,7 +158,7 @@ def load_params(config, fresh_params):
   """The source's parameters in our layout; heads it lacks come from `fresh_params`."""
   kind, path = parse(config.init_from)
   if kind == 'workdir':
-    return _load_workdir_params(path, fresh_params)
+    return _load_workdir_params(path, parse_step(config.init_from), fresh_params)
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   try:
     if kind == 'hf':
@@ -140,21 +174,30 @@ def load_params(config, fresh_params):
   return convert.merge_missing(params, jax.device_get(fresh_params))
 
 
-def _load_workdir_params(workdir: str, fresh_params):
+def _load_workdir_params(workdir: str, step: int | None, fresh_params):
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(fresh_params))
-  params = workdir_params(workdir)
+  params = workdir_params(workdir, step)
   check_same_structure(params, target, workdir)
   return params
 
 
-def workdir_params(workdir: str):
-  """The parameters (host numpy) of the newest checkpoint of a bert_jax workdir."""
-  step = latest_step(workdir)
-  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
+def workdir_params(workdir: str, step: int | None = None):
+  """The parameters (host numpy) of a bert_jax workdir's checkpoint of `step` (None: the newest),
+  read with the integrity check of a resume. A step that is missing or unreadable is an error
+  naming the steps there are, never a silent load of another step."""
+  steps = checkpoint.checkpoint_steps(workdir)
+  if not steps or (step is not None and step not in steps):
+    raise InitFromError(_missing_step(workdir, step, steps) if steps else
+                        f'{workdir!r} has no checkpoints to initialise from.')
+  step = steps[-1] if step is None else step
   try:
-    state = ocp.StandardCheckpointer().restore(path)
-  except (ValueError, FileNotFoundError) as e:
-    raise InitFromError(f'Cannot read the checkpoint in {path!r}: {e}') from e
+    state, _ = checkpoint.read_step(os.path.join(workdir, 'checkpoints'), step)
+  except Exception as e:  # Orbax's read errors and IntegrityError: pylint: disable=broad-except
+    others = ', '.join(str(s) for s in steps if s != step) or 'none'
+    text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
+    raise InitFromError(
+        f'The checkpoint of step {step} in {workdir!r} cannot be read ({type(e).__name__}: '
+        f'{text}); the other steps there: {others} (name one as WORKDIR@STEP).') from e
   logging.info('init_from: parameters of step %d of %s.', step, workdir)
   return jax.tree.map(np.asarray, state['params'])
 

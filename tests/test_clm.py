@@ -52,9 +52,9 @@ def padded_batch(batch=3, length=11, seed=0):
   return {'input_ids': ids * mask, 'input_mask': mask, 'segment_ids': segments}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('scan_layers', [True, False])
-def test_logits_match_transformers_lm_head_model(scan_layers):
+@pytest.fixture(scope='module')
+def lm_head_model():
+  """(a random transformers BertLMHeadModel in eval mode, its state dict + a pooler as numpy)."""
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
   torch.manual_seed(0)
@@ -67,17 +67,48 @@ def test_logits_match_transformers_lm_head_model(scan_layers):
   rng = np.random.default_rng(1)  # BertLMHeadModel has no pooler; ours needs one to load.
   state['bert.pooler.dense.weight'] = rng.normal(size=(48, 48)).astype(np.float32)
   state['bert.pooler.dense.bias'] = rng.normal(size=(48,)).astype(np.float32)
+  return reference, state
+
+
+def hf_logits(model, batch):
+  """[batch, length, vocab] logits of a transformers model on `batch`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+  with torch.no_grad():
+    return model(input_ids=as_long(batch['input_ids']),
+                 token_type_ids=as_long(batch['segment_ids']),
+                 attention_mask=as_long(batch['input_mask'])).logits.numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('scan_layers', [True, False])
+def test_logits_match_transformers_lm_head_model(lm_head_model, scan_layers):
+  reference, state = lm_head_model
   config = clm_config(scan_layers=scan_layers)
   params, _ = hf.import_hf(state, config)
   batch = padded_batch()
   model = steps.build_model(config)
   ours = jax.jit(model.apply)({'params': params}, batch)['clm_logits']
-  with torch.no_grad():
-    theirs = reference(input_ids=torch.tensor(batch['input_ids'], dtype=torch.long),
-                       token_type_ids=torch.tensor(batch['segment_ids'], dtype=torch.long),
-                       attention_mask=torch.tensor(batch['input_mask'], dtype=torch.long)).logits
   assert ours.shape == (3, 11, 101)
-  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(ours), hf_logits(reference, batch), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_as_a_causal_lm(lm_head_model, tmp_path):
+  transformers = pytest.importorskip('transformers')
+  reference, state = lm_head_model
+  config = clm_config()
+  params, _ = hf.import_hf(state, config)
+  hf.export_hf(params, config, str(tmp_path))
+  loaded, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path),
+                                                                   output_loading_info=True)
+  assert type(loaded).__name__ == 'BertLMHeadModel' and loaded.config.is_decoder
+  assert not info['missing_keys']
+  batch = padded_batch()
+  np.testing.assert_allclose(hf_logits(loaded.eval(), batch), hf_logits(reference, batch),
+                             atol=1e-6)
+  # And back: a decoder's config maps to causal attention.
+  assert hf.hf_config_to_model_overrides(hf.model_to_hf_config(config))['causal'] is True
 
 
 def encoder_of(config, batch):

@@ -301,9 +301,10 @@ def test_vocab_size_mismatch_needs_resize(checkpoint):
 
 
 def test_unsupported_hf_config_names_every_feature():
-  bad = {'hidden_act': 'relu', 'position_embedding_type': 'relative_key', 'is_decoder': True}
+  bad = {'hidden_act': 'relu', 'position_embedding_type': 'relative_key',
+         'add_cross_attention': True}
   with pytest.raises(convert.UnsupportedConfigError,
-                     match='relu.*relative_key.*is_decoder'):
+                     match='relu.*relative_key.*add_cross_attention'):
     convert.hf_config_to_model_overrides(bad)
 
 

@@ -214,9 +214,8 @@ def hf_config_to_model_overrides(hf_config: dict) -> dict:
   if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
     problems.append(f'position_embedding_type={hf_config["position_embedding_type"]!r}; '
                     'our model has learned absolute positions only')
-  for flag in ('is_decoder', 'add_cross_attention'):
-    if hf_config.get(flag):
-      problems.append(f'{flag}=true; our model is an encoder without cross-attention')
+  if hf_config.get('add_cross_attention'):
+    problems.append('add_cross_attention=true; our model has no cross-attention')
   if hf_config.get('hidden_size', 768) % hf_config.get('num_attention_heads', 12):
     problems.append('hidden_size is not a multiple of num_attention_heads')
   if problems:
@@ -231,6 +230,8 @@ def hf_config_to_model_overrides(hf_config: dict) -> dict:
            'attention_probs_dropout_prob': 'attention_dropout_rate'}
   overrides = {ours: hf_config[hf] for hf, ours in names.items() if hf in hf_config}
   overrides['gelu'] = HF_GELU[act]
+  if hf_config.get('is_decoder'):  # A left-to-right LM (BertLMHeadModel): causal attention.
+    overrides['causal'] = True
   return overrides
 
 
@@ -240,10 +241,13 @@ def has_nsp(config) -> bool:
 
 
 def model_to_hf_config(config) -> dict:
-  """Our full config -> an HF BertConfig dict (BertForMaskedLM when there is no NSP head)."""
+  """Our full config -> an HF BertConfig dict (BertForMaskedLM when there is no NSP head,
+  BertLMHeadModel, a decoder, with causal attention)."""
   m = config.model
+  causal = bool(m.get('causal', False))
   return {
-      'architectures': ['BertForPreTraining' if has_nsp(config) else 'BertForMaskedLM'],
+      'architectures': ['BertLMHeadModel' if causal else
+                        'BertForPreTraining' if has_nsp(config) else 'BertForMaskedLM'],
       'model_type': 'bert', 'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
       'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
       'intermediate_size': m.intermediate_size,
@@ -253,7 +257,7 @@ def model_to_hf_config(config) -> dict:
       'max_position_embeddings': m.max_position_embeddings,
       'type_vocab_size': m.type_vocab_size, 'initializer_range': m.initializer_range,
       'layer_norm_eps': m.layer_norm_eps, 'pad_token_id': 0,
-      'position_embedding_type': 'absolute', 'is_decoder': False, 'tie_word_embeddings': True,
+      'position_embedding_type': 'absolute', 'is_decoder': causal, 'tie_word_embeddings': True,
   }
 
 
@@ -500,7 +504,8 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   The tied decoder weight and bias are written too, so any transformers version loads the MLM
   head without missing keys. Without NSP (no 'nsp' in config.objectives) there is no NSP head:
   config.json names BertForMaskedLM, which loads cleanly (it drops the pooler, which nothing
-  trained); BertForPreTraining would randomly initialise cls.seq_relationship.
+  trained); BertForPreTraining would randomly initialise cls.seq_relationship. A causal model
+  (config.model.causal, the clm objective) is written as a decoder, BertLMHeadModel.
   """
   flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()}
   if config.model.scan_layers:
@@ -516,7 +521,7 @@ def export_hf(params, config, out_dir: str) -> list[str]:
     raise CheckpointMismatchError('Parameters do not fit config.model', problems)
   tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path]))
              for e in entries(config.model.num_layers) if e.path in flat}
-  if not has_nsp(config):
+  if not has_nsp(config) and not config.model.get('causal', False):
     logging.warning("config.objectives has no 'nsp': no NSP head is exported. BertForMaskedLM "
                     'loads the checkpoint fully; BertForPreTraining would randomly initialise '
                     'cls.seq_relationship.')

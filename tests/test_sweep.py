@@ -1,42 +1,268 @@
-"""experiments/sweep.py: arms run as ordinary resumable runs and land in one table."""
+"""Ablation sweeps (bert_jax/sweep): plans validated before anything trains, fair held-out sets,
+derived schedules, resume, and every shipped sweep file run end to end on a tiny base config."""
 
+import glob
+import json
 import os
-import subprocess
-import sys
 
+import ml_collections
+import numpy as np
 import pytest
 
+from bert_jax.sweep import runner
+from bert_jax.sweep import spec
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, 'experiments'))
-
-import sweep  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-MICRO = ['--config.model.vocab_size=1024', '--config.model.hidden_size=32',
-         '--config.model.intermediate_size=64', '--config.model.max_position_embeddings=32',
-         '--config.data.tokenizer_vocab_size=1024', '--config.data.max_seq_length=32',
-         '--config.data.max_predictions_per_seq=5', '--config.data.max_documents=100',
-         '--config.data.eval_fraction=0.1', '--config.train.batch_size=8',
-         '--config.train.num_steps=3', '--config.train.warmup_steps=1',
-         '--config.train.eval_batches=1', '--config.train.peak_flops=1e11']
+SWEEP_FILES = sorted(glob.glob(os.path.join(REPO, 'sweeps', '[!_]*.py')))
+SWEEP_FILES = [f for f in SWEEP_FILES if os.path.basename(f) != 'common.py']
 
 
-def test_arm_arguments_append_to_the_config():
-  assert sweep.arm_config('configs/base.py', 'nsp=False') == 'configs/base.py:nsp=False'
-  assert sweep.arm_config('configs/base.py:steps=9', 'nsp=False') == (
-      'configs/base.py:steps=9,nsp=False')
-  assert sweep.arm_dirname('layers=3,nsp=False') == 'layers=3_nsp=False'
+def _data_root():
+  root = os.environ.get('BERT_JAX_DATA', '')
+  if not os.path.isdir(os.path.join(root, 'glue')):
+    pytest.skip('BERT_JAX_DATA (the shared data folder with glue/ and vocab/) is not set.')
+  return root
+
+
+def _vocab():
+  return os.path.join(_data_root(), 'vocab', 'bert-base-uncased-vocab.txt')
+
+
+def tiny(sweep, tasks=None, steps=1):
+  """`sweep` on configs/tiny.py: `steps` per pretraining run, one seed, a few fine-tuning rows."""
+  sweep.base = 'configs/tiny.py'
+  sweep.steps = steps
+  sweep.pretrain.data.vocab_file = _vocab()  # The random-init arms need a given vocab.
+  sweep.pretrain.model = {'vocab_size': 30522}
+  sweep.pretrain.train = {'eval_batches': 2}
+  sweep.finetune.seeds = 1
+  if tasks:
+    sweep.finetune.tasks = tasks
+  sweep.finetune.overrides.model.dtype = 'float32'
+  sweep.finetune.overrides.train.update(batch_size=8, num_epochs=1.0)
+  sweep.finetune.overrides.task.max_train_examples = 16
+  sweep.finetune.overrides.train.compilation_cache_dir = ''
+  return sweep
+
+
+def table5():
+  return spec.load_file(os.path.join(REPO, 'sweeps', 'table5.py'))
+
+
+def _arm(sweep, name, **fields):
+  arms = sweep.arms.to_dict()
+  arms[name] = fields
+  sweep.arms = arms
+  return sweep
+
+
+# ---- Plans: every check before anything trains. ----
+
+
+@pytest.mark.parametrize('path', SWEEP_FILES, ids=os.path.basename)
+def test_every_shipped_sweep_plans_with_its_real_base(path, tmp_path):
+  _data_root()
+  plan = spec.plan(spec.load_file(path), str(tmp_path))
+  kinds = [job.kind for job in plan.jobs]
+  assert kinds[0] == 'prepare' and 'pretrain' in kinds and 'finetune' in kinds
+  names = [job.name for job in plan.jobs]
+  for job in plan.jobs:  # Jobs come after what they need.
+    assert all(names.index(dep) < names.index(job.name) for dep in job.after)
+  assert not os.listdir(tmp_path)  # Planning writes nothing.
+
+
+def test_misspelled_key_in_an_arm_is_refused_naming_arm_and_key(tmp_path):
+  _data_root()
+  sweep = _arm(table5(), 'deep', label='deep', pretrain={'model': {'num_layer': 3}})
+  with pytest.raises(spec.SweepError, match=r"Arm 'deep'.*'model.num_layer'.*model.num_layers"):
+    spec.plan(sweep, str(tmp_path))
+
+
+def test_bad_value_in_an_arm_is_refused_before_the_first_arm_trains(tmp_path, monkeypatch):
+  _data_root()
+  started = []
+  monkeypatch.setattr(runner, '_start', lambda *a: started.append(a))
+  sweep = _arm(table5(), 'z_bad', label='bad', args='mask_rate=1.5')
+  with pytest.raises(spec.SweepError, match=r"Arm 'z_bad'.*masking.rate=1.5"):
+    runner.run(spec.plan(sweep, str(tmp_path)), str(tmp_path))
+  assert not started and not os.listdir(tmp_path)
+
+
+def test_unknown_task_and_arm_field_are_refused(tmp_path):
+  _data_root()
+  sweep = table5()
+  sweep.finetune.tasks = 'sst2,mrcp'
+  with pytest.raises(spec.SweepError, match=r"unknown task 'mrcp'.*mrpc"):
+    spec.plan(sweep, str(tmp_path))
+  with pytest.raises(spec.SweepError, match=r"Arm 'x'.*unknown field.*overides"):
+    spec.plan(_arm(table5(), 'x', overides={}), str(tmp_path))
+
+
+def test_arms_must_share_the_held_out_documents(tmp_path):
+  _data_root()
+  sweep = _arm(table5(), 'other_seed', label='seed 1', pretrain={'seed': 1})
+  with pytest.raises(spec.SweepError, match=r'config.seed is .*other_seed'):
+    spec.plan(sweep, str(tmp_path))
+  sweep = _arm(table5(), 'big_batch', label='batch 512', args='batch=512')
+  with pytest.raises(spec.SweepError, match=r'eval_batches'):
+    spec.plan(sweep, str(tmp_path))
+  sweep = _arm(table5(), 'big_batch', label='batch 512', args='batch=512',
+               pretrain={'train': {'eval_batches': 8}})
+  notes = spec.plan(sweep, str(tmp_path)).summary['notes']
+  assert any('objectives' in note for note in notes)  # NSP pairs and single segments differ.
+
+
+def test_schedule_and_intervals_follow_the_step_budget(tmp_path):
+  _data_root()
+  sweep = table5()
+  sweep.steps = 500
+  plan = spec.plan(sweep, str(tmp_path))
+  small = spec.load_config('configs/small.py', 'test')
+  share = small.train.warmup_steps / small.train.num_steps
+  for job in plan.jobs:
+    if job.kind != 'pretrain':
+      continue
+    config = spec.load_config(job.config, job.name)
+    spec.apply_overrides(config, job.overrides, job.name)
+    assert config.train.num_steps == job.num_steps == 500
+    assert config.train.warmup_steps == round(share * 500)
+    assert config.train.eval_every == 500 // sweep.evaluations
+    assert config.train.checkpoint_every == 500
+  sweep = _arm(table5(), 'own_warmup', label='w', args='warmup=7', pretrain={'seed': 0})
+  sweep.steps = 500
+  job = next(j for j in spec.plan(sweep, str(tmp_path)).jobs if j.name == 'pretrain/own_warmup')
+  config = spec.load_config(job.config, job.name)
+  assert config.train.warmup_steps == 7  # Set explicitly: kept.
+
+
+def test_arms_with_the_same_pretraining_share_one_run(tmp_path):
+  _data_root()
+  plan = spec.plan(table5(), str(tmp_path))
+  pretrain = [job.name for job in plan.jobs if job.kind == 'pretrain']
+  assert pretrain == ['pretrain/mlm_nsp', 'pretrain/mlm', 'pretrain/ltr']
+  bilstm = next(job for job in plan.jobs if job.name == 'finetune/ltr_bilstm/sst2')
+  assert bilstm.after == ('pretrain/ltr',)
+  assert bilstm.overrides['init_from'] == os.path.join(str(tmp_path), 'pretrain', 'ltr')
+  assert bilstm.overrides['task.lstm_layers'] == 1
+  random = next(job for job in plan.jobs if job.name == 'finetune/random/mrpc')
+  small = spec.load_config('configs/small.py', 'test')
+  assert random.after == () and 'init_from' not in random.overrides
+  assert random.overrides['model.num_layers'] == small.model.num_layers
+  assert random.overrides['data.vocab_file'] == small.data.vocab_file
+
+
+def test_at_steps_keep_those_checkpoints_and_fine_tune_from_them(tmp_path):
+  _data_root()
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'training_steps.py'))
+  sweep.steps = 3000
+  sweep.finetune.at_steps = '1000,2000'
+  plan = spec.plan(sweep, str(tmp_path))
+  run = next(job for job in plan.jobs if job.kind == 'pretrain')
+  assert run.overrides['train.checkpoint_every'] == 1000
+  assert run.overrides['train.keep_checkpoints'] >= 3
+  froms = sorted(job.overrides['init_from'] for job in plan.jobs if job.task == 'sst2')
+  base = os.path.join(str(tmp_path), 'pretrain', 'bert')
+  assert froms == [base, f'{base}@1000', f'{base}@2000']
+  sweep.finetune.at_steps = '3000'
+  with pytest.raises(spec.SweepError, match='outside the steps'):
+    spec.plan(sweep, str(tmp_path))
+
+
+def test_a_rerun_with_another_config_for_an_existing_run_is_refused(tmp_path):
+  _data_root()
+  runner.write_summary(spec.plan(table5(), str(tmp_path)), str(tmp_path))
+  os.makedirs(tmp_path / 'pretrain' / 'mlm')
+  sweep = table5()
+  sweep.pretrain.train = {'learning_rate': 1e-3}
+  with pytest.raises(spec.SweepError, match=r'pretrain/mlm exists .*learning_rate'):
+    runner.check_recorded(spec.plan(sweep, str(tmp_path)), str(tmp_path))
+
+
+def test_pod_commands_list_every_run_after_its_prerequisites(tmp_path):
+  _data_root()
+  plan = spec.plan(table5(), str(tmp_path))
+  script = runner.pod_commands(plan, str(tmp_path))
+  lines = [line for line in script.splitlines() if line.startswith('./launch_tpu.sh')]
+  assert len(lines) == len(plan.jobs) - 1  # All but the prepare step, which is shown first.
+  assert all('--workdir=' in line for line in lines)
+  assert script.index('pretrain/ltr') < script.index('finetune/ltr_bilstm/sst2')
+
+
+# ---- The held-out set. ----
+
+
+def test_reference_eval_masking_gives_every_masking_arm_the_same_held_out_set():
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  from configs import tiny as tiny_config  # pylint: disable=g-import-not-at-top
+
+  def held_out(masking_eval, **masking):
+    config = tiny_config.get_config('mask_rate=0.4' if masking.pop('rate40', False) else None)
+    config.data.max_documents = 40
+    config.masking.update(eval=masking_eval, **masking)
+    return pretrain.prepare_data(config, '/nonexistent')[1]
+
+  reference = held_out('reference')
+  for arm in (dict(mask_token_fraction=1.0, random_token_fraction=0.0, keep_fraction=0.0),
+              dict(rate40=True)):
+    other = held_out('reference', **dict(arm))
+    assert all(np.array_equal(a[k][:, :b[k].shape[1]] if a[k].ndim > 1 else a[k], b[k])
+               for a, b in zip(other, reference) for k in ('input_ids', 'masked_lm_positions'))
+    own = held_out('train', **dict(arm))
+    assert not all(np.array_equal(a['input_ids'], b['input_ids'])
+                   for a, b in zip(own, reference))
+
+
+# ---- Every shipped sweep, end to end on a tiny base. ----
+
+
+def _run(sweep, workdir, sweep_file=''):
+  plan = spec.plan(sweep, workdir, sweep_file)
+  lines = []
+  failed = runner.run(plan, workdir, in_process=True, log=lines.append)
+  assert not failed, lines
+  return plan, lines
 
 
 @pytest.mark.slow
-def test_sweep_runs_each_arm_and_tabulates(tmp_path):
-  workdir = tmp_path / 'sweep'
-  result = subprocess.run(
-      [sys.executable, 'experiments/sweep.py', '--config=configs/tiny.py',
-       '--arms=nsp=True;nsp=False', f'--workdir={workdir}', '--',
-       f'--config.data.tokenizer_cache_dir={tmp_path / "vocab"}', *MICRO],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stderr[-2000:]
-  table = (workdir / 'results.md').read_text().splitlines()
-  assert table[2].startswith('| nsp=True |') and table[3].startswith('| nsp=False |')
-  assert table[3].split('|')[4].strip() == '-'  # No NSP accuracy without the NSP head.
-  assert (workdir / 'nsp=False' / 'checkpoints' / '3').is_dir()
+@pytest.mark.parametrize('path', SWEEP_FILES, ids=os.path.basename)
+def test_shipped_sweep_runs_on_a_tiny_base_and_reports(path, tmp_path):
+  from bert_jax.sweep import report  # pylint: disable=g-import-not-at-top
+  sweep = spec.load_file(path)
+  steps = 1
+  if sweep.finetune.get('at_steps'):
+    steps, sweep.finetune.at_steps = 2, '1'
+  tiny(sweep, None if path.endswith('table5.py') else 'mrpc', steps)
+  workdir = str(tmp_path)
+  plan, _ = _run(sweep, workdir, path)
+  for job in plan.jobs:
+    assert runner.finished(job, workdir), job.name
+  text = report.write(workdir)
+  for arm in plan.summary['arms']:
+    assert arm['label'] in text
+  with open(os.path.join(workdir, 'report.md'), encoding='utf-8') as f:
+    first = f.read()
+  # A rerun skips every finished run and rebuilds the same report.
+  _, lines = _run(spec.load_file(path) if False else sweep, workdir, path)
+  assert all('finished before; skipped' in line for line in lines), lines
+  report.write(workdir)
+  with open(os.path.join(workdir, 'report.md'), encoding='utf-8') as f:
+    assert f.read() == first
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_redoes_only_unfinished_runs(tmp_path):
+  sweep = tiny(table5(), 'mrpc')
+  workdir = str(tmp_path)
+  plan, _ = _run(sweep, workdir)
+  # As if killed before the MLM arm's fine-tuning finished, and before 'ltr' had pretrained.
+  os.remove(tmp_path / 'finetune' / 'mlm' / 'mrpc' / 'results.json')
+  os.remove(tmp_path / 'pretrain' / 'ltr' / 'eval_results.json')
+  stamps = {job.name: os.path.getmtime(os.path.join(workdir, job.workdir))
+            for job in plan.jobs if job.kind != 'prepare'}
+  _, lines = _run(sweep, workdir)
+  started = sorted(line.split()[1].rstrip(':') for line in lines if 'started' in line)
+  assert started == ['finetune/ltr/mrpc', 'finetune/ltr_bilstm/mrpc', 'finetune/mlm/mrpc',
+                     'pretrain/ltr'] or started == ['finetune/mlm/mrpc', 'pretrain/ltr']
+  with open(tmp_path / 'finetune' / 'mlm' / 'mrpc' / 'results.json', encoding='utf-8') as f:
+    assert json.load(f)['seeds'] == [0]
+  assert stamps  # Unused otherwise.

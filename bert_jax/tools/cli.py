@@ -124,6 +124,12 @@ def _config_argument(argv):
   return None
 
 
+def load_config_file(path: str, arg=None):
+  """get_config(arg) of the config file at `path` (absolute, or relative to the current
+  directory, then to the repository): what --config=PATH:ARG loads."""
+  return _load_config(path, arg)
+
+
 def _load_config(path: str, arg):
   """get_config(arg) of the config file at `path` (absolute, or relative to the current
   directory, then to the repository)."""

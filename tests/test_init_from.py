@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -9,7 +10,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.interop import init_from
+from bert_jax.train import finetune
 from bert_jax.train import pretrain
+from configs import glue
 import conftest
 
 # conftest's micro config, three steps (one of warmup), no evaluation or checkpoint before the
@@ -113,3 +117,109 @@ def test_init_from_hf_index_naming_a_file_outside_the_model_is_a_clear_error(tmp
                      match=r"weight_map entry 'bert.embeddings.word_embeddings.weight' -> "
                      r"'../other.safetensors' is not a file name inside"):
     init_from.load_params(config, fresh_params={})
+
+
+# init_from=WORKDIR@STEP.
+
+# Six steps with a checkpoint every two, all three kept.
+STEPPED = {**RUN, 'train.num_steps': 6, 'train.checkpoint_every': 2, 'train.keep_checkpoints': 3}
+
+
+@pytest.fixture(scope='module')
+def stepped(tmp_path_factory):
+  """A pretraining workdir with the checkpoints of steps 2, 4 and 6."""
+  tmp = tmp_path_factory.mktemp('stepped')
+  workdir = str(tmp / 'run')
+  pretrain.train_and_evaluate(conftest.micro_config(tmp, **STEPPED), workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4', '6']
+  return workdir
+
+
+def assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def trees_differ(a, b):
+  return any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.slow
+def test_pretraining_from_a_named_step_starts_from_that_steps_weights(stepped, tmp_path):
+  config = micro_config(tmp_path, init_from=f'{stepped}@2')
+  config.train.update(num_steps=1, warmup_steps=1)  # Learning rate 0 in the only step.
+  target = str(tmp_path / 'target')
+  pretrain.train_and_evaluate(config, target)
+  loaded = params_at(target, 1)['params']
+  assert_trees_equal(loaded, params_at(stepped, 2)['params'])
+  assert trees_differ(loaded, params_at(stepped, 6)['params'])  # Not the newest.
+
+
+@pytest.mark.slow
+def test_fine_tuning_from_a_named_step_loads_that_steps_encoder(stepped, tmp_path):
+  config = glue.get_config('task=sst2')
+  config.init_from = f'{stepped}@4'
+  init_from.adopt_source(config)  # Shape and vocab from the workdir, as the run does.
+  model = finetune.build_model(config, type('T', (), {'head': 'classification',
+                                                      'num_outputs': 2})())
+  encoder = finetune.load_encoder_params(config, model)
+  assert_trees_equal(encoder, params_at(stepped, 4)['params']['bert'])
+  assert trees_differ(encoder, params_at(stepped, 6)['params']['bert'])
+  assert config.data.vocab_file == os.path.join(stepped, 'vocab.txt')
+
+
+@pytest.mark.slow
+def test_a_named_step_that_fails_its_integrity_check_is_an_error_not_another_step(stepped,
+                                                                                  tmp_path):
+  workdir = str(tmp_path / 'damaged')
+  shutil.copytree(stepped, workdir)
+  metadata = os.path.join(workdir, 'checkpoints', '4', 'data', 'metadata')
+  with open(metadata, encoding='utf-8') as f:
+    position = json.load(f)
+  arrays = position['integrity']['arrays']
+  name = next(k for k in arrays if k.startswith('.params'))
+  arrays[name] = [arrays[name][0] + 1, arrays[name][1]]  # As if the array's bytes had changed.
+  with open(metadata, 'w', encoding='utf-8') as f:
+    json.dump(position, f)
+  with pytest.raises(init_from.InitFromError,
+                     match=r'step 4 .*differs from the one saved.*other steps there: 2, 6'):
+    init_from.workdir_params(workdir, 4)
+  assert_trees_equal(init_from.workdir_params(workdir, 2), params_at(stepped, 2)['params'])
+
+
+def fake_workdir(tmp_path, steps):
+  """A directory with checkpoints/<step>/ folders: all check_exists looks at."""
+  workdir = tmp_path / 'pretrained'
+  for step in steps:
+    (workdir / 'checkpoints' / str(step)).mkdir(parents=True)
+  (workdir / 'checkpoints' / '6.orbax-checkpoint-tmp-1').mkdir()  # An unfinished save.
+  return str(workdir)
+
+
+def test_a_missing_step_names_the_steps_there_are(tmp_path):
+  workdir = fake_workdir(tmp_path, [2, 4])
+  config = micro_config(tmp_path, init_from=f'{workdir}@6')
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'@6.*has no checkpoint of step 6; it has steps 2, 4 '):
+    config_lib.validate(config)
+  config.init_from = f'{workdir}@4'
+  config_lib.validate(config)
+
+
+def test_a_missing_step_stops_fine_tuning_before_compiling(tmp_path, monkeypatch):
+  monkeypatch.setattr(jax, 'jit', None)  # Nothing may compile before this error.
+  config = glue.get_config('task=sst2')
+  config.task.data_dir = str(tmp_path)
+  config.init_from = f'{fake_workdir(tmp_path, [2, 4])}@3'
+  with pytest.raises(config_lib.ConfigError,
+                     match='has no checkpoint of step 3; it has steps 2, 4'):
+    finetune.run(config, str(tmp_path / 'run'))
+
+
+@pytest.mark.parametrize('spec', ['hf:models/bert@3', 'tf:ckpt/bert_model.ckpt@3'])
+def test_a_step_on_an_hf_or_tf_source_is_refused(tmp_path, spec):
+  config = micro_config(tmp_path, init_from=spec)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'@3 names a checkpoint step, which only a bert_jax workdir has'):
+    config_lib.validate(config)

@@ -8,7 +8,8 @@ restored instead.
 Every checkpoint carries integrity data written at save: two position-weighted sums of each
 array's bits and a sha256 of the data position. Restore recomputes them, so a checkpoint whose
 bytes changed on disk (a flipped bit) is unreadable like a truncated one, and the previous good
-step is restored instead; the warning names the array that differs.
+step is restored instead; the warning names the array that differs. read_step reads one named
+step of another run (init_from) with the same check and no fallback.
 A save that fails (disk full, permissions) is an error that names the step and the newest good
 checkpoint; the good ones stay.
 """
@@ -18,6 +19,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -81,6 +83,12 @@ def with_integrity(state, position: dict) -> dict:
                                       'position_sha256': _position_digest(position)}}
 
 
+def _array_name(path: str) -> str:
+  """An array's path with attributes written as keys (`.params` as `['params']`): a state read
+  without a target comes back as nested dicts, and must match the TrainState saved."""
+  return re.sub(r'\.(\w+)', r"['\1']", path)
+
+
 def verify_integrity(state, position: dict) -> bool:
   """Raises IntegrityError naming what differs from the record written at save; False when the
   checkpoint has no record (written before records existed: restored unverified)."""
@@ -89,8 +97,8 @@ def verify_integrity(state, position: dict) -> bool:
     return False
   if not isinstance(record, dict) or _position_digest(position) != record.get('position_sha256'):
     raise IntegrityError('the data position differs from the one saved (its sha256)')
-  saved = record.get('arrays', {})
-  read = state_checksums(state)
+  saved = {_array_name(k): v for k, v in record.get('arrays', {}).items()}
+  read = {_array_name(k): v for k, v in state_checksums(state).items()}
   changed = [path for path in read if saved.get(path) != read[path]]
   if changed or set(saved) != set(read):
     changed = changed or sorted(set(saved) ^ set(read))
@@ -235,6 +243,29 @@ class Checkpointer:
     self._manager.close()
 
 
+def read_step(directory: str, step: int) -> tuple[Any, dict]:
+  """(state as nested dicts, data position) of checkpoint `step` in `directory`, without a
+  target state (another run's, e.g. for init_from), checked like Checkpointer.restore checks.
+
+  Raises IntegrityError when the arrays or the position differ from their record, and orbax's
+  error when the files cannot be read; never falls back to another step.
+  """
+  manager = ocp.CheckpointManager(directory, item_names=('state', 'data'),
+                                  options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    with _quiet_abandoned_reads():
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore()))
+  finally:
+    manager.close()
+  position = dict(restored['data'])
+  if not verify_integrity(restored['state'], position):
+    logging.warning('Checkpoint step %d in %s has no integrity record; read unverified.', step,
+                    directory)
+  position.pop(INTEGRITY_KEY, None)
+  return restored['state'], position
+
+
 @contextlib.contextmanager
 def closing(checkpointer: Checkpointer):
   """A loop's checkpointer: closed when the loop ends; on an error the save in flight is completed
@@ -320,14 +351,20 @@ def state_bytes(abstract_state) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
 
 
-def latest_step(workdir: str) -> int | None:
-  """Newest complete checkpoint step in workdir/checkpoints, or None (complete ones are renamed
-  from a temporary name, so a half-written save never counts)."""
+def checkpoint_steps(workdir: str) -> list[int]:
+  """Complete checkpoint steps in workdir/checkpoints, oldest first (complete ones are renamed
+  from a temporary name, so a half-written save never counts; unreadable ones moved aside do
+  not either)."""
   directory = os.path.join(workdir, 'checkpoints')
   if not os.path.isdir(directory):
-    return None
-  steps = [int(name) for name in os.listdir(directory) if name.isdigit()]
-  return max(steps) if steps else None
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def latest_step(workdir: str) -> int | None:
+  """Newest complete checkpoint step in workdir/checkpoints, or None."""
+  steps = checkpoint_steps(workdir)
+  return steps[-1] if steps else None
 
 
 def abstract_like(state, shardings):

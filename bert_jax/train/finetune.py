@@ -180,7 +180,7 @@ def load_encoder_params(config, model):
     return None
   kind, path = init_from.parse(config.init_from)
   if kind == 'workdir':
-    pretrain_params = init_from.workdir_params(path)
+    pretrain_params = init_from.workdir_params(path, init_from.parse_step(config.init_from))
   else:
     # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
     # its heads are not used here.

@@ -223,3 +223,24 @@ def test_a_step_on_an_hf_or_tf_source_is_refused(tmp_path, spec):
   with pytest.raises(config_lib.ConfigError,
                      match=r'@3 names a checkpoint step, which only a bert_jax workdir has'):
     config_lib.validate(config)
+
+
+def test_workdir_params_follow_the_target_s_layer_layout():
+  """A run of scan_layers=False (layer_N subtrees) initialises one of scan_layers=True (layers
+  stacked) and back: the same values, the other tree."""
+  rng = np.random.default_rng(0)
+  per_layer = [{'attention': {'kernel': rng.normal(size=(3, 4))}, 'bias': rng.normal(size=4)}
+               for _ in range(2)]
+  unscanned = {'bert': {'encoder': {'layer_0': per_layer[0], 'layer_1': per_layer[1]},
+                        'pooler': {'bias': rng.normal(size=4)}}}
+  stacked = init_from.match_layer_layout(
+      unscanned, {'bert': {'encoder': {'layer': {}}, 'pooler': {}}})
+  assert set(stacked['bert']['encoder']) == {'layer'}
+  np.testing.assert_array_equal(stacked['bert']['encoder']['layer']['attention']['kernel'][1],
+                                per_layer[1]['attention']['kernel'])
+  np.testing.assert_array_equal(stacked['bert']['pooler']['bias'], unscanned['bert']['pooler']['bias'])
+  back = init_from.match_layer_layout(stacked, unscanned)
+  for n in range(2):
+    np.testing.assert_array_equal(back['bert']['encoder'][f'layer_{n}']['bias'],
+                                  per_layer[n]['bias'])
+  assert init_from.match_layer_layout(unscanned, unscanned) is unscanned

@@ -176,9 +176,29 @@ def load_params(config, fresh_params):
 
 def _load_workdir_params(workdir: str, step: int | None, fresh_params):
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), jax.device_get(fresh_params))
-  params = workdir_params(workdir, step)
+  params = match_layer_layout(workdir_params(workdir, step), target)
   check_same_structure(params, target, workdir)
   return params
+
+
+def _scanned(params) -> bool:
+  return 'layer' in params.get('bert', {}).get('encoder', {})
+
+
+def match_layer_layout(params, target):
+  """`params` with its encoder layers laid out as `target`'s: stacked under encoder/layer
+  (model.scan_layers=True) or one subtree per layer (encoder/layer_N), whichever the source run
+  used. The values are the same; only the tree differs."""
+  if _scanned(params) == _scanned(target) or 'bert' not in params:
+    return params
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  flat = hf._flatten(params)  # pylint: disable=protected-access
+  if _scanned(target):
+    layers = len({hf._LAYER.match(k).group(1) for k in flat if hf._LAYER.match(k)})  # pylint: disable=protected-access
+    flat = hf._stack_layers(flat, layers)  # pylint: disable=protected-access
+  else:
+    flat = hf._unstack_layers(flat)  # pylint: disable=protected-access
+  return hf._unflatten(flat)  # pylint: disable=protected-access
 
 
 def workdir_params(workdir: str, step: int | None = None):

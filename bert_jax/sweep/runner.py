@@ -102,8 +102,9 @@ def write_summary(plan: spec_lib.Plan, workdir: str) -> None:
 
 def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool = False,
         env: dict | None = None, log=print) -> list[str]:
-  """Runs every unfinished job, `parallel` at a time (each waits for the jobs it needs); returns
-  the names of the jobs that failed (their dependents are not started)."""
+  """Runs every unfinished job, `parallel` at a time, pretraining runs one at a time (each waits
+  for the jobs it needs); returns the names of the jobs that failed (their dependents are not
+  started)."""
   workdir = os.path.abspath(workdir)
   check_recorded(plan, workdir)
   write_summary(plan, workdir)
@@ -122,6 +123,8 @@ def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool =
         continue
       if len(running) >= max(1, parallel) or not all(dep in done for dep in job.after):
         continue
+      if job.kind == 'pretrain' and any(j.kind == 'pretrain' for j, _, _ in running.values()):
+        continue  # A pretraining run fills the devices: two would only share them.
       pending.remove(job)
       log(f'[sweep] {job.name}: started ({len(done)}/{len(plan.jobs)} done).')
       if in_process:

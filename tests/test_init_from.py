@@ -244,3 +244,5 @@ def test_workdir_params_follow_the_target_s_layer_layout():
     np.testing.assert_array_equal(back['bert']['encoder'][f'layer_{n}']['bias'],
                                   per_layer[n]['bias'])
   assert init_from.match_layer_layout(unscanned, unscanned) is unscanned
+  encoder_only = init_from.match_layer_layout(unscanned['bert'], {'encoder': {'layer': {}}})
+  np.testing.assert_array_equal(encoder_only['encoder']['layer']['bias'][0], per_layer[0]['bias'])

@@ -181,24 +181,30 @@ def _load_workdir_params(workdir: str, step: int | None, fresh_params):
   return params
 
 
-def _scanned(params) -> bool:
-  return 'layer' in params.get('bert', {}).get('encoder', {})
+def _encoder(params) -> dict:
+  """The encoder subtree of a pretraining model's parameters ('bert/encoder') or of the
+  encoder's own ('encoder'); {} when there is none."""
+  return params.get('bert', params).get('encoder', {})
 
 
 def match_layer_layout(params, target):
   """`params` with its encoder layers laid out as `target`'s: stacked under encoder/layer
   (model.scan_layers=True) or one subtree per layer (encoder/layer_N), whichever the source run
-  used. The values are the same; only the tree differs."""
-  if _scanned(params) == _scanned(target) or 'bert' not in params:
+  used. The values are the same; only the tree differs. Both trees are a pretraining model's
+  ('bert/encoder/...') or both an encoder's ('encoder/...')."""
+  scanned = 'layer' in _encoder(params)
+  if not _encoder(params) or not _encoder(target) or scanned == ('layer' in _encoder(target)):
     return params
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  flat = hf._flatten(params)  # pylint: disable=protected-access
-  if _scanned(target):
-    layers = len({hf._LAYER.match(k).group(1) for k in flat if hf._LAYER.match(k)})  # pylint: disable=protected-access
-    flat = hf._stack_layers(flat, layers)  # pylint: disable=protected-access
-  else:
+  bare = 'bert' not in params  # hf's layer helpers name paths from 'bert/'.
+  flat = hf._flatten({'bert': params} if bare else params)  # pylint: disable=protected-access
+  if scanned:
     flat = hf._unstack_layers(flat)  # pylint: disable=protected-access
-  return hf._unflatten(flat)  # pylint: disable=protected-access
+  else:
+    layers = {hf._LAYER.match(k).group(1) for k in flat if hf._LAYER.match(k)}  # pylint: disable=protected-access
+    flat = hf._stack_layers(flat, len(layers))  # pylint: disable=protected-access
+  tree = hf._unflatten(flat)  # pylint: disable=protected-access
+  return tree['bert'] if bare else tree
 
 
 def workdir_params(workdir: str, step: int | None = None):

@@ -196,6 +196,7 @@ def load_encoder_params(config, model):
                           jax.random.PRNGKey(0), ids, ids, ids)['params']['bert']
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(target))
   encoder = jax.tree.map(np.asarray, pretrain_params['bert'])
+  encoder = init_from.match_layer_layout(encoder, target)  # Scanned or not, as this model.
   init_from.check_same_structure(encoder, target, config.init_from)
   return jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, target)
 

@@ -132,13 +132,13 @@ COMMANDS = {
     "--workdir=runs/l6_mlm_r30 --config.data.corpus='/data/*.txt'": Run(
         'ablation', append=SMALL_MODEL + SMALL_STEPS + NO_VOCAB_CACHE,
         files=('runs/l6_mlm_r30/checkpoints/2',), prints=('Done.',)),
-    "python experiments/sweep.py --config=configs/tiny.py --arms='nsp=True;nsp=False' "
-    "--workdir=runs/nsp": Run(
-        'sweep', append=('--',) + TINY,
-        files=('runs/nsp/results.md', 'runs/nsp/nsp=True/eval_results.json',
-               'runs/nsp/nsp=False/eval_results.json'), prints=('| nsp=False |',)),
-    'python -m bert_jax.tasks.report runs/nsp_mrpc/*': Run(
-        'report', after=('glue',), needs_data=True, prints=('mrpc',)),
+    '.venv/bin/python -m bert_jax.sweep check --sweep=sweeps/table5.py --workdir=runs/table5': Run(
+        'sweep_check', needs_data=True, slow=False,
+        prints=('[to run] pretrain/mlm_nsp', '[to run] finetune/random/stsb')),
+    '.venv/bin/python -m bert_jax.sweep run --sweep=sweeps/table5.py --workdir=runs/table5 '
+    '--parallel=6': NotRun(
+        'a GPU job (three pretraining runs of configs/small.py, fifteen fine-tuning runs); '
+        'tests/test_sweep.py runs every shipped sweep on configs/tiny.py instead'),
     # Fine-tune.
     'export BERT_JAX_DATA=../shared/data': NotRun(
         'sets $BERT_JAX_DATA for the commands after it; they run with the value this test has '
@@ -162,6 +162,9 @@ COMMANDS = {
         append=FINETUNE + ('--config.task.dev_file={ner_dev}', '--config.task.test_file=',
                            '--config.data.max_seq_length=64'),
         files=('runs/ner/results.json',)),
+    '.venv/bin/python -m bert_jax.tasks.report runs/mrpc runs/squad runs/ner': Run(
+        'report', after=('glue', 'squad', 'ner'), needs_data=True,
+        prints=('| mrpc |', 'squad1.1', 'conll2003')),
     # Convert.
     ".venv/bin/python -m bert_jax.main --config=configs/base.py --workdir=runs/cont "
     "--config.data.corpus='/data/*.txt' --config.init_from=hf:/models/bert-base-uncased": Run(

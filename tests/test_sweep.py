@@ -266,3 +266,15 @@ def test_an_interrupted_sweep_redoes_only_unfinished_runs(tmp_path):
   with open(tmp_path / 'finetune' / 'mlm' / 'mrpc' / 'results.json', encoding='utf-8') as f:
     assert json.load(f)['seeds'] == [0]
   assert stamps  # Unused otherwise.
+
+
+def test_one_idle_device_peak_is_every_pretraining_run_s_mfu_reference():
+  pretrain = spec.Job('pretrain/a', 'pretrain', 'pretrain/a', 'configs/tiny.py', {'seed': 0})
+  finetune = spec.Job('finetune/a/mrpc', 'finetune', 'finetune/a/mrpc', 'configs/glue.py', {})
+  own = spec.Job('pretrain/b', 'pretrain', 'pretrain/b', 'configs/tiny.py',
+                 {'train.peak_flops': 5e13})
+  assert f'--config.train.peak_flops={1.5e14!r}' in runner.command(pretrain, '/w', peak_flops=1.5e14)
+  assert not any('peak_flops' in a for a in runner.command(finetune, '/w', peak_flops=1.5e14))
+  assert [a for a in runner.command(own, '/w', peak_flops=1.5e14) if 'peak_flops' in a] == [
+      '--config.train.peak_flops=50000000000000.0']
+  assert not any('peak_flops' in a for a in runner.command(pretrain, '/w'))

@@ -51,9 +51,13 @@ def _flag_value(value) -> str:
   return repr(value) if isinstance(value, float) else str(value)
 
 
-def command(job: spec_lib.Job, workdir: str, python: str = sys.executable) -> list[str]:
-  """The job's command line."""
+def command(job: spec_lib.Job, workdir: str, python: str = sys.executable,
+            peak_flops: float = 0.0) -> list[str]:
+  """The job's command line; `peak_flops` > 0 sets a pretraining run's MFU reference unless
+  the job sets train.peak_flops itself."""
   overrides = [f'--config.{k}={_flag_value(v)}' for k, v in job.overrides.items()]
+  if peak_flops and job.kind == 'pretrain' and 'train.peak_flops' not in job.overrides:
+    overrides.append(f'--config.train.peak_flops={peak_flops!r}')
   if job.kind == 'prepare':
     return [python, '-m', 'bert_jax.data.prepare', f'--config={job.config}',
             f'--output={job.workdir}', *overrides]
@@ -110,6 +114,14 @@ def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool =
   write_summary(plan, workdir)
   os.makedirs(os.path.join(workdir, 'logs'), exist_ok=True)
   done = {job.name for job in plan.jobs if finished(job, workdir)}
+  peak_flops = 0.0
+  if parallel > 1 and not in_process and any(
+      job.kind == 'pretrain' and job.name not in done for job in plan.jobs):
+    # A run measures the device's peak at its start; beside other runs it would read low and
+    # its MFU high. One measurement on the idle device serves every pretraining run.
+    peak_flops = measure_peak_flops(env)
+    log(f'[sweep] peak {peak_flops / 1e12:.1f} TFLOP/s measured on the idle device: every '
+        'pretraining run\'s MFU is against it.')
   for name in sorted(done):
     log(f'[sweep] {name}: finished before; skipped.')
   pending = [job for job in plan.jobs if job.name not in done]
@@ -130,7 +142,7 @@ def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool =
       if in_process:
         _finish(job, _run_in_process(job, workdir), done, failed, workdir, log)
       else:
-        running[job.name] = (job, _start(job, workdir, env), time.monotonic())
+        running[job.name] = (job, _start(job, workdir, env, peak_flops), time.monotonic())
     for name, (job, process, start) in list(running.items()):
       if process.poll() is None:
         continue
@@ -147,12 +159,25 @@ def _log_path(job: spec_lib.Job, workdir: str) -> str:
   return os.path.join(workdir, 'logs', job.name.replace('/', '__') + '.log')
 
 
-def _start(job: spec_lib.Job, workdir: str, env: dict | None):
+def measure_peak_flops(env: dict | None = None) -> float:
+  """metrics.measure_peak_flops in a process of its own (this one keeps off the devices); 0.0
+  when it fails, and each run then measures its own."""
+  code = ('from bert_jax.train import metrics; print(metrics.measure_peak_flops())')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, check=False)
+  try:
+    return float(result.stdout.strip().splitlines()[-1])
+  except (ValueError, IndexError):
+    return 0.0
+
+
+def _start(job: spec_lib.Job, workdir: str, env: dict | None, peak_flops: float = 0.0):
   environment = {**os.environ, **(env or {})}
+  argv = command(job, workdir, peak_flops=peak_flops)
   log_file = open(_log_path(job, workdir), 'ab')  # pylint: disable=consider-using-with
-  log_file.write(f'$ {shlex.join(command(job, workdir))}\n'.encode())
+  log_file.write(f'$ {shlex.join(argv)}\n'.encode())
   log_file.flush()
-  process = subprocess.Popen(command(job, workdir), cwd=REPO, stdout=log_file,
+  process = subprocess.Popen(argv, cwd=REPO, stdout=log_file,
                              stderr=subprocess.STDOUT, env=environment)
   log_file.close()
   return process

@@ -273,7 +273,8 @@ def test_one_idle_device_peak_is_every_pretraining_run_s_mfu_reference():
   finetune = spec.Job('finetune/a/mrpc', 'finetune', 'finetune/a/mrpc', 'configs/glue.py', {})
   own = spec.Job('pretrain/b', 'pretrain', 'pretrain/b', 'configs/tiny.py',
                  {'train.peak_flops': 5e13})
-  assert f'--config.train.peak_flops={1.5e14!r}' in runner.command(pretrain, '/w', peak_flops=1.5e14)
+  with_peak = runner.command(pretrain, '/w', peak_flops=1.5e14)
+  assert f'--config.train.peak_flops={1.5e14!r}' in with_peak
   assert not any('peak_flops' in a for a in runner.command(finetune, '/w', peak_flops=1.5e14))
   assert [a for a in runner.command(own, '/w', peak_flops=1.5e14) if 'peak_flops' in a] == [
       '--config.train.peak_flops=50000000000000.0']

@@ -201,7 +201,8 @@ def match_layer_layout(params, target):
   if scanned:
     flat = hf._unstack_layers(flat)  # pylint: disable=protected-access
   else:
-    layers = {hf._LAYER.match(k).group(1) for k in flat if hf._LAYER.match(k)}  # pylint: disable=protected-access
+    pattern = hf._LAYER  # pylint: disable=protected-access
+    layers = {pattern.match(k).group(1) for k in flat if pattern.match(k)}
     flat = hf._stack_layers(flat, len(layers))  # pylint: disable=protected-access
   tree = hf._unflatten(flat)  # pylint: disable=protected-access
   return tree['bert'] if bare else tree

@@ -199,7 +199,8 @@ def markdown(sweep: results.Sweep) -> str:
 
   shared = shared_overrides(sweep)
   out += ['## Pretraining budgets', '', table(*budget_rows(sweep)), '',
-          (f'Every run also has `{_assignments(shared)}`. ' if shared else '') + 'Steps: the last step in metrics.jsonl (of train.num_steps while unfinished). Tokens '
+          (f'Every run also has `{_assignments(shared)}`. ' if shared else '')
+          + 'Steps: the last step in metrics.jsonl (of train.num_steps while unfinished). Tokens '
           'are sequence slots, steps x batch size x sequence length, padding included. FLOPs: '
           'model_flops_per_sequence (3x forward, attention in full) x sequences. Train loss: the '
           "last train record's, all the run's objectives summed. Held-out loss and perplexity "

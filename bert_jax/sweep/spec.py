@@ -25,8 +25,9 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
               keys); arms it leaves out follow alphabetically. `common.with_arms` sets it.
   finetune    config: a fine-tuning config file with a `task` argument ('configs/glue.py');
               tasks: comma separated ('sst2,mrpc,stsb'); seeds: per task; overrides: nested,
-              every fine-tuning run; task_overrides: {task: overrides}; at_steps: pretraining steps to fine-tune from as well as the
-              last (WORKDIR@STEP), for accuracy against steps ('' for the last only).
+              every fine-tuning run; task_overrides: {task: overrides}; at_steps: pretraining
+              steps to fine-tune from as well as the last (WORKDIR@STEP), for accuracy against
+              steps ('' for the last only).
   paper       {source: where the paper's numbers come from, columns: their names}.
   notes       Lines the report prints under its tables.
 
@@ -143,7 +144,8 @@ def apply_overrides(config, flat: dict, where: str) -> None:
 
 
 def with_args(spec: str, args: list[str]) -> str:
-  """'configs/small.py' + ['steps=9', 'mask_rate=0.3'] -> 'configs/small.py:steps=9,mask_rate=0.3'."""
+  """'configs/small.py' + ['steps=9', 'mask_rate=0.3'] -> 'configs/small.py:steps=9,mask_rate=0.3'
+  (appended to the arguments it has)."""
   args = [a for a in args if a]
   if not args:
     return spec

@@ -1,24 +1,17 @@
 """A sweep's plots (PNG): loss curves, downstream scores per seed, score against compute and
 against pretraining steps.
 
-matplotlib is imported inside the functions (Agg canvas, no pyplot state), so the report's
-tables need no matplotlib. Sizes, dpi and colours are fixed (colours follow the arms' order in
-sweep.json), so a rerun draws the same images.
+matplotlib is imported inside the functions (bert_jax/plot.py's Agg canvas, no pyplot state),
+so the report's tables need no matplotlib. Sizes, dpi and colours are fixed (colours follow the
+arms' order in sweep.json), so a rerun draws the same images.
 """
 
 import os
 
+from bert_jax import plot
 from bert_jax.sweep import results
 
-DPI = 100
-PANEL = (5.0, 3.8)  # Inches per panel (width, height).
-# matplotlib's tab10, fixed here so the colours do not depend on the installed style.
-COLOURS = ('#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2',
-           '#7f7f7f', '#bcbd22', '#17becf')
-
-
-def arm_colour(index: int) -> str:
-  return COLOURS[index % len(COLOURS)]
+arm_colour = plot.colour
 
 
 def run_colours(sweep: results.Sweep) -> dict[str, str]:
@@ -35,23 +28,9 @@ def run_colours(sweep: results.Sweep) -> dict[str, str]:
 
 
 def _figure(panels: int):
-  """(figure, its axes): `panels` side by side on an Agg canvas."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  figure = Figure(figsize=(PANEL[0] * panels, PANEL[1]), dpi=DPI)
-  FigureCanvasAgg(figure)
-  axes = figure.subplots(1, panels, squeeze=False)[0]
-  return figure, list(axes)
-
-
-def _save(figure, path: str) -> None:
-  figure.tight_layout()
-  # No software version in the file: the same data draws the same bytes.
-  figure.savefig(path, dpi=DPI, metadata={'Software': None})
-
-
-def _empty(ax, text: str = 'no finished runs') -> None:
-  ax.text(0.5, 0.5, text, ha='center', va='center', transform=ax.transAxes, color='gray')
+  """(figure, its axes): `panels` side by side."""
+  figure, axes = plot.figure(1, panels)
+  return figure, axes[0]
 
 
 def curves(sweep: results.Sweep, path: str) -> None:
@@ -76,8 +55,8 @@ def curves(sweep: results.Sweep, path: str) -> None:
     if drawn:
       ax.legend(fontsize='small')
     else:
-      _empty(ax)
-  _save(figure, path)
+      plot.empty(ax)
+  plot.save(figure, path)
 
 
 def downstream(sweep: results.Sweep, path: str) -> None:
@@ -103,8 +82,8 @@ def downstream(sweep: results.Sweep, path: str) -> None:
     if scores:
       ax.set_ylim(max(0.0, min(scores) - 5.0), min(100.0, max(scores) + 2.0))
     else:
-      _empty(ax)
-  _save(figure, path)
+      plot.empty(ax)
+  plot.save(figure, path)
 
 
 def score_of(sweep: results.Sweep) -> tuple[str, dict[str, float]]:
@@ -150,8 +129,8 @@ def score_vs_compute(sweep: results.Sweep, path: str) -> None:
     if drawn:
       ax.legend(fontsize='small')
     else:
-      _empty(ax)
-  _save(figure, path)
+      plot.empty(ax)
+  plot.save(figure, path)
 
 
 def score_vs_steps(sweep: results.Sweep, path: str) -> None:
@@ -180,8 +159,8 @@ def score_vs_steps(sweep: results.Sweep, path: str) -> None:
     if drawn:
       ax.legend(fontsize='small')
     else:
-      _empty(ax)
-  _save(figure, path)
+      plot.empty(ax)
+  plot.save(figure, path)
 
 
 PLOTS = {'curves': curves, 'downstream': downstream, 'score_vs_compute': score_vs_compute,

@@ -14,6 +14,7 @@ import statistics
 
 import ml_collections
 
+from bert_jax import plot
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import pretrain
 
@@ -115,18 +116,6 @@ def load(workdir: str) -> Sweep:
   return Sweep(spec, pretrain_runs, finetune_runs)
 
 
-def read_records(path: str) -> list[dict]:
-  """metrics.jsonl's records; a line cut short by a crash is skipped."""
-  records = []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except ValueError:
-        continue
-  return records
-
-
 def read_config(run_dir: str):
   """A run's config.json as a ConfigDict, or None where it has none yet."""
   path = os.path.join(run_dir, 'config.json')
@@ -173,7 +162,7 @@ def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
   metrics_path = os.path.join(run_dir, 'metrics.jsonl')
   if not os.path.isfile(metrics_path):
     return PretrainRun(status=MISSING, **common)
-  records = read_records(metrics_path)
+  records = plot.read_records(metrics_path)
   config = read_config(run_dir)
   train = [r for r in records if r.get('split') == 'train']
   evals = [r for r in records if r.get('split') == 'eval']

@@ -1,4 +1,7 @@
-"""bert_jax.plot: curves.png and finetune.png from metrics.jsonl, stable bytes, clear errors."""
+"""bert_jax.plot: curves.png and finetune.png from metrics.jsonl, stable bytes, clear errors, and
+what a finished pretraining run does when drawing fails. That a real run draws its own
+plots/curves.png is checked on test_train.py's run (the workdir contract) and README's quickstart
+(tests/test_readme.py), which train anyway."""
 
 import json
 import os
@@ -6,6 +9,7 @@ import os
 import pytest
 
 from bert_jax import plot
+from bert_jax.train import pretrain
 
 pytest.importorskip('matplotlib')
 
@@ -103,3 +107,19 @@ def test_the_main_metric_is_results_json_s(tmp_path):
   assert plot.load(str(tmp_path / 'stsb'), 'stsb').metric == 'spearman'  # The first one.
   (tmp_path / 'stsb' / 'results.json').write_text(json.dumps({'main_metric': 'pearson'}))
   assert plot.load(str(tmp_path / 'stsb'), 'stsb').metric == 'pearson'
+
+
+def test_without_matplotlib_the_run_logs_the_command(tmp_path, monkeypatch, caplog):
+  def no_matplotlib(workdirs, out_dir):
+    raise ImportError('No module named matplotlib')
+  monkeypatch.setattr(plot, 'curves', no_matplotlib)
+  with caplog.at_level('INFO'):
+    pretrain.write_plots(str(tmp_path))
+  assert f'python -m bert_jax.plot {tmp_path} --out={tmp_path / "plots"}' in caplog.text
+
+
+def test_a_failed_plot_does_not_fail_the_run(tmp_path, caplog):
+  # A finished run whose metrics.jsonl is gone: drawing fails, the run does not.
+  with caplog.at_level('WARNING'):
+    pretrain.write_plots(str(tmp_path))
+  assert 'Could not draw the curves (FileNotFoundError' in caplog.text

@@ -84,7 +84,9 @@ def uninterrupted(tmp_path_factory):
 def test_run_writes_the_workdir_contract(uninterrupted):
   names = set(os.listdir(uninterrupted))
   assert {'config.json', 'metrics.jsonl', 'checkpoints', 'tensorboard', 'vocab.txt',
-          'eval_results.json'} <= names
+          'eval_results.json', 'plots'} <= names
+  with open(os.path.join(uninterrupted, 'plots', 'curves.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'  # Drawn by the run at its end.
   assert sorted(os.listdir(os.path.join(uninterrupted, 'checkpoints'))) == ['12', '8']
   assert os.listdir(os.path.join(uninterrupted, 'tensorboard'))
   records = read_metrics(uninterrupted)

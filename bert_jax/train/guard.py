@@ -32,7 +32,7 @@ LOCK_NAME = '.lock'
 # What runs write into their workdir (fine-tuning also writes seed_<N>/ directories).
 RUN_FILES = {
     'pretrain': {'config.json', 'metrics.jsonl', 'tensorboard', 'checkpoints', 'vocab.txt',
-                 'eval_results.json', LOCK_NAME},
+                 'eval_results.json', 'plots', LOCK_NAME},
     'finetune': {'config.json', 'results.json', LOCK_NAME},
 }
 # Files that make a directory a model (HF, TF, ours exported), never a workdir.

@@ -22,6 +22,7 @@ from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import optim
 from bert_jax import objectives
+from bert_jax import plot
 from bert_jax import sharding
 from bert_jax.train import step as steps
 from bert_jax.data import corpus as corpus_lib
@@ -460,6 +461,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       json.dump(last_eval, f, indent=2)
   if jax.process_index() == 0:
     log_summary(workdir, last_eval)
+    write_plots(workdir)
   return last_eval
 
 
@@ -474,3 +476,21 @@ def log_summary(workdir: str, last_eval: dict) -> None:
                'always predicting the most frequent masked token.', first,
                last_eval['mlm_loss'], 100 * (last_eval['mlm_loss'] / first - 1),
                last_eval['mlm_accuracy'], last_eval['mlm_baseline_accuracy'])
+
+
+def write_plots(workdir: str) -> None:
+  """WORKDIR/plots/curves.png of metrics.jsonl, its path logged. The run has finished: drawing
+  never fails it, and without matplotlib the command that draws the plot later is logged."""
+  out = os.path.join(workdir, 'plots')
+  command = f'python -m bert_jax.plot {workdir} --out={out}'
+  try:
+    paths = plot.curves([workdir], out)
+  except ImportError:
+    logging.info('No plots: matplotlib is not installed. Install it and run: %s', command)
+    return
+  # A plot is a view of metrics.jsonl, which is written: a plotting bug costs the plot only.
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('Could not draw the curves (%s: %s); retry with: %s', type(e).__name__, e,
+                    command)
+    return
+  logging.info('Curves: %s', paths[0])

@@ -100,8 +100,9 @@ COMMANDS = {
     '.venv/bin/pip install -r requirements-dev.txt': VENV,
     '.venv/bin/python -m bert_jax.main --config=configs/tiny.py --workdir=runs/tiny': Run(
         'tiny', append=TINY,
-        files=('runs/tiny/checkpoints/2', 'runs/tiny/vocab.txt', 'runs/tiny/eval_results.json'),
-        prints=('Done. Eval MLM loss',)),
+        files=('runs/tiny/checkpoints/2', 'runs/tiny/vocab.txt', 'runs/tiny/eval_results.json',
+               'runs/tiny/plots/curves.png'),
+        prints=('Done. Eval MLM loss', 'Curves: ')),
     '.venv/bin/python -m pytest -q -n 2 tests': NotRun(
         'the test suite this file belongs to; .ci/run runs it'),
     # Pretrain.
@@ -211,6 +212,13 @@ COMMANDS = {
     '--config.data.prepared=/data/prepared --config.data.corpus=': Run(
         'large_gpu', after=('prepare',), needs_data=True, returncode=1,
         prints=("Invalid config: config.model.", "Use ", "='xla'")),
+    # The workdir.
+    '.venv/bin/python -m bert_jax.plot runs/tiny --out=runs/plots': Run(
+        'plot', after=('tiny',), files=('runs/plots/curves.png',),
+        prints=('runs/plots/curves.png',)),
+    'tensorboard --logdir runs/': NotRun(
+        'starts a TensorBoard server that serves until stopped; tensorboard is an optional extra '
+        '(requirements-extras.txt) that requirements-dev.txt does not install'),
     # Speed: GPU measurements; the flags and the table, with a made-up record per process.
     'python benchmarks/compare.py --shapes=large:128:128,base:128:256 --peer=compile '
     '--variants=large_gpu': Run(

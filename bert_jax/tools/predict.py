@@ -10,7 +10,7 @@ softmax over the model's whole vocab as transformers' fill-mask pipeline compute
 prints P(IsNext), the NSP head's probability that the second sentence follows the first.
 
 Python (a notebook):
-  predictor = load('runs/tiny')  # or 'runs/tiny@500', 'hf:runs/tiny_hf'
+  predictor = load('runs/tiny')  # or 'runs/tiny@1500', 'hf:runs/tiny_hf'
   predictor.fill_mask('the man went to the [MASK] .', top_k=5)  # per [MASK]: [(token, p), ...]
   predictor.next_sentence('he went to the store .', 'he bought milk .')  # P(IsNext)
 

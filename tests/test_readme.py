@@ -178,6 +178,11 @@ COMMANDS = {
                'runs/tiny_hf/vocab.txt'), prints=('Exported step 2 of runs/tiny',)),
     '.venv/bin/python -m bert_jax.convert inspect --source=hf:runs/tiny_hf': Run(
         'inspect', after=('export',), prints=('bert.embeddings.word_embeddings',)),
+    # Predict.
+    '.venv/bin/python -m bert_jax.predict --workdir=runs/tiny "Return the [MASK] of the object ." '
+    '"Raise an [MASK] if the file does not exist ."': Run(
+        'predict', after=('tiny',),
+        prints=('runs/tiny (step 2)', 'Return the [MASK] of the object .', '  [MASK] 1: ')),
     # Train on a TPU pod: launch_tpu.sh prints the gcloud commands under --dry-run.
     TPU_PREFIX: NotRun('defines the TPU array the launch_tpu.sh commands after it expand; each '
                        'of them runs after it, in the same shell'),

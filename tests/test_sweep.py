@@ -297,3 +297,13 @@ def test_table5_sweep_runs_reports_and_redoes_only_unfinished_runs(tmp_path, com
   for name, stamp in kept.items():  # Finished fine-tuning runs are not redone.
     job = next(j for j in plan.jobs if j.name == name)
     assert os.path.getmtime(os.path.join(workdir, job.workdir, 'results.json')) == stamp
+
+
+def test_report_of_a_directory_that_is_not_a_sweep_exits_with_one_line(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  result = subprocess.run([sys.executable, '-m', 'bert_jax.sweep', 'report',
+                           f'--workdir={tmp_path}'], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+  assert result.returncode == 1
+  assert 'sweep.json does not exist' in result.stderr and 'Traceback' not in result.stderr

@@ -36,7 +36,10 @@ def main(argv):
   from bert_jax.sweep import spec  # pylint: disable=g-import-not-at-top
   command, workdir = argv[1], os.path.abspath(os.path.expanduser(_WORKDIR.value))
   if command == 'report':
-    print(report.write(workdir))
+    try:
+      print(report.write(workdir))
+    except FileNotFoundError as e:
+      sys.exit(str(e))
     return
   if _SWEEP.value is None:
     raise app.UsageError(f'{command} needs --sweep=FILE.')

@@ -299,6 +299,7 @@ def test_table5_sweep_runs_reports_and_redoes_only_unfinished_runs(tmp_path, com
     assert os.path.getmtime(os.path.join(workdir, job.workdir, 'results.json')) == stamp
 
 
+@pytest.mark.slow
 def test_report_of_a_directory_that_is_not_a_sweep_exits_with_one_line(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top

@@ -96,17 +96,9 @@ def load_file(path: str):
   return cli.load_config_file(path)
 
 
-def _flatten(overrides, prefix='') -> dict:
-  """A nested dict/ConfigDict of overrides -> {'model.num_layers': 4, ...}."""
-  if isinstance(overrides, ml_collections.ConfigDict):
-    overrides = overrides.to_dict()
-  out = {}
-  for key, value in (overrides or {}).items():
-    if isinstance(value, dict):
-      out.update(_flatten(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
+def _flatten(overrides) -> dict:
+  """A nested dict/ConfigDict of overrides (or None) -> {'model.num_layers': 4, ...}."""
+  return config_lib.flatten(overrides or {})
 
 
 def load_config(spec: str, where: str):

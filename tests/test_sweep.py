@@ -4,6 +4,10 @@ derived schedules, resume, and every shipped sweep file run end to end on a tiny
 import glob
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import ml_collections
 import numpy as np
@@ -210,6 +214,44 @@ def test_pod_commands_list_every_run_after_its_prerequisites(tmp_path):
   assert len(lines) == len(plan.jobs) - 1  # All but the prepare step, which is shown first.
   assert all('--workdir=' in line for line in lines)
   assert script.index('pretrain/ltr') < script.index('finetune/ltr_bilstm/sst2')
+
+
+def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
+  """A sweep stopped by SIGTERM (a timeout, a preempted VM) passes it to its running jobs and
+  waits for them: none outlives it to hold its workdir's lock against the rerun."""
+  _data_root()
+  child = ('import signal, sys, time\n'
+           'out = sys.argv[1]\n'
+           'signal.signal(signal.SIGTERM, lambda *_: (open(out + ".stopped", "w").close(), '
+           'sys.exit(0)))\n'
+           'open(out + ".started", "w").close()\n'
+           'time.sleep(120)\n')
+  workdir = str(tmp_path / 'sweep')
+  script = tmp_path / 'sweep_stub.py'
+  script.write_text(
+      'import os, sys\n'
+      f'sys.path.insert(0, {REPO!r})\n'
+      'from bert_jax.sweep import runner, spec\n'
+      'runner.command = lambda job, workdir, peak_flops=0.0: [\n'
+      f'    sys.executable, "-c", {child!r},\n'
+      f'    os.path.join({str(tmp_path)!r}, job.name.replace("/", "_"))]\n'
+      f'sweep = spec.load_file({os.path.join(REPO, "sweeps", "table5.py")!r})\n'
+      'sweep.arms = {"random": {"label": "No pretraining", "init": "random"}}\n'
+      'sweep.order = "random"\n'
+      'try:\n'
+      f'  runner.run(spec.plan(sweep, {workdir!r}), {workdir!r}, parallel=2)\n'
+      'except runner.Stopped:\n'
+      '  sys.exit(7)\n')
+  process = subprocess.Popen([sys.executable, str(script)])
+  deadline = time.monotonic() + 60
+  while len(glob.glob(str(tmp_path / '*.started'))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  started = sorted(glob.glob(str(tmp_path / '*.started')))
+  assert len(started) == 2, started  # Two fine-tuning runs at once.
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=60) == 7
+  stopped = sorted(glob.glob(str(tmp_path / '*.stopped')))
+  assert [s[:-len('.stopped')] for s in stopped] == [s[:-len('.started')] for s in started]
 
 
 # ---- The held-out set. ----

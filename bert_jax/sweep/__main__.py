@@ -11,6 +11,7 @@ Sweep fields can be overridden like configs: --sweep.steps=2000 --sweep.finetune
 """
 
 import os
+import signal
 import sys
 
 from absl import app
@@ -60,7 +61,11 @@ def main(argv):
     return
   # Several runs on one GPU: each takes memory as it needs it instead of most of the device.
   env = {'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'} if _PARALLEL.value > 1 else {}
-  failed = runner.run(plan, workdir, _PARALLEL.value, _IN_PROCESS.value, env)
+  try:
+    failed = runner.run(plan, workdir, _PARALLEL.value, _IN_PROCESS.value, env)
+  except runner.Stopped:
+    print('[sweep] stopped by SIGTERM; rerun the same command to resume.', flush=True)
+    sys.exit(128 + signal.SIGTERM)
   try:
     print(report.write(workdir))
   except ImportError as e:  # matplotlib: the runs are done; the report can follow elsewhere.

@@ -10,6 +10,7 @@ exists is refused (it would mix two configs in one run). Logs go to WORKDIR/logs
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +127,52 @@ def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool =
     log(f'[sweep] {name}: finished before; skipped.')
   pending = [job for job in plan.jobs if job.name not in done]
   failed, blocked, running = [], [], {}
+  previous = signal.signal(signal.SIGTERM, _raise_stop)
+  try:
+    _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
+          pending, done, failed, blocked, running)
+  except Stopped:
+    _stop_running(running, log)
+    raise
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  return failed + blocked
+
+
+class Stopped(Exception):
+  """SIGTERM reached the sweep: its running jobs are asked to stop (each saves a checkpoint)."""
+
+
+def _raise_stop(signum, frame):  # pylint: disable=unused-argument
+  raise Stopped()
+
+
+# How long a stopped sweep waits for its runs to save their checkpoints and exit; a TPU VM's
+# maintenance notice gives about a minute.
+STOP_GRACE_S = 60.0
+
+
+def _stop_running(running: dict, log) -> None:
+  """Passes SIGTERM on to the running jobs and waits for them, so that none outlives the sweep
+  (a rerun would find its workdir locked) and each leaves a checkpoint to resume from."""
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  for name, (_, process, _) in running.items():
+    if process.poll() is None:
+      log(f'[sweep] {name}: stopping (SIGTERM); rerun the sweep to resume it.')
+      process.terminate()
+  deadline = time.monotonic() + STOP_GRACE_S
+  for name, (_, process, _) in running.items():
+    try:
+      process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      log(f'[sweep] {name}: still running {STOP_GRACE_S:.0f} s after SIGTERM; killed.')
+      process.kill()
+      process.wait()
+
+
+def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
+          pending, done, failed, blocked, running) -> None:
+  """The scheduling loop of `run`: starts what may start, collects what ended."""
   while pending or running:
     for job in list(pending):
       if any(dep in failed or dep in blocked for dep in job.after):
@@ -152,7 +199,6 @@ def run(plan: spec_lib.Plan, workdir: str, parallel: int = 1, in_process: bool =
       _finish(job, ok, done, failed, workdir, log)
     if running:
       time.sleep(0.5)
-  return failed + blocked
 
 
 def _log_path(job: spec_lib.Job, workdir: str) -> str:

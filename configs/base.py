@@ -106,6 +106,8 @@ def get_config(arg=None):
   config.data = data = ml_collections.ConfigDict()
   data.corpus = ''  # Files or globs (comma separated, .xz/.gz ok), or 'builtin'.
   data.corpus_format = 'auto'  # 'bert' (sentence per line), 'prose', or 'auto' (by content).
+  # 'wordpiece' (BERT), 'bpe' (byte-level BPE, RoBERTa) or 'sentencepiece' (unigram, ALBERT).
+  data.tokenizer = 'wordpiece'
   data.vocab_file = ''  # WordPiece vocab.txt; '' trains one on the corpus, cached in the workdir.
   data.lowercase = True  # Uncased model: lowercase and strip accents.
   data.tokenizer_vocab_size = 30522  # Size of a trained tokenizer (when vocab_file is '').
@@ -141,6 +143,9 @@ def get_config(arg=None):
 
   config.train = train = ml_collections.ConfigDict()
   train.batch_size = 256  # Global batch, sequences per step.
+  # Micro-batches per optimizer step: the step runs batch_size / N sequences at a time and sums
+  # their gradients (a large batch on few devices); 1 = the whole batch at once.
+  train.grad_accum_steps = 1
   train.num_steps = 1_000_000  # Optimizer steps.
   # Share of num_steps, at the end, trained at the phase-2 shapes (the paper: 0.1 at seq 512;
   # needs data.prepared). One learning-rate schedule spans both phases.

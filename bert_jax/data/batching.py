@@ -1,6 +1,6 @@
 """Rows of pretraining instances -> masked, fixed-shape batches: pure numpy, no I/O.
 
-A row holds one instance ([CLS] A [SEP] B [SEP]) or, packed, several, each with its own positions
+A row holds one instance ([CLS] A [SEP] B [SEP], or the tokenizer's layout) or, packed, several, each with its own positions
 and NSP label. Masking is data/masking.py's, for a whole batch at once: dynamic (one generator
 per batch, vectorised) or static (one generator per instance, so a pass over the corpus repeats
 its masks as the paper's dupe_factor copies did).
@@ -24,9 +24,10 @@ class StreamSettings(pretraining.MaskingSettings):
   dupe_factor: int = 0  # 0: dynamic masking; N > 0: N fixed masks per document, cycled.
 
 
-def row_length(instance: pretraining.Instance) -> int:
+def row_length(instance: pretraining.Instance, special: pretraining.SpecialIds) -> int:
   """Tokens of the instance laid out: [CLS] A [SEP] (B [SEP])."""
-  return len(instance.tokens_a) + len(instance.tokens_b) + (3 if len(instance.tokens_b) else 2)
+  return (len(instance.tokens_a) + len(instance.tokens_b)
+          + special.overhead(bool(len(instance.tokens_b))))
 
 
 def make_batch(rows: list[list], rng: np.random.Generator, settings: StreamSettings,

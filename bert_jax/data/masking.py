@@ -3,7 +3,8 @@
 The paper's rules (BERT's create_pretraining_data): [CLS] and [SEP] are never chosen;
 num_to_predict = min(max_predictions, max(1, round(n_tokens * mask_rate))), [CLS] and [SEP]
 counted in n_tokens; of the chosen tokens mask_token_fraction become [MASK],
-random_token_fraction a random id, the rest stay; whole-word masking chooses all pieces of a word
+random_token_fraction a random id (any id, as the original, or with a tokenizer whose
+SpecialIds.draws_specials is False no special one, as RoBERTa's), the rest stay; whole-word masking chooses all pieces of a word
 together; a mask_rate of 0 chooses nothing (the unmasked rows of a run whose objectives read
 clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory path, data/pipeline.py,
 and static masks); mask_batch masks every pair of a batch of (packed) rows at once (the
@@ -36,7 +37,7 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
   labels = input_ids[positions]
   masked_ids = input_ids.copy()
   masked_ids[positions] = _corrupt(
-      labels, rng, special.mask, vocab_size, mask_token_fraction,
+      labels, rng, special, vocab_size, mask_token_fraction,
       random_token_fraction)
   return masked_ids, positions, labels
 
@@ -73,15 +74,28 @@ def _words(input_ids, is_candidate, is_continuation):
   return np.split(positions, starts[1:])
 
 
-def _corrupt(labels, rng, mask_id, vocab_size, mask_token_fraction,
+def _corrupt(labels, rng, special, vocab_size, mask_token_fraction,
              random_token_fraction):
   """Returns the replacement of each chosen token (labels of any shape): [MASK], a random id,
   or itself."""
   u = rng.random(labels.shape)
-  random_ids = rng.integers(0, vocab_size, size=labels.shape, dtype=np.int32)
+  random_ids = random_tokens(rng, labels.shape, special, vocab_size)
   replacements = np.where(
       u < mask_token_fraction + random_token_fraction, random_ids, labels)
-  return np.where(u < mask_token_fraction, mask_id, replacements).astype(np.int32)
+  return np.where(u < mask_token_fraction, special.mask, replacements).astype(np.int32)
+
+
+def random_tokens(rng, shape, special, vocab_size) -> np.ndarray:
+  """Uniform int32 ids in [0, vocab_size): any id, or with special.draws_specials False none of
+  the special ids."""
+  if special.draws_specials:
+    return rng.integers(0, vocab_size, size=shape, dtype=np.int32)
+  excluded = special.ids()
+  excluded = excluded[excluded < vocab_size]
+  k = rng.integers(0, vocab_size - len(excluded), size=shape, dtype=np.int64)
+  # The k-th ordinary id is k plus the special ids below it: those whose id - rank is <= k.
+  below = np.searchsorted(excluded - np.arange(len(excluded)), k, side='right')
+  return (k + below).astype(np.int32)
 
 
 def mask_batch(ids, pair_of, rng, settings):
@@ -138,7 +152,7 @@ def mask_batch(ids, pair_of, rng, settings):
   weights = (slots < length).astype(np.float32)
   positions = np.where(slots < length, slots, 0).astype(np.int32)
   labels = np.where(slots < length, np.take_along_axis(ids, positions, 1), s.special.pad)
-  replaced = _corrupt(labels, rng, s.special.mask, s.vocab_size, s.mask_token_fraction,
+  replaced = _corrupt(labels, rng, s.special, s.vocab_size, s.mask_token_fraction,
                       s.random_token_fraction)  # [b, p]
   masked = ids.copy()
   rows = np.repeat(np.arange(b), p)[weights.ravel() > 0]

@@ -30,7 +30,8 @@ def build_examples(documents, rng: np.random.Generator, settings: pretraining.Ma
   """One pass over `documents`: shuffled pairs -> masked fixed-shape features, stacked."""
   instances = pretraining.create_instances(
       documents, rng, max_seq_length=settings.max_seq_length,
-      short_seq_prob=settings.short_seq_prob, nsp=settings.nsp)
+      short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
+      separators=settings.special.separators)
   features = [
       pretraining.make_features(
           instance, rng, special=settings.special, vocab_size=settings.vocab_size,

@@ -2,9 +2,10 @@
 
 Pure numpy functions of (tokens, rng, settings): sentence pairs with
 next-sentence labels (or single segments when NSP is off), truncation, the
-`[CLS] A [SEP] B [SEP]` layout, masked-LM corruption and fixed-shape features.
+`[CLS] A [SEP] B [SEP]` layout (RoBERTa's `<s> A </s></s> B </s>` with a byte-level BPE
+vocab), masked-LM corruption and fixed-shape features.
 A corpus is `documents: list[list[np.ndarray]]`, each document a list of
-sentences, each sentence a 1-D int32 array of WordPiece ids.
+sentences, each sentence a 1-D int32 array of token ids.
 """
 
 import dataclasses
@@ -20,12 +21,25 @@ _RANDOM_DOCUMENT_TRIES = 10
 
 @dataclasses.dataclass(frozen=True)
 class SpecialIds:
-  """Ids of the special WordPiece tokens."""
+  """A tokenizer's special tokens (BERT's names; RoBERTa's <pad> <unk> <s> </s> <mask>) and how
+  they lay out a row."""
   pad: int  # [PAD]: fills sequences up to max_seq_length.
   unk: int  # [UNK]
   cls: int  # [CLS]: first token of every example.
   sep: int  # [SEP]: ends each segment.
   mask: int  # [MASK]: replaces most tokens chosen for prediction.
+  separators: int = 1  # [SEP]s after segment A of a pair: 2 in RoBERTa's <s> A </s></s> B </s>.
+  # Whether a random replacement may draw these ids: the original BERT draws any vocab id,
+  # RoBERTa (fairseq) never a special one.
+  draws_specials: bool = True
+
+  def ids(self) -> np.ndarray:
+    """The special ids, sorted, each once."""
+    return np.unique(np.array([self.pad, self.unk, self.cls, self.sep, self.mask], np.int64))
+
+  def overhead(self, pair: bool) -> int:
+    """Special tokens in a row: [CLS] A [SEP], or [CLS] A [SEP] B [SEP] (RoBERTa: one more)."""
+    return 2 + self.separators if pair else 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,22 +87,23 @@ class Instance:
   is_random_next: bool  # True: B comes from another document (NotNext).
 
 
-def create_instances(documents, rng, *, max_seq_length, short_seq_prob, nsp):
+def create_instances(documents, rng, *, max_seq_length, short_seq_prob, nsp, separators=1):
   """Returns one pass of instances over all documents, shuffled."""
   instances = []
   for doc_index in range(len(documents)):
     instances.extend(create_instances_from_document(
         documents, doc_index, rng, max_seq_length=max_seq_length,
-        short_seq_prob=short_seq_prob, nsp=nsp))
+        short_seq_prob=short_seq_prob, nsp=nsp, separators=separators))
   return [instances[k] for k in rng.permutation(len(instances))]
 
 
 def create_instances_from_document(
-    documents, doc_index, rng, *, max_seq_length, short_seq_prob, nsp):
-  """Returns the instances one pass makes from documents[doc_index]."""
+    documents, doc_index, rng, *, max_seq_length, short_seq_prob, nsp, separators=1):
+  """Returns the instances one pass makes from documents[doc_index]; `separators`: the [SEP]s
+  after segment A of a pair (SpecialIds.separators)."""
   document = documents[doc_index]
   # Room left for text after [CLS] A [SEP] B [SEP], or [CLS] A [SEP].
-  max_num_tokens = max_seq_length - (3 if nsp else 2)
+  max_num_tokens = max_seq_length - (2 + separators if nsp else 2)
   # Drawn once per document, as the original does.
   target_length = _target_length(rng, max_num_tokens, short_seq_prob)
   instances = []
@@ -209,12 +224,14 @@ def _trim(tokens, num_cut, rng):
 
 
 def assemble(instance, special):
-  """Returns (input_ids, segment_ids) of [CLS] A [SEP] B [SEP] ([CLS] A [SEP] if B is empty)."""
+  """Returns (input_ids, segment_ids) of [CLS] A [SEP] B [SEP] ([CLS] A [SEP] if B is empty;
+  RoBERTa's <s> A </s></s> B </s>, the second </s> in B's segment as fairseq prepends it to B)."""
   first = np.concatenate(
       [[special.cls], instance.tokens_a, [special.sep]]).astype(np.int32)
   second = np.zeros(0, np.int32)
   if len(instance.tokens_b):
-    second = np.concatenate([instance.tokens_b, [special.sep]]).astype(np.int32)
+    second = np.concatenate([[special.sep] * (special.separators - 1), instance.tokens_b,
+                             [special.sep]]).astype(np.int32)
   input_ids = np.concatenate([first, second])
   segment_ids = np.repeat(np.array([0, 1], np.int32), [len(first), len(second)])
   return input_ids, segment_ids

@@ -196,7 +196,8 @@ class _BatchIterator(grain.DatasetIterator):
     rng = np.random.default_rng([self._seed, _DOC_STREAM, generation, doc_id])
     made = pretraining.create_instances_from_document(
         self._documents, doc_id, rng, max_seq_length=self._settings.max_seq_length,
-        short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp)
+        short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp,
+        separators=self._settings.special.separators)
     self._pending.append([state, self._position, (generation, doc_id), made, 0])
     self._position += 1
 
@@ -229,7 +230,7 @@ class _BatchIterator(grain.DatasetIterator):
     pairs = np.zeros(s.batch_size, np.int64)
     while True:
       item = self._peek()
-      length = batching.row_length(item[0])
+      length = batching.row_length(item[0], s.special)
       room = np.flatnonzero((used[:len(rows)] + length <= s.max_seq_length)
                             & (pairs[:len(rows)] < s.max_pairs_per_row)) if s.packing else ()
       if len(room):

@@ -270,8 +270,10 @@ def _scatter(ids, rows, start_column, keep_lengths, target):
 
 def encode(examples: list[Example], tokenizer, max_seq_length: int,
            label_list: Optional[tuple[str, ...]]) -> base.EncodedSplit:
-  """Encodes examples as BERT's run_classifier.py does; label_list None means regression."""
-  if max_seq_length < 3:
+  """Encodes examples as BERT's run_classifier.py does, in the tokenizer's layout (RoBERTa's
+  `<s> a </s></s> b </s>`); label_list None means regression."""
+  special = tokenizer.special
+  if max_seq_length < special.overhead(pair=True):
     raise ValueError(f'max_seq_length={max_seq_length} cannot hold [CLS] a [SEP] b [SEP].')
   n = len(examples)
   texts = [e.text_a for e in examples] + [e.text_b or '' for e in examples]
@@ -281,20 +283,24 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int,
   len_b = np.array([len(p) for p in pieces_b], np.int64)  # [n]
   # As the original, an empty second text makes a single-sentence row.
   paired = len_b > 0
-  keep_a, keep_b = truncated_lengths(len_a, len_b,
-                                     np.where(paired, max_seq_length - 3, max_seq_length - 2))
-  special = tokenizer.special
+  keep_a, keep_b = truncated_lengths(
+      len_a, len_b, max_seq_length - np.where(paired, special.overhead(pair=True),
+                                              special.overhead(pair=False)))
   rows = np.arange(n)
-  input_ids = np.zeros((n, max_seq_length), np.int32)  # [n, S]
+  input_ids = np.full((n, max_seq_length), special.pad, np.int32)  # [n, S]
   input_ids[:, 0] = special.cls
   _scatter(pieces_a, rows, np.ones(n, np.int64), keep_a, input_ids)
   input_ids[rows, keep_a + 1] = special.sep
-  _scatter(pieces_b, rows, keep_a + 2, keep_b, input_ids)
-  input_ids[rows[paired], (keep_a + keep_b + 2)[paired]] = special.sep
-  length = keep_a + 2 + np.where(paired, keep_b + 1, 0)  # [n] tokens before padding
+  for extra in range(1, special.separators):  # RoBERTa's second </s> before b.
+    input_ids[rows[paired], (keep_a + 1 + extra)[paired]] = special.sep
+  start_b = keep_a + 1 + special.separators  # [n]
+  _scatter(pieces_b, rows, start_b, keep_b, input_ids)
+  input_ids[rows[paired], (start_b + keep_b)[paired]] = special.sep
+  length = np.where(paired, start_b + keep_b + 1, keep_a + 2)  # [n] tokens before padding
   column = np.arange(max_seq_length)[None, :]  # [1, S]
   input_mask = (column < length[:, None]).astype(np.int32)  # [n, S]
-  # [n, S]: 1 from the first piece of b through its [SEP]; singles stay all 0.
+  # [n, S]: 1 from the first piece of b (RoBERTa: the </s> before it) through its [SEP]; singles
+  # stay all 0.
   segment_ids = ((column >= (keep_a + 2)[:, None]) & (input_mask == 1)).astype(np.int32)
   if label_list is None:
     label = np.array([0.0 if e.label is None else e.label for e in examples], np.float32)

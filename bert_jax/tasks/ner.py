@@ -85,7 +85,8 @@ def _pack_words(kept, room):
 
 def encode(sentences: list[Sentence], tokenizer, max_seq_length: int,
            labels: tuple[str, ...] = LABELS) -> base.EncodedSplit:
-  """Encodes `[CLS] pieces [SEP]` rows, the tag of each word on its first piece."""
+  """Encodes `[CLS] pieces [SEP]` rows (RoBERTa's `<s> pieces </s>`), the tag of each word on its
+  first piece."""
   room = max_seq_length - 2
   if room < 1:
     raise ValueError(f'max_seq_length={max_seq_length} leaves no room between [CLS] and [SEP].')
@@ -109,7 +110,7 @@ def encode(sentences: list[Sentence], tokenizer, max_seq_length: int,
         raise base.TaskError(f'Sentence {index}: tags {unknown} are not in {list(labels)}.')
       rows.append((index, run_ids, columns, run, [label_index[t] for t in tags]))
   n = len(rows)
-  input_ids = np.zeros((n, max_seq_length), np.int32)  # [rows, S]
+  input_ids = np.full((n, max_seq_length), tokenizer.special.pad, np.int32)  # [rows, S]
   input_mask = np.zeros((n, max_seq_length), np.int32)  # [rows, S]
   label_ids = np.zeros((n, max_seq_length), np.int32)  # [rows, S]
   label_weights = np.zeros((n, max_seq_length), np.float32)  # [rows, S]

@@ -228,7 +228,8 @@ def _answer_pieces(starts, ends, char_start, char_end):
 
 def encode(examples: list[Example], tokenizer, max_seq_length: int = 384, doc_stride: int = 128,
            max_query_length: int = 64, training: bool = False) -> base.EncodedSplit:
-  """Encodes `[CLS] question [SEP] context window [SEP]` rows, several per long context.
+  """Encodes `[CLS] question [SEP] context window [SEP]` rows (the tokenizer's layout: RoBERTa's
+  `<s> question </s></s> context </s>`), several per long context.
 
   Positions point at the first answer's first and last piece when a window holds all of it, else
   at 0 ([CLS]); impossible questions get 0/0. With `training`, examples whose first answer is not
@@ -250,7 +251,7 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int = 384, doc_st
   skipped = 0
   for index, example in enumerate(examples):
     question = questions[index][:max_query_length]
-    max_pieces = max_seq_length - len(question) - 3
+    max_pieces = max_seq_length - len(question) - special.overhead(pair=True)
     if max_pieces < 1:
       raise base.TaskError(f'max_seq_length={max_seq_length} leaves no room for the context '
                            f'after a {len(question)}-piece question; raise it or lower '
@@ -274,9 +275,9 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int = 384, doc_st
     for w, (start, length) in enumerate(spans):
       rows.append((index, question, context, start, length, is_max[w, start:start + length]))
       if answer is not None and start <= answer[0] and answer[1] < start + length:
-        # Context pieces begin after [CLS], the question and [SEP].
-        positions.append((answer[0] - start + len(question) + 2,
-                          answer[1] - start + len(question) + 2))
+        # Context pieces begin after [CLS], the question and [SEP] (RoBERTa: two).
+        first = len(question) + 1 + special.separators
+        positions.append((answer[0] - start + first, answer[1] - start + first))
       else:
         positions.append((0, 0))
   if skipped:
@@ -292,15 +293,16 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int = 384, doc_st
   token_is_max_context = np.zeros([n, max_seq_length], bool)
   for r, (index, question, context, start, length, is_max) in enumerate(rows):
     ids, offsets = contexts[context]
-    first = len(question) + 2  # Position of the window's first context piece.
+    first = len(question) + 1 + special.separators  # The window's first context piece.
     last = first + length  # Position of the final [SEP].
     input_ids[r, 0] = special.cls
-    input_ids[r, 1:first - 1] = question
-    input_ids[r, first - 1] = special.sep
+    input_ids[r, 1:len(question) + 1] = question
+    input_ids[r, len(question) + 1:first] = special.sep
     input_ids[r, first:last] = ids[start:start + length]
     input_ids[r, last] = special.sep
     input_mask[r, :last + 1] = 1
-    segment_ids[r, first:last + 1] = 1
+    # The context's segment starts after the question's [SEP] (RoBERTa: at the second </s>).
+    segment_ids[r, len(question) + 2:last + 1] = 1
     example_index[r] = index
     offsets_out[r, first:last] = offsets[start:start + length]
     token_is_max_context[r, first:last] = is_max

@@ -59,6 +59,11 @@ class Objective:
   metrics: Callable[[Mapping], dict]
   # (model config dict (config.model), BatchShape) -> training FLOPs per sequence / 3 (forward).
   flops: Callable[[Any, BatchShape], float]
+  # Batch -> the counts among its `losses` stats (what `loss` divides by), from the batch alone,
+  # e.g. {'mlm_weight': ...}. A gradient-accumulating step divides each micro-batch's loss by the
+  # whole batch's counts, so the micro-batches' gradients add up to the whole batch's. None: the
+  # objective cannot train with train.grad_accum_steps > 1.
+  counts: Callable[[Mapping], dict] | None = None
   # The data it needs: 'pairs' ([CLS] A [SEP] B [SEP] with NotNext labels) or 'segments'
   # (one segment per row).
   instances: str = 'segments'
@@ -127,6 +132,15 @@ def losses(objectives, outputs, batch) -> dict:
   for objective in objectives:
     stats.update(objective.losses(outputs, batch))
   return stats
+
+
+def counts(objectives, batch) -> dict:
+  """Every objective's counts on one batch (Objective.counts): what the training loss divides
+  by."""
+  out = {}
+  for objective in objectives:
+    out.update(objective.counts(batch))
+  return out
 
 
 def total_loss(objectives, stats):

@@ -53,6 +53,10 @@ def losses(outputs, batch) -> dict:
   }
 
 
+def counts(batch) -> dict:
+  return {'clm_weight': jnp.sum(targets(batch)[1])}
+
+
 def loss(stats):
   """Mean cross-entropy per predicted token."""
   return stats['clm_loss_sum'] / (stats['clm_weight'] + 1e-5)
@@ -72,4 +76,4 @@ def flops(model, shape: objectives.BatchShape) -> float:
 
 OBJECTIVE = objectives.register(objectives.Objective(
     name='clm', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops, causal=True))
+    flops=flops, counts=counts, causal=True))

@@ -60,6 +60,10 @@ def losses(outputs, batch) -> dict:
   }
 
 
+def counts(batch) -> dict:
+  return {'mlm_weight': jnp.sum(batch['masked_lm_weights'])}
+
+
 def loss(stats):
   """Mean cross-entropy over real masked positions."""
   return stats['mlm_loss_sum'] / (stats['mlm_weight'] + 1e-5)
@@ -79,4 +83,4 @@ def flops(model, shape: objectives.BatchShape) -> float:
 
 OBJECTIVE = objectives.register(objectives.Objective(
     name='mlm', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops, masks_inputs=True))
+    flops=flops, counts=counts, masks_inputs=True))

@@ -41,6 +41,11 @@ def losses(outputs, batch) -> dict:
   }
 
 
+def counts(batch) -> dict:
+  labels = batch['next_sentence_labels']
+  return {'nsp_count': jnp.sum(batch.get('nsp_weights', jnp.ones(labels.shape, jnp.float32)))}
+
+
 def loss(stats):
   """Mean cross-entropy over the pairs."""
   return stats['nsp_loss_sum'] / stats['nsp_count']
@@ -58,4 +63,4 @@ def flops(model, shape: objectives.BatchShape) -> float:
 
 OBJECTIVE = objectives.register(objectives.Objective(
     name='nsp', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops, instances='pairs'))
+    flops=flops, counts=counts, instances='pairs'))

@@ -118,6 +118,7 @@ def validate(config) -> None:
   _check_ranges(flat, VALID_CHOICES)
   _check_schedule(config.train)
   _check_names(config)
+  _check_accumulation(config)
   _check_attention(config)
   _check_model_shape(config.model)
   _checks().check_model(config.model, row_lengths(config))
@@ -353,6 +354,38 @@ def _check_data(config) -> None:
                           'has no packing, static masking or workers.')
 
 
+def trained_batch_keys(config) -> list[str]:
+  """The config.train keys of the batch sizes a run trains with: batch_size, and
+  phase2_batch_size when phase 2 has its own."""
+  return ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
+                           and config.train.phase2_batch_size else [])
+
+
+def _check_accumulation(config) -> None:
+  """train.grad_accum_steps splits every trained batch into equal micro-batches, and each
+  objective can divide a micro-batch's loss by the whole batch's counts."""
+  steps = config.train.grad_accum_steps
+  if steps == 1:
+    return
+  for key in trained_batch_keys(config):
+    size = config.train[key]
+    if size % steps:
+      divisors = [n for n in range(2, min(size, 64) + 1) if size % n == 0][:6]
+      raise ConfigError(
+          f'config.train.{key}={size} is not divisible by config.train.grad_accum_steps='
+          f'{steps}: each step splits its batch into {steps} micro-batches of equal size. Use '
+          f'a {key} that is a multiple of {steps}'
+          + (f', or grad_accum_steps that divides {size} (e.g. '
+             f'{", ".join(map(str, divisors))})' if divisors else '') + '.')
+  names = _objectives().parse(config.objectives)
+  unsupported = [n for n in names if _objectives().get(n).counts is None]
+  if unsupported:
+    raise ConfigError(
+        f'config.train.grad_accum_steps={steps}: objective(s) {", ".join(unsupported)} give no '
+        'counts (Objective.counts), which a micro-batch\'s loss divides by; train them with '
+        'grad_accum_steps=1.')
+
+
 def _check_masking(config) -> None:
   """config.masking fits the data, for a run whose objectives mask inputs."""
   data, masking = config.data, config.masking
@@ -389,14 +422,21 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
   _checks().check_gpu_kernels(config)
   check_xla_options(config)
-  batch_keys = ['batch_size'] + (['phase2_batch_size'] if config.train.phase2_fraction
-                                 and config.train.phase2_batch_size else [])
-  for key in batch_keys:
-    if config.train[key] % batch_divisor:
+  steps = config.train.grad_accum_steps
+  for key in trained_batch_keys(config):
+    size = config.train[key]
+    if steps == 1 and size % batch_divisor:
       raise ConfigError(
-          f'config.train.{key}={config.train[key]} is not divisible by the {batch_divisor} '
+          f'config.train.{key}={size} is not divisible by the {batch_divisor} '
           f'devices the batch is split over (mesh data x fsdp); use a multiple of '
           f'{batch_divisor}.')
+    if steps > 1 and (size // steps) % batch_divisor:
+      raise ConfigError(
+          f'config.train.{key}={size} in config.train.grad_accum_steps={steps} micro-batches '
+          f'gives {size // steps} rows per micro-batch, not divisible by the {batch_divisor} '
+          f'devices each micro-batch is split over (mesh data x fsdp); use a {key} that is a '
+          f'multiple of {steps * batch_divisor} ({steps} x {batch_divisor}), or fewer '
+          'micro-batches.')
 
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).

@@ -22,7 +22,7 @@ TrainState = state_lib.TrainState
 
 
 def train_step(state: TrainState, batch, *, loss_fn, tx, skip_nonfinite: bool = False,
-               dropout_rng_impl: str = 'threefry'):
+               dropout_rng_impl: str = 'threefry', grad_accum_steps: int = 1, counts_fn=None):
   """One optimizer step on a global batch. Pure: (state, batch) -> (state, stats).
 
   loss_fn(params, batch, rngs) -> (loss, stats): the mode's loss and the sums it reports; the
@@ -31,17 +31,22 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, skip_nonfinite: bool = 
   parameters and optimizer state (the step counter still advances) and its stats are zeroed, so
   the interval's means cover the applied steps only. dropout_rng_impl: 'threefry', or 'rbg'
   (XLA's RngBitGenerator draws the masks at a fraction of threefry's cost on GPUs).
+  grad_accum_steps > 1: the gradients come from that many micro-batches of the batch's rows in
+  turn (accumulate_gradients), which then needs counts_fn and a loss_fn taking the counts.
   """
   dropout_rng = jax.random.fold_in(state.rng, state.step)
-  if dropout_rng_impl == 'rbg':
-    dropout_rng = jax.random.wrap_key_data(
-        jax.random.bits(dropout_rng, (4,), jnp.uint32), impl='rbg')
+  if grad_accum_steps > 1:
+    grads, stats = accumulate_gradients(state.params, batch, dropout_rng, loss_fn=loss_fn,
+                                        counts_fn=counts_fn, num_micro_batches=grad_accum_steps,
+                                        dropout_rng_impl=dropout_rng_impl)
+  else:
+    dropout_rng = dropout_key(dropout_rng, dropout_rng_impl)
 
-  def loss_and_stats(params):
-    loss, stats = loss_fn(params, batch, {'dropout': dropout_rng})
-    return loss, {**stats, 'loss': loss}
+    def loss_and_stats(params):
+      loss, stats = loss_fn(params, batch, {'dropout': dropout_rng})
+      return loss, {**stats, 'loss': loss}
 
-  grads, stats = jax.grad(loss_and_stats, has_aux=True)(state.params)
+    grads, stats = jax.grad(loss_and_stats, has_aux=True)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   stats['grad_norm'] = optax.tree_utils.tree_norm(grads)
@@ -56,16 +61,68 @@ def train_step(state: TrainState, batch, *, loss_fn, tx, skip_nonfinite: bool = 
   return new_state, stats
 
 
+def dropout_key(key, dropout_rng_impl: str = 'threefry'):
+  """A raw threefry key as the dropout key of dropout_rng_impl ('rbg': an RngBitGenerator key)."""
+  if dropout_rng_impl == 'rbg':
+    return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl='rbg')
+  return key
+
+
+def split_rows(x, num_micro_batches: int):
+  """[batch, ...] -> [micro-batches, batch / micro-batches, ...]; micro-batch i holds rows i,
+  i + n, i + 2n, ... (n micro-batches).
+
+  Each device's block of rows splits evenly among the micro-batches, so no row moves between
+  devices: the rows axis keeps the batch's sharding and the micro-batch axis is unsharded.
+  """
+  rows = x.reshape((x.shape[0] // num_micro_batches, num_micro_batches) + x.shape[1:])
+  return nn.with_logical_constraint(rows.swapaxes(0, 1), (None, 'batch') + (None,) * (x.ndim - 1))
+
+
+def accumulate_gradients(params, batch, dropout_rng, *, loss_fn, counts_fn,
+                         num_micro_batches: int, dropout_rng_impl: str = 'threefry'):
+  """(gradients, stats) of the whole batch from num_micro_batches micro-batches of its rows, run
+  in turn (lax.scan): a step of a large batch with the activations of a micro-batch.
+
+  counts_fn(batch) gives the whole batch's counts (what the loss divides by: masked positions,
+  sequences); loss_fn(params, micro_batch, rngs, counts) divides each micro-batch's sums by them,
+  so the micro-batches' losses, gradients and stats add up to the whole batch's (to float
+  rounding; gradients are summed in float32). Micro-batch i draws its dropout from
+  fold_in(dropout_rng, i).
+  """
+  counts = counts_fn(batch)
+  micro_batches = jax.tree.map(lambda x: split_rows(x, num_micro_batches), batch)
+
+  def micro_step(micro_batch, index):
+    rngs = {'dropout': dropout_key(jax.random.fold_in(dropout_rng, index), dropout_rng_impl)}
+
+    def loss_and_stats(params):
+      loss, stats = loss_fn(params, micro_batch, rngs, counts)
+      return loss, {**stats, 'loss': loss}
+    return jax.grad(loss_and_stats, has_aux=True)(params)
+
+  def add(totals, xs):
+    return jax.tree.map(lambda t, x: t + x.astype(t.dtype), totals, micro_step(*xs)), None
+
+  shapes = jax.eval_shape(micro_step, jax.tree.map(lambda x: x[0], micro_batches), 0)
+  zeros = jax.tree.map(
+      lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)), shapes)
+  (grads, stats), _ = jax.lax.scan(add, zeros,
+                                   (micro_batches, jnp.arange(num_micro_batches)))
+  return jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), stats
+
+
 def jit_train_step(loss_fn, tx, state_shardings, batch_shardings, skip_nonfinite=False,
-                   dropout_rng_impl='threefry', compiler_options=None):
+                   dropout_rng_impl='threefry', compiler_options=None, grad_accum_steps=1,
+                   counts_fn=None):
   """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state.
 
   compiler_options: XLA debug options for this computation (config_lib.xla_options).
   """
-  return jax.jit(functools.partial(train_step, loss_fn=loss_fn, tx=tx,
-                                   skip_nonfinite=skip_nonfinite,
-                                   dropout_rng_impl=dropout_rng_impl),
-                 in_shardings=(state_shardings, batch_shardings),
+  step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, skip_nonfinite=skip_nonfinite,
+                           dropout_rng_impl=dropout_rng_impl, grad_accum_steps=grad_accum_steps,
+                           counts_fn=counts_fn)
+  return jax.jit(step, in_shardings=(state_shardings, batch_shardings),
                  out_shardings=(state_shardings, None), donate_argnums=0,
                  compiler_options=compiler_options or None)
 
@@ -113,14 +170,25 @@ def state_initializer(config, model, tx):
 
 
 def pretraining_loss_fn(model: pretraining.PretrainingModel):
-  """loss_fn for train_step: the objectives' summed loss and their sums and counts."""
+  """loss_fn for train_step: the objectives' summed loss and their sums and counts.
+
+  counts (a micro-batch's step): the whole batch's counts, which the loss divides by in place of
+  the micro-batch's own.
+  """
   objectives = objectives_of(model)
 
-  def loss_fn(params, batch, rngs):
+  def loss_fn(params, batch, rngs, counts=None):
     outputs = model.apply({'params': params}, batch, deterministic=False, rngs=rngs)
     stats = objectives_lib.losses(objectives, outputs, batch)
-    return objectives_lib.total_loss(objectives, stats), stats
+    divided = stats if counts is None else {**stats, **counts}
+    return objectives_lib.total_loss(objectives, divided), stats
   return loss_fn
+
+
+def pretraining_counts_fn(model: pretraining.PretrainingModel):
+  """counts_fn for train_step: the objectives' counts of a batch (what their losses divide by)."""
+  objectives = objectives_of(model)
+  return lambda batch: objectives_lib.counts(objectives, batch)
 
 
 def eval_step(params, batch, *, model):
@@ -140,7 +208,9 @@ def jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
   return jit_train_step(pretraining_loss_fn(model), tx, state_shardings, batch_shardings,
                         skip_nonfinite=config.train.max_nonfinite_skips > 0,
                         dropout_rng_impl=config.model.dropout_rng_impl,
-                        compiler_options=compiler_options)
+                        compiler_options=compiler_options,
+                        grad_accum_steps=config.train.grad_accum_steps,
+                        counts_fn=pretraining_counts_fn(model))
 
 
 def abstract_train_state(config, model, tx):

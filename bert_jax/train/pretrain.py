@@ -200,10 +200,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
     checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
     stream, held_out, tokenizer = prepare_data(config, workdir)
     config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
-    logging.info('Mesh %s, preset %s.', dict(mesh.shape), config.mesh.preset)
+    logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
+                 describe_batch(config))
     with sharding.activation_rules(mesh, rules):
       return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
                     claim, preemption)
+
+
+def describe_batch(config) -> str:
+  """'batch 256', or with train.grad_accum_steps=4 'batch 256 (4 micro-batches of 64)': the
+  sequences of an optimizer step, which throughput and MFU count."""
+  rows, steps = config.train.batch_size, config.train.grad_accum_steps
+  return f'batch {rows}' + (f' ({steps} micro-batches of {rows // steps})' if steps > 1 else '')
 
 
 # What decides which examples make each batch: a resume with another value would repeat or skip
@@ -353,10 +361,10 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     """(batches, global-batch function, batch size, FLOPs per sequence) of a phase."""
     phase_stream = stream if phase.index == 1 else prepare_streaming(phase.config, False)[0]
     if phase.index > 1:
-      logging.info('Phase %d from step %d: seq %d, %d predictions, batch %d.', phase.index,
+      logging.info('Phase %d from step %d: seq %d, %d predictions, %s.', phase.index,
                    max(start_step, run_phases[phase.index - 2].last_step) + 1,
                    phase.config.data.max_seq_length,
-                   phase.config.data.max_predictions_per_seq, phase.config.train.batch_size)
+                   phase.config.data.max_predictions_per_seq, describe_batch(phase.config))
     rows = phase.config.train.batch_size
     make_global = to_global or functools.partial(sharding.global_batch_from_local,
                                                  global_rows=rows)

@@ -1,5 +1,6 @@
-"""WordPiece ids of many sentences at once, each distinct word tokenised once (prepare.py's
-tokeniser: the same ids as `WordPieceTokenizer.encode_sentences`, several times faster on text)."""
+"""Token ids of many sentences at once, prepare.py's tokeniser (`make_encoder`): for WordPiece each
+distinct word tokenised once (the same ids as `WordPieceTokenizer.encode_sentences`, several times
+faster on text); other tokenizers encode whole sentences."""
 
 import itertools
 import re
@@ -39,6 +40,29 @@ class _Cache:
       else:
         self.current[key] = value
     return missing
+
+
+def make_encoder(tokenizer, dtype: str):
+  """The encoder prepare.py uses for `tokenizer`: `encode(sentences) -> (ids, lengths)`."""
+  if tokenizer.kind == 'wordpiece':
+    return ChunkEncoder(tokenizer, dtype)
+  return SentenceEncoder(tokenizer, dtype)
+
+
+class SentenceEncoder:
+  """Ids of sentences through the tokenizer itself: byte-level BPE and SentencePiece see a space
+  as part of the next piece, so a sentence is not the concatenation of its chunks' ids."""
+
+  def __init__(self, tokenizer, dtype: str):
+    self._tokenizer = tokenizer
+    self._dtype = np.dtype(dtype).newbyteorder('<')
+
+  def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(every sentence's ids back to back in the token dtype, each sentence's length)."""
+    ids = self._tokenizer.encode_sentences(sentences)
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    return flat.astype(self._dtype), lengths
 
 
 class ChunkEncoder:

@@ -7,16 +7,18 @@ Sources (`config.data.corpus`, comma separated, in order): text files and globs 
 `corpus.read_corpus` reads them (`data.corpus_format`; .xz/.gz ok), 'builtin', and
 `tfds:NAME[:SPLIT]` (each example's 'text' is a document; needs tensorflow_datasets).
 
-The vocab is `data.vocab_file`, else DIR/vocab.txt, trained on the first `--vocab_sample_mb` MB of
-the corpus (and kept there, so a rerun reuses it). A given vocab is copied to DIR/vocab.txt, so the
-directory holds everything a run streaming it needs (`prepared_vocab_file`), wherever it is moved.
+The tokenizer is `data.tokenizer`'s (wordpiece, bpe or sentencepiece); its vocab is `data.vocab_file`,
+else the one DIR keeps (vocab.txt; vocab.json + merges.txt; spiece.model), trained on the first
+`--vocab_sample_mb` MB of the corpus (and kept there, so a rerun reuses it). A given vocab is copied
+into DIR too, so the directory holds everything a run streaming it needs (`prepared_vocab_file`),
+wherever it is moved; metadata.json records the tokenizer kind and the vocab's sha256.
 
 The plan (DIR/plan.json) groups the input files into work units of about `--shard_mb` MB of raw
 text (a file is never split; 'builtin' and each TFDS range are units of their own). A pool of
 worker processes turns unit i into `documents-{i:05d}.array_record`, written under a temporary name
 and renamed when complete, then a sidecar `documents-{i:05d}.json` with its counts. A rerun skips
 units whose shard and sidecar match the plan, so an interrupted run resumes where it stopped; a
-rerun with another vocab, casing, format or max_documents into the same DIR is an error.
+rerun with another tokenizer, vocab, casing, format or max_documents into the same DIR is an error.
 
 `data.max_documents` > 0 is approximate: each unit stops after that many documents, and whole
 units are kept in plan order until the total reaches it (so the total may overshoot by up to one
@@ -25,7 +27,7 @@ unit's documents).
 Bad input is counted by kind in `Metadata.bad_input` and logged with its file, never dropped in
 silence: 'empty_files' (yielding no documents), 'whitespace_only_lines' (read as blank lines),
 'non_utf8_lines' (bytes read as U+FFFD), 'one_sentence_documents' (kept; the pipeline pairs them
-with a random next sentence), 'empty_sentences' and 'empty_documents' (no WordPiece left; dropped),
+with a random next sentence), 'empty_sentences' and 'empty_documents' (no token left; dropped),
 'long_sentences' (over 512 pieces; kept, the pipeline truncates). A file that is not UTF-8 at all
 is an error naming it.
 """
@@ -37,7 +39,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
 import sys
 import sysconfig
 import time
@@ -67,6 +68,8 @@ _PROGRESS_SECONDS = 5.0
 _BATCH_SENTENCES = 20_000
 _TEMPORARY = re.compile(r'^documents-\d{5}\.(?:array_record|json)\.\d+\.tmp$')
 _SHARD_OR_SIDECAR = re.compile(r'^documents-(\d{5})\.(?:array_record|json)$')
+# What a plan.json or sidecar written before a config key existed means by its absence.
+_PLAN_DEFAULTS = {'tokenizer': 'wordpiece'}
 
 
 class PrepareError(ValueError):
@@ -299,6 +302,7 @@ def _tfds_documents(source: dict, counts: dict):
 class _Settings:
   """What a worker needs besides its unit: plain values, pickled to the worker processes."""
   output_dir: str
+  tokenizer: str  # config.data.tokenizer
   vocab_file: str
   lowercase: bool
   corpus_format: str
@@ -316,12 +320,14 @@ def _init_worker():
   logging.set_verbosity(logging.ERROR)
 
 
-def _encoder(settings: _Settings) -> chunk_encoder.ChunkEncoder:
-  """This process's encoder for the settings' vocab."""
-  key = (settings.vocab_file, settings.lowercase, settings.token_dtype)
+def _encoder(settings: _Settings):
+  """This process's encoder for the settings' vocab (chunk_encoder.make_encoder)."""
+  key = (settings.tokenizer, settings.vocab_file, settings.lowercase, settings.token_dtype)
   if _WORKER_STATE.get('key') != key:
-    tokenizer = tokenizer_lib.WordPieceTokenizer(settings.vocab_file, settings.lowercase)
-    _WORKER_STATE.update(key=key, encoder=chunk_encoder.ChunkEncoder(tokenizer, settings.token_dtype))
+    tokenizer = tokenizer_lib.load_tokenizer(settings.tokenizer, settings.vocab_file,
+                                             settings.lowercase)
+    _WORKER_STATE.update(key=key,
+                         encoder=chunk_encoder.make_encoder(tokenizer, settings.token_dtype))
   return _WORKER_STATE['encoder']
 
 
@@ -358,8 +364,7 @@ def process_unit(unit: dict, settings: _Settings) -> dict:
   return result
 
 
-def _write_source(source: dict, settings: _Settings, encoder: chunk_encoder.ChunkEncoder, writer,
-                  totals: dict) -> dict:
+def _write_source(source: dict, settings: _Settings, encoder, writer, totals: dict) -> dict:
   """Tokenises and writes one source's documents; returns its counts and bad input."""
   counts, bad = {}, dict.fromkeys(BAD_INPUT_KINDS, 0)
   documents = source_documents(source, settings.corpus_format, counts)
@@ -389,8 +394,8 @@ def _write_source(source: dict, settings: _Settings, encoder: chunk_encoder.Chun
           'first_non_utf8_line': counts.get('first_non_utf8_line', 0)}
 
 
-def _write_batch(batch: list[list[str]], settings: _Settings, encoder: chunk_encoder.ChunkEncoder, writer,
-                 totals: dict, bad: dict) -> bool:
+def _write_batch(batch: list[list[str]], settings: _Settings, encoder, writer, totals: dict,
+                 bad: dict) -> bool:
   """Encodes and writes a batch of documents; True once max_documents is reached."""
   ids, lengths = encoder.encode([sentence for document in batch for sentence in document])
   ends = np.cumsum(lengths)
@@ -463,19 +468,20 @@ def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float
   os.makedirs(output_dir, exist_ok=True)
   units = make_plan(data.corpus, shard_mb)
   _check_heads(units)
-  plan_config = {'lowercase': bool(data.lowercase), 'corpus_format': data.corpus_format,
-                 'max_documents': int(data.max_documents)}
+  kind = data.get('tokenizer', 'wordpiece')
+  plan_config = {'tokenizer': kind, 'lowercase': bool(data.lowercase),
+                 'corpus_format': data.corpus_format, 'max_documents': int(data.max_documents)}
   _check_plan_config(output_dir, plan_config, '')  # Before a vocab may be trained in vain.
   tokenizer = _load_vocab(config, output_dir, units, vocab_sample_mb)
   vocab_file = os.path.abspath(tokenizer.vocab_file)
   plan_config = {'vocab_sha256': tokenizer.vocab_hash(), **plan_config}
   _check_plan_config(output_dir, plan_config, vocab_file)
-  _keep_vocab(vocab_file, output_dir)
+  tokenizer_lib.keep(tokenizer, output_dir)
   _write_json(os.path.join(output_dir, PLAN_FILENAME),
               {'version': PLAN_VERSION, 'config': plan_config, 'corpus': data.corpus,
                'shard_mb': shard_mb, 'vocab_file': vocab_file, 'units': units})
   _remove_leftovers(output_dir, len(units))
-  settings = _Settings(output_dir=output_dir, vocab_file=vocab_file,
+  settings = _Settings(output_dir=output_dir, tokenizer=kind, vocab_file=vocab_file,
                        lowercase=bool(data.lowercase), corpus_format=data.corpus_format,
                        max_documents=int(data.max_documents),
                        token_dtype=records.token_dtype(tokenizer.vocab_size), config=plan_config)
@@ -488,48 +494,43 @@ def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float
   return metadata
 
 
-def _load_vocab(config, output_dir: str, units: list[dict],
-                vocab_sample_mb: float) -> tokenizer_lib.WordPieceTokenizer:
-  """data.vocab_file, else output_dir/vocab.txt, else one trained on the corpus's first MBs."""
+def _load_vocab(config, output_dir: str, units: list[dict], vocab_sample_mb: float):
+  """data.vocab_file, else the vocab output_dir keeps, else one trained on the corpus's first
+  MBs."""
   data = config.data
-  if data.vocab_file:
-    return tokenizer_lib.WordPieceTokenizer(data.vocab_file, data.lowercase)
-  trained = os.path.join(output_dir, tokenizer_lib.VOCAB_FILENAME)
-  if os.path.isfile(trained):  # HF's trainer is not deterministic: a rerun must reuse it.
+  kind = data.get('tokenizer', 'wordpiece')
+  try:
+    if data.vocab_file:
+      return tokenizer_lib.load_tokenizer(kind, data.vocab_file, data.lowercase)
+  except (ValueError, OSError) as e:
+    raise PrepareError(f'config.data.vocab_file={data.vocab_file!r}: {e}') from e
+  trained = tokenizer_lib.kept_vocab(kind, output_dir)
+  if trained:  # HF's trainer is not deterministic: a rerun must reuse it.
     logging.info('Using the vocab trained by an earlier run: %s', trained)
-    return tokenizer_lib.WordPieceTokenizer(trained, data.lowercase)
+    return tokenizer_lib.load_tokenizer(kind, trained, data.lowercase)
   sample = _sample_documents(units, data.corpus_format, vocab_sample_mb * _MB,
                              data.max_documents)
-  logging.info('Training a %d-token vocab on %d documents (%.1f MB) of the corpus.',
-               data.tokenizer_vocab_size, len(sample),
+  logging.info('Training a %d-token %s vocab on %d documents (%.1f MB) of the corpus.',
+               data.tokenizer_vocab_size, kind, len(sample),
                sum(len(s) for d in sample for s in d) / _MB)
   return tokenizer_lib.load_or_train_tokenizer(
       '', sample, data.tokenizer_vocab_size, data.lowercase, output_dir,
-      data.get('tokenizer_cache_dir', ''))
-
-
-def _keep_vocab(vocab_file: str, output_dir: str) -> None:
-  """Copies the vocab to output_dir/vocab.txt (through a renamed temporary)."""
-  target = os.path.join(output_dir, tokenizer_lib.VOCAB_FILENAME)
-  if os.path.abspath(vocab_file) == target:
-    return
-  temporary = f'{target}.{os.getpid()}.tmp'
-  shutil.copyfile(vocab_file, temporary)
-  os.replace(temporary, target)
+      data.get('tokenizer_cache_dir', ''), kind)
 
 
 def prepared_vocab_file(directory: str, metadata: records.Metadata) -> str:
-  """The vocab a prepared corpus was tokenised with: DIR/vocab.txt, else (a directory prepared
-  before the vocab was copied there) the file its metadata names."""
-  kept = os.path.join(directory, tokenizer_lib.VOCAB_FILENAME)
-  if os.path.isfile(kept):
+  """The vocab a prepared corpus was tokenised with: the one DIR keeps (vocab.txt, vocab.json +
+  merges.txt or spiece.model, by metadata.tokenizer), else (a directory prepared before the vocab
+  was copied there) the file its metadata names."""
+  kept = tokenizer_lib.kept_vocab(metadata.tokenizer, directory)
+  if kept:
     return kept
   if metadata.vocab_file and os.path.isfile(metadata.vocab_file):
     return metadata.vocab_file
+  names = ' + '.join(tokenizer_lib.KEPT_FILES[metadata.tokenizer])
   raise PrepareError(
-      f'config.data.prepared={directory!r} has no {tokenizer_lib.VOCAB_FILENAME} and the vocab '
-      f'it was prepared with ({metadata.vocab_file!r}) is not there; set config.data.vocab_file '
-      'to that vocab.')
+      f'config.data.prepared={directory!r} has no {names} and the vocab it was prepared with '
+      f'({metadata.vocab_file!r}) is not there; set config.data.vocab_file to that vocab.')
 
 
 def _sample_documents(units: list[dict], corpus_format: str, max_chars: float,
@@ -556,7 +557,7 @@ def _check_plan_config(output_dir: str, plan_config: dict, vocab_file: str) -> N
   if not previous:
     return
   for key, value in plan_config.items():
-    before = previous.get('config', {}).get(key)
+    before = previous.get('config', {}).get(key, _PLAN_DEFAULTS.get(key))
     if before != value:
       what = {'vocab_sha256': 'vocab sha256'}.get(key, f'data.{key}')
       extra = (f' (vocab {previous.get("vocab_file")!r} then, {vocab_file!r} now)'
@@ -579,7 +580,8 @@ def _done(unit: dict, settings: _Settings):
   sidecar = _read_json(os.path.join(settings.output_dir,
                                     SIDECAR_PATTERN.format(index=unit['index'])))
   shard = os.path.join(settings.output_dir, unit['shard'])
-  if (sidecar and sidecar.get('unit') == unit and sidecar.get('config') == settings.config and
+  if (sidecar and sidecar.get('unit') == unit
+      and {**_PLAN_DEFAULTS, **(sidecar.get('config') or {})} == settings.config and
       os.path.isfile(shard) and os.path.getsize(shard) == sidecar.get('shard_bytes')):
     return sidecar
   return None
@@ -708,7 +710,7 @@ class _Progress:
 
 
 def _metadata(units: list[dict], results: dict, settings: _Settings,
-              tokenizer: tokenizer_lib.WordPieceTokenizer) -> records.Metadata:
+              tokenizer) -> records.Metadata:
   """Totals of the kept units; shards without documents are left out of the shard list."""
   shards, sources = [], []
   bad_input = dict.fromkeys(BAD_INPUT_KINDS, 0)
@@ -726,8 +728,9 @@ def _metadata(units: list[dict], results: dict, settings: _Settings,
                      'sources': names})
   kept = list(results.values())
   return records.Metadata(
-      format_version=records.FORMAT_VERSION, vocab_sha256=settings.config['vocab_sha256'],
-      vocab_file=settings.vocab_file, vocab_size=tokenizer.vocab_size,
+      format_version=records.FORMAT_VERSION, tokenizer=settings.tokenizer,
+      vocab_sha256=settings.config['vocab_sha256'], vocab_file=settings.vocab_file,
+      vocab_size=tokenizer.vocab_size,
       lowercase=settings.lowercase, token_dtype=settings.token_dtype, shards=shards,
       num_documents=sum(r['documents'] for r in kept),
       num_sentences=sum(r['sentences'] for r in kept),

@@ -4,7 +4,7 @@ A prepared directory (written by `python -m bert_jax.data.prepare`) holds
   metadata.json                  what prepare.py wrote, see `Metadata`
   documents-SSSSS.array_record   one record per document
 A record is a document's sentences: little-endian uint32 `num_sentences`, then uint32 lengths
-of each sentence, then every sentence's WordPiece ids back to back (uint16 when the vocab has at
+of each sentence, then every sentence's token ids back to back (uint16 when the vocab has at
 most 65,536 entries, else int32; `Metadata.token_dtype` says which).
 """
 
@@ -74,7 +74,7 @@ def decode_flat(record: bytes, dtype: str) -> tuple[np.ndarray, np.ndarray]:
 class Metadata:
   """metadata.json of a prepared corpus."""
   format_version: int
-  vocab_sha256: str  # sha256 of the vocab.txt the ids come from.
+  vocab_sha256: str  # sha256 of the vocab the ids come from (tokenizer.vocab_hash()).
   vocab_file: str  # Where that vocab was read (informative).
   vocab_size: int
   lowercase: bool
@@ -86,6 +86,8 @@ class Metadata:
   sources: list = dataclasses.field(default_factory=list)  # Input files (or 'builtin', tfds:...).
   bad_input: dict = dataclasses.field(default_factory=dict)  # Counts by kind, see prepare.py.
   raw_bytes: int = 0  # Bytes of raw text read.
+  # config.data.tokenizer the ids come from; corpora prepared before it was recorded: WordPiece.
+  tokenizer: str = 'wordpiece'
 
   def shard_paths(self, directory: str) -> list[str]:
     return [os.path.join(directory, shard['file']) for shard in self.shards]
@@ -129,6 +131,9 @@ def _metadata_problem(metadata: Metadata) -> str:
   """What makes metadata unreadable for streaming ('' when nothing)."""
   if metadata.token_dtype not in ('uint16', 'int32'):
     return f"token_dtype {metadata.token_dtype!r} is not 'uint16' or 'int32'"
+  kinds = config_lib.VALID_CHOICES['data.tokenizer']
+  if metadata.tokenizer not in kinds:
+    return f'tokenizer {metadata.tokenizer!r} is not one of {", ".join(kinds)}'
   if not isinstance(metadata.shards, list):
     return 'shards is not a list'
   for index, shard in enumerate(metadata.shards):

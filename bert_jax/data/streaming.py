@@ -368,8 +368,34 @@ def eval_batches(documents, settings: StreamSettings, num_batches: int, seed: in
   return [next(iterator) for _ in range(num_batches)]
 
 
+def prepared_tokenizer(metadata: records.Metadata, directory: str, config):
+  """The tokenizer a run streaming a prepared corpus uses: config.data.vocab_file, else the vocab
+  the directory keeps; ValueError when the corpus was tokenised with another kind, vocab or
+  casing."""
+  check_kind(metadata, directory, config)
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  vocab_file = config.data.vocab_file or prepare.prepared_vocab_file(directory, metadata)
+  tokenizer = tokenizer_lib.load_tokenizer(metadata.tokenizer, vocab_file, config.data.lowercase)
+  check_prepared(metadata, directory, tokenizer, config)
+  return tokenizer
+
+
+def check_kind(metadata: records.Metadata, directory: str, config) -> None:
+  """The prepared corpus must come from this run's tokenizer kind; ValueError names both."""
+  kind = config.data.get('tokenizer', 'wordpiece')
+  if metadata.tokenizer != kind:
+    raise ValueError(
+        f'config.data.prepared={directory!r} was tokenised with data.tokenizer='
+        f'{metadata.tokenizer!r}, but config.data.tokenizer={kind!r}; set '
+        f'--config.data.tokenizer={metadata.tokenizer}, or prepare the corpus again with '
+        f'{kind}.')
+
+
 def check_prepared(metadata: records.Metadata, directory: str, tokenizer, config) -> None:
-  """The prepared corpus must belong to this run's vocab and casing; ValueError names both."""
+  """The prepared corpus must belong to this run's tokenizer, vocab and casing; ValueError names
+  both."""
+  check_kind(metadata, directory, config)
   vocab_hash = tokenizer.vocab_hash()
   if metadata.vocab_sha256 != vocab_hash:
     raise ValueError(

@@ -1,7 +1,16 @@
-"""WordPiece tokenization (BERT's), through Hugging Face `tokenizers`."""
+"""Tokenizers chosen by config.data.tokenizer: WordPiece (BERT's, here), byte-level BPE
+(RoBERTa's, data/bpe.py) and SentencePiece unigram (ALBERT's, data/spm.py); each trains a vocab on
+the corpus when none is given, cached by a fingerprint of the corpus, the kind and its settings.
+
+A tokenizer has `kind`, `lowercase`, `vocab_size`, `vocab_file` (what config.data.vocab_file
+names to load it again), `special` (pretraining.SpecialIds: its special ids and pair layout),
+`files()` (the files a directory keeps of it), `encode_sentences`, `encode_with_offsets`,
+`encode_words`, `id_to_token`, `decode`, `is_continuation` and `vocab_hash`.
+"""
 
 import hashlib
 import os
+import shutil
 
 from absl import logging
 import numpy as np
@@ -14,29 +23,42 @@ from tokenizers import trainers
 
 from bert_jax.data.pretraining import SpecialIds
 
+KINDS = ('wordpiece', 'bpe', 'sentencepiece')
 # BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 VOCAB_FILENAME = 'vocab.txt'
+# What a directory (a workdir, a prepared corpus, the cache) keeps of a vocab of each kind; the
+# first file is the one data.vocab_file names (BPE's merges.txt lies beside its vocab.json).
+KEPT_FILES = {'wordpiece': (VOCAB_FILENAME,), 'bpe': ('vocab.json', 'merges.txt'),
+              'sentencepiece': ('spiece.model',)}
 # Sentences per encode call: bounds the memory of Encoding objects on large corpora.
 _ENCODE_CHUNK = 50_000
 
 
 class WordPieceTokenizer:
   """BERT's tokenizer: BertNormalizer, BertPreTokenizer and WordPiece over a vocab.txt."""
+  kind = 'wordpiece'
 
   def __init__(self, vocab_file: str, lowercase: bool):
     vocab_file = os.path.expanduser(vocab_file)
     if not os.path.isfile(vocab_file):
       raise FileNotFoundError(f'Vocab file {vocab_file!r} does not exist.')
     self._vocab_file = vocab_file
-    self._tokens = _read_vocab(vocab_file)
+    try:
+      self._tokens = _read_vocab(vocab_file)
+    except UnicodeDecodeError as e:
+      raise ValueError(f'Vocab file {vocab_file!r} is not UTF-8 text ({e.reason}): WordPiece '
+                       'reads a vocab.txt of one token a line; a SentencePiece .model needs '
+                       "config.data.tokenizer='sentencepiece'.") from e
     vocab = {token: index for index, token in enumerate(self._tokens)}
     if len(vocab) != len(self._tokens):
       raise ValueError(f'Vocab file {vocab_file!r} lists a token twice; ids would be ambiguous.')
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:
       raise ValueError(f'Vocab file {vocab_file!r} lacks the special tokens {missing}; '
-                       f'BERT needs all of {list(SPECIAL_TOKENS)}.')
+                       f'BERT needs all of {list(SPECIAL_TOKENS)} (a WordPiece vocab.txt lists '
+                       "one token a line; a byte-level BPE vocab.json needs "
+                       "config.data.tokenizer='bpe').")
     self._special = SpecialIds(*(vocab[token] for token in SPECIAL_TOKENS))
     self._tokenizer = _bert_tokenizer(models.WordPiece(vocab, unk_token='[UNK]'), lowercase)
     self.lowercase = lowercase
@@ -55,6 +77,10 @@ class WordPieceTokenizer:
   def special(self) -> SpecialIds:
     """Ids of [PAD], [UNK], [CLS], [SEP] and [MASK]."""
     return self._special
+
+  def files(self) -> dict[str, str]:
+    """{name a directory keeps it under: path}."""
+    return {VOCAB_FILENAME: self._vocab_file}
 
   def encode_sentences(self, sentences: list[str]) -> list[np.ndarray]:
     """Returns int32 WordPiece ids per sentence, without special tokens."""
@@ -166,41 +192,105 @@ def _write_lines(lines, path):
     raise
 
 
+def load_tokenizer(kind: str, vocab_file: str, lowercase: bool):
+  """The `kind` tokenizer of `vocab_file`: a vocab.txt (wordpiece), vocab.json with merges.txt
+  beside it or their directory (bpe), a .model (sentencepiece)."""
+  if kind == 'wordpiece':
+    return WordPieceTokenizer(vocab_file, lowercase)
+  return _family(kind).load(vocab_file, lowercase)
+
+
+def train(kind: str, documents: list[list[str]], vocab_size: int, lowercase: bool,
+          output_dir: str):
+  """Trains a `kind` vocab on the sentences, writes it to output_dir (KEPT_FILES), loads it."""
+  if kind == 'wordpiece':
+    return train_tokenizer(documents, vocab_size, lowercase, output_dir)
+  return _family(kind).train(documents, vocab_size, lowercase, output_dir)
+
+
+def _family(kind: str):
+  """The module of a kind other than WordPiece, imported only when chosen."""
+  # pylint: disable=g-import-not-at-top
+  if kind == 'bpe':
+    from bert_jax.data import bpe
+    return bpe
+  if kind == 'sentencepiece':
+    from bert_jax.data import spm
+    return spm
+  raise ValueError(f'config.data.tokenizer={kind!r} is not one of {", ".join(KINDS)}.')
+
+
+def vocab_path(kind: str, directory: str) -> str:
+  """Where `directory` keeps a `kind` vocab: the path load_tokenizer takes."""
+  if kind not in KEPT_FILES:
+    raise ValueError(f'config.data.tokenizer={kind!r} is not one of {", ".join(KINDS)}.')
+  return os.path.join(os.path.expanduser(directory), KEPT_FILES[kind][0])
+
+
+def kept_vocab(kind: str, directory: str) -> str:
+  """vocab_path(kind, directory) when every file of it is there, else ''."""
+  path = vocab_path(kind, directory)
+  names = KEPT_FILES[kind]
+  complete = all(os.path.isfile(os.path.join(os.path.dirname(path), name)) for name in names)
+  return path if complete else ''
+
+
+def keep(tokenizer, directory: str) -> None:
+  """Copies the tokenizer's files into `directory` (each through a renamed temporary)."""
+  directory = os.path.expanduser(directory)
+  os.makedirs(directory, exist_ok=True)
+  for name, path in tokenizer.files().items():
+    target = os.path.join(directory, name)
+    if os.path.abspath(path) == os.path.abspath(target):
+      continue
+    temporary = f'{target}.{os.getpid()}.tmp'
+    try:
+      shutil.copyfile(path, temporary)
+      os.replace(temporary, target)
+    except BaseException:
+      if os.path.exists(temporary):
+        os.unlink(temporary)
+      raise
+
+
 def load_or_train_tokenizer(vocab_file: str, documents: list[list[str]], vocab_size: int,
-                            lowercase: bool, workdir: str,
-                            cache_dir: str = '') -> WordPieceTokenizer:
+                            lowercase: bool, workdir: str, cache_dir: str = '',
+                            kind: str = 'wordpiece'):
   """Loads `vocab_file`, else the workdir's vocab, else a cached or newly trained one.
 
   HF's WordPiece trainer is not deterministic (its tie-breaking follows hash-map order), so a
-  vocab trained for a corpus is cached under `cache_dir` by a fingerprint of (corpus, size,
-  casing): every run on the same corpus, an ablation arm or a rerun, gets the identical vocab.
+  vocab trained for a corpus is cached under `cache_dir` by a fingerprint of (corpus, kind, size,
+  casing, training settings): every run on the same corpus, an ablation arm or a rerun, gets the
+  identical vocab.
   """
   if vocab_file:
-    return WordPieceTokenizer(vocab_file, lowercase)
+    return load_tokenizer(kind, vocab_file, lowercase)
   if not workdir:
     raise ValueError('Give a vocab_file or a workdir to train and cache a vocab in.')
-  cached = os.path.join(os.path.expanduser(workdir), VOCAB_FILENAME)
-  if os.path.isfile(cached):
+  cached = kept_vocab(kind, workdir)
+  if cached:
     # A resumed run must see the ids its checkpoint was trained with, so never retrain.
     logging.info('Loading the vocab cached in the workdir: %s', cached)
-    return WordPieceTokenizer(cached, lowercase)
+    return load_tokenizer(kind, cached, lowercase)
   if not cache_dir:
-    return train_tokenizer(documents, vocab_size, lowercase, workdir)
+    return train(kind, documents, vocab_size, lowercase, workdir)
   shared_dir = os.path.join(os.path.expanduser(cache_dir),
-                            corpus_fingerprint(documents, vocab_size, lowercase))
-  shared = os.path.join(shared_dir, VOCAB_FILENAME)
-  if os.path.isfile(shared):
+                            corpus_fingerprint(documents, vocab_size, lowercase, kind))
+  shared = kept_vocab(kind, shared_dir)
+  if shared:
     logging.info('Using the vocab trained earlier for this corpus: %s', shared)
+    tokenizer = load_tokenizer(kind, shared, lowercase)
   else:
-    train_tokenizer(documents, vocab_size, lowercase, shared_dir)
-  with open(shared, encoding='utf-8') as f:
-    _write_lines(f.read().splitlines(), cached)
-  return WordPieceTokenizer(cached, lowercase)
+    tokenizer = train(kind, documents, vocab_size, lowercase, shared_dir)
+  keep(tokenizer, workdir)
+  return load_tokenizer(kind, vocab_path(kind, workdir), lowercase)
 
 
-def corpus_fingerprint(documents: list[list[str]], vocab_size: int, lowercase: bool) -> str:
+def corpus_fingerprint(documents: list[list[str]], vocab_size: int, lowercase: bool,
+                       kind: str = 'wordpiece') -> str:
   """sha256 of the sentences and the tokenizer settings: names a trained vocab."""
-  digest = hashlib.sha256(f'wordpiece:{vocab_size}:{lowercase}\n'.encode())
+  settings = '' if kind == 'wordpiece' else f':{_family(kind).TRAINING_SETTINGS}'
+  digest = hashlib.sha256(f'{kind}:{vocab_size}:{lowercase}{settings}\n'.encode())
   for document in documents:
     for sentence in document:
       digest.update(sentence.encode('utf-8', 'replace') + b'\n')
@@ -208,8 +298,7 @@ def corpus_fingerprint(documents: list[list[str]], vocab_size: int, lowercase: b
   return digest.hexdigest()[:32]
 
 
-def encode_documents(tokenizer: WordPieceTokenizer,
-                     documents: list[list[str]]) -> list[list[np.ndarray]]:
+def encode_documents(tokenizer, documents: list[list[str]]) -> list[list[np.ndarray]]:
   """Encodes every sentence in one batched call; empty sentences and documents are dropped."""
   sentences = [sentence for document in documents for sentence in document if sentence.strip()]
   ids = iter(tokenizer.encode_sentences(sentences))

@@ -45,20 +45,20 @@ def prepare_data(config, workdir: str):
                                        config.data.max_documents)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.corpus={config.data.corpus!r}: {e}') from e
-  if (jax.process_count() > 1 and not config.data.vocab_file
-      and not os.path.isfile(os.path.join(workdir, 'vocab.txt'))):
+  # The vocab an earlier run of this workdir kept there ('' when none).
+  in_workdir = tokenizer_lib.kept_vocab(config.data.tokenizer, workdir)
+  if jax.process_count() > 1 and not config.data.vocab_file and not in_workdir:
     # Each host would train its own vocab, and HF's trainer does not give identical ones.
     raise config_lib.ConfigError(
         f'config.data.vocab_file is empty in a run of {jax.process_count()} processes; give a '
         'vocab.txt every host reads (train one with a single-process run first).')
   # The workdir is only read here: a trained vocab is staged elsewhere and copied into the
   # workdir once the run has passed every check (keep_vocab).
-  in_workdir = os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
   try:
     tokenizer = tokenizer_lib.load_or_train_tokenizer(
-        config.data.vocab_file or (in_workdir if os.path.isfile(in_workdir) else ''), documents,
+        config.data.vocab_file or in_workdir, documents,
         config.data.tokenizer_vocab_size, config.data.lowercase, _staging_dir(),
-        config.data.tokenizer_cache_dir)
+        config.data.tokenizer_cache_dir, config.data.tokenizer)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r}: {e}') from e
   encoded = tokenizer_lib.encode_documents(tokenizer, documents)
@@ -103,12 +103,9 @@ def _staging_dir() -> str:
 
 
 def keep_vocab(tokenizer, workdir: str) -> None:
-  """workdir/vocab.txt: the vocab the run tokenizes with, for export and fine-tuning."""
-  target = os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
-  if os.path.abspath(tokenizer.vocab_file) != target:
-    temporary = f'{target}.{os.getpid()}.tmp'
-    shutil.copyfile(tokenizer.vocab_file, temporary)
-    os.replace(temporary, target)
+  """workdir/vocab.txt (vocab.json + merges.txt, spiece.model): the vocab the run tokenizes
+  with, for export and fine-tuning."""
+  tokenizer_lib.keep(tokenizer, workdir)
 
 
 def prepare_streaming(config, with_eval: bool = True):
@@ -116,11 +113,8 @@ def prepare_streaming(config, with_eval: bool = True):
   directory = os.path.expanduser(config.data.prepared)
   try:
     metadata = records.read_metadata(directory)
-    from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
     # Without data.vocab_file, the vocab the corpus was prepared with.
-    vocab_file = config.data.vocab_file or prepare.prepared_vocab_file(directory, metadata)
-    tokenizer = tokenizer_lib.WordPieceTokenizer(vocab_file, config.data.lowercase)
-    streaming.check_prepared(metadata, directory, tokenizer, config)
+    tokenizer = streaming.prepared_tokenizer(metadata, directory, config)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(str(e)) from e
   store = streaming.DocumentStore(directory, metadata)
@@ -303,7 +297,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)
   layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
-  vocab_record = config.data.vocab_file or os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
+  vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
   state_finite = jax.jit(guard.all_finite)
 
   max_skips = config.train.max_nonfinite_skips

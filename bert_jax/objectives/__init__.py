@@ -67,6 +67,10 @@ class Objective:
   # The data it needs: 'pairs' ([CLS] A [SEP] B [SEP] with NotNext labels) or 'segments'
   # (one segment per row).
   instances: str = 'segments'
+  # With instances='pairs', which pairs its label tells apart (next_sentence_labels): 'next'
+  # (NSP: B is the text after A, 0, or a random document's, 1) or 'order' (SOP: A and B are
+  # consecutive in one document, in order, 0, or swapped, 1).
+  pair_kind: str = 'next'
   # Whether it needs corrupted inputs (MLM's [MASK]s): a run none of whose objectives does reads
   # its rows unmasked (data.pretraining.MaskingSettings.from_config).
   masks_inputs: bool = False
@@ -105,6 +109,13 @@ def of_config(config) -> tuple[Objective, ...]:
 def sentence_pairs(config) -> bool:
   """Whether the run's rows are sentence pairs with NotNext labels (an objective needs them)."""
   return any(o.instances == 'pairs' for o in of_config(config))
+
+
+def pair_kind(config) -> str:
+  """How the run's sentence pairs are made (Objective.pair_kind): 'next' or 'order'; '' when
+  its rows are not pairs."""
+  kinds = [o.pair_kind for o in of_config(config) if o.instances == 'pairs']
+  return kinds[0] if kinds else ''
 
 
 def masks_inputs(config) -> bool:

@@ -68,6 +68,7 @@ RANGES = {
     'data.phase2_max_seq_length': POSITIVE, 'data.phase2_max_predictions_per_seq': POSITIVE,
     'masking.rate': PROBABILITY, 'masking.mask_token_fraction': PROBABILITY,
     'masking.random_token_fraction': PROBABILITY, 'masking.keep_fraction': PROBABILITY,
+    'masking.max_ngram': POSITIVE,
     'train.batch_size': POSITIVE, 'train.grad_accum_steps': POSITIVE,
     'train.num_steps': POSITIVE, 'train.phase2_fraction': BELOW_ONE,
     'train.phase2_batch_size': NON_NEGATIVE, 'train.learning_rate': POSITIVE,

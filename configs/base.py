@@ -136,6 +136,9 @@ def get_config(arg=None):
   masking.random_token_fraction = 0.1  # Of the chosen: replaced by a random token.
   masking.keep_fraction = 0.1  # Of the chosen: left unchanged.
   masking.whole_word = False  # Mask every piece of a word together.
+  # Mask runs of n tokens (words, with whole_word) together, n <= max_ngram drawn with p(n)
+  # proportional to 1/n: ALBERT's n-gram masking (3); 1 masks token by token (or word by word).
+  masking.max_ngram = 1
   # How the held-out set is masked: 'train' as the settings above; 'reference' with the paper's
   # (15% of tokens, 80/10/10, token by token), whatever the run trains with, so that runs of
   # other masking (an ablation sweep's arms) are scored on the same held-out masks.

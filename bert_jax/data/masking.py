@@ -5,11 +5,15 @@ num_to_predict = min(max_predictions, max(1, round(n_tokens * mask_rate))), [CLS
 counted in n_tokens; of the chosen tokens mask_token_fraction become [MASK],
 random_token_fraction a random id (any id, as the original, or with a tokenizer whose
 SpecialIds.draws_specials is False no special one, as RoBERTa's), the rest stay; whole-word masking chooses all pieces of a word
-together; a mask_rate of 0 chooses nothing (the unmasked rows of a run whose objectives read
-clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory path, data/pipeline.py,
-and static masks); mask_batch masks every pair of a batch of (packed) rows at once (the
-streaming path, data/batching.py). A new masking scheme (spans, n-grams) is a new chooser here.
+together; n-gram masking (ALBERT, max_ngram > 1) chooses runs of up to max_ngram tokens (words,
+with whole-word masking) together; a mask_rate of 0 chooses nothing (the unmasked rows of a run
+whose objectives read clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory
+path, data/pipeline.py, and static masks); mask_batch masks every pair of a batch of (packed)
+rows at once (the streaming path, data/batching.py). A new masking scheme (SpanBERT's spans) is
+a new chooser here.
 """
+
+import functools
 
 import numpy as np
 
@@ -18,7 +22,7 @@ _STATIC_MASK_STREAM = 14  # Seeds static masks; streaming.py's streams use 11-15
 
 def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
                 max_predictions, mask_token_fraction, random_token_fraction,
-                keep_fraction, is_continuation=None):
+                keep_fraction, is_continuation=None, max_ngram=1):
   """Chooses positions to predict and corrupts them: (masked_ids, positions, labels)."""
   del keep_fraction  # The remainder of the other two; the config validates it.
   input_ids = np.asarray(input_ids, np.int32)
@@ -28,7 +32,10 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
   num_to_predict = min(max_predictions,
                        max(1, int(round(len(input_ids) * mask_rate))))
   is_candidate = ~np.isin(input_ids, [special.cls, special.sep, special.pad])
-  if is_continuation is None:
+  if max_ngram > 1:
+    positions = _choose_ngrams(input_ids, is_candidate, is_continuation, num_to_predict,
+                               max_ngram, rng)
+  elif is_continuation is None:
     positions = rng.permutation(np.flatnonzero(is_candidate))[:num_to_predict]
   else:
     positions = _choose_whole_words(
@@ -66,12 +73,73 @@ def _words(input_ids, is_candidate, is_continuation):
   positions = np.flatnonzero(is_candidate)
   if not len(positions):
     return []
+  return np.split(positions, _word_heads(input_ids, positions, is_continuation)[1:])
+
+
+def _word_heads(input_ids, positions, is_continuation):
+  """Indices into `positions` (candidates) where each word begins."""
   continues = np.asarray(is_continuation)[input_ids[positions]]
   # Unlike the original, a '##' piece right after [SEP] does not join the
   # last word of A: that piece lost its head to truncation.
   follows_candidate = np.diff(positions, prepend=-2) == 1
-  starts = np.flatnonzero(~(continues & follows_candidate))
-  return np.split(positions, starts[1:])
+  return np.flatnonzero(~(continues & follows_candidate))
+
+
+def _choose_ngrams(input_ids, is_candidate, is_continuation, num_to_predict, max_ngram, rng):
+  """The positions of _ngram_spans' spans, num_to_predict at most."""
+  spans = _ngram_spans(input_ids, is_candidate, is_continuation, num_to_predict, max_ngram, rng)
+  if not spans:
+    return np.zeros(0, np.int64)
+  return np.concatenate(spans)
+
+
+def _ngram_spans(input_ids, is_candidate, is_continuation, num_to_predict, max_ngram, rng):
+  """ALBERT's n-gram masking (google-research/albert, create_pretraining_data.py,
+  create_masked_lm_predictions): the words (tokens without whole-word masking) are visited in a
+  random order; at each, n is drawn with p(n) proportional to 1/n among the n-grams starting
+  there; an n-gram over the budget falls back to shorter ones, then is skipped, and one that
+  overlaps a chosen word is skipped. Returns the chosen n-grams, each the positions of its
+  words, num_to_predict positions at most in all."""
+  positions = np.flatnonzero(is_candidate)
+  if not len(positions):
+    return []
+  if is_continuation is None:
+    heads = np.arange(len(positions))
+  else:
+    heads = _word_heads(input_ids, positions, is_continuation)
+  bounds = np.append(heads, len(positions))  # Word k: positions[bounds[k]:bounds[k + 1]].
+  num_words = len(heads)
+  # An n-gram is n adjacent words; unlike ALBERT's, it never spans [SEP] (or a packed row's
+  # next pair), so every masked span is a run of text.
+  joined = positions[bounds[1:-1]] == positions[bounds[1:-1] - 1] + 1  # Word k + 1 follows k.
+  longest = np.ones(num_words, np.int64)  # Words of the longest n-gram starting at each.
+  reaches = np.ones(num_words, bool)
+  for j in range(1, max_ngram):
+    reaches[num_words - j:] = False
+    reaches[:num_words - j] &= joined[j - 1:]
+    longest += reaches
+  # n of the n-gram at each word: p(n) proportional to 1/n for n up to its longest.
+  weights = np.cumsum(1.0 / np.arange(1, max_ngram + 1))
+  tables = np.stack([np.where(np.arange(max_ngram) < m, weights / weights[m - 1], 1.0)
+                     for m in range(1, max_ngram + 1)])  # [longest - 1, n - 1]: P(draw <= n)
+  draws = rng.random(num_words)
+  drawn = 1 + (draws[:, None] >= tables[longest - 1]).sum(1)
+  drawn, bounds = drawn.tolist(), bounds.tolist()
+  covered = np.zeros(num_words, bool)
+  chosen, num_chosen = [], 0
+  for k in rng.permutation(num_words).tolist():
+    if num_chosen >= num_to_predict:
+      break
+    n = drawn[k]
+    while n > 1 and num_chosen + bounds[k + n] - bounds[k] > num_to_predict:
+      n -= 1
+    size = bounds[k + n] - bounds[k]
+    if num_chosen + size > num_to_predict or covered[k:k + n].any():
+      continue
+    covered[k:k + n] = True
+    chosen.append(positions[bounds[k]:bounds[k + n]])
+    num_chosen += size
+  return chosen
 
 
 def _corrupt(labels, rng, special, vocab_size, mask_token_fraction,
@@ -121,9 +189,12 @@ def mask_batch(ids, pair_of, rng, settings):
       s.max_predictions, np.maximum(1, np.round(pair_lengths * s.mask_rate).astype(np.int64))), 0)
   before = np.cumsum(wanted, 1) - wanted
   wanted = np.clip(s.max_predictions - before, 0, wanted)  # [b, k]
-  if s.is_continuation is not None:
-    chosen = _choose_whole_words_per_pair(ids, pair_of, candidate, wanted, rng,
-                                          s.is_continuation)
+  if s.max_ngram > 1:
+    chosen = _choose_per_pair(ids, pair_of, candidate, wanted, rng, functools.partial(
+        _choose_ngrams, is_continuation=s.is_continuation, max_ngram=s.max_ngram))
+  elif s.is_continuation is not None:
+    chosen = _choose_per_pair(ids, pair_of, candidate, wanted, rng, functools.partial(
+        _choose_whole_words, is_continuation=s.is_continuation))
   elif k == 1:  # One pair per row: the wanted smallest keys of each row, in O(length).
     keys = np.where(candidate, rng.random((b, length)), 2.0)
     most = int(min(s.max_predictions, length))
@@ -160,8 +231,9 @@ def mask_batch(ids, pair_of, rng, settings):
   return masked, positions, labels.astype(np.int32), weights
 
 
-def _choose_whole_words_per_pair(ids, pair_of, candidate, wanted, rng, is_continuation):
-  """Whole-word masking, pair by pair, with the original's word-skipping rule."""
+def _choose_per_pair(ids, pair_of, candidate, wanted, rng, choose):
+  """Whole-word or n-gram masking, pair by pair: choose(input_ids, is_candidate,
+  num_to_predict=, rng=) -> positions, mask_tokens' chooser."""
   chosen = np.zeros_like(candidate)
   for r in range(ids.shape[0]):
     for j in range(wanted.shape[1]):
@@ -169,8 +241,8 @@ def _choose_whole_words_per_pair(ids, pair_of, candidate, wanted, rng, is_contin
       if not in_pair.any() or not wanted[r, j]:
         continue
       span = np.flatnonzero(in_pair)
-      picked = _choose_whole_words(ids[r, span], candidate[r, span], is_continuation,
-                                   int(wanted[r, j]), rng)
+      picked = choose(ids[r, span], candidate[r, span], num_to_predict=int(wanted[r, j]),
+                      rng=rng)
       chosen[r, span[np.asarray(picked, np.int64)]] = True
   return chosen
 
@@ -193,7 +265,7 @@ def static_masks(ids, pair_of, rows, settings, seed: int):
           ids[r, span], rng, special=s.special, vocab_size=s.vocab_size, mask_rate=s.mask_rate,
           max_predictions=p - filled, mask_token_fraction=s.mask_token_fraction,
           random_token_fraction=s.random_token_fraction, keep_fraction=s.keep_fraction,
-          is_continuation=s.is_continuation)
+          is_continuation=s.is_continuation, max_ngram=s.max_ngram)
       masked[r, span] = pair_masked
       count = len(pair_positions)
       positions[r, filled:filled + count] = span[pair_positions]

@@ -38,7 +38,8 @@ def build_examples(documents, rng: np.random.Generator, settings: pretraining.Ma
           max_seq_length=settings.max_seq_length, max_predictions=settings.max_predictions,
           mask_rate=settings.mask_rate, mask_token_fraction=settings.mask_token_fraction,
           random_token_fraction=settings.random_token_fraction,
-          keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation)
+          keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation,
+          max_ngram=settings.max_ngram)
       for instance in instances]
   if not features:
     return None

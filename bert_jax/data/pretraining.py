@@ -56,6 +56,7 @@ class MaskingSettings:
   mask_token_fraction: float
   random_token_fraction: float  # The rest of the predicted tokens is kept.
   is_continuation: np.ndarray | None = None  # Whole-word masking when set.
+  max_ngram: int = 1  # Spans of up to this many words are masked together (ALBERT: 3).
 
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
@@ -72,7 +73,7 @@ class MaskingSettings:
         mask_token_fraction=config.masking.mask_token_fraction,
         random_token_fraction=config.masking.random_token_fraction,
         is_continuation=is_continuation if masked and config.masking.whole_word else None,
-        **more)
+        max_ngram=config.masking.max_ngram, **more)
 
   @property
   def keep_fraction(self) -> float:
@@ -239,7 +240,7 @@ def assemble(instance, special):
 
 def make_features(instance, rng, *, special, vocab_size, max_seq_length,
                   max_predictions, mask_rate, mask_token_fraction,
-                  random_token_fraction, keep_fraction, is_continuation=None):
+                  random_token_fraction, keep_fraction, is_continuation=None, max_ngram=1):
   """Returns the padded, fixed-shape model inputs and targets of one instance."""
   input_ids, segment_ids = assemble(instance, special)
   if len(input_ids) > max_seq_length:
@@ -250,7 +251,7 @@ def make_features(instance, rng, *, special, vocab_size, max_seq_length,
       mask_rate=mask_rate, max_predictions=max_predictions,
       mask_token_fraction=mask_token_fraction,
       random_token_fraction=random_token_fraction, keep_fraction=keep_fraction,
-      is_continuation=is_continuation)
+      is_continuation=is_continuation, max_ngram=max_ngram)
   return {
       'input_ids': _pad(masked_ids, max_seq_length, special.pad),  # [S]
       'input_mask': _pad(np.ones(len(input_ids), np.int32), max_seq_length, 0),

@@ -84,7 +84,7 @@ def prepare_data(config, workdir: str):
 # The paper's masking (section 3.1): what config.masking.eval='reference' scores the held-out
 # set with.
 REFERENCE_MASKING = {'mask_rate': 0.15, 'mask_token_fraction': 0.8, 'random_token_fraction': 0.1,
-                     'is_continuation': None}
+                     'is_continuation': None, 'max_ngram': 1}
 
 
 def eval_masking(settings, config):

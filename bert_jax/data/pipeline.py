@@ -31,7 +31,7 @@ def build_examples(documents, rng: np.random.Generator, settings: pretraining.Ma
   instances = pretraining.create_instances(
       documents, rng, max_seq_length=settings.max_seq_length,
       short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
-      separators=settings.special.separators)
+      separators=settings.special.separators, pair_kind=settings.pair_kind)
   features = [
       pretraining.make_features(
           instance, rng, special=settings.special, vocab_size=settings.vocab_size,

@@ -3,7 +3,8 @@
 Pure numpy functions of (tokens, rng, settings): sentence pairs with
 next-sentence labels (or single segments when NSP is off), truncation, the
 `[CLS] A [SEP] B [SEP]` layout (RoBERTa's `<s> A </s></s> B </s>` with a byte-level BPE
-vocab), masked-LM corruption and fixed-shape features.
+vocab), masked-LM corruption and fixed-shape features. ALBERT's sentence-order pairs too
+(the objectives' pair_kind 'order').
 A corpus is `documents: list[list[np.ndarray]]`, each document a list of
 sentences, each sentence a 1-D int32 array of token ids.
 """
@@ -56,6 +57,8 @@ class MaskingSettings:
   mask_token_fraction: float
   random_token_fraction: float  # The rest of the predicted tokens is kept.
   is_continuation: np.ndarray | None = None  # Whole-word masking when set.
+  # With nsp (sentence pairs): 'next', NSP's pairs, or 'order', SOP's (objectives.pair_kind).
+  pair_kind: str = 'next'
   max_ngram: int = 1  # Spans of up to this many words are masked together (ALBERT: 3).
 
   @classmethod
@@ -73,7 +76,8 @@ class MaskingSettings:
         mask_token_fraction=config.masking.mask_token_fraction,
         random_token_fraction=config.masking.random_token_fraction,
         is_continuation=is_continuation if masked and config.masking.whole_word else None,
-        max_ngram=config.masking.max_ngram, **more)
+        pair_kind=objectives.pair_kind(config) or 'next', max_ngram=config.masking.max_ngram,
+        **more)
 
   @property
   def keep_fraction(self) -> float:
@@ -85,23 +89,28 @@ class Instance:
   """One example before masking: segments A and B and the NSP label."""
   tokens_a: np.ndarray  # [len_a] int32
   tokens_b: np.ndarray  # [len_b] int32; empty when NSP is off.
-  is_random_next: bool  # True: B comes from another document (NotNext).
+  # Label 1 of the pair: NSP's NotNext (B comes from another document), or SOP's swapped pair
+  # (ALBERT's create_pretraining_data.py keeps the name for it too).
+  is_random_next: bool
 
 
-def create_instances(documents, rng, *, max_seq_length, short_seq_prob, nsp, separators=1):
+def create_instances(documents, rng, *, max_seq_length, short_seq_prob, nsp, separators=1,
+                     pair_kind='next'):
   """Returns one pass of instances over all documents, shuffled."""
   instances = []
   for doc_index in range(len(documents)):
     instances.extend(create_instances_from_document(
         documents, doc_index, rng, max_seq_length=max_seq_length,
-        short_seq_prob=short_seq_prob, nsp=nsp, separators=separators))
+        short_seq_prob=short_seq_prob, nsp=nsp, separators=separators, pair_kind=pair_kind))
   return [instances[k] for k in rng.permutation(len(instances))]
 
 
 def create_instances_from_document(
-    documents, doc_index, rng, *, max_seq_length, short_seq_prob, nsp, separators=1):
+    documents, doc_index, rng, *, max_seq_length, short_seq_prob, nsp, separators=1,
+    pair_kind='next'):
   """Returns the instances one pass makes from documents[doc_index]; `separators`: the [SEP]s
-  after segment A of a pair (SpecialIds.separators)."""
+  after segment A of a pair (SpecialIds.separators); `pair_kind` (with nsp): 'next', NSP's
+  pairs, or 'order', SOP's."""
   document = documents[doc_index]
   # Room left for text after [CLS] A [SEP] B [SEP], or [CLS] A [SEP].
   max_num_tokens = max_seq_length - (2 + separators if nsp else 2)
@@ -114,7 +123,9 @@ def create_instances_from_document(
     chunk.append(document[i])
     chunk_length += len(document[i])
     if i == len(document) - 1 or chunk_length >= target_length:
-      if nsp:
+      if nsp and pair_kind == 'order':
+        instance, num_unused = _ordered_pair(chunk, max_num_tokens, rng), 0
+      elif nsp:
         instance, num_unused = _sentence_pair(
             documents, doc_index, chunk, target_length, max_num_tokens, rng)
         # A NotNext pair leaves the chunk's tail unused: revisit, not waste it.
@@ -160,6 +171,26 @@ def _sentence_pair(documents, doc_index, chunk, target_length, max_num_tokens,
   if len(tokens_a) == 0 or len(tokens_b) == 0:
     return None, num_unused
   return Instance(tokens_a, tokens_b, is_random_next), num_unused
+
+
+def _ordered_pair(chunk, max_num_tokens, rng):
+  """SOP's pair of the chunk (ALBERT's create_pretraining_data.py without random_next_sentence):
+  A = its first k sentences, B = the rest, swapped (label 1) at p=1/2; None when it cannot make
+  two segments."""
+  # A one-sentence chunk makes no pair: ALBERT's code gives it a random document's B (NSP's
+  # NotNext), which SOP does not learn from; transformers' SOP dataset skips it, as here.
+  if len(chunk) < 2:
+    return None
+  a_end = int(rng.integers(1, len(chunk) - 1, endpoint=True))
+  tokens_a, tokens_b = _concat(chunk[:a_end]), _concat(chunk[a_end:])
+  swapped = bool(rng.random() < 0.5)
+  if swapped:
+    tokens_a, tokens_b = tokens_b, tokens_a
+  # Truncated after the swap, as ALBERT's code does.
+  tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+  if len(tokens_a) == 0 or len(tokens_b) == 0:
+    return None
+  return Instance(tokens_a, tokens_b, swapped)
 
 
 def _random_document_text(documents, doc_index, target_b_length, rng):

@@ -1,7 +1,7 @@
 """Streaming pretraining input over a prepared corpus, as a Grain pipeline.
 
   Grain MapDataset of document ids (shuffled afresh each epoch, this process's slice)
-  -> PretrainingBatches: pairs (NSP) or single segments per document, the paper's semantics
+  -> PretrainingBatches: pairs (NSP, SOP) or single segments per document, the paper's semantics
      (data/pretraining.py; each document's rng is seeded by (seed, epoch or static pass, document))
   -> rows: one instance per row, or several packed into one row (first-fit within the batch, at
      most max_pairs_per_row), each pair keeping its own positions and attending only to itself
@@ -197,7 +197,7 @@ class _BatchIterator(grain.DatasetIterator):
     made = pretraining.create_instances_from_document(
         self._documents, doc_id, rng, max_seq_length=self._settings.max_seq_length,
         short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp,
-        separators=self._settings.special.separators)
+        separators=self._settings.special.separators, pair_kind=self._settings.pair_kind)
     self._pending.append([state, self._position, (generation, doc_id), made, 0])
     self._position += 1
 

@@ -23,6 +23,7 @@ VALID_CHOICES = {
     'model.short_attention_backward': ops.ATTENTION_BACKWARDS,
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'data.tokenizer': ('wordpiece', 'bpe', 'sentencepiece'),
+    'data.rows': ('segments', 'full_sentences'),
     'masking.eval': ('train', 'reference'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),

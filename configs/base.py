@@ -120,6 +120,12 @@ def get_config(arg=None):
   # A corpus prepared by `python -m bert_jax.data.prepare` (a directory): streamed with Grain,
   # each process reading its own documents, instead of data.corpus read into memory.
   data.prepared = ''
+  # What a row holds: 'segments', BERT's (text of one document: [CLS] A [SEP] B [SEP] pairs
+  # when an objective needs them, else one segment, cut at drawn target lengths) or
+  # 'full_sentences', RoBERTa's FULL-SENTENCES (whole sentences filling each row up to
+  # max_seq_length, running on into the next document after a separator; no short rows, no
+  # pairs, packing or dupe_factor).
+  data.rows = 'segments'
   data.packing = False  # Prepared corpora: pack several short pairs into one row.
   data.max_pairs_per_row = 4  # With packing: pairs per row at most (NSP labels per row).
   data.dupe_factor = 0  # 0: dynamic masking (fresh every epoch); N: N fixed-mask passes (paper).

@@ -27,11 +27,16 @@ def split_documents(documents, eval_fraction: float, seed: int):
 
 
 def build_examples(documents, rng: np.random.Generator, settings: pretraining.MaskingSettings):
-  """One pass over `documents`: shuffled pairs -> masked fixed-shape features, stacked."""
-  instances = pretraining.create_instances(
-      documents, rng, max_seq_length=settings.max_seq_length,
-      short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
-      separators=settings.special.separators, pair_kind=settings.pair_kind)
+  """One pass over `documents`: shuffled pairs (or rows) -> masked fixed-shape features,
+  stacked."""
+  if settings.rows == 'full_sentences':
+    instances = pretraining.create_full_sentence_instances(
+        documents, rng, max_seq_length=settings.max_seq_length, separator=settings.special.sep)
+  else:
+    instances = pretraining.create_instances(
+        documents, rng, max_seq_length=settings.max_seq_length,
+        short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
+        separators=settings.special.separators, pair_kind=settings.pair_kind)
   features = [
       pretraining.make_features(
           instance, rng, special=settings.special, vocab_size=settings.vocab_size,

@@ -3,8 +3,9 @@
 Pure numpy functions of (tokens, rng, settings): sentence pairs with
 next-sentence labels (or single segments when NSP is off), truncation, the
 `[CLS] A [SEP] B [SEP]` layout (RoBERTa's `<s> A </s></s> B </s>` with a byte-level BPE
-vocab), masked-LM corruption and fixed-shape features. ALBERT's sentence-order pairs too
-(the objectives' pair_kind 'order').
+vocab), masked-LM corruption and fixed-shape features. Two more kinds of rows for BERT's family:
+ALBERT's sentence-order pairs (the objectives' pair_kind 'order') and RoBERTa's FULL-SENTENCES
+rows (data.rows='full_sentences').
 A corpus is `documents: list[list[np.ndarray]]`, each document a list of
 sentences, each sentence a 1-D int32 array of token ids.
 """
@@ -60,6 +61,7 @@ class MaskingSettings:
   # With nsp (sentence pairs): 'next', NSP's pairs, or 'order', SOP's (objectives.pair_kind).
   pair_kind: str = 'next'
   max_ngram: int = 1  # Spans of up to this many words are masked together (ALBERT: 3).
+  rows: str = 'segments'  # config.data.rows: 'segments' or 'full_sentences' (RoBERTa).
 
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
@@ -67,6 +69,7 @@ class MaskingSettings:
     """config.data and config.masking -> settings (`more`: a subclass's own fields). A run
     none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows."""
     masked = objectives.masks_inputs(config)
+    check_rows(config)
     return cls(
         special=special, vocab_size=vocab_size, max_seq_length=config.data.max_seq_length,
         max_predictions=config.data.max_predictions_per_seq,
@@ -77,11 +80,31 @@ class MaskingSettings:
         random_token_fraction=config.masking.random_token_fraction,
         is_continuation=is_continuation if masked and config.masking.whole_word else None,
         pair_kind=objectives.pair_kind(config) or 'next', max_ngram=config.masking.max_ngram,
-        **more)
+        rows=config.data.rows, **more)
 
   @property
   def keep_fraction(self) -> float:
     return 1.0 - self.mask_token_fraction - self.random_token_fraction
+
+
+def check_rows(config) -> None:
+  """data.rows='full_sentences' makes single rows afresh each epoch: ConfigError for what needs
+  pairs, packing or fixed masks."""
+  if config.data.rows != 'full_sentences':
+    return
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  if objectives.sentence_pairs(config):
+    raise config_lib.ConfigError(
+        f"config.data.rows='full_sentences' fills rows with sentences across documents, but "
+        f'config.objectives={config.objectives!r} trains on sentence pairs; use '
+        "objectives without a pair objective (RoBERTa: 'mlm'), or data.rows='segments'.")
+  for key, why in (('packing', 'its rows are full already'),
+                   ('dupe_factor', 'its rows change with each epoch\'s document order, so no '
+                    'mask can stay fixed')):
+    if config.data[key]:
+      raise config_lib.ConfigError(
+          f"config.data.{key}={config.data[key]!r} with config.data.rows='full_sentences': "
+          f'{why}; set config.data.{key} to {type(config.data[key])()!r}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +243,57 @@ def _single_segment(chunk, max_num_tokens, rng):
   if len(tokens_a) == 0:
     return None
   return Instance(tokens_a, np.zeros(0, np.int32), False)
+
+
+def sentence_pieces(document, room: int) -> list[np.ndarray]:
+  """A document's non-empty sentences for FULL-SENTENCES rows: one longer than `room` (the row's
+  tokens between [CLS] and [SEP]) is cut into pieces of `room` tokens, the only way a sentence
+  spans rows."""
+  pieces = []
+  for sentence in document:
+    pieces.extend(sentence[start:start + room] for start in range(0, len(sentence), room))
+  return pieces
+
+
+class FullSentenceRow:
+  """One FULL-SENTENCES row being filled (RoBERTa, section 4.2): whole sentences in order, a
+  separator ([SEP], </s>) before each document's first sentence but the row's first, up to
+  max_seq_length with [CLS] and the closing [SEP]."""
+
+  def __init__(self, max_seq_length: int, separator: int):
+    self.room, self.separator = max_seq_length - 2, separator
+    self.parts, self.length = [], 0
+
+  def add(self, piece: np.ndarray, starts_document: bool) -> bool:
+    """Appends the piece when it fits (a piece always fits an empty row); False when not."""
+    separated = bool(starts_document and self.parts)
+    if self.parts and self.length + separated + len(piece) > self.room:
+      return False
+    if separated:
+      self.parts.append(np.array([self.separator], np.int32))
+    self.parts.append(piece)
+    self.length += separated + len(piece)
+    return True
+
+  def instance(self) -> Instance:
+    """The row as a single segment (segment id 0 throughout)."""
+    return Instance(_concat(self.parts), np.zeros(0, np.int32), False)
+
+
+def create_full_sentence_instances(documents, rng, *, max_seq_length, separator):
+  """One pass of FULL-SENTENCES rows over the documents, in a random order, shuffled. No short
+  rows are drawn (RoBERTa trains on full-length rows only); the pass's last row may be short."""
+  instances = []
+  row = FullSentenceRow(max_seq_length, separator)
+  for doc_index in rng.permutation(len(documents)):
+    for index, piece in enumerate(sentence_pieces(documents[doc_index], row.room)):
+      if not row.add(piece, index == 0):
+        instances.append(row.instance())
+        row = FullSentenceRow(max_seq_length, separator)
+        row.add(piece, True)
+  if row.parts:
+    instances.append(row.instance())
+  return [instances[k] for k in rng.permutation(len(instances))]
 
 
 def _concat(sentences):

@@ -4,7 +4,9 @@
   -> PretrainingBatches: pairs (NSP, SOP) or single segments per document, the paper's semantics
      (data/pretraining.py; each document's rng is seeded by (seed, epoch or static pass, document))
   -> rows: one instance per row, or several packed into one row (first-fit within the batch, at
-     most max_pairs_per_row), each pair keeping its own positions and attending only to itself
+     most max_pairs_per_row), each pair keeping its own positions and attending only to itself;
+     or, with data.rows='full_sentences', RoBERTa's rows: the documents' sentences in stream
+     order, filling each row across document boundaries
   -> batches of rows, masked at once per batch by data/batching.py (vectorised 80/10/10;
      dynamic: a fresh mask every time a document comes round; static: `dupe_factor` fixed masks)
   -> optional worker processes (Grain mp_prefetch).
@@ -193,11 +195,15 @@ class _BatchIterator(grain.DatasetIterator):
     epoch, doc_id = (int(x) for x in next(self._parent))
     # Dynamic: fresh pairs every epoch. Static: dupe_factor fixed passes, cycled.
     generation = epoch % self._settings.dupe_factor if self._settings.dupe_factor else epoch
-    rng = np.random.default_rng([self._seed, _DOC_STREAM, generation, doc_id])
-    made = pretraining.create_instances_from_document(
-        self._documents, doc_id, rng, max_seq_length=self._settings.max_seq_length,
-        short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp,
-        separators=self._settings.special.separators, pair_kind=self._settings.pair_kind)
+    if self._settings.rows == 'full_sentences':  # Its rows are filled in _full_sentence_rows.
+      made = pretraining.sentence_pieces(self._documents[doc_id],
+                                         self._settings.max_seq_length - 2)
+    else:
+      rng = np.random.default_rng([self._seed, _DOC_STREAM, generation, doc_id])
+      made = pretraining.create_instances_from_document(
+          self._documents, doc_id, rng, max_seq_length=self._settings.max_seq_length,
+          short_seq_prob=self._settings.short_seq_prob, nsp=self._settings.nsp,
+          separators=self._settings.special.separators, pair_kind=self._settings.pair_kind)
     self._pending.append([state, self._position, (generation, doc_id), made, 0])
     self._position += 1
 
@@ -225,6 +231,8 @@ class _BatchIterator(grain.DatasetIterator):
     first row with room for it (at most max_pairs_per_row), a new row when none has; the batch
     is complete when all rows are open and the next instance fits none (it waits)."""
     s = self._settings
+    if s.rows == 'full_sentences':
+      return self._full_sentence_rows()
     rows = []
     used = np.zeros(s.batch_size, np.int64)  # Tokens per row.
     pairs = np.zeros(s.batch_size, np.int64)
@@ -243,6 +251,24 @@ class _BatchIterator(grain.DatasetIterator):
         return rows
       used[row] += length
       pairs[row] += 1
+      self._take()
+
+  def _full_sentence_rows(self) -> list[list]:
+    """A batch of FULL-SENTENCES rows, each one instance: the next sentences in stream order; a
+    row is complete when the next sentence does not fit it, which then opens the next row (or
+    waits for the next batch, so that a batch's state is a position among the sentences)."""
+    s = self._settings
+    rows, first = [], None
+    row = pretraining.FullSentenceRow(s.max_seq_length, s.special.sep)
+    while True:
+      piece, key, index = self._peek()
+      if not row.add(piece, starts_document=index == 0):
+        rows.append([(row.instance(), *first)])
+        if len(rows) == s.batch_size:
+          return rows
+        row, first = pretraining.FullSentenceRow(s.max_seq_length, s.special.sep), None
+        continue
+      first = first or (key, index)  # A row is named by its first sentence.
       self._take()
 
   def get_state(self):

@@ -123,3 +123,14 @@ def test_a_failed_plot_does_not_fail_the_run(tmp_path, caplog):
   with caplog.at_level('WARNING'):
     pretrain.write_plots(str(tmp_path))
   assert 'Could not draw the curves (FileNotFoundError' in caplog.text
+
+
+def test_a_run_with_one_train_record_draws_no_curves(tmp_path, caplog):
+  write_records(str(tmp_path / 'metrics.jsonl'), pretraining_records(1.0)[:2])
+  with caplog.at_level('INFO'):
+    pretrain.write_plots(str(tmp_path))
+  assert not (tmp_path / 'plots').exists()
+  assert 'a curve needs two' in caplog.text
+  write_records(str(tmp_path / 'metrics.jsonl'), pretraining_records(1.0))
+  pretrain.write_plots(str(tmp_path))
+  assert (tmp_path / 'plots' / 'curves.png').is_file()

@@ -485,6 +485,11 @@ def write_plots(workdir: str) -> None:
   never fails it, and without matplotlib the command that draws the plot later is logged."""
   out = os.path.join(workdir, 'plots')
   command = f'python -m bert_jax.plot {workdir} --out={out}'
+  records = _train_records(workdir)
+  if records is not None and records < 2:
+    # One point is no curve; drawing costs seconds a short (test or smoke) run does not need.
+    logging.info('No curves: %d train record(s) in metrics.jsonl; a curve needs two.', records)
+    return
   try:
     paths = plot.curves([workdir], out)
   except ImportError:
@@ -496,3 +501,12 @@ def write_plots(workdir: str) -> None:
                     command)
     return
   logging.info('Curves: %s', paths[0])
+
+
+def _train_records(workdir: str) -> int | None:
+  """How many train records WORKDIR/metrics.jsonl holds; None when it cannot be read."""
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      return sum('"split": "train"' in line for line in f)
+  except OSError:
+    return None

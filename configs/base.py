@@ -49,6 +49,9 @@ def get_config(arg=None):
   model.name = 'bert'  # The encoder (bert_jax/models registry).
   model.vocab_size = 30522  # Rows of the word embedding; >= the tokenizer's vocab.
   model.hidden_size = 768  # H.
+  # Width of the embedding tables (E), projected to H: ALBERT's factorised embeddings
+  # (model.name='albert'); 0 is H, the only width the other families take.
+  model.embedding_size = 0
   model.num_layers = 12  # L.
   model.num_heads = 12  # A; must divide hidden_size.
   model.intermediate_size = 3072  # Feed-forward width, 4H.

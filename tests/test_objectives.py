@@ -58,7 +58,7 @@ def test_builtin_objectives_and_models_are_found_by_name():
 
 
 @pytest.mark.parametrize('text,match', [
-    ('mlm,sop', "unknown objective 'sop'; valid objectives are clm, mlm, nsp"),
+    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, mlm, nsp, sop"),
     ('', 'names no objective'), ('mlm,mlm', 'twice')])
 def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
   config = base.get_config()
@@ -71,8 +71,9 @@ def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
 def test_unknown_model_is_refused_naming_the_valid_ones():
   config = base.get_config()
   config.data.corpus = 'builtin'
-  config.model.name = 'roberta'
-  with pytest.raises(config_lib.ConfigError, match="model.name='roberta'.*valid models are bert"):
+  config.model.name = 'electra'
+  with pytest.raises(config_lib.ConfigError,
+                     match="model.name='electra'.*valid models are albert, bert, roberta"):
     config_lib.validate(config)
 
 

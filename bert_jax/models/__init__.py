@@ -14,7 +14,7 @@ from typing import Any
 from bert_jax import registry
 
 # The encoders shipped in this package (each registers itself on import).
-BUILTIN = ('bert',)
+BUILTIN = ('albert', 'bert', 'roberta')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,11 @@ class BertConfig:
   attention_dropout_rate: float = 0.1
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
+  # Width of the embedding tables, projected to hidden_size by ALBERT's encoder (0: hidden_size).
+  embedding_size: int = 0
+  # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
+  # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
+  position_offset: int = 0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   scan_layers: bool = True
@@ -87,37 +92,55 @@ class BertConfig:
     return self.hidden_size // self.num_heads
 
   @property
+  def embed_width(self) -> int:
+    """Width of the embedding tables and of what the tied output embedding reads."""
+    return self.embedding_size or self.hidden_size
+
+  @property
   def init(self):
     return layers.truncated_normal(self.initializer_range)
 
 
 class BertEmbeddings(nn.Module):
-  """Token + segment + position embeddings, then LayerNorm and dropout."""
+  """Token + segment + position embeddings, then LayerNorm and dropout: [..., embed_width]."""
   config: BertConfig
 
   def setup(self):
     cfg = self.config
     embed = lambda name, rows: self.param(  # pylint: disable=g-long-lambda
         name, nn.with_logical_partitioning(cfg.init, (name_axis(name), 'embed')),
-        (rows, cfg.hidden_size), cfg.param_dtype)
+        (rows, cfg.embed_width), cfg.param_dtype)
     self.word_embeddings = embed('word_embeddings', cfg.vocab_size)
     self.token_type_embeddings = embed('token_type_embeddings', cfg.type_vocab_size)
     self.position_embeddings = embed('position_embeddings', cfg.max_position_embeddings)
     self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
 
-  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None):
-    # input_ids, segment_ids: [batch, length]; position_ids (packed rows): [batch, length]
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, input_mask=None):
+    # input_ids, segment_ids: [batch, length]; position_ids (packed rows): [batch, length];
+    # input_mask [batch, length] (read with config.position_offset only).
+    cfg = self.config
     length = input_ids.shape[1]
+    if cfg.position_offset:
+      real = input_mask > 0
+      if position_ids is None:
+        position_ids = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
+      position_ids = jnp.where(real, position_ids + cfg.position_offset, cfg.position_offset - 1)
     # Gather the tables' embed dim (sharded under fsdp) before the lookups: rows looked up in
     # an embed-split table would have to be fully rematerialised to be split by batch instead.
     whole = lambda table, rows: nn.with_logical_constraint(table, (rows, None))  # noqa: E731
     positions = whole(self.position_embeddings, None)
     positions = (positions[None, :length] if position_ids is None
                  else jnp.take(positions, position_ids, axis=0))
+    segments = whole(self.token_type_embeddings, None)
+    if cfg.type_vocab_size == 1:
+      # One row (RoBERTa has no segments) serves every token: a pair's segment ids of 1 would
+      # index past the table, which jnp.take fills with NaN.
+      segments = segments[None]  # [1, 1, embed]
+    else:
+      segments = jnp.take(segments, segment_ids, axis=0)
     x = (jnp.take(whole(self.word_embeddings, 'vocab'), input_ids, axis=0)
-         + jnp.take(whole(self.token_type_embeddings, None), segment_ids, axis=0)
-         + positions)  # [batch, length, embed]
+         + segments + positions)  # [batch, length, embed]
     x = self.layer_norm(x.astype(self.config.dtype))
     return self.dropout(x, deterministic=deterministic)
 
@@ -353,6 +376,10 @@ class BertModel(nn.Module):
 
   def setup(self):
     cfg = self.config
+    if cfg.embed_width != cfg.hidden_size:
+      raise ValueError(f'model.embedding_size={cfg.embedding_size} with hidden_size='
+                       f'{cfg.hidden_size}: only ALBERT\'s encoder (model.name=\'albert\') '
+                       'projects factorised embeddings; set model.embedding_size=0.')
     self.embeddings = BertEmbeddings(cfg)
     self.encoder = BertEncoder(cfg, self.return_all_layers)
     self.pooler = BertPooler(cfg)
@@ -362,7 +389,7 @@ class BertModel(nn.Module):
     # input_ids, segment_ids, input_mask: [batch, length]. Packed rows also give position_ids
     # and pair_ids [batch, length] (attention stays within a pair) and cls_positions
     # [batch, pairs]: then pooled_output is [batch, pairs, embed].
-    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
+    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cfg = self.config
     if cfg.causal:

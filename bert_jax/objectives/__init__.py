@@ -4,9 +4,9 @@ An objective is one module in this package (or anywhere, registered with `regist
 Objective: the batch keys it reads, the head it puts on the encoder's outputs (its parameters
 under the head's own name), its loss as pooled sums and counts, the metrics.jsonl fields made of
 them, and its FLOPs per sequence for MFU. config.objectives names the run's objectives ('mlm,nsp':
-BERT; 'mlm': no NSP; 'clm': a left-to-right LM); the pretraining model, the train step, the
-metrics and the benchmark compose whatever it names, so a new objective is a new file plus a
-config.
+BERT; 'mlm': no NSP, as RoBERTa; 'mlm,sop': ALBERT; 'clm': a left-to-right LM); the pretraining
+model, the train step, the metrics and the benchmark compose whatever it names, so a new
+objective is a new file plus a config.
 """
 
 import dataclasses
@@ -18,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('clm', 'mlm', 'nsp')
+BUILTIN = ('clm', 'mlm', 'nsp', 'sop')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
@@ -98,6 +98,11 @@ def parse(text: str) -> tuple[str, ...]:
                        f'objectives are {", ".join(available())}.')
   if len(set(names)) != len(names):
     raise ValueError(f'config.objectives={text!r} names an objective twice.')
+  pairs = [name for name in names if get(name).instances == 'pairs']
+  if len(pairs) > 1:
+    # Each labels the pair in next_sentence_labels, with its own meaning (NotNext, swapped).
+    raise ValueError(f'config.objectives={text!r} names {" and ".join(pairs)}, each a label of '
+                     'the same sentence pair; a run trains one of them.')
   return names
 
 

@@ -1,9 +1,10 @@
 """Masked language modelling (BERT): predict the tokens at the masked positions.
 
 The head is the original BERT's `cls/predictions`: gather the masked positions first, then
-Dense(H, gelu) -> LayerNorm -> logits against the tied word embeddings plus a per-token output
-bias. Batch keys: masked_lm_positions, masked_lm_ids and masked_lm_weights (1.0 real, 0.0
-padding), [max_predictions] each.
+Dense(gelu) -> LayerNorm -> logits against the tied word embeddings plus a per-token output
+bias; the dense maps H to the embeddings' width (H, or ALBERT's factorised E). Batch keys:
+masked_lm_positions, masked_lm_ids and masked_lm_weights (1.0 real, 0.0 padding),
+[max_predictions] each.
 """
 
 import flax.linen as nn
@@ -16,13 +17,15 @@ from bert_jax.models import layers
 
 class MaskedLmHead(nn.Module):
   """`cls/predictions`: Dense(gelu) -> LayerNorm -> tied-embedding logits + output bias."""
-  config: object  # The encoder's model config (hidden_size, vocab_size, gelu, dtypes, init).
+  # The encoder's model config (embed_width, vocab_size, gelu, layer_norm_eps, dtypes, init).
+  config: object
 
   @nn.compact
   def __call__(self, x, attend):
     cfg = self.config
-    # x: [batch, predictions, embed], already gathered at the masked positions.
-    x = layers.DenseGeneral(cfg.hidden_size, ('embed', 'embed_out'), dtype=cfg.dtype,
+    # x: [batch, predictions, embed], already gathered at the masked positions; the dense maps it
+    # to the word embeddings' width, which `attend` reads.
+    x = layers.DenseGeneral(cfg.embed_width, ('embed', 'embed_out'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
                             name='transform_dense')(x)
     x = layers.gelu(x, cfg.gelu)
@@ -76,9 +79,11 @@ def metrics(stats) -> dict:
 
 
 def flops(model, shape: objectives.BatchShape) -> float:
-  """The head's forward FLOPs: a dense layer and the vocabulary logits per prediction."""
+  """The head's forward FLOPs: a dense layer (H -> E) and the vocabulary logits (E wide) per
+  prediction; E = H but for ALBERT's factorised embeddings."""
   h, v = model.hidden_size, model.vocab_size
-  return shape.max_predictions * (2 * h * h + 2 * h * v)
+  e = getattr(model, 'embedding_size', 0) or h
+  return shape.max_predictions * (2 * h * e + 2 * e * v)
 
 
 OBJECTIVE = objectives.register(objectives.Objective(

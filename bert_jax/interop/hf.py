@@ -1,9 +1,11 @@
-"""Hugging Face BERT <-> our parameters: one mapping table, import, export, file loading.
+"""Hugging Face <-> our parameters, for every family: import, export, file loading.
 
-HF `BertForPreTraining` / `BertModel` state dicts differ from our tree (docs/ARCHITECTURE.md,
-"Parameters") by a `bert.` prefix, `.weight` names, [out, in] Linear kernels and flat heads; every
-key maps by one row of TABLE, and any key no row explains is an error, never a guess. The CLI
-and the Python entry points are in convert.py.
+HF state dicts (BertForPreTraining / BertModel, RobertaForMaskedLM / RobertaModel,
+AlbertForPreTraining / AlbertForMaskedLM / AlbertModel) differ from our tree (docs/ARCHITECTURE.md,
+"Parameters") by a backbone prefix, `.weight` names, [out, in] Linear kernels and flat heads; every
+key maps by one row of its family's table (hf_families.py: BERT's is TABLE), and any key no row
+explains is an error, never a guess. config.model.name picks the family. The CLI and the Python
+entry points are in convert.py.
 """
 
 import dataclasses
@@ -20,72 +22,22 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from bert_jax.models import layers
+from bert_jax import models
 from bert_jax import objectives
-from bert_jax.models import bert as model_lib
+from bert_jax.interop import hf_families
+from bert_jax.models import layers
 from bert_jax.models import pretraining
 from bert_jax.train import step as steps
 
-# (our path, HF key, transform). `{n}` is the layer; ours is the unscanned name, which the scanned
-# tree stacks along a leading axis as bert/encoder/layer/... Backbone keys are written with the
-# `bert.` prefix of BertForPreTraining; BertModel checkpoints have them without it.
-TABLE = (
-    ('bert/embeddings/word_embeddings', 'bert.embeddings.word_embeddings.weight', 'none'),
-    ('bert/embeddings/position_embeddings', 'bert.embeddings.position_embeddings.weight', 'none'),
-    ('bert/embeddings/token_type_embeddings', 'bert.embeddings.token_type_embeddings.weight',
-     'none'),
-    ('bert/embeddings/LayerNorm/scale', 'bert.embeddings.LayerNorm.weight', 'none'),
-    ('bert/embeddings/LayerNorm/bias', 'bert.embeddings.LayerNorm.bias', 'none'),
-    ('bert/encoder/layer_{n}/attention/self/query/kernel',
-     'bert.encoder.layer.{n}.attention.self.query.weight', 'transpose_split_out'),
-    ('bert/encoder/layer_{n}/attention/self/query/bias',
-     'bert.encoder.layer.{n}.attention.self.query.bias', 'split'),
-    ('bert/encoder/layer_{n}/attention/self/key/kernel',
-     'bert.encoder.layer.{n}.attention.self.key.weight', 'transpose_split_out'),
-    ('bert/encoder/layer_{n}/attention/self/key/bias',
-     'bert.encoder.layer.{n}.attention.self.key.bias', 'split'),
-    ('bert/encoder/layer_{n}/attention/self/value/kernel',
-     'bert.encoder.layer.{n}.attention.self.value.weight', 'transpose_split_out'),
-    ('bert/encoder/layer_{n}/attention/self/value/bias',
-     'bert.encoder.layer.{n}.attention.self.value.bias', 'split'),
-    ('bert/encoder/layer_{n}/attention/output/dense/kernel',
-     'bert.encoder.layer.{n}.attention.output.dense.weight', 'transpose_split_in'),
-    ('bert/encoder/layer_{n}/attention/output/dense/bias',
-     'bert.encoder.layer.{n}.attention.output.dense.bias', 'none'),
-    ('bert/encoder/layer_{n}/attention/output/LayerNorm/scale',
-     'bert.encoder.layer.{n}.attention.output.LayerNorm.weight', 'none'),
-    ('bert/encoder/layer_{n}/attention/output/LayerNorm/bias',
-     'bert.encoder.layer.{n}.attention.output.LayerNorm.bias', 'none'),
-    ('bert/encoder/layer_{n}/intermediate/dense/kernel',
-     'bert.encoder.layer.{n}.intermediate.dense.weight', 'transpose'),
-    ('bert/encoder/layer_{n}/intermediate/dense/bias',
-     'bert.encoder.layer.{n}.intermediate.dense.bias', 'none'),
-    ('bert/encoder/layer_{n}/output/dense/kernel', 'bert.encoder.layer.{n}.output.dense.weight',
-     'transpose'),
-    ('bert/encoder/layer_{n}/output/dense/bias', 'bert.encoder.layer.{n}.output.dense.bias',
-     'none'),
-    ('bert/encoder/layer_{n}/output/LayerNorm/scale',
-     'bert.encoder.layer.{n}.output.LayerNorm.weight', 'none'),
-    ('bert/encoder/layer_{n}/output/LayerNorm/bias', 'bert.encoder.layer.{n}.output.LayerNorm.bias',
-     'none'),
-    ('bert/pooler/dense/kernel', 'bert.pooler.dense.weight', 'transpose'),
-    ('bert/pooler/dense/bias', 'bert.pooler.dense.bias', 'none'),
-    ('predictions/transform_dense/kernel', 'cls.predictions.transform.dense.weight', 'transpose'),
-    ('predictions/transform_dense/bias', 'cls.predictions.transform.dense.bias', 'none'),
-    ('predictions/transform_LayerNorm/scale', 'cls.predictions.transform.LayerNorm.weight', 'none'),
-    ('predictions/transform_LayerNorm/bias', 'cls.predictions.transform.LayerNorm.bias', 'none'),
-    ('predictions/output_bias', 'cls.predictions.bias', 'none'),
-    # HF's decoder is tied to these two: optional on import (checked equal), written on export.
-    ('bert/embeddings/word_embeddings', 'cls.predictions.decoder.weight', 'tied'),
-    ('predictions/output_bias', 'cls.predictions.decoder.bias', 'tied'),
-    ('seq_relationship/kernel', 'cls.seq_relationship.weight', 'transpose'),
-    ('seq_relationship/bias', 'cls.seq_relationship.bias', 'none'),
-)
-
+# BERT's (our path, HF key, transform) rows. `{n}` is the layer; ours is the unscanned name, which
+# the scanned tree stacks along a leading axis as bert/encoder/layer/... Backbone keys are written
+# with the `bert.` prefix of BertForPreTraining; BertModel checkpoints have them without it.
+TABLE = hf_families.BERT_TABLE
 # Buffers, not parameters: older transformers saved them; they carry nothing to import.
-IGNORED_KEYS = re.compile(r'^(bert\.)?embeddings\.(position_ids|token_type_ids)$')
-# Subtrees a BertModel checkpoint lacks; merge_missing fills them from a fresh init.
-HEAD_SUBTREES = ('predictions', 'seq_relationship')
+IGNORED_KEYS = hf_families.BERT.ignored
+# HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
+HF_GELU = hf_families.HF_GELU
+UnsupportedConfigError = hf_families.UnsupportedConfigError
 # Leaves whose first axis is the vocab: resized together by resize_vocab.
 VOCAB_PATHS = ('bert/embeddings/word_embeddings', 'predictions/output_bias')
 # Original TF names kept by old pytorch_model.bin files; from_pretrained renames them too.
@@ -135,10 +87,6 @@ class UnsafeCheckpointError(ValueError):
   outside its model directory; never loaded."""
 
 
-class UnsupportedConfigError(ValueError):
-  """An HF config uses a feature our model does not implement."""
-
-
 class CasingMismatchError(ValueError):
   """A tokenizer's lowercasing disagrees with config.data.lowercase."""
 
@@ -149,21 +97,23 @@ class Entry:
   hf_key: str
   path: str
   transform: str
-
-  @property
-  def group(self) -> str:
-    """'backbone', 'mlm' or 'nsp'."""
-    return {'bert': 'backbone', 'predictions': 'mlm'}.get(self.path.split('/')[0], 'nsp')
+  # 'backbone', 'pooler' (a backbone part some head models lack) or the objective of the head
+  # ('mlm', 'nsp', 'sop').
+  group: str = 'backbone'
 
 
-def entries(num_layers: int, prefix: str = 'bert.') -> list[Entry]:
-  """TABLE expanded over layers, with backbone keys under `prefix` ('' for BertModel)."""
+def entries(num_layers: int, prefix: str | None = None,
+            layout: hf_families.Layout = hf_families.BERT) -> list[Entry]:
+  """The layout's table (BERT's by default) expanded over layers, with backbone keys under
+  `prefix` (default the head models' 'bert.'; '' for BertModel)."""
+  prefix = layout.prefix if prefix is None else prefix
   out = []
-  for path, key, transform in TABLE:
-    if key.startswith('bert.'):
-      key = prefix + key[len('bert.'):]
+  for path, key, transform in layout.table:
+    if key.startswith(layout.prefix):
+      key = prefix + key[len(layout.prefix):]
     for n in range(num_layers) if '{n}' in path else [None]:
-      out.append(Entry(key.replace('{n}', str(n)), path.replace('{n}', str(n)), transform))
+      out.append(Entry(key.replace('{n}', str(n)), path.replace('{n}', str(n)), transform,
+                       layout.group(path)))
   return out
 
 
@@ -198,41 +148,10 @@ class ImportReport:
     return '\n'.join(lines)
 
 
-# HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
-HF_GELU = {'gelu': 'erf', 'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh'}
-
-
 def hf_config_to_model_overrides(hf_config: dict) -> dict:
-  """HF BertConfig dict -> our config.model values; UnsupportedConfigError on what we lack."""
-  problems = []
-  if hf_config.get('model_type', 'bert') != 'bert':
-    problems.append(f'model_type={hf_config["model_type"]!r}; only "bert" maps onto our model')
-  act = hf_config.get('hidden_act', 'gelu')
-  if act not in HF_GELU:
-    # 'relu' or others would change every activation.
-    problems.append(f'hidden_act={act!r}; our model implements {sorted(HF_GELU)}')
-  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
-    problems.append(f'position_embedding_type={hf_config["position_embedding_type"]!r}; '
-                    'our model has learned absolute positions only')
-  if hf_config.get('add_cross_attention'):
-    problems.append('add_cross_attention=true; our model has no cross-attention')
-  if hf_config.get('hidden_size', 768) % hf_config.get('num_attention_heads', 12):
-    problems.append('hidden_size is not a multiple of num_attention_heads')
-  if problems:
-    raise UnsupportedConfigError('Unsupported HF BERT config: ' + '; '.join(problems) + '.')
-  names = {'vocab_size': 'vocab_size', 'hidden_size': 'hidden_size',
-           'num_hidden_layers': 'num_layers', 'num_attention_heads': 'num_heads',
-           'intermediate_size': 'intermediate_size',
-           'max_position_embeddings': 'max_position_embeddings',
-           'type_vocab_size': 'type_vocab_size', 'layer_norm_eps': 'layer_norm_eps',
-           'initializer_range': 'initializer_range',
-           'hidden_dropout_prob': 'hidden_dropout_rate',
-           'attention_probs_dropout_prob': 'attention_dropout_rate'}
-  overrides = {ours: hf_config[hf] for hf, ours in names.items() if hf in hf_config}
-  overrides['gelu'] = HF_GELU[act]
-  if hf_config.get('is_decoder'):  # A left-to-right LM (BertLMHeadModel): causal attention.
-    overrides['causal'] = True
-  return overrides
+  """HF config.json dict -> our config.model values, model.name among them for RoBERTa and
+  ALBERT (a BERT config leaves the family as it is); UnsupportedConfigError on what we lack."""
+  return hf_families.for_hf_config(hf_config).to_overrides(hf_config)
 
 
 def has_nsp(config) -> bool:
@@ -241,31 +160,21 @@ def has_nsp(config) -> bool:
 
 
 def model_to_hf_config(config) -> dict:
-  """Our full config -> an HF BertConfig dict (BertForMaskedLM when there is no NSP head,
-  BertLMHeadModel, a decoder, with causal attention)."""
-  m = config.model
-  causal = bool(m.get('causal', False))
-  return {
-      'architectures': ['BertLMHeadModel' if causal else
-                        'BertForPreTraining' if has_nsp(config) else 'BertForMaskedLM'],
-      'model_type': 'bert', 'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
-      'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
-      'intermediate_size': m.intermediate_size,
-      'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new',
-      'hidden_dropout_prob': m.hidden_dropout_rate,
-      'attention_probs_dropout_prob': m.attention_dropout_rate,
-      'max_position_embeddings': m.max_position_embeddings,
-      'type_vocab_size': m.type_vocab_size, 'initializer_range': m.initializer_range,
-      'layer_norm_eps': m.layer_norm_eps, 'pad_token_id': 0,
-      'position_embedding_type': 'absolute', 'is_decoder': causal, 'tie_word_embeddings': True,
-  }
+  """Our full config -> the HF config.json of its family's class (BERT: BertForPreTraining,
+  BertForMaskedLM without NSP, BertLMHeadModel with causal attention; RobertaForMaskedLM;
+  AlbertForPreTraining with SOP, else AlbertForMaskedLM)."""
+  return hf_families.for_config(config).to_hf_config(config)
 
 
 def leaf_shapes(config) -> dict:
-  """{unscanned path: shape} of every parameter the model has, NSP head included."""
-  cfg = dataclasses.replace(model_lib.BertConfig.from_config(config), scan_layers=False)
-  model = pretraining.PretrainingModel(cfg, ('mlm', 'nsp'))
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), steps.dummy_batch(1, 2, 1))
+  """{unscanned path: shape} of every parameter of the run's model (config.model.name, the heads
+  of config.objectives)."""
+  name = config.model.get('name', 'bert')
+  cfg = dataclasses.replace(models.get(name).config_from(config), scan_layers=False)
+  names = objectives.parse(config.objectives)
+  model = pretraining.PretrainingModel(cfg, names, name)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                          steps.dummy_batch(1, 2, 1, objectives=names))
   return {k: tuple(v.shape) for k, v in _flatten(nn.meta.unbox(shapes['params'])).items()}
 
 
@@ -314,21 +223,28 @@ def _unstack_layers(flat):
   return out
 
 
-def _detect_layout(keys):
+def _detect_layout(keys, layout: hf_families.Layout = hf_families.BERT):
   """(layout name, backbone prefix, has heads) from the key names."""
-  prefixed = any(k.startswith('bert.') for k in keys)
+  prefix = layout.prefix
+  prefixed = any(k.startswith(prefix) for k in keys)
   bare = any(k.startswith(('embeddings.', 'encoder.', 'pooler.')) for k in keys)
-  heads = any(k.startswith('cls.') for k in keys)
-  reason = ('both bert.* and unprefixed backbone keys' if prefixed and bare else
-            'no BERT backbone keys' if not (prefixed or bare) else
-            'cls.* heads next to an unprefixed backbone' if heads and not prefixed else '')
+  heads = any(k.startswith(layout.head_key_prefixes) for k in keys)
+  head_text = ', '.join(p + '*' for p in layout.head_key_prefixes)
+  reason = (f'both {prefix}* and unprefixed backbone keys' if prefixed and bare else
+            f'no {layout.display} backbone keys' if not (prefixed or bare) else
+            f'{head_text} heads next to an unprefixed backbone' if heads and not prefixed else '')
   if reason:
+    head_class = layout.head_classes[0][0]
     raise CheckpointMismatchError('Unrecognised state dict', [
-        f'expected BertForPreTraining keys (bert.*, cls.*) or BertModel keys (embeddings.*, '
-        f'encoder.*, pooler.*) but found {reason}; first keys: {sorted(keys)[:5]}'])
+        f'expected {head_class} keys ({prefix}*, {head_text}) or {layout.base_class} keys '
+        f'(embeddings.*, encoder.*, pooler.*) but found {reason}; first keys: '
+        f'{sorted(keys)[:5]}'])
   if not prefixed:
-    return 'BertModel', '', False
-  return ('BertForPreTraining' if heads else 'BertModel (bert.-prefixed)'), 'bert.', heads
+    return layout.base_class, '', False
+  if not heads:
+    return f'{layout.base_class} ({prefix}-prefixed)', prefix, False
+  name = next(c for c, p in layout.head_classes if any(k.startswith(p) for k in keys))
+  return name, prefix, True
 
 
 def _canonical_keys(state_dict, report):
@@ -350,20 +266,32 @@ def _config_problems(hf_config, config, resize_vocab):
     overrides = hf_config_to_model_overrides(hf_config)
   except UnsupportedConfigError as e:
     return [str(e)]
+  family = hf_families.for_hf_config(hf_config).family
+  problems = []
+  if family != config.model.get('name', 'bert'):
+    problems.append(f'HF config model_type={hf_config.get("model_type", "bert")!r} is '
+                    f'{family}\'s, but config.model.name={config.model.get("name", "bert")!r}')
   checked = ['hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-             'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps']
+             'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'embedding_size']
   if not resize_vocab:
     checked.append('vocab_size')
-  return [f'HF config {name}={overrides[name]} but config.model.{name}={config.model[name]}'
-          for name in checked if name in overrides and overrides[name] != config.model[name]]
+  return problems + [
+      f'HF config {name}={overrides[name]} but config.model.{name}={config.model[name]}'
+      for name in checked if name in overrides and overrides[name] != config.model[name]]
+
+
+def _head_subtrees(shapes) -> list[str]:
+  """Our model's head subtrees (everything beside the encoder's `bert/`), in tree order."""
+  return list(dict.fromkeys(p.split('/')[0] for p in shapes if not p.startswith('bert/')))
 
 
 def _plan(state_dict, config, hf_config, resize_vocab, report):
   """Validates everything first; returns (entries to load, our leaf shapes, checkpoint vocab)."""
-  layout, prefix, heads = _detect_layout(state_dict)
+  layout_of = hf_families.for_config(config)
+  layout, prefix, heads = _detect_layout(state_dict, layout_of)
   report.layout = layout
   shapes = leaf_shapes(config)
-  table = entries(config.model.num_layers, prefix)
+  table = entries(config.model.num_layers, prefix, layout_of)
   problems = [] if hf_config is None else _config_problems(hf_config, config, resize_vocab)
   word_key = prefix + 'embeddings.word_embeddings.weight'
   vocab = config.model.vocab_size
@@ -372,23 +300,20 @@ def _plan(state_dict, config, hf_config, resize_vocab, report):
     if vocab != config.model.vocab_size and not resize_vocab:
       problems.append(f'vocab size: the checkpoint has {vocab} rows but config.model.vocab_size='
                       f'{config.model.vocab_size}; pass resize_vocab=True to truncate or add rows')
-  wanted = {'backbone'} | ({'mlm', 'nsp'} if heads else set())
-  if not heads:
-    report.missing_heads = ['predictions'] + (['seq_relationship'] if has_nsp(config) else [])
-  load, known = [], set()
+  load, known, filled = [], set(), set()
   for e in table:
     known.add(e.hf_key)
-    if e.group not in wanted:
+    if e.group not in ('backbone', 'pooler') and not heads:
       continue
-    if e.group == 'nsp' and not has_nsp(config):
-      if e.hf_key in state_dict:
-        report.skipped.append(f'{e.hf_key}: config.objectives has no nsp, the model has no NSP '
-                              'head')
+    if e.path not in shapes:  # A head of an objective this run does not train.
+      if e.hf_key in state_dict and e.transform != 'tied':
+        report.skipped.append(f'{e.hf_key}: config.objectives has no {e.group}, the model has no '
+                              f'{e.group.upper()} head')
       continue
     if e.hf_key not in state_dict:
-      if e.transform != 'tied':
-        hint = (" (an MLM-only checkpoint? set config.objectives='mlm')" if e.group == 'nsp'
-                else '')
+      if e.transform != 'tied' and e.group != 'pooler':
+        hint = (" (an MLM-only checkpoint? set config.objectives='mlm')"
+                if e.group not in ('backbone', 'mlm') else '')
         problems.append(f'missing key {e.hf_key} (for {e.path}){hint}')
       continue
     expected = list(_shape_of(e.transform, shapes[e.path]))
@@ -401,14 +326,20 @@ def _plan(state_dict, config, hf_config, resize_vocab, report):
       problems.append(f'{e.hf_key} has dtype {np.asarray(state_dict[e.hf_key]).dtype}, not float')
     else:
       load.append(e)
+      filled.add(e.path)
   for key in sorted(state_dict):
-    if IGNORED_KEYS.match(key):
+    if layout_of.ignored.match(key):
       report.ignored.append(key)
     elif key not in known:
       problems.append(f'unexpected key {key} {tuple(np.shape(state_dict[key]))}')
   problems += _tied_problems(state_dict, [e for e in load if e.transform == 'tied'], table, report)
   if problems:
     raise CheckpointMismatchError(f'Checkpoint ({layout}) does not fit the model', problems)
+  report.missing_heads = [h for h in _head_subtrees(shapes)
+                          if not any(p.startswith(h + '/') for p in filled)]
+  if any(p.startswith('bert/pooler/') for p in shapes) and not any(
+      p.startswith('bert/pooler/') for p in filled):
+    report.missing_heads.append('bert/pooler')
   return [e for e in load if e.transform != 'tied'], shapes, vocab
 
 
@@ -431,10 +362,12 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
               resize_vocab: bool = False, seed: int = 0):
   """HF state dict -> (params, ImportReport): float32 numpy in our layout, scanned per config.
 
-  Raises CheckpointMismatchError listing every missing, unexpected and misshapen key (and, when
-  hf_config is given, every architecture field that disagrees with config.model) before building.
-  BertModel checkpoints have no heads: those subtrees are left out and named in
-  report.missing_heads; merge_missing fills them.
+  The family is config.model.name's. Raises CheckpointMismatchError listing every missing,
+  unexpected and misshapen key (and, when hf_config is given, every architecture field that
+  disagrees with config.model) before building. Backbone-only checkpoints (BertModel, ...) have
+  no heads, and RobertaForMaskedLM / AlbertForMaskedLM no pooler: those subtrees are left out
+  and named in report.missing_heads, as are heads of objectives the checkpoint has none for;
+  merge_missing fills them.
   """
   report = ImportReport(layout='')
   state_dict = _canonical_keys(state_dict, report)
@@ -480,17 +413,23 @@ def init_params(config, seed: int = 0):
   return jax.tree.map(np.asarray, nn.meta.unbox(variables['params']))
 
 
-def merge_missing(params, fresh_params):
-  """Fills the head subtrees absent from `params` from `fresh_params`; anything else is an error."""
+def merge_missing(params, fresh_params, config=None):
+  """Fills the subtrees absent from `params` that import_hf may leave out from `fresh_params`:
+  heads (anything beside the encoder's `bert/`), and for a family whose head models drop the
+  pooler (config.model.name 'roberta', 'albert'; BERT without `config`) `bert/pooler`. Anything
+  else missing is an error."""
+  layout = hf_families.BERT if config is None else hf_families.for_config(config)
   fresh = _flatten(nn.meta.unbox(fresh_params))
   flat = _flatten(params)
+  fillable = 'heads' + (' and bert/pooler' if layout.optional_pooler else '')
   problems = [f'{path} is not a parameter of the model' for path in flat if path not in fresh]
   for path, value in fresh.items():
     if path not in flat:
-      if path.split('/')[0] in HEAD_SUBTREES:
+      if not path.startswith('bert/') or (layout.optional_pooler
+                                          and path.startswith('bert/pooler/')):
         flat[path] = np.asarray(value, np.float32)
       else:
-        problems.append(f'missing {path}; only {list(HEAD_SUBTREES)} may come from a fresh init')
+        problems.append(f'missing {path}; only {fillable} may come from a fresh init')
     elif np.shape(flat[path]) != np.shape(value):
       problems.append(f'{path}: shape {np.shape(flat[path])} but the model has {np.shape(value)}')
   if problems:
@@ -501,27 +440,35 @@ def merge_missing(params, fresh_params):
 def export_hf(params, config, out_dir: str) -> list[str]:
   """Writes out_dir/config.json and model.safetensors (torch layout, float32); returns the keys.
 
-  The tied decoder weight and bias are written too, so any transformers version loads the MLM
-  head without missing keys. Without NSP (no 'nsp' in config.objectives) there is no NSP head:
-  config.json names BertForMaskedLM, which loads cleanly (it drops the pooler, which nothing
-  trained); BertForPreTraining would randomly initialise cls.seq_relationship. A causal model
-  (config.model.causal, the clm objective) is written as a decoder, BertLMHeadModel.
+  The class is config.model.name's family's (model_to_hf_config). The tied decoder weight and
+  bias are written too, so any transformers version loads the MLM head without missing keys.
+  BERT without NSP (no 'nsp' in config.objectives) has no NSP head: config.json names
+  BertForMaskedLM, which loads cleanly (it drops the pooler, which nothing trained);
+  BertForPreTraining would randomly initialise cls.seq_relationship. A causal BERT
+  (config.model.causal, the clm objective) is written as a decoder, BertLMHeadModel. RoBERTa
+  exports as RobertaForMaskedLM and ALBERT without SOP as AlbertForMaskedLM, both without the
+  pooler, as those classes hold none; a head of ours the class lacks is left out, with a warning.
   """
+  layout = hf_families.for_config(config)
+  hf_config = model_to_hf_config(config)
   flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()}
   if config.model.scan_layers:
     flat = _unstack_layers(flat)
   shapes = leaf_shapes(config)
-  if not has_nsp(config):
-    shapes = {k: v for k, v in shapes.items() if not k.startswith('seq_relationship/')}
   problems = [f'missing {k}' for k in shapes if k not in flat]
   problems += [f'unexpected {k}' for k in flat if k not in shapes]
   problems += [f'wrong shape for {k}: expected {shapes[k]}, got {v.shape}'
                for k, v in flat.items() if k in shapes and v.shape != shapes[k]]
   if problems:
     raise CheckpointMismatchError('Parameters do not fit config.model', problems)
-  tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path]))
-             for e in entries(config.model.num_layers) if e.path in flat}
-  if not has_nsp(config) and not config.model.get('causal', False):
+  table = [e for e in entries(config.model.num_layers, layout=layout) if e.path in flat
+           and (e.group != 'pooler' or layout.exports_pooler(config))]
+  tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path])) for e in table}
+  dropped = [h for h in _head_subtrees(flat) if h not in layout.heads]
+  if dropped:
+    logging.warning('%s has no head for %s: not exported.', hf_config['architectures'][0],
+                    dropped)
+  if layout.family == 'bert' and not has_nsp(config) and not config.model.get('causal', False):
     logging.warning("config.objectives has no 'nsp': no NSP head is exported. BertForMaskedLM "
                     'loads the checkpoint fully; BertForPreTraining would randomly initialise '
                     'cls.seq_relationship.')
@@ -530,7 +477,7 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   safetensors.numpy.save_file(tensors, os.path.join(out_dir, 'model.safetensors'),
                               metadata={'format': 'pt'})
   with open(os.path.join(out_dir, 'config.json'), 'w', encoding='utf-8') as f:
-    json.dump(model_to_hf_config(config), f, indent=2, sort_keys=True)
+    json.dump(hf_config, f, indent=2, sort_keys=True)
     f.write('\n')
   return sorted(tensors)
 

@@ -3,7 +3,8 @@
 The weights replace the fresh parameters; the optimizer starts fresh and the step is 0. The
 model's shape is taken from the source, so `configs/base.py` can start from any BERT checkpoint.
 A workdir gives its newest checkpoint, or with @STEP that step's (for scores against pretraining
-steps); either is checked against the integrity record written at save.
+steps); either is checked against the integrity record written at save. The family (model.name;
+an HF config.json's model_type) comes with the shape.
 """
 
 import json
@@ -17,10 +18,13 @@ from absl import logging
 from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
-ARCHITECTURE_KEYS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-                     'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'causal')
-# Values of the keys that workdirs written before the key existed lack.
-_WORKDIR_DEFAULTS = {'causal': False}
+ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
+                     'num_heads', 'intermediate_size', 'max_position_embeddings',
+                     'type_vocab_size', 'layer_norm_eps', 'causal')
+# Values of the keys that workdirs written before the key existed lack (and HF BERT configs).
+_WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0}
+# config.data.tokenizer -> the file beside the weights that names its vocab (config.data.vocab_file).
+_VOCAB_FILES = {'wordpiece': 'vocab.txt', 'bpe': 'vocab.json', 'sentencepiece': 'spiece.model'}
 
 
 class InitFromError(ValueError):
@@ -119,14 +123,16 @@ def source_architecture(spec: str) -> dict:
     overrides = convert.hf_config_to_model_overrides(hf_config)
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
+  overrides = {**{k: _WORKDIR_DEFAULTS[k] for k in ('name', 'embedding_size')}, **overrides}
   return {k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides}
 
 
-def source_vocab(spec: str) -> str | None:
-  """The vocab.txt that belongs to the source's weights, when it has one."""
+def source_vocab(spec: str, tokenizer: str = 'wordpiece') -> str | None:
+  """The vocab that belongs to the source's weights, when it has one: vocab.txt (WordPiece),
+  vocab.json (byte-level BPE, merges.txt beside it) or spiece.model (SentencePiece)."""
   kind, path = parse(spec)
   folder = os.path.dirname(path) if kind == 'tf' else path
-  candidate = os.path.join(folder, 'vocab.txt')
+  candidate = os.path.join(folder, _VOCAB_FILES.get(tokenizer, 'vocab.txt'))
   return candidate if os.path.isfile(candidate) else None
 
 
@@ -145,11 +151,13 @@ def adopt_source(config) -> None:
     except ValueError as e:
       raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   if not config.data.vocab_file:
-    vocab = source_vocab(config.init_from)
+    tokenizer = config.data.get('tokenizer', 'wordpiece')
+    vocab = source_vocab(config.init_from, tokenizer)
     if vocab is None:
       raise InitFromError(
-          f'config.init_from={config.init_from!r} has no vocab.txt beside its weights; its '
-          'token ids need their own vocab: set config.data.vocab_file.')
+          f'config.init_from={config.init_from!r} has no '
+          f'{_VOCAB_FILES.get(tokenizer, "vocab.txt")} beside its weights; its token ids need '
+          'their own vocab: set config.data.vocab_file.')
     logging.info('init_from: config.data.vocab_file = %s, the checkpoint\'s vocab.', vocab)
     config.data.vocab_file = vocab
 
@@ -171,7 +179,7 @@ def load_params(config, fresh_params):
   params, report = convert.import_hf(state_dict, config, hf_config=hf_config,
                                      resize_vocab=config.init_resize_vocab, seed=config.seed)
   logging.info('init_from %s: %s', config.init_from, report.summary())
-  return convert.merge_missing(params, jax.device_get(fresh_params))
+  return convert.merge_missing(params, jax.device_get(fresh_params), config)
 
 
 def _load_workdir_params(workdir: str, step: int | None, fresh_params):

@@ -1,4 +1,4 @@
-"""Checkpoint conversion: the CLI and the Python API (HF and original TF BERT <-> bert_jax).
+"""Checkpoint conversion: the CLI and the Python API (HF and original TF checkpoints <-> bert_jax).
 
   python -m bert_jax.convert export --workdir=WORKDIR --out=DIR  # newest checkpoint -> HF dir
   python -m bert_jax.convert inspect --source=hf:DIR             # layout, config, key table
@@ -18,8 +18,9 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from bert_jax.train.checkpoint import latest_step
+from bert_jax.interop import hf_families
 from bert_jax.interop.hf import (
-    IGNORED_KEYS, TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
+    TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
     UnsupportedConfigError, check_tokenizer_casing, entries, export_hf, export_tokenizer,
     hf_config_to_model_overrides, import_hf, init_params, leaf_shapes, load_hf_state_dict,
     merge_missing, model_to_hf_config, tokenizer_casing, _detect_layout)
@@ -43,6 +44,11 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
   path = os.path.join(workdir, 'checkpoints', str(step), 'state')
   params = ocp.StandardCheckpointer().restore(path)['params']
   export_hf(params, config, out_dir)
+  if config.data.get('tokenizer', 'wordpiece') != 'wordpiece':
+    logging.warning('config.data.tokenizer=%r: the export has no tokenizer files (only WordPiece '
+                    "vocabs are written); copy the run's %s files beside it.",
+                    config.data.tokenizer, config.data.tokenizer)
+    return step
   # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.
   vocab_file = os.path.join(workdir, 'vocab.txt')
   if not os.path.isfile(vocab_file):
@@ -61,12 +67,23 @@ def describe(source_dir: str) -> str:
   from configs import base  # pylint: disable=g-import-not-at-top
   state_dict, hf_config = load_hf_state_dict(source_dir)
   lines = [f'source: {source_dir}', f'keys: {len(state_dict)}']
-  layout, prefix, heads = _detect_layout(state_dict)
-  lines.append(f'layout: {layout}')
+  try:
+    layout = _family_layout(state_dict, hf_config)
+  except UnsupportedConfigError as e:
+    return '\n'.join(lines + [str(e)])
+  layout_name, prefix, heads = _detect_layout(state_dict, layout)
+  lines.append(f'layout: {layout_name}')
   config = base.get_config()
-  # A head checkpoint without NSP keys came from an MLM-only model; a BertModel one says nothing.
-  nsp = not heads or any(k.startswith('cls.seq_relationship.') for k in state_dict)
-  config.objectives = 'mlm,nsp' if nsp else 'mlm'
+  config.model.name = layout.family
+  num_layers = len({m.group(1) for m in map(re.compile(r'encoder\.layer\.(\d+)\.').search,
+                                             state_dict) if m})
+  table = entries(num_layers, prefix, layout)
+  # A head checkpoint without a head's keys came from a model without it; a backbone says nothing.
+  extra = [g for g in dict.fromkeys(e.group for e in table)
+           if g not in ('backbone', 'pooler', 'mlm')]
+  present = [g for g in extra
+             if not heads or any(e.hf_key in state_dict for e in table if e.group == g)]
+  config.objectives = ','.join(['mlm'] + present)
   if hf_config is not None:
     lines.append('config.json: ' + json.dumps(hf_config, sort_keys=True))
     try:
@@ -74,11 +91,9 @@ def describe(source_dir: str) -> str:
       lines.append(f'config.model overrides: {hf_config_to_model_overrides(hf_config)}')
     except UnsupportedConfigError as e:
       lines.append(str(e))
-  num_layers = len({m.group(1) for m in map(re.compile(r'encoder\.layer\.(\d+)\.').search,
-                                             state_dict) if m})
   lines.append(f'\n{"HF key":60s} {"shape":>14s} {"dtype":8s} -> ours (transform)')
   mapped = set()
-  for e in entries(num_layers, prefix):
+  for e in table:
     if e.hf_key in state_dict and not re.search(r'layer\.[1-9]\d*\.', e.hf_key):
       value = state_dict[e.hf_key]
       layer_note = f' x{num_layers} layers' if 'layer.0.' in e.hf_key else ''
@@ -86,14 +101,25 @@ def describe(source_dir: str) -> str:
                    f'{e.path} ({e.transform}){layer_note}')
     mapped.add(e.hf_key)
   for key in sorted(set(state_dict) - mapped):
-    status = 'ignored buffer' if IGNORED_KEYS.match(key) else 'UNEXPECTED'
+    status = 'ignored buffer' if layout.ignored.match(key) else 'UNEXPECTED'
     lines.append(f'{key:60s} {str(tuple(state_dict[key].shape)):>14s} -> {status}')
   try:
     _, report = import_hf(state_dict, config, hf_config=hf_config)
-    lines.append(f'\nimports cleanly (nsp={nsp}): {report.summary()}')
+    lines.append(f'\nimports cleanly (objectives={config.objectives}): {report.summary()}')
   except (CheckpointMismatchError, UnsupportedConfigError) as e:
     lines.append(f'\ndoes not import: {e}')
   return '\n'.join(lines)
+
+
+def _family_layout(state_dict, hf_config):
+  """The family of a checkpoint: its config.json's model_type, else the backbone prefix its keys
+  carry (BERT when they carry none)."""
+  if hf_config is not None:
+    return hf_families.for_hf_config(hf_config)
+  for layout in hf_families.LAYOUTS.values():
+    if any(k.startswith(layout.prefix) for k in state_dict):
+      return layout
+  return hf_families.BERT
 
 
 def main(argv=None) -> None:
@@ -101,7 +127,8 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(prog='python -m bert_jax.convert', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest='command', required=True)
-  export = commands.add_parser('export', help='workdir checkpoint -> HF BertForPreTraining dir')
+  export = commands.add_parser('export', help='workdir checkpoint -> HF model dir (the family\'s '
+                               'class: BertForPreTraining, RobertaForMaskedLM, ...)')
   export.add_argument('--workdir', required=True)
   export.add_argument('--out', required=True)
   export.add_argument('--step', type=int, default=None, help='Checkpoint step (default newest).')

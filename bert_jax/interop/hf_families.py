@@ -1,0 +1,365 @@
+"""Each family's Hugging Face layout: its key table, head classes and config conversion.
+
+hf.py's import and export are one engine over these layouts; config.model.name picks ours and an
+HF config.json's model_type picks the one to read. A row is (our unscanned path, HF key,
+transform); backbone keys are written with the head models' prefix (`bert.`, `roberta.`,
+`albert.`), which the backbone classes (BertModel, ...) save without. `{n}` is a layer; ALBERT's
+rows have none, as its one shared layer is one set of parameters in both trees.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+
+class UnsupportedConfigError(ValueError):
+  """An HF config uses a feature our model does not implement."""
+
+
+# HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
+HF_GELU = {'gelu': 'erf', 'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh'}
+
+BERT_TABLE = (
+    ('bert/embeddings/word_embeddings', 'bert.embeddings.word_embeddings.weight', 'none'),
+    ('bert/embeddings/position_embeddings', 'bert.embeddings.position_embeddings.weight', 'none'),
+    ('bert/embeddings/token_type_embeddings', 'bert.embeddings.token_type_embeddings.weight',
+     'none'),
+    ('bert/embeddings/LayerNorm/scale', 'bert.embeddings.LayerNorm.weight', 'none'),
+    ('bert/embeddings/LayerNorm/bias', 'bert.embeddings.LayerNorm.bias', 'none'),
+    ('bert/encoder/layer_{n}/attention/self/query/kernel',
+     'bert.encoder.layer.{n}.attention.self.query.weight', 'transpose_split_out'),
+    ('bert/encoder/layer_{n}/attention/self/query/bias',
+     'bert.encoder.layer.{n}.attention.self.query.bias', 'split'),
+    ('bert/encoder/layer_{n}/attention/self/key/kernel',
+     'bert.encoder.layer.{n}.attention.self.key.weight', 'transpose_split_out'),
+    ('bert/encoder/layer_{n}/attention/self/key/bias',
+     'bert.encoder.layer.{n}.attention.self.key.bias', 'split'),
+    ('bert/encoder/layer_{n}/attention/self/value/kernel',
+     'bert.encoder.layer.{n}.attention.self.value.weight', 'transpose_split_out'),
+    ('bert/encoder/layer_{n}/attention/self/value/bias',
+     'bert.encoder.layer.{n}.attention.self.value.bias', 'split'),
+    ('bert/encoder/layer_{n}/attention/output/dense/kernel',
+     'bert.encoder.layer.{n}.attention.output.dense.weight', 'transpose_split_in'),
+    ('bert/encoder/layer_{n}/attention/output/dense/bias',
+     'bert.encoder.layer.{n}.attention.output.dense.bias', 'none'),
+    ('bert/encoder/layer_{n}/attention/output/LayerNorm/scale',
+     'bert.encoder.layer.{n}.attention.output.LayerNorm.weight', 'none'),
+    ('bert/encoder/layer_{n}/attention/output/LayerNorm/bias',
+     'bert.encoder.layer.{n}.attention.output.LayerNorm.bias', 'none'),
+    ('bert/encoder/layer_{n}/intermediate/dense/kernel',
+     'bert.encoder.layer.{n}.intermediate.dense.weight', 'transpose'),
+    ('bert/encoder/layer_{n}/intermediate/dense/bias',
+     'bert.encoder.layer.{n}.intermediate.dense.bias', 'none'),
+    ('bert/encoder/layer_{n}/output/dense/kernel', 'bert.encoder.layer.{n}.output.dense.weight',
+     'transpose'),
+    ('bert/encoder/layer_{n}/output/dense/bias', 'bert.encoder.layer.{n}.output.dense.bias',
+     'none'),
+    ('bert/encoder/layer_{n}/output/LayerNorm/scale',
+     'bert.encoder.layer.{n}.output.LayerNorm.weight', 'none'),
+    ('bert/encoder/layer_{n}/output/LayerNorm/bias', 'bert.encoder.layer.{n}.output.LayerNorm.bias',
+     'none'),
+    ('bert/pooler/dense/kernel', 'bert.pooler.dense.weight', 'transpose'),
+    ('bert/pooler/dense/bias', 'bert.pooler.dense.bias', 'none'),
+    ('predictions/transform_dense/kernel', 'cls.predictions.transform.dense.weight', 'transpose'),
+    ('predictions/transform_dense/bias', 'cls.predictions.transform.dense.bias', 'none'),
+    ('predictions/transform_LayerNorm/scale', 'cls.predictions.transform.LayerNorm.weight', 'none'),
+    ('predictions/transform_LayerNorm/bias', 'cls.predictions.transform.LayerNorm.bias', 'none'),
+    ('predictions/output_bias', 'cls.predictions.bias', 'none'),
+    # HF's decoder is tied to these two: optional on import (checked equal), written on export.
+    ('bert/embeddings/word_embeddings', 'cls.predictions.decoder.weight', 'tied'),
+    ('predictions/output_bias', 'cls.predictions.decoder.bias', 'tied'),
+    ('seq_relationship/kernel', 'cls.seq_relationship.weight', 'transpose'),
+    ('seq_relationship/bias', 'cls.seq_relationship.bias', 'none'),
+)
+
+# RoBERTa's backbone is BERT's under `roberta.`; its MLM head is lm_head (no transform.*).
+ROBERTA_TABLE = tuple(
+    (path, 'roberta.' + key[len('bert.'):], transform)
+    for path, key, transform in BERT_TABLE if path.startswith('bert/') and transform != 'tied'
+) + (
+    ('predictions/transform_dense/kernel', 'lm_head.dense.weight', 'transpose'),
+    ('predictions/transform_dense/bias', 'lm_head.dense.bias', 'none'),
+    ('predictions/transform_LayerNorm/scale', 'lm_head.layer_norm.weight', 'none'),
+    ('predictions/transform_LayerNorm/bias', 'lm_head.layer_norm.bias', 'none'),
+    ('predictions/output_bias', 'lm_head.bias', 'none'),
+    ('bert/embeddings/word_embeddings', 'lm_head.decoder.weight', 'tied'),
+    ('predictions/output_bias', 'lm_head.decoder.bias', 'tied'),
+)
+
+_ALBERT_LAYER = 'albert.encoder.albert_layer_groups.0.albert_layers.0.'
+_SHARED = 'bert/encoder/shared_layer/'
+ALBERT_TABLE = tuple(
+    (path, 'albert.' + key[len('bert.'):], transform)
+    for path, key, transform in BERT_TABLE if path.startswith('bert/embeddings/')
+    and transform != 'tied'
+) + (
+    ('bert/encoder/embedding_hidden_mapping_in/kernel',
+     'albert.encoder.embedding_hidden_mapping_in.weight', 'transpose'),
+    ('bert/encoder/embedding_hidden_mapping_in/bias',
+     'albert.encoder.embedding_hidden_mapping_in.bias', 'none'),
+    (_SHARED + 'attention/self/query/kernel', _ALBERT_LAYER + 'attention.query.weight',
+     'transpose_split_out'),
+    (_SHARED + 'attention/self/query/bias', _ALBERT_LAYER + 'attention.query.bias', 'split'),
+    (_SHARED + 'attention/self/key/kernel', _ALBERT_LAYER + 'attention.key.weight',
+     'transpose_split_out'),
+    (_SHARED + 'attention/self/key/bias', _ALBERT_LAYER + 'attention.key.bias', 'split'),
+    (_SHARED + 'attention/self/value/kernel', _ALBERT_LAYER + 'attention.value.weight',
+     'transpose_split_out'),
+    (_SHARED + 'attention/self/value/bias', _ALBERT_LAYER + 'attention.value.bias', 'split'),
+    (_SHARED + 'attention/output/dense/kernel', _ALBERT_LAYER + 'attention.dense.weight',
+     'transpose_split_in'),
+    (_SHARED + 'attention/output/dense/bias', _ALBERT_LAYER + 'attention.dense.bias', 'none'),
+    (_SHARED + 'attention/output/LayerNorm/scale', _ALBERT_LAYER + 'attention.LayerNorm.weight',
+     'none'),
+    (_SHARED + 'attention/output/LayerNorm/bias', _ALBERT_LAYER + 'attention.LayerNorm.bias',
+     'none'),
+    (_SHARED + 'intermediate/dense/kernel', _ALBERT_LAYER + 'ffn.weight', 'transpose'),
+    (_SHARED + 'intermediate/dense/bias', _ALBERT_LAYER + 'ffn.bias', 'none'),
+    (_SHARED + 'output/dense/kernel', _ALBERT_LAYER + 'ffn_output.weight', 'transpose'),
+    (_SHARED + 'output/dense/bias', _ALBERT_LAYER + 'ffn_output.bias', 'none'),
+    (_SHARED + 'output/LayerNorm/scale', _ALBERT_LAYER + 'full_layer_layer_norm.weight', 'none'),
+    (_SHARED + 'output/LayerNorm/bias', _ALBERT_LAYER + 'full_layer_layer_norm.bias', 'none'),
+    ('bert/pooler/dense/kernel', 'albert.pooler.weight', 'transpose'),
+    ('bert/pooler/dense/bias', 'albert.pooler.bias', 'none'),
+    ('predictions/transform_dense/kernel', 'predictions.dense.weight', 'transpose'),
+    ('predictions/transform_dense/bias', 'predictions.dense.bias', 'none'),
+    ('predictions/transform_LayerNorm/scale', 'predictions.LayerNorm.weight', 'none'),
+    ('predictions/transform_LayerNorm/bias', 'predictions.LayerNorm.bias', 'none'),
+    ('predictions/output_bias', 'predictions.bias', 'none'),
+    ('bert/embeddings/word_embeddings', 'predictions.decoder.weight', 'tied'),
+    ('predictions/output_bias', 'predictions.decoder.bias', 'tied'),
+    ('sop_classifier/kernel', 'sop_classifier.classifier.weight', 'transpose'),
+    ('sop_classifier/bias', 'sop_classifier.classifier.bias', 'none'),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How one family's parameters lie in transformers' state dicts and config.json."""
+  family: str  # Our models registry name.
+  model_type: str  # config.json's model_type.
+  display: str  # The family's name in messages.
+  prefix: str  # Backbone key prefix of the head models.
+  base_class: str  # The backbone alone: keys without the prefix, no heads.
+  # (transformers class, key prefix of a head only it has), most heads first: the first whose
+  # prefix a checkpoint's keys show names its layout.
+  head_classes: tuple[tuple[str, str], ...]
+  table: tuple[tuple[str, str, str], ...]
+  heads: dict[str, str]  # Our head subtree -> the objective it belongs to.
+  ignored: re.Pattern  # Buffers older transformers saved; they carry nothing to import.
+  # Head models that drop the pooler (RobertaForMaskedLM, AlbertForMaskedLM) may lack
+  # `bert/pooler`, which a fresh init then fills.
+  optional_pooler: bool
+  to_overrides: Callable[[dict], dict]  # config.json -> config.model values.
+  to_hf_config: Callable[..., dict]  # Our full config -> config.json.
+  # Our full config -> whether the class it exports to holds the pooler.
+  exports_pooler: Callable[..., bool]
+
+  def group(self, path: str) -> str:
+    """'backbone', 'pooler' (optional here) or the objective whose head holds `path`."""
+    if path.startswith('bert/pooler/') and self.optional_pooler:
+      return 'pooler'
+    if path.startswith('bert/'):
+      return 'backbone'
+    return self.heads[path.split('/')[0]]
+
+  @property
+  def head_key_prefixes(self) -> tuple[str, ...]:
+    """The first segment of every head key ('cls.', 'lm_head.', ...)."""
+    return tuple(sorted({key.split('.')[0] + '.' for _, key, _ in self.table
+                         if not key.startswith(self.prefix)}))
+
+
+def _common_problems(hf_config: dict, gelus) -> list[str]:
+  """What none of our encoders implements."""
+  problems = []
+  act = hf_config.get('hidden_act', 'gelu')
+  if act not in gelus:
+    # 'relu' or others would change every activation.
+    problems.append(f'hidden_act={act!r}; our model implements {sorted(gelus)}')
+  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
+    problems.append(f'position_embedding_type={hf_config["position_embedding_type"]!r}; '
+                    'our model has learned absolute positions only')
+  if hf_config.get('add_cross_attention'):
+    problems.append('add_cross_attention=true; our model has no cross-attention')
+  if hf_config.get('hidden_size', 768) % hf_config.get('num_attention_heads', 12):
+    problems.append('hidden_size is not a multiple of num_attention_heads')
+  return problems
+
+
+_NAMES = {'vocab_size': 'vocab_size', 'hidden_size': 'hidden_size',
+          'num_hidden_layers': 'num_layers', 'num_attention_heads': 'num_heads',
+          'intermediate_size': 'intermediate_size',
+          'max_position_embeddings': 'max_position_embeddings',
+          'type_vocab_size': 'type_vocab_size', 'layer_norm_eps': 'layer_norm_eps',
+          'initializer_range': 'initializer_range',
+          'hidden_dropout_prob': 'hidden_dropout_rate',
+          'attention_probs_dropout_prob': 'attention_dropout_rate'}
+
+
+def _shape_overrides(hf_config: dict) -> dict:
+  return {ours: hf_config[hf] for hf, ours in _NAMES.items() if hf in hf_config}
+
+
+def _shape_fields(m) -> dict:
+  """config.json fields every family writes alike."""
+  return {
+      'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
+      'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
+      'intermediate_size': m.intermediate_size,
+      'hidden_dropout_prob': m.hidden_dropout_rate,
+      'attention_probs_dropout_prob': m.attention_dropout_rate,
+      'max_position_embeddings': m.max_position_embeddings,
+      'type_vocab_size': m.type_vocab_size, 'initializer_range': m.initializer_range,
+      'layer_norm_eps': m.layer_norm_eps, 'tie_word_embeddings': True,
+  }
+
+
+def _objective_names(config) -> tuple[str, ...]:
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  return objectives.parse(config.objectives)
+
+
+def bert_overrides(hf_config: dict) -> dict:
+  """HF BertConfig dict -> our config.model values; UnsupportedConfigError on what we lack."""
+  problems = _common_problems(hf_config, HF_GELU)
+  if problems:
+    raise UnsupportedConfigError('Unsupported HF BERT config: ' + '; '.join(problems) + '.')
+  overrides = _shape_overrides(hf_config)
+  overrides['gelu'] = HF_GELU[hf_config.get('hidden_act', 'gelu')]
+  if hf_config.get('is_decoder'):  # A left-to-right LM (BertLMHeadModel): causal attention.
+    overrides['causal'] = True
+  return overrides
+
+
+def bert_hf_config(config) -> dict:
+  """Our full config -> an HF BertConfig dict (BertForMaskedLM when there is no NSP head,
+  BertLMHeadModel, a decoder, with causal attention)."""
+  m = config.model
+  causal = bool(m.get('causal', False))
+  return {
+      'architectures': ['BertLMHeadModel' if causal else
+                        'BertForPreTraining' if 'nsp' in _objective_names(config)
+                        else 'BertForMaskedLM'],
+      'model_type': 'bert', **_shape_fields(m),
+      'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new', 'pad_token_id': 0,
+      'position_embedding_type': 'absolute', 'is_decoder': causal,
+  }
+
+
+def _not_causal(hf_config: dict, display: str) -> list[str]:
+  if hf_config.get('is_decoder'):
+    return [f'is_decoder=true; our {display} is bidirectional (causal LMs: model.name=\'bert\')']
+  return []
+
+
+def roberta_overrides(hf_config: dict) -> dict:
+  """HF RobertaConfig dict -> our config.model values (model.name 'roberta')."""
+  # RobertaLMHead applies the exact GELU whatever hidden_act says; ours follows model.gelu.
+  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, 'RoBERTa')
+  if hf_config.get('pad_token_id', 1) != 1:
+    problems.append(f'pad_token_id={hf_config["pad_token_id"]}; our RoBERTa numbers positions '
+                    'as fairseq with padding_idx 1 (real tokens from row 2)')
+  if problems:
+    raise UnsupportedConfigError('Unsupported HF RoBERTa config: ' + '; '.join(problems) + '.')
+  return {'name': 'roberta', **_shape_overrides(hf_config), 'gelu': 'erf'}
+
+
+def roberta_hf_config(config) -> dict:
+  """Our full config -> an HF RobertaConfig dict for RobertaForMaskedLM."""
+  m = config.model
+  if m.gelu != 'erf' or m.get('causal', False):
+    raise UnsupportedConfigError(
+        f"model.gelu={m.gelu!r}, model.causal={m.get('causal', False)}: RobertaForMaskedLM is "
+        "bidirectional and its lm_head applies the exact GELU; export needs gelu='erf', "
+        'causal=False.')
+  return {
+      'architectures': ['RobertaForMaskedLM'], 'model_type': 'roberta', **_shape_fields(m),
+      'hidden_act': 'gelu', 'pad_token_id': 1, 'bos_token_id': 0, 'eos_token_id': 2,
+      'position_embedding_type': 'absolute', 'is_decoder': False,
+  }
+
+
+def albert_overrides(hf_config: dict) -> dict:
+  """HF AlbertConfig dict -> our config.model values (model.name 'albert')."""
+  problems = _common_problems(hf_config, HF_GELU) + _not_causal(hf_config, 'ALBERT')
+  for key in ('num_hidden_groups', 'inner_group_num'):
+    if hf_config.get(key, 1) != 1:
+      problems.append(f'{key}={hf_config[key]}; our ALBERT shares one layer across all layers '
+                      '(num_hidden_groups=1, inner_group_num=1)')
+  if problems:
+    raise UnsupportedConfigError('Unsupported HF ALBERT config: ' + '; '.join(problems) + '.')
+  return {'name': 'albert', **_shape_overrides(hf_config),
+          'embedding_size': hf_config.get('embedding_size', 128),
+          'gelu': HF_GELU[hf_config.get('hidden_act', 'gelu_new')]}
+
+
+def albert_hf_config(config) -> dict:
+  """Our full config -> an HF AlbertConfig dict (AlbertForPreTraining with SOP, else
+  AlbertForMaskedLM)."""
+  m = config.model
+  if m.get('causal', False):
+    raise UnsupportedConfigError('model.causal=True: transformers has no causal ALBERT.')
+  sop = 'sop' in _objective_names(config)
+  return {
+      'architectures': ['AlbertForPreTraining' if sop else 'AlbertForMaskedLM'],
+      'model_type': 'albert', **_shape_fields(m),
+      'embedding_size': m.get('embedding_size', 0) or m.hidden_size,
+      'num_hidden_groups': 1, 'inner_group_num': 1,
+      'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new',
+      'pad_token_id': 0, 'bos_token_id': 2, 'eos_token_id': 3,
+  }
+
+
+def _buffers(prefix: str) -> re.Pattern:
+  return re.compile(rf'^({re.escape(prefix)})?embeddings\.(position_ids|token_type_ids)$')
+
+
+BERT = Layout(
+    family='bert', model_type='bert', display='BERT', prefix='bert.', base_class='BertModel',
+    head_classes=(('BertForPreTraining', 'cls.'),), table=BERT_TABLE,
+    heads={'predictions': 'mlm', 'seq_relationship': 'nsp'}, ignored=_buffers('bert.'),
+    optional_pooler=False, to_overrides=bert_overrides, to_hf_config=bert_hf_config,
+    exports_pooler=lambda config: True)
+ROBERTA = Layout(
+    family='roberta', model_type='roberta', display='RoBERTa', prefix='roberta.',
+    base_class='RobertaModel', head_classes=(('RobertaForMaskedLM', 'lm_head.'),),
+    table=ROBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('roberta.'),
+    optional_pooler=True, to_overrides=roberta_overrides, to_hf_config=roberta_hf_config,
+    exports_pooler=lambda config: False)  # RobertaForMaskedLM has no pooler.
+ALBERT = Layout(
+    family='albert', model_type='albert', display='ALBERT', prefix='albert.',
+    base_class='AlbertModel',
+    head_classes=(('AlbertForPreTraining', 'sop_classifier.'),
+                  ('AlbertForMaskedLM', 'predictions.')),
+    table=ALBERT_TABLE, heads={'predictions': 'mlm', 'sop_classifier': 'sop'},
+    ignored=_buffers('albert.'), optional_pooler=True, to_overrides=albert_overrides,
+    to_hf_config=albert_hf_config,
+    # AlbertForMaskedLM drops the pooler; AlbertForPreTraining's SOP head reads it.
+    exports_pooler=lambda config: 'sop' in _objective_names(config))
+
+LAYOUTS = {layout.family: layout for layout in (BERT, ROBERTA, ALBERT)}
+
+
+def for_family(name: str) -> Layout:
+  """The layout of our family `name`; UnsupportedConfigError for a family without one."""
+  if name not in LAYOUTS:
+    raise UnsupportedConfigError(f'model.name={name!r} has no Hugging Face layout; the families '
+                                 f'that map are {", ".join(LAYOUTS)}.')
+  return LAYOUTS[name]
+
+
+def for_config(config) -> Layout:
+  """The layout of a run's config.model.name."""
+  return for_family(config.model.get('name', 'bert'))
+
+
+def for_hf_config(hf_config: dict) -> Layout:
+  """The layout of a config.json's model_type (no model_type: BERT, as old BERT configs)."""
+  model_type = hf_config.get('model_type', 'bert')
+  for layout in LAYOUTS.values():
+    if layout.model_type == model_type:
+      return layout
+  raise UnsupportedConfigError(
+      f'Unsupported HF config: model_type={model_type!r}; the model types that map onto our '
+      f'families are {", ".join(repr(l.model_type) for l in LAYOUTS.values())}.')

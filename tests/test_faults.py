@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.train import guard
 from bert_jax import config_lib
 from bert_jax.train import pretrain
 from bert_jax import sharding
@@ -328,6 +329,7 @@ sys.path.insert(0, {repo!r})
 import jax
 import jax.numpy as jnp
 from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.train import guard
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Writes past the limit fail with EFBIG instead.
 checkpointer = checkpoint_lib.Checkpointer({directory!r}, every=1, keep=5)
 checkpointer.save(1, {{'w': jnp.ones((16,))}}, {{'epoch': 0, 'batch': 1}})
@@ -654,3 +656,14 @@ def test_sigterm_at_the_last_step_then_the_rerun_does_the_final_evaluation(tmp_p
   # A second rerun reads the final evaluation instead of adding another.
   assert pretrain.train_and_evaluate(config, workdir) == last_eval
   assert [r['step'] for r in read_metrics(workdir) if r['split'] == 'eval'] == [0, 30]
+
+
+def test_a_checkpoint_saved_before_a_layout_key_existed_resumes_with_its_default():
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  config = tiny.get_config()
+  layout = guard.data_layout(config, pretrain.DATA_LAYOUT_KEYS)
+  older = {k: v for k, v in layout.items() if k not in pretrain.LAYOUT_DEFAULTS}
+  pretrain._check_layout({'layout': older}, config, 100, '/w')  # pylint: disable=protected-access
+  config.masking.max_ngram = 3
+  with pytest.raises(config_lib.ConfigError, match=r'masking\.max_ngram=3 \(the checkpoint: 1\)'):
+    pretrain._check_layout({'layout': older}, config, 100, '/w')  # pylint: disable=protected-access

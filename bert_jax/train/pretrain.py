@@ -216,13 +216,19 @@ DATA_LAYOUT_KEYS = (
     'data.phase2_max_seq_length', 'data.phase2_max_predictions_per_seq', 'data.short_seq_prob',
     'data.eval_fraction', 'data.max_documents', 'data.packing', 'data.max_pairs_per_row',
     'data.dupe_factor', 'masking.rate', 'masking.mask_token_fraction',
-    'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word')
+    'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word',
+    'masking.max_ngram', 'data.rows', 'data.tokenizer')
+# Layout keys added after checkpoints were written without them: such a checkpoint's batches
+# were made with these values.
+LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece'}
 
 
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
   """A resume reads the saved data position with the batches of the config that saved it."""
-  changed = guard.layout_changes(saved.get('layout'),
-                                 guard.data_layout(config, DATA_LAYOUT_KEYS))
+  layout = saved.get('layout')
+  if layout is not None:
+    layout = {**LAYOUT_DEFAULTS, **layout}
+  changed = guard.layout_changes(layout, guard.data_layout(config, DATA_LAYOUT_KEYS))
   if changed:
     raise config_lib.ConfigError(
         f'The checkpoint at step {step} in {workdir} was written with another data layout: '

@@ -318,8 +318,9 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
     if objectives.sentence_pairs(config):
       # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
-      logging.info('Epoch 0: %d examples, %.1f%% NotNext.', len(first_epoch['input_ids']),
-                   100 * float(np.mean(first_epoch['next_sentence_labels'])))
+      label = 'swapped' if objectives.pair_kind(config) == 'order' else 'NotNext'
+      logging.info('Epoch 0: %d examples, %.1f%% %s.', len(first_epoch['input_ids']),
+                   100 * float(np.mean(first_epoch['next_sentence_labels'])), label)
     to_global = sharding.global_batch  # Every process holds the whole global batch.
   else:
     # The streaming input has no epoch in memory: the guess comes from the held-out masks.

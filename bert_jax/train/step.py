@@ -230,7 +230,7 @@ def create_train_state(config, model, tx, mesh, rules):
 
 # Model sizes whose multiples a mesh axis may need, and the config key that sets each.
 _SIZE_KEYS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_heads', 'type_vocab_size',
-              'max_position_embeddings')
+              'max_position_embeddings', 'embedding_size')
 
 
 def check_state_divides(config, model, tx, mesh, rules):
@@ -248,7 +248,7 @@ def check_state_divides(config, model, tx, mesh, rules):
     return abstract
   path, shape, dim, ways, axes = problems[0]
   size = shape[dim]
-  keys = [f'config.model.{k}={size}' for k in _SIZE_KEYS if config.model[k] == size]
+  keys = [f'config.model.{k}={size}' for k in _SIZE_KEYS if config.model.get(k) == size]
   fix = (f'set {keys[0].split("=")[0]} to a multiple of {ways} (e.g. {-(-size // ways) * ways})'
          if keys else f'make that size a multiple of {ways}')
   raise sharding.MeshError(

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
@@ -23,8 +24,6 @@ ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num
                      'type_vocab_size', 'layer_norm_eps', 'causal')
 # Values of the keys that workdirs written before the key existed lack (and HF BERT configs).
 _WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0}
-# config.data.tokenizer -> the file beside the weights that names its vocab (config.data.vocab_file).
-_VOCAB_FILES = {'wordpiece': 'vocab.txt', 'bpe': 'vocab.json', 'sentencepiece': 'spiece.model'}
 
 
 class InitFromError(ValueError):
@@ -132,8 +131,13 @@ def source_vocab(spec: str, tokenizer: str = 'wordpiece') -> str | None:
   vocab.json (byte-level BPE, merges.txt beside it) or spiece.model (SentencePiece)."""
   kind, path = parse(spec)
   folder = os.path.dirname(path) if kind == 'tf' else path
-  candidate = os.path.join(folder, _VOCAB_FILES.get(tokenizer, 'vocab.txt'))
+  candidate = os.path.join(folder, _vocab_name(tokenizer))
   return candidate if os.path.isfile(candidate) else None
+
+
+def _vocab_name(tokenizer: str) -> str:
+  """The file beside a checkpoint's weights that config.data.vocab_file names for `tokenizer`."""
+  return tokenizer_lib.KEPT_FILES.get(tokenizer, tokenizer_lib.KEPT_FILES['wordpiece'])[0]
 
 
 def adopt_source(config) -> None:
@@ -156,7 +160,7 @@ def adopt_source(config) -> None:
     if vocab is None:
       raise InitFromError(
           f'config.init_from={config.init_from!r} has no '
-          f'{_VOCAB_FILES.get(tokenizer, "vocab.txt")} beside its weights; its token ids need '
+          f'{_vocab_name(tokenizer)} beside its weights; its token ids need '
           'their own vocab: set config.data.vocab_file.')
     logging.info('init_from: config.data.vocab_file = %s, the checkpoint\'s vocab.', vocab)
     config.data.vocab_file = vocab

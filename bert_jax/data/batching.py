@@ -1,7 +1,7 @@
 """Rows of pretraining instances -> masked, fixed-shape batches: pure numpy, no I/O.
 
-A row holds one instance ([CLS] A [SEP] B [SEP], or the tokenizer's layout) or, packed, several, each with its own positions
-and NSP label. Masking is data/masking.py's, for a whole batch at once: dynamic (one generator
+A row holds one instance ([CLS] A [SEP] B [SEP], or the tokenizer's layout) or, packed,
+several, each with its own positions and NSP label. Masking is data/masking.py's, for a whole batch at once: dynamic (one generator
 per batch, vectorised) or static (one generator per instance, so a pass over the corpus repeats
 its masks as the paper's dupe_factor copies did).
 """

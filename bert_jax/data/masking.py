@@ -4,8 +4,8 @@ The paper's rules (BERT's create_pretraining_data): [CLS] and [SEP] are never ch
 num_to_predict = min(max_predictions, max(1, round(n_tokens * mask_rate))), [CLS] and [SEP]
 counted in n_tokens; of the chosen tokens mask_token_fraction become [MASK],
 random_token_fraction a random id (any id, as the original, or with a tokenizer whose
-SpecialIds.draws_specials is False no special one, as RoBERTa's), the rest stay; whole-word masking chooses all pieces of a word
-together; n-gram masking (ALBERT, max_ngram > 1) chooses runs of up to max_ngram tokens (words,
+SpecialIds.draws_specials is False no special one, as RoBERTa's), the rest stay; whole-word
+masking chooses all pieces of a word together; n-gram masking (ALBERT, max_ngram > 1) chooses runs of up to max_ngram tokens (words,
 with whole-word masking) together; a mask_rate of 0 chooses nothing (the unmasked rows of a run
 whose objectives read clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory
 path, data/pipeline.py, and static masks); mask_batch masks every pair of a batch of (packed)

@@ -7,11 +7,12 @@ Sources (`config.data.corpus`, comma separated, in order): text files and globs 
 `corpus.read_corpus` reads them (`data.corpus_format`; .xz/.gz ok), 'builtin', and
 `tfds:NAME[:SPLIT]` (each example's 'text' is a document; needs tensorflow_datasets).
 
-The tokenizer is `data.tokenizer`'s (wordpiece, bpe or sentencepiece); its vocab is `data.vocab_file`,
-else the one DIR keeps (vocab.txt; vocab.json + merges.txt; spiece.model), trained on the first
-`--vocab_sample_mb` MB of the corpus (and kept there, so a rerun reuses it). A given vocab is copied
-into DIR too, so the directory holds everything a run streaming it needs (`prepared_vocab_file`),
-wherever it is moved; metadata.json records the tokenizer kind and the vocab's sha256.
+The tokenizer is `data.tokenizer`'s (wordpiece, bpe or sentencepiece); its vocab is
+`data.vocab_file`, else the one DIR keeps (vocab.txt; vocab.json + merges.txt; spiece.model),
+trained on the first `--vocab_sample_mb` MB of the corpus (and kept there, so a rerun reuses it).
+A given vocab is copied into DIR too, so the directory holds everything a run streaming it needs
+(`prepared_vocab_file`), wherever it is moved; metadata.json records the tokenizer kind and the
+vocab's sha256.
 
 The plan (DIR/plan.json) groups the input files into work units of about `--shard_mb` MB of raw
 text (a file is never split; 'builtin' and each TFDS range are units of their own). A pool of

@@ -29,21 +29,36 @@ def head(config, encoded: objectives.Encoded, batch, deterministic: bool) -> dic
   return {'nsp_logits': dense(encoded.pooled).astype(jnp.float32)}  # [batch, (pairs,) 2]
 
 
-def losses(outputs, batch) -> dict:
-  nsp_logits = outputs['nsp_logits']  # [batch, 2], packed: [batch, pairs, 2]
-  nsp_labels = batch['next_sentence_labels']
-  nsp_weights = batch.get('nsp_weights', jnp.ones(nsp_labels.shape, jnp.float32))
+def pair_weights(batch):
+  """1.0 per real pair: every row's one pair, or packed rows' nsp_weights."""
+  labels = batch['next_sentence_labels']
+  return batch.get('nsp_weights', jnp.ones(labels.shape, jnp.float32))
+
+
+def pair_losses(prefix: str, logits, batch) -> dict:
+  """Cross-entropy sum, count and correct predictions of a 2-way pair classifier's `logits`
+  ([batch, (pairs,) 2]) against next_sentence_labels; keys PREFIX_loss_sum, _count, _correct."""
+  labels = batch['next_sentence_labels']
+  weights = pair_weights(batch)
   return {
-      'nsp_loss_sum': jnp.sum(
-          optax.softmax_cross_entropy_with_integer_labels(nsp_logits, nsp_labels) * nsp_weights),
-      'nsp_count': jnp.sum(nsp_weights),
-      'nsp_correct': jnp.sum((jnp.argmax(nsp_logits, -1) == nsp_labels) * nsp_weights),
+      f'{prefix}_loss_sum': jnp.sum(
+          optax.softmax_cross_entropy_with_integer_labels(logits, labels) * weights),
+      f'{prefix}_count': jnp.sum(weights),
+      f'{prefix}_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
   }
 
 
+def pair_metrics(prefix: str, stats) -> dict:
+  return {f'{prefix}_loss': stats[f'{prefix}_loss_sum'] / stats[f'{prefix}_count'],
+          f'{prefix}_accuracy': stats[f'{prefix}_correct'] / stats[f'{prefix}_count']}
+
+
+def losses(outputs, batch) -> dict:
+  return pair_losses('nsp', outputs['nsp_logits'], batch)  # nsp_logits: [batch, (pairs,) 2]
+
+
 def counts(batch) -> dict:
-  labels = batch['next_sentence_labels']
-  return {'nsp_count': jnp.sum(batch.get('nsp_weights', jnp.ones(labels.shape, jnp.float32)))}
+  return {'nsp_count': jnp.sum(pair_weights(batch))}
 
 
 def loss(stats):
@@ -52,8 +67,7 @@ def loss(stats):
 
 
 def metrics(stats) -> dict:
-  return {'nsp_loss': stats['nsp_loss_sum'] / stats['nsp_count'],
-          'nsp_accuracy': stats['nsp_correct'] / stats['nsp_count']}
+  return pair_metrics('nsp', stats)
 
 
 def flops(model, shape: objectives.BatchShape) -> float:

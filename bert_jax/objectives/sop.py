@@ -14,7 +14,6 @@ data make swapped consecutive segments (data/pretraining.py) instead of NSP's ra
 """
 
 import jax.numpy as jnp
-import optax
 
 from bert_jax import objectives
 from bert_jax.models import layers
@@ -30,20 +29,11 @@ def head(config, encoded: objectives.Encoded, batch, deterministic: bool) -> dic
 
 
 def losses(outputs, batch) -> dict:
-  logits = outputs['sop_logits']  # [batch, 2], packed: [batch, pairs, 2]
-  labels = batch['next_sentence_labels']
-  weights = batch.get('nsp_weights', jnp.ones(labels.shape, jnp.float32))
-  return {
-      'sop_loss_sum': jnp.sum(
-          optax.softmax_cross_entropy_with_integer_labels(logits, labels) * weights),
-      'sop_count': jnp.sum(weights),
-      'sop_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
-  }
+  return nsp.pair_losses('sop', outputs['sop_logits'], batch)
 
 
 def counts(batch) -> dict:
-  labels = batch['next_sentence_labels']
-  return {'sop_count': jnp.sum(batch.get('nsp_weights', jnp.ones(labels.shape, jnp.float32)))}
+  return {'sop_count': jnp.sum(nsp.pair_weights(batch))}
 
 
 def loss(stats):
@@ -52,8 +42,7 @@ def loss(stats):
 
 
 def metrics(stats) -> dict:
-  return {'sop_loss': stats['sop_loss_sum'] / stats['sop_count'],
-          'sop_accuracy': stats['sop_correct'] / stats['sop_count']}
+  return nsp.pair_metrics('sop', stats)
 
 
 def flops(model, shape: objectives.BatchShape) -> float:

@@ -10,9 +10,9 @@ from sweeps import common
 def get_config():
   sweep = common.sweep(
       'training_steps', 'Training steps (BERT 5.2)',
-      'One pretraining run, fine-tuned from its checkpoints at a quarter and half of its steps '
-      'and from its last step. The checkpoints along the way are mid-schedule: their learning '
-      'rate has not decayed, as in the paper\'s figure 5.')
+      'One pretraining run, fine-tuned from its checkpoints at a quarter, half and three '
+      'quarters of its steps and from its last step. The checkpoints along the way are '
+      'mid-schedule: their learning rate has not decayed, as in the paper\'s figure 5.')
   common.with_arms(sweep, {'bert': {'label': 'MLM + NSP'}})
-  sweep.finetune.at_steps = '750,1500'
+  sweep.finetune.at_steps = '5000,10000,15000'
   return sweep

@@ -11,11 +11,11 @@ Position t's target is input_ids[t + 1], weighted 1 where both t and t + 1 are r
 last real token and the padding predict nothing. It reads no batch keys beyond the encoder's.
 
 FLOPs per sequence (forward), in DESIGN.md's terms with s positions predicted:
-`s*(2*h*h + 2*h*V)`: the transform dense and the vocabulary logits at every position.
+`s*(2*h*h + 2*h*V)`: the transform dense and the vocabulary logits at every position; with
+ALBERT's E-wide embeddings `s*(2*h*E + 2*E*V)`, as MLM's head.
 """
 
 import jax.numpy as jnp
-import optax
 
 from bert_jax import objectives
 from bert_jax.objectives import mlm
@@ -43,18 +43,12 @@ def targets(batch):
 
 def losses(outputs, batch) -> dict:
   """Cross-entropy sum, weight and correct predictions over the positions with a next token."""
-  logits = outputs['clm_logits']  # [batch, length, vocab] float32
-  labels, weights = targets(batch)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  return {
-      'clm_loss_sum': jnp.sum(ce * weights),
-      'clm_weight': jnp.sum(weights),
-      'clm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
-  }
+  labels, weights = targets(batch)  # clm_logits: [batch, length, vocab] float32.
+  return mlm.prediction_stats('clm', outputs['clm_logits'], labels, weights)
 
 
 def counts(batch) -> dict:
-  return {'clm_weight': jnp.sum(targets(batch)[1])}
+  return mlm.weight_count('clm', targets(batch)[1])
 
 
 def loss(stats):
@@ -69,9 +63,9 @@ def metrics(stats) -> dict:
 
 
 def flops(model, shape: objectives.BatchShape) -> float:
-  """The head's forward FLOPs: a dense layer and the vocabulary logits at every position."""
-  h, v = model.hidden_size, model.vocab_size
-  return shape.max_seq_length * (2 * h * h + 2 * h * v)
+  """The head's forward FLOPs at every position: MLM's head (mlm.head_flops), E-wide logits
+  included where the embeddings are factorised (ALBERT)."""
+  return mlm.head_flops(model, shape.max_seq_length)
 
 
 OBJECTIVE = objectives.register(objectives.Objective(

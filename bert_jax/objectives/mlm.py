@@ -50,21 +50,33 @@ def head(config, encoded: objectives.Encoded, batch, deterministic: bool) -> dic
   return {'mlm_logits': MaskedLmHead(config, name='predictions')(gathered, encoded.attend)}
 
 
-def losses(outputs, batch) -> dict:
-  """Cross-entropy sum, weight and correct predictions over the real masked positions."""
-  logits = outputs['mlm_logits']  # [batch, predictions, vocab] float32
-  labels = batch['masked_lm_ids']
-  weights = batch['masked_lm_weights']
+def prediction_stats(prefix: str, logits, labels, weights) -> dict:
+  """Cross-entropy sum, weight and correct predictions of token predictions (logits
+  [..., vocab] float32 against labels [...], weighted); keys PREFIX_loss_sum, _weight, _correct.
+  MLM and the left-to-right LM share it."""
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   return {
-      'mlm_loss_sum': jnp.sum(ce * weights),
-      'mlm_weight': jnp.sum(weights),
-      'mlm_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
+      f'{prefix}_loss_sum': jnp.sum(ce * weights),
+      **weight_count(prefix, weights),
+      f'{prefix}_correct': jnp.sum((jnp.argmax(logits, -1) == labels) * weights),
   }
 
 
+def weight_count(prefix: str, weights) -> dict:
+  """{PREFIX_weight: the sum of the weights}: what the loss divides by, in `losses` and in
+  `counts` alike."""
+  return {f'{prefix}_weight': jnp.sum(weights)}
+
+
+def losses(outputs, batch) -> dict:
+  """Cross-entropy sum, weight and correct predictions over the real masked positions."""
+  # mlm_logits: [batch, predictions, vocab] float32.
+  return prediction_stats('mlm', outputs['mlm_logits'], batch['masked_lm_ids'],
+                          batch['masked_lm_weights'])
+
+
 def counts(batch) -> dict:
-  return {'mlm_weight': jnp.sum(batch['masked_lm_weights'])}
+  return weight_count('mlm', batch['masked_lm_weights'])
 
 
 def loss(stats):
@@ -78,12 +90,18 @@ def metrics(stats) -> dict:
           'mlm_accuracy': stats['mlm_correct'] / weight}
 
 
-def flops(model, shape: objectives.BatchShape) -> float:
-  """The head's forward FLOPs: a dense layer (H -> E) and the vocabulary logits (E wide) per
-  prediction; E = H but for ALBERT's factorised embeddings."""
+def head_flops(model, predictions: int) -> float:
+  """The head's forward FLOPs at `predictions` positions: the transform dense (H -> E) and the
+  vocabulary logits against the E-wide embeddings; E = H but for ALBERT's factorised
+  embeddings (model.embedding_size)."""
   h, v = model.hidden_size, model.vocab_size
   e = getattr(model, 'embedding_size', 0) or h
-  return shape.max_predictions * (2 * h * e + 2 * e * v)
+  return predictions * (2 * h * e + 2 * e * v)
+
+
+def flops(model, shape: objectives.BatchShape) -> float:
+  """The head's forward FLOPs at the masked positions (head_flops)."""
+  return head_flops(model, shape.max_predictions)
 
 
 OBJECTIVE = objectives.register(objectives.Objective(

@@ -19,6 +19,12 @@ A variant may add flags after `+`: `large_gpu+--config.model.ffn_impl=xla` (a co
 
 `--repeats=N` runs each measurement in N processes and keeps the fastest, with the spread of the
 repeats (harness.best_of).
+
+The family at one shape (docs/family.md), no peer: MODEL is base or large (BERT),
+roberta-base|large or albert-base|large|xlarge, each its recipe's model, objectives and optimizer:
+  python benchmarks/compare.py --shapes=base:128:256,roberta-base:128:256,albert-base:128:256 \
+      --peer= --variants=large_gpu --repeats=2 --out=family.jsonl
+The peer (HF BertForPreTraining) runs for BERT's shapes only.
 """
 
 import argparse
@@ -106,7 +112,7 @@ def main(argv=None):
   rows = []
   for shape, model, seq, batch in shapes:
     results = {}
-    for mode in modes:
+    for mode in modes if model in harness.PEER_MODELS else ():  # The peer is BERT only.
       command = harness.peer(model, seq, batch, mode, args.steps)
       results[f'peer-{mode}'] = harness.best_of(
           lambda c=command, m=mode: measure(c, f'{shape} peer {m}', args.out), args.repeats)

@@ -27,7 +27,14 @@ if REPO not in sys.path:  # The tools run as scripts (`python benchmarks/compare
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
 from bert_jax.tools import gpu_clocks  # NVML through ctypes: no jax, no torch.
 
-CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py'}
+# A shape's MODEL: BERT's sizes and the family's (docs/family.md), each at its recipe but for
+# the shape's seq, predictions and batch (one step: no gradient accumulation).
+CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py',
+           **{f'roberta-{size}': f'configs/roberta.py:size={size}' for size in ('base', 'large')},
+           **{f'albert-{size}': f'configs/albert.py:size={size}'
+              for size in ('base', 'large', 'xlarge')}}
+# The models benchmarks/peer.py has (HF BertForPreTraining).
+PEER_MODELS = ('base', 'large')
 PEER_MODES = ('eager', 'compile')
 AUTOTUNE_CACHE_FLAG = '--xla_gpu_per_fusion_autotune_cache_dir'
 
@@ -77,12 +84,15 @@ def ours(model: str, seq: int, batch: int, variant: str, steps: int) -> list[str
           f'--steps={steps}', '--config.model.dtype=bfloat16',
           f'--config.data.max_seq_length={seq}',
           f'--config.data.max_predictions_per_seq={predictions(seq)}',
-          f'--config.train.batch_size={batch}', *variant_flags(variant)]
+          f'--config.train.batch_size={batch}', '--config.train.grad_accum_steps=1',
+          *variant_flags(variant)]
 
 
 def peer(model: str, seq: int, batch: int, mode: str, steps: int,
          attention_dropout: float = 0.1) -> list[str]:
   """The command of benchmarks/peer.py for a shape, eager or torch.compile."""
+  if model not in PEER_MODELS:
+    raise ValueError(f'peer model {model!r}: benchmarks/peer.py has {", ".join(PEER_MODELS)}.')
   if mode not in PEER_MODES:
     raise ValueError(f'peer mode {mode!r}: use one of {", ".join(PEER_MODES)}.')
   command = [sys.executable, os.path.join(REPO, 'benchmarks', 'peer.py'), f'--model={model}',

@@ -41,3 +41,22 @@ def test_bad_input_is_refused_before_anything_runs(argv, message, capsys, monkey
   with pytest.raises(SystemExit):
     compare.main(argv)
   assert message in capsys.readouterr().err
+
+
+def test_family_shapes_run_ours_and_the_peer_only_for_bert(monkeypatch, tmp_path, capsys):
+  ran = []
+
+  def fake_process(command):
+    ran.append(command)
+    return {'seq_per_s': 100.0 + len(ran), 'mfu': 0.5, 'peak_memory_bytes': 2**30}
+  monkeypatch.setattr(compare.harness, 'run_process', fake_process)
+  compare.main(['--shapes=base:128:256,roberta-base:128:256,albert-base:128:256',
+                '--peer=compile', '--variants=paper', f'--out={tmp_path / "out.jsonl"}'])
+  peers = [c for c in ran if any(part.endswith('peer.py') for part in c)]
+  assert len(peers) == 1 and '--model=base' in peers[0]
+  configs = [part for c in ran for part in c if part.startswith('--config=')]
+  assert configs == ['--config=configs/base.py', '--config=configs/roberta.py:size=base',
+                     '--config=configs/albert.py:size=base']
+  table = capsys.readouterr().out
+  assert '| roberta-base:128:256 | paper | 103 |' in table
+  assert '| albert-base:128:256 | paper | 104 |' in table

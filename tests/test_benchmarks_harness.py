@@ -92,3 +92,15 @@ def test_time_steps_waits_after_the_warm_up_and_after_the_timed_steps():
 def test_time_steps_refuses_no_timed_steps():
   with pytest.raises(ValueError, match='steps=0'):
     harness.time_steps(lambda: None, lambda _: None, warmup=1, steps=0)
+
+
+@pytest.mark.parametrize('model, config', [('roberta-base', 'configs/roberta.py:size=base'),
+                                           ('albert-xlarge', 'configs/albert.py:size=xlarge')])
+def test_a_family_shape_benchmarks_its_recipe_in_one_step(model, config):
+  """RoBERTa's and ALBERT's recipes accumulate micro-batches; a shape's batch is one step."""
+  assert harness.parse_shape(f'{model}:128:256') == (model, 128, 256)
+  command = harness.ours(model, 128, 256, 'paper', 5)
+  assert {f'--config={config}', '--config.train.batch_size=256',
+          '--config.train.grad_accum_steps=1'} <= set(command)
+  with pytest.raises(ValueError, match=f"peer model '{model}'"):
+    harness.peer(model, 128, 256, 'compile', 5)

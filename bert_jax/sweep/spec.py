@@ -9,6 +9,10 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
               (`evaluations` per run) and train logs are spread over the run. An arm that sets
               any of these itself keeps its value.
   evaluations Held-out evaluations per pretraining run (the eval curve's points).
+  equal_flops An arm's name, or '' (off): every other pretrained arm's steps are chosen so that
+              its training FLOPs (steps x batch x metrics.model_flops_per_sequence) match that
+              arm's at its steps, rounded to the nearest step; the warmup and intervals follow
+              as for `steps`. An arm then sets no `steps=` of its own.
   pretrain    Overrides of every pretraining run, nested like the config:
               {'train': {'learning_rate': 5e-4}}.
   arms        {name: arm}; an arm holds
@@ -34,7 +38,10 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
 `plan(sweep)` resolves it into jobs, validating every run's config before anything trains; the
 held-out set must be the same for every arm (same documents, and with masking.eval='reference'
 the same masks where the objectives make the same rows): an arm that changes what decides it is
-refused. Everything here is pure: runner.py executes the jobs.
+refused. Arms may differ in their tokenizer (data.tokenizer, its vocab, casing and size): a
+sweep-prepared corpus (a relative data.prepared) is then prepared once per tokenizer kind
+(`corpus`, `corpus-bpe`, `corpus-sentencepiece`), and the report notes that their held-out
+losses are over other vocabularies. Everything here is pure: runner.py executes the jobs.
 """
 
 import dataclasses
@@ -50,8 +57,11 @@ from bert_jax import config_lib
 # What decides the held-out documents (and their count): every pretraining run of a sweep must
 # agree on these, or the arms are not scored on the same data.
 HELD_OUT_KEYS = ('seed', 'data.corpus', 'data.corpus_format', 'data.prepared',
-                 'data.max_documents', 'data.eval_fraction', 'data.vocab_file', 'data.lowercase',
-                 'masking.eval')
+                 'data.max_documents', 'data.eval_fraction', 'masking.eval')
+# What decides the tokens of those documents: arms may differ here (each tokenizer kind streams
+# its own prepared corpus), and their held-out losses are then over other vocabularies.
+TOKENIZER_KEYS = ('data.tokenizer', 'data.vocab_file', 'data.lowercase',
+                  'data.tokenizer_vocab_size')
 # What decides the held-out rows and masks beyond the documents: arms that differ here are
 # scored on the same documents with other rows (noted in the report).
 HELD_OUT_ROW_KEYS = ('objectives', 'data.max_seq_length', 'data.short_seq_prob')
@@ -167,14 +177,20 @@ def _arm_items(sweep):
   return [(name, arms[name]) for name in names]
 
 
-def pretrain_config(sweep, arm, name: str, workdir: str = ''):
+def prepared_name(prepared: str, tokenizer: str) -> str:
+  """The sweep-prepared corpus of a tokenizer kind: `prepared` for WordPiece, else
+  `prepared-KIND` (each tokenizer's token ids are a corpus of their own)."""
+  return prepared if tokenizer in ('', 'wordpiece') else f'{prepared}-{tokenizer}'
+
+
+def pretrain_config(sweep, arm, name: str, workdir: str = '', steps: int = 0):
   """(config file with arguments, flattened overrides, resolved config) of an arm's pretraining.
   A relative data.prepared is a directory of the sweep's `workdir` (one prepared corpus that
-  every run streams)."""
+  every run of a tokenizer kind streams, prepared_name). `steps` > 0 replaces sweep.steps."""
   where = f'Arm {name!r}'
   args = []
-  if sweep.get('steps', 0):
-    args.append(f'steps={sweep.steps}')
+  if steps or sweep.get('steps', 0):
+    args.append(f'steps={steps or sweep.steps}')
   args += [a.strip() for a in str(arm.get('args', '') or '').split(',') if a.strip()]
   spec = with_args(sweep.base, args)
   config = load_config(spec, where)
@@ -185,7 +201,8 @@ def pretrain_config(sweep, arm, name: str, workdir: str = ''):
                               _at_steps(sweep))
   prepared = config.data.prepared
   if prepared and not os.path.isabs(os.path.expanduser(prepared)):
-    derived['data.prepared'] = os.path.abspath(os.path.join(workdir, prepared))
+    derived['data.prepared'] = os.path.abspath(os.path.join(
+        workdir, prepared_name(prepared, config.data.get('tokenizer', 'wordpiece'))))
   apply_overrides(config, derived, where)
   flat.update(derived)
   check = config
@@ -294,6 +311,9 @@ def _check_held_out(runs: dict) -> list[str]:
   first = next(iter(flats))
   for key in HELD_OUT_KEYS:
     values = {name: flat.get(key) for name, flat in flats.items()}
+    if key == 'data.prepared':  # One corpus, prepared once per tokenizer kind.
+      values = {name: _prepared_root(value, flats[name].get('data.tokenizer', ''))
+                for name, value in values.items()}
     if len(set(map(repr, values.values()))) > 1:
       raise SweepError(
           f'The arms\' held-out sets would differ: config.{key} is '
@@ -305,7 +325,7 @@ def _check_held_out(runs: dict) -> list[str]:
         'The arms\' held-out sets would hold different numbers of rows (train.batch_size x '
         'train.eval_batches): ' + ', '.join(f'{v} in {n!r}' for n, v in examples.items())
         + '; set train.eval_batches so that the products agree.')
-  notes = []
+  notes = _check_tokenizers(flats)
   row_keys = HELD_OUT_ROW_KEYS + (MASKING_KEYS if flats[first]['masking.eval'] == 'train'
                                   else ())
   for key in row_keys:
@@ -316,6 +336,73 @@ def _check_held_out(runs: dict) -> list[str]:
                    + '), so they are scored on the same documents but not the same rows and '
                    'masks; compare their held-out losses with that in mind.')
   return notes
+
+
+def _prepared_root(prepared, tokenizer: str):
+  """data.prepared without prepared_name's tokenizer suffix."""
+  suffix = prepared_name('', tokenizer)
+  return prepared[:-len(suffix)] if prepared and suffix and prepared.endswith(suffix) else prepared
+
+
+def _check_tokenizers(flats: dict) -> list[str]:
+  """SweepError when runs that stream one prepared corpus differ in their tokenizer; a note
+  when runs differ in it at all (their held-out losses are over other vocabularies)."""
+  by_corpus = {}
+  for name, flat in flats.items():
+    if flat.get('data.prepared'):
+      by_corpus.setdefault(flat['data.prepared'], []).append(name)
+  for prepared, names in by_corpus.items():
+    for key in TOKENIZER_KEYS:
+      values = {name: flats[name].get(key) for name in names}
+      if len(set(map(repr, values.values()))) > 1:
+        raise SweepError(
+            f'Runs {", ".join(map(repr, names))} stream one prepared corpus ({prepared}) but '
+            f'differ in config.{key}: ' + ', '.join(f'{v!r} in {n!r}' for n, v in values.items())
+            + '; one corpus is prepared with one tokenizer: set it in sweep.pretrain, or change '
+            'data.tokenizer (each kind gets its own corpus).')
+  differ = [key for key in TOKENIZER_KEYS
+            if len({repr(flat.get(key)) for flat in flats.values()}) > 1]
+  if not differ:
+    return []
+  kinds = ', '.join(f'{n}: {f.get("data.tokenizer")}' for n, f in flats.items())
+  return [f'Held-out loss: the runs differ in their tokenizer ({kinds}; '
+          f'{", ".join(differ)}), so the same documents are other tokens in each: compare '
+          'held-out losses and perplexities only between runs of one tokenizer.']
+
+
+def _flops_per_step(config) -> float:
+  """Training FLOPs of one step of `config` (over its whole run, phases included)."""
+  from bert_jax.sweep import results  # pylint: disable=g-import-not-at-top
+  steps = config.train.num_steps
+  return results.budget(config, steps)[1] / steps
+
+
+def _equal_flops_steps(sweep, arms: list, workdir: str) -> dict:
+  """{arm: its steps} under sweep.equal_flops (an empty dict when it is off): the steps at
+  which each pretrained arm's training FLOPs match the named arm's."""
+  reference = str(sweep.get('equal_flops', '') or '')
+  if not reference:
+    return {}
+  named = dict(arms)
+  if reference not in named or named[reference].get('init', 'pretrained') != 'pretrained':
+    raise SweepError(f'sweep.equal_flops={reference!r} names no pretrained arm; the pretrained '
+                     'arms are ' + ', '.join(n for n, a in arms
+                                             if a.get('init', 'pretrained') == 'pretrained')
+                     + '.')
+  for name, arm in arms:
+    if name != reference and any(a.strip().startswith('steps=')
+                                 for a in str(arm.get('args', '') or '').split(',')):
+      raise SweepError(f'Arm {name!r} sets steps in its args, but sweep.equal_flops='
+                       f'{reference!r} chooses its steps; drop steps= from the arm.')
+  config = pretrain_config(sweep, named[reference], reference, workdir)[2]
+  budget = config.train.num_steps * _flops_per_step(config)
+  steps = {}
+  for name, arm in arms:
+    if name == reference or arm.get('init', 'pretrained') != 'pretrained':
+      continue
+    per_step = _flops_per_step(pretrain_config(sweep, arm, name, workdir)[2])
+    steps[name] = max(1, round(budget / per_step))
+  return steps
 
 
 def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
@@ -331,8 +418,9 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   tasks = _tasks(sweep)
   at_steps = _at_steps(sweep)
   runs, run_of_arm, keys = {}, {}, {}
+  matched = _equal_flops_steps(sweep, arms, workdir)
   for name, arm in arms:
-    spec, flat, config = pretrain_config(sweep, arm, name, workdir)
+    spec, flat, config = pretrain_config(sweep, arm, name, workdir, matched.get(name, 0))
     key = json.dumps([spec, flat], sort_keys=True, default=str)
     if arm.get('init', 'pretrained') == 'random':
       run_of_arm[name] = None
@@ -352,10 +440,10 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
                          'fine-tuned anyway).')
   notes = _check_held_out(runs) if len(runs) > 1 else []
   jobs, summary_runs = [], {}
-  prepare = _prepare_job(runs, keys.get('random'))
-  if prepare:
-    jobs.append(prepare)
+  prepares = _prepare_jobs(runs, keys.get('random'))
+  jobs.extend(prepares.values())
   for run, (spec, flat, config) in runs.items():
+    prepare = prepares.get(config.data.prepared)
     jobs.append(Job(f'pretrain/{run}', 'pretrain', os.path.join('pretrain', run), spec, flat,
                     after=(prepare.name,) if prepare else (), arm=run,
                     num_steps=config.train.num_steps))
@@ -391,18 +479,20 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   return Plan(sweep, tuple(jobs), summary)
 
 
-def _prepare_job(runs: dict, random_arm) -> Job | None:
-  """A job preparing the corpus the runs stream (data.prepared with data.corpus set), first."""
-  configs = [config for _, _, config in runs.values()]
-  if random_arm and not configs:
-    return None
-  config = configs[0]
-  if not (config.data.prepared and config.data.corpus):
-    return None
-  spec, flat, _ = next(iter(runs.values()))
-  keep = {k: v for k, v in flat.items() if k.startswith('data.')}
-  return Job('prepare', 'prepare', os.path.abspath(os.path.expanduser(config.data.prepared)),
-             spec, keep)
+def _prepare_jobs(runs: dict, random_arm) -> dict[str, Job]:
+  """{data.prepared: the job preparing it} for each corpus the runs stream (data.prepared with
+  data.corpus set): 'prepare' for the first run's, 'prepare/RUN' for another tokenizer's,
+  prepared with the settings of the first run that streams it."""
+  del random_arm  # It streams nothing.
+  jobs = {}
+  for run, (spec, flat, config) in runs.items():
+    prepared = config.data.prepared
+    if not (prepared and config.data.corpus) or prepared in jobs:
+      continue
+    keep = {k: v for k, v in flat.items() if k.startswith('data.')}
+    jobs[prepared] = Job('prepare' if not jobs else f'prepare/{run}', 'prepare',
+                         os.path.abspath(os.path.expanduser(prepared)), spec, keep)
+  return jobs
 
 
 def describe(job: Job) -> str:

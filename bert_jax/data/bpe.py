@@ -83,7 +83,7 @@ class ByteLevelBpeTokenizer:
           'capitalised word byte by byte; set config.data.lowercase=True.')
     self._special = SpecialIds(pad=vocab['<pad>'], unk=vocab['<unk>'], cls=vocab['<s>'],
                                sep=vocab['</s>'], mask=vocab['<mask>'], separators=2,
-                               draws_specials=False)
+                               draws_specials=False, segment_b=False)
     self._tokenizer = _byte_level(self._vocab_file, self._merges_file, lowercase, False)
     # Pre-split words (NER) each begin a word, as RobertaTokenizerFast(add_prefix_space=True).
     self._word_tokenizer = _byte_level(self._vocab_file, self._merges_file, lowercase, True)

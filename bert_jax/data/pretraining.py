@@ -34,6 +34,9 @@ class SpecialIds:
   # Whether a random replacement may draw these ids: the original BERT draws any vocab id,
   # RoBERTa (fairseq) never a special one.
   draws_specials: bool = True
+  # Whether a fine-tuning pair's B carries segment id 1 (BERT, ALBERT); RoBERTa's tokenizer gives
+  # every token 0, and its one segment row reads the same either way.
+  segment_b: bool = True
 
   def ids(self) -> np.ndarray:
     """The special ids, sorted, each once."""

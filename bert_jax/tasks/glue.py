@@ -299,9 +299,10 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int,
   length = np.where(paired, start_b + keep_b + 1, keep_a + 2)  # [n] tokens before padding
   column = np.arange(max_seq_length)[None, :]  # [1, S]
   input_mask = (column < length[:, None]).astype(np.int32)  # [n, S]
-  # [n, S]: 1 from the first piece of b (RoBERTa: the </s> before it) through its [SEP]; singles
-  # stay all 0.
+  # [n, S]: 1 from the first piece of b through its [SEP]; singles stay all 0.
   segment_ids = ((column >= (keep_a + 2)[:, None]) & (input_mask == 1)).astype(np.int32)
+  if not special.segment_b:  # RoBERTa: segment 0 throughout, as its tokenizer.
+    segment_ids[:] = 0
   if label_list is None:
     label = np.array([0.0 if e.label is None else e.label for e in examples], np.float32)
   else:

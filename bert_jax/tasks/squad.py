@@ -301,8 +301,8 @@ def encode(examples: list[Example], tokenizer, max_seq_length: int = 384, doc_st
     input_ids[r, first:last] = ids[start:start + length]
     input_ids[r, last] = special.sep
     input_mask[r, :last + 1] = 1
-    # The context's segment starts after the question's [SEP] (RoBERTa: at the second </s>).
-    segment_ids[r, len(question) + 2:last + 1] = 1
+    # The context's segment starts after the question's [SEP]; RoBERTa's rows are segment 0.
+    segment_ids[r, len(question) + 2:last + 1] = int(special.segment_b)
     example_index[r] = index
     offsets_out[r, first:last] = offsets[start:start + length]
     token_is_max_context[r, first:last] = is_max

@@ -446,6 +446,8 @@ FINETUNE_CHOICES = {
     'task.kind': ('glue', 'squad', 'ner'),
     'task.source': ('files', 'tfds'),
     'task.version': ('1.1', '2.0'),
+    # '': the source's kind (init_from.adopt_source sets it before the second validation).
+    'data.tokenizer': ('', 'wordpiece', 'bpe', 'sentencepiece'),
 }
 
 

@@ -43,8 +43,16 @@ def get_config(arg=None):
   config.mesh = pretraining.mesh  # Devices and sharding preset, as in pretraining.
 
   config.data = data = ml_collections.ConfigDict()
-  data.vocab_file = ''  # WordPiece vocab.txt; '' takes the one beside config.init_from.
-  data.lowercase = True  # Uncased model; must agree with the encoder's tokenizer.
+  # 'wordpiece' (BERT), 'bpe' (RoBERTa's byte-level BPE) or 'sentencepiece' (ALBERT); '' takes
+  # the source's: its workdir's config.json, or config.json's model_type for hf:DIR (wordpiece
+  # without config.init_from). A kind that disagrees with the source is refused.
+  data.tokenizer = ''
+  # WordPiece vocab.txt, BPE vocab.json (merges.txt beside it) or SentencePiece spiece.model; ''
+  # takes the one beside config.init_from.
+  data.vocab_file = ''
+  # Uncased model; must agree with the encoder's tokenizer. BPE and SentencePiece sources bring
+  # their own casing when data.tokenizer is '' (RoBERTa cased, ALBERT lowercased).
+  data.lowercase = True
   data.max_seq_length = 128  # Tokens per row, [CLS] and [SEP]s included.
 
   config.task = task = ml_collections.ConfigDict()

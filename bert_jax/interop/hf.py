@@ -495,6 +495,26 @@ def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length:
     f.write('\n')
 
 
+def split_classifier(state_dict: dict, layout: hf_families.Layout) -> tuple[dict, dict]:
+  """(the state dict less the keys of the family's sequence-classification head, those keys):
+  import_hf reads the first (the backbone), import_classifier the second."""
+  keys = {key for _, key, _ in layout.classifier}
+  return ({k: v for k, v in state_dict.items() if k not in keys},
+          {k: v for k, v in state_dict.items() if k in keys})
+
+
+def import_classifier(head_state: dict, layout: hf_families.Layout) -> dict:
+  """{our fine-tuning model's path ('classifier/kernel', RoBERTa's 'bert/pooler/...'): float32
+  array} of the sequence-classification head keys in `head_state`."""
+  flat = {}
+  for path, key, transform in layout.classifier:
+    if key in head_state:
+      value = np.asarray(head_state[key], np.float32)
+      flat[path] = np.ascontiguousarray(_to_ours(transform, value, _shape_of(transform,
+                                                                            value.shape)))
+  return flat
+
+
 def load_hf_state_dict(path_or_dir: str):
   """(state dict of numpy arrays, config.json dict or None) from an HF model dir or file.
 

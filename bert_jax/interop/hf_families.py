@@ -154,6 +154,9 @@ class Layout:
   to_hf_config: Callable[..., dict]  # Our full config -> config.json.
   # Our full config -> whether the class it exports to holds the pooler.
   exports_pooler: Callable[..., bool]
+  tokenizer: str  # config.data.tokenizer of the family's vocab: 'wordpiece', 'bpe', ...
+  # (our fine-tuning path, HF key, transform) of the head of <family>ForSequenceClassification.
+  classifier: tuple[tuple[str, str, str], ...] = ()
 
   def group(self, path: str) -> str:
     """'backbone', 'pooler' (optional here) or the objective whose head holds `path`."""
@@ -311,6 +314,19 @@ def albert_hf_config(config) -> dict:
   }
 
 
+# BertForSequenceClassification and AlbertForSequenceClassification: a Linear on the pooled
+# [CLS], as our classification head.
+_LINEAR_CLASSIFIER = (('classifier/kernel', 'classifier.weight', 'transpose'),
+                      ('classifier/bias', 'classifier.bias', 'none'))
+# RobertaClassificationHead: dense, tanh, out_proj on <s>'s state, which is our pooler (dense,
+# tanh on the first token) and classifier; RobertaForSequenceClassification has no pooler of its
+# own. Only the dropout differs (HF's also before the dense): none in evaluation.
+_ROBERTA_CLASSIFIER = (('bert/pooler/dense/kernel', 'classifier.dense.weight', 'transpose'),
+                       ('bert/pooler/dense/bias', 'classifier.dense.bias', 'none'),
+                       ('classifier/kernel', 'classifier.out_proj.weight', 'transpose'),
+                       ('classifier/bias', 'classifier.out_proj.bias', 'none'))
+
+
 def _buffers(prefix: str) -> re.Pattern:
   return re.compile(rf'^({re.escape(prefix)})?embeddings\.(position_ids|token_type_ids)$')
 
@@ -320,13 +336,14 @@ BERT = Layout(
     head_classes=(('BertForPreTraining', 'cls.'),), table=BERT_TABLE,
     heads={'predictions': 'mlm', 'seq_relationship': 'nsp'}, ignored=_buffers('bert.'),
     optional_pooler=False, to_overrides=bert_overrides, to_hf_config=bert_hf_config,
-    exports_pooler=lambda config: True)
+    exports_pooler=lambda config: True, tokenizer='wordpiece', classifier=_LINEAR_CLASSIFIER)
 ROBERTA = Layout(
     family='roberta', model_type='roberta', display='RoBERTa', prefix='roberta.',
     base_class='RobertaModel', head_classes=(('RobertaForMaskedLM', 'lm_head.'),),
     table=ROBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('roberta.'),
     optional_pooler=True, to_overrides=roberta_overrides, to_hf_config=roberta_hf_config,
-    exports_pooler=lambda config: False)  # RobertaForMaskedLM has no pooler.
+    exports_pooler=lambda config: False,  # RobertaForMaskedLM has no pooler.
+    tokenizer='bpe', classifier=_ROBERTA_CLASSIFIER)
 ALBERT = Layout(
     family='albert', model_type='albert', display='ALBERT', prefix='albert.',
     base_class='AlbertModel',
@@ -336,7 +353,8 @@ ALBERT = Layout(
     ignored=_buffers('albert.'), optional_pooler=True, to_overrides=albert_overrides,
     to_hf_config=albert_hf_config,
     # AlbertForMaskedLM drops the pooler; AlbertForPreTraining's SOP head reads it.
-    exports_pooler=lambda config: 'sop' in _objective_names(config))
+    exports_pooler=lambda config: 'sop' in _objective_names(config), tokenizer='sentencepiece',
+    classifier=_LINEAR_CLASSIFIER)
 
 LAYOUTS = {layout.family: layout for layout in (BERT, ROBERTA, ALBERT)}
 

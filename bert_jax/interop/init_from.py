@@ -140,13 +140,108 @@ def _vocab_name(tokenizer: str) -> str:
   return tokenizer_lib.KEPT_FILES.get(tokenizer, tokenizer_lib.KEPT_FILES['wordpiece'])[0]
 
 
+def source_tokenizer(spec: str) -> tuple[str, str]:
+  """(config.data.tokenizer of the source's vocab, where that comes from): a workdir's recorded
+  config, an HF config.json's model_type (its family's), WordPiece for tf:."""
+  kind, path = parse(spec)
+  if kind == 'workdir':
+    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+      data = json.load(f).get('data', {})
+    return data.get('tokenizer') or 'wordpiece', f'{os.path.join(path, "config.json")} data.tokenizer'
+  if kind == 'tf':
+    return 'wordpiece', 'an original BERT checkpoint'
+  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  config_path = os.path.join(path, 'config.json')
+  with open(config_path, encoding='utf-8') as f:
+    model_type = json.load(f).get('model_type', 'bert')
+  try:
+    layout = hf_families.for_hf_config({'model_type': model_type})
+  except hf_families.UnsupportedConfigError as e:
+    raise InitFromError(f'config.init_from={spec!r}: {e}') from e
+  return layout.tokenizer, f'{config_path} model_type={model_type!r}'
+
+
+# The casing of a BPE or SentencePiece vocab whose HF directory states none: RobertaTokenizer
+# keeps case, AlbertTokenizer lowercases (do_lower_case=True).
+_FAMILY_CASING = {'bpe': False, 'sentencepiece': True}
+
+
+def source_lowercase(spec: str, tokenizer: str) -> bool:
+  """Whether the source's `tokenizer` vocab lowercases: a workdir's data.lowercase, an HF
+  directory's tokenizer files, else the family's (_FAMILY_CASING)."""
+  kind, path = parse(spec)
+  if kind == 'workdir':
+    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+      return bool(json.load(f).get('data', {}).get('lowercase', True))
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  stated = set(convert.tokenizer_casing(path).values()) if kind == 'hf' else set()
+  return stated.pop() if len(stated) == 1 else _FAMILY_CASING[tokenizer]
+
+
+def adopt_tokenizer(config) -> None:
+  """Fine-tuning: config.data.tokenizer '' becomes the source's kind; a kind that disagrees with
+  the source is an InitFromError naming both. A BPE or SentencePiece vocab brings its casing
+  (data.lowercase), which belongs to it as the ids do."""
+  if config.get('mode') != 'finetune':
+    return
+  source, where = source_tokenizer(config.init_from)
+  given = config.data.get('tokenizer', '')
+  if given and given != source:
+    raise InitFromError(
+        f'config.data.tokenizer={given!r}, but config.init_from={config.init_from!r} was '
+        f'trained with {source!r} ({where}): its token ids mean {source} pieces. Leave '
+        f"data.tokenizer unset ('') to take the source's, or set it to {source!r}.")
+  if not given:
+    logging.info('init_from: config.data.tokenizer = %s, from %s.', source, where)
+    config.data.tokenizer = source
+  if source in _FAMILY_CASING:
+    lowercase = source_lowercase(config.init_from, source)
+    if lowercase != config.data.lowercase:
+      logging.warning('init_from: config.data.lowercase = %s (was %s): the %s vocab of %s.',
+                      lowercase, config.data.lowercase, source, config.init_from)
+      config.data.lowercase = lowercase
+
+
+def source_gelu(spec: str) -> str:
+  """config.model.gelu of the source: a workdir's, or an HF config.json's hidden_act ('erf' for
+  'gelu', 'tanh' for 'gelu_new'); 'erf' for tf: (the original BERT's hidden_act 'gelu')."""
+  kind, path = parse(spec)
+  if kind == 'workdir':
+    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+      return json.load(f)['model'].get('gelu', 'erf')
+  if kind == 'tf':
+    return 'erf'
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
+    hf_config = json.load(f)
+  try:
+    return convert.hf_config_to_model_overrides(hf_config).get('gelu', 'erf')
+  except ValueError as e:
+    raise InitFromError(f'config.init_from={spec!r}: {e}') from e
+
+
+def adopt_gelu(config) -> None:
+  """Fine-tuning a RoBERTa or ALBERT source computes the GELU its weights were trained with
+  (ALBERT's is the tanh one). BERT fine-tuning keeps config.model.gelu."""
+  if config.get('mode') != 'finetune' or config.model.get('name', 'bert') == 'bert':
+    return
+  gelu = source_gelu(config.init_from)
+  if gelu != config.model.gelu:
+    logging.info('init_from: config.model.gelu = %s (was %s), from the checkpoint.', gelu,
+                 config.model.gelu)
+    config.model.gelu = gelu
+
+
 def adopt_source(config) -> None:
-  """Takes the model's shape (and, unless given, the vocab) from the source checkpoint."""
+  """Takes the model's shape (and, unless given, the vocab; in fine-tuning the tokenizer's kind)
+  from the source checkpoint."""
   for key, value in source_architecture(config.init_from).items():
     if config.model[key] != value:
       logging.info('init_from: config.model.%s = %s (was %s), from the checkpoint.', key, value,
                    config.model[key])
       config.model[key] = type(config.model[key])(value)
+  adopt_gelu(config)
+  adopt_tokenizer(config)
   kind, path = parse(config.init_from)
   if kind == 'hf':
     from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
@@ -155,7 +250,7 @@ def adopt_source(config) -> None:
     except ValueError as e:
       raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   if not config.data.vocab_file:
-    tokenizer = config.data.get('tokenizer', 'wordpiece')
+    tokenizer = config.data.get('tokenizer') or 'wordpiece'
     vocab = source_vocab(config.init_from, tokenizer)
     if vocab is None:
       raise InitFromError(
@@ -184,6 +279,28 @@ def load_params(config, fresh_params):
                                      resize_vocab=config.init_resize_vocab, seed=config.seed)
   logging.info('init_from %s: %s', config.init_from, report.summary())
   return convert.merge_missing(params, jax.device_get(fresh_params), config)
+
+
+def import_for_finetuning(config) -> tuple[dict, dict]:
+  """An hf: or tf: source for fine-tuning: (its parameters in the pretraining layout, config's
+  objectives, without the subtrees the source lacks; {fine-tuning path: array} of the head of an
+  HF <family>ForSequenceClassification checkpoint, {} for others)."""
+  kind, path = parse(config.init_from)
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  try:
+    if kind == 'hf':
+      state_dict, hf_config = hf.load_hf_state_dict(path)
+    else:
+      from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
+      state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+    state_dict, head_state = hf.split_classifier(state_dict, hf_families.for_config(config))
+    params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
+                                  resize_vocab=config.init_resize_vocab, seed=config.seed)
+  except (ValueError, OSError) as e:
+    raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
+  logging.info('init_from %s: %s', config.init_from, report.summary())
+  return params, hf.import_classifier(head_state, hf_families.for_config(config))
 
 
 def _load_workdir_params(workdir: str, step: int | None, fresh_params):

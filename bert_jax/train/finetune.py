@@ -142,9 +142,10 @@ def padded_batches(features: dict, batch_size: int):
 class SeedRun:
   """Compiled steps for one task and shape, reused by every seed."""
 
-  def __init__(self, config, task, model, tx, mesh, rules, encoder_params):
+  def __init__(self, config, task, model, tx, mesh, rules, encoder_params, head_params=None):
     self.config, self.task, self.model, self.tx = config, task, model, tx
     self.mesh, self.encoder_params = mesh, encoder_params
+    self.head_params = head_params or {}  # Subtrees beside `bert` from init_from.
     init_boxed = state_initializer(model, tx, config.data.max_seq_length)
     self.state_shardings = state_lib.shardings(init_boxed, mesh, rules)
     self.abstract_state = nn.meta.unbox(state_lib.abstract(init_boxed))
@@ -158,10 +159,14 @@ class SeedRun:
   def fresh_state(self, seed: int):
     """A new state for `seed`; the encoder's weights from init_from when given."""
     state = self._init(jax.random.PRNGKey(seed))
-    if self.encoder_params is None:
+    loaded = dict(self.head_params)
+    if self.encoder_params is not None:
+      loaded['bert'] = self.encoder_params
+    if not loaded:
       return state
     params = dict(state.params)
-    params['bert'] = jax.device_put(self.encoder_params, self.state_shardings.params['bert'])
+    for name, subtree in loaded.items():
+      params[name] = _overlay(params[name], subtree, self.state_shardings.params[name])
     return state.replace(params=params)
 
   def predict(self, params, split: base.EncodedSplit, batch_size: int) -> dict:
@@ -176,9 +181,21 @@ class SeedRun:
 
 def load_encoder_params(config, model):
   """The encoder (`bert/`) weights of config.init_from in this model's layout, or None."""
+  return load_source_params(config, model)[0]
+
+
+def load_source_params(config, model) -> tuple[dict | None, dict]:
+  """(the encoder (`bert/`) weights of config.init_from in this model's layout, or None; the
+  head's weights where the source is an HF <family>ForSequenceClassification whose head fits
+  this task, else {}).
+
+  The encoder lacks `pooler` when the source has none (RobertaForMaskedLM, AlbertForMaskedLM):
+  the model's fresh init fills it. RoBERTa's classification head brings the pooler (its dense).
+  """
   if not config.init_from:
-    return None
+    return None, {}
   kind, path = init_from.parse(config.init_from)
+  classifier = {}
   if kind == 'workdir':
     pretrain_params = init_from.workdir_params(path, init_from.parse_step(config.init_from))
   else:
@@ -186,19 +203,54 @@ def load_encoder_params(config, model):
     # its heads are not used here.
     config = ml_collections.ConfigDict(config.to_dict())
     config.objectives = 'mlm,nsp'
-    pretrain_model = steps.build_model(config)
-    fresh = jax.eval_shape(functools.partial(pretrain_model.init, deterministic=True),
-                           jax.random.PRNGKey(0), steps.dummy_batch(1, 2, 1))['params']
-    fresh = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(fresh))
-    pretrain_params = init_from.load_params(config, fresh)
+    pretrain_params, classifier = init_from.import_for_finetuning(config)
   ids = jax.ShapeDtypeStruct((1, 2), jnp.int32)
   target = jax.eval_shape(functools.partial(model.init, deterministic=True),
-                          jax.random.PRNGKey(0), ids, ids, ids)['params']['bert']
+                          jax.random.PRNGKey(0), ids, ids, ids)['params']
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(target))
   encoder = jax.tree.map(np.asarray, pretrain_params['bert'])
-  encoder = init_from.match_layer_layout(encoder, target)  # Scanned or not, as this model.
-  init_from.check_same_structure(encoder, target, config.init_from)
-  return jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, target)
+  pooler = {k[len('bert/pooler/'):]: v for k, v in classifier.items()
+            if k.startswith('bert/pooler/')}
+  if pooler:
+    encoder = {**encoder, 'pooler': _nest(pooler)}
+  encoder = init_from.match_layer_layout(encoder, target['bert'])  # Scanned or not, as this model.
+  wanted = target['bert'] if 'pooler' in encoder else {
+      k: v for k, v in target['bert'].items() if k != 'pooler'}
+  init_from.check_same_structure(encoder, wanted, config.init_from)
+  encoder = jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, wanted)
+  heads = {}
+  head = {k[len('classifier/'):]: v for k, v in classifier.items()
+          if k.startswith('classifier/')}
+  fits = (model.head in ('classification', 'regression') and 'classifier' in target
+          and all(v.shape == target['classifier'][k].shape for k, v in head.items()))
+  if head and fits:
+    logging.info('init_from %s: the classification head is loaded too.', config.init_from)
+    heads['classifier'] = {k: v.astype(target['classifier'][k].dtype) for k, v in head.items()}
+  elif head:
+    logging.warning('init_from %s: its classification head (%s) does not fit this task\'s '
+                    '%s head of %d output(s); the head starts fresh.', config.init_from,
+                    {k: v.shape for k, v in head.items()}, model.head, model.num_outputs)
+  return encoder, heads
+
+
+def _nest(flat: dict) -> dict:
+  """{'a/b': leaf} -> {'a': {'b': leaf}}."""
+  tree = {}
+  for path, value in flat.items():
+    *parents, leaf = path.split('/')
+    node = tree
+    for name in parents:
+      node = node.setdefault(name, {})
+    node[leaf] = value
+  return tree
+
+
+def _overlay(fresh, loaded, shardings):
+  """`fresh` with every leaf `loaded` has replaced (put with its sharding); the rest kept."""
+  if not isinstance(loaded, dict):
+    return jax.device_put(loaded, shardings)
+  return {k: _overlay(v, loaded[k], shardings[k]) if k in loaded else v
+          for k, v in fresh.items()}
 
 
 def run(config, workdir: str) -> dict:
@@ -211,11 +263,7 @@ def run(config, workdir: str) -> dict:
   workdir = guard.check_workdir(workdir, 'finetune')
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
   config_lib.apply_xla_flags(config)
-  if not config.data.vocab_file:
-    raise config_lib.ConfigError(
-        'config.data.vocab_file is empty and config.init_from gives no vocab.txt: fine-tuning '
-        'needs the vocab the encoder was trained with.')
-  tokenizer = tokenizer_lib.WordPieceTokenizer(config.data.vocab_file, config.data.lowercase)
+  tokenizer = load_tokenizer(config)
   config_lib.validate_runtime_finetune(config, tokenizer.vocab_size)
   task = build_task(config)
   seq = config.data.max_seq_length
@@ -247,8 +295,8 @@ def run(config, workdir: str) -> dict:
   rules = sharding.logical_axis_rules(config.mesh.preset)
   preemption = guard.Preemption()
   with preemption.handling(), guard.claim(workdir) as claim:
-    encoder_params = load_encoder_params(config, model)
-    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params)
+    encoder_params, head_params = load_source_params(config, model)
+    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params, head_params)
     checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
     claim.commit()
     if jax.process_index() == 0:
@@ -270,6 +318,22 @@ def run(config, workdir: str) -> dict:
       logging.info('%s %s, median of %d seed(s): %s', task.name, split, len(per_seed),
                    ', '.join(f'{k} {v:.2f}' for k, v in medians.items()))
   return results
+
+
+def load_tokenizer(config):
+  """config.data.tokenizer's tokenizer ('': WordPiece, when no init_from says otherwise) of
+  config.data.vocab_file; ConfigError naming the file when it cannot be read."""
+  kind = config.data.tokenizer or 'wordpiece'
+  if not config.data.vocab_file:
+    files = ' + '.join(tokenizer_lib.KEPT_FILES[kind])
+    raise config_lib.ConfigError(
+        f'config.data.vocab_file is empty and config.init_from gives no {files}: fine-tuning '
+        f'needs the {kind} vocab the encoder was trained with.')
+  try:
+    return tokenizer_lib.load_tokenizer(kind, config.data.vocab_file, config.data.lowercase)
+  except (OSError, ValueError) as e:
+    raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r} '
+                                 f'(config.data.tokenizer={kind!r}): {e}') from e
 
 
 def _eval_batch(config) -> int:

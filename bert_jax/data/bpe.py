@@ -152,6 +152,19 @@ class ByteLevelBpeTokenizer:
     return np.array([not token.startswith(_WORD_START) and index not in special
                      for index, token in enumerate(self._tokens)], dtype=bool)
 
+  def tokenizer_json(self) -> str:
+    """transformers' tokenizer.json of this tokenizer: the same pipeline (lowercasing included),
+    RoBERTa's `<s> A </s></s> B </s>` post-processor and its special tokens, <mask> taking the
+    spaces before it (RobertaTokenizer's lstrip)."""
+    tokenizer = tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ('</s>', self._special.sep), ('<s>', self._special.cls), trim_offsets=True,
+        add_prefix_space=False)
+    tokenizer.add_special_tokens([
+        tokenizers.AddedToken(token, lstrip=token == '<mask>', normalized=False, special=True)
+        for token in SPECIAL_TOKENS])
+    return tokenizer.to_str()
+
   def vocab_hash(self) -> str:
     """sha256 (hex) of vocab.json and merges.txt together."""
     digest = hashlib.sha256()

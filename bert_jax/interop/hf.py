@@ -482,14 +482,47 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   return sorted(tensors)
 
 
-def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length: int) -> None:
-  """Copies vocab.txt and writes a tokenizer_config.json whose casing matches training."""
+# Special tokens of each kind's transformers tokenizer, in its tokenizer_config.json.
+_SPECIAL_SETTINGS = {
+    'wordpiece': {'unk_token': '[UNK]', 'sep_token': '[SEP]', 'pad_token': '[PAD]',
+                  'cls_token': '[CLS]', 'mask_token': '[MASK]'},
+    'bpe': {'bos_token': '<s>', 'eos_token': '</s>', 'cls_token': '<s>', 'sep_token': '</s>',
+            'unk_token': '<unk>', 'pad_token': '<pad>', 'mask_token': '<mask>'},
+    'sentencepiece': {'bos_token': '[CLS]', 'eos_token': '[SEP]', 'cls_token': '[CLS]',
+                      'sep_token': '[SEP]', 'unk_token': '<unk>', 'pad_token': '<pad>',
+                      'mask_token': '[MASK]'},
+}
+
+
+def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length: int,
+                     kind: str = 'wordpiece') -> None:
+  """Writes the tokenizer files transformers' AutoTokenizer loads and encodes with as ours do,
+  with a tokenizer_config.json whose casing matches training.
+
+  WordPiece: vocab.txt (BertTokenizer). Byte-level BPE: vocab.json, merges.txt and tokenizer.json
+  (RobertaTokenizer; lowercased, the tokenizer.json as it is, since RobertaTokenizer never
+  lowercases). SentencePiece: spiece.model (AlbertTokenizer, accents kept where case is).
+  """
   os.makedirs(out_dir, exist_ok=True)
-  shutil.copyfile(os.path.expanduser(vocab_file), os.path.join(out_dir, 'vocab.txt'))
-  settings = {'tokenizer_class': 'BertTokenizer', 'do_lower_case': lowercase,
-              'strip_accents': None, 'tokenize_chinese_chars': True,
-              'model_max_length': max_length, 'unk_token': '[UNK]', 'sep_token': '[SEP]',
-              'pad_token': '[PAD]', 'cls_token': '[CLS]', 'mask_token': '[MASK]'}
+  settings = {'model_max_length': max_length, **_SPECIAL_SETTINGS[kind]}
+  if kind == 'wordpiece':
+    shutil.copyfile(os.path.expanduser(vocab_file), os.path.join(out_dir, 'vocab.txt'))
+    settings.update(tokenizer_class='BertTokenizer', do_lower_case=lowercase, strip_accents=None,
+                    tokenize_chinese_chars=True)
+  else:
+    from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    tokenizer = tokenizer_lib.load_tokenizer(kind, vocab_file, lowercase)
+    for name, path in tokenizer.files().items():
+      shutil.copyfile(path, os.path.join(out_dir, name))
+    if kind == 'bpe':
+      with open(os.path.join(out_dir, 'tokenizer.json'), 'w', encoding='utf-8') as f:
+        f.write(tokenizer.tokenizer_json())
+      settings.update(tokenizer_class='PreTrainedTokenizerFast' if lowercase
+                      else 'RobertaTokenizer', add_prefix_space=False, trim_offsets=True,
+                      errors='replace')
+    else:
+      settings.update(tokenizer_class='AlbertTokenizer', do_lower_case=lowercase,
+                      keep_accents=not lowercase, remove_space=True)
   with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w', encoding='utf-8') as f:
     json.dump(settings, f, indent=2)
     f.write('\n')

@@ -17,6 +17,7 @@ from absl import logging
 import ml_collections
 import orbax.checkpoint as ocp
 
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.train.checkpoint import latest_step
 from bert_jax.interop import hf_families
 from bert_jax.interop.hf import (
@@ -44,21 +45,19 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
   path = os.path.join(workdir, 'checkpoints', str(step), 'state')
   params = ocp.StandardCheckpointer().restore(path)['params']
   export_hf(params, config, out_dir)
-  if config.data.get('tokenizer', 'wordpiece') != 'wordpiece':
-    logging.warning('config.data.tokenizer=%r: the export has no tokenizer files (only WordPiece '
-                    "vocabs are written); copy the run's %s files beside it.",
-                    config.data.tokenizer, config.data.tokenizer)
-    return step
+  kind = config.data.get('tokenizer', 'wordpiece')
   # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.
-  vocab_file = os.path.join(workdir, 'vocab.txt')
-  if not os.path.isfile(vocab_file):
-    vocab_file = os.path.expanduser(config.data.vocab_file)
+  vocab_file = (tokenizer_lib.kept_vocab(kind, workdir)
+                or os.path.expanduser(config.data.vocab_file))
   if os.path.isfile(vocab_file):
+    # RoBERTa numbers positions from 2: two rows fewer than max_position_embeddings.
+    offset = 2 if config.model.get('name', 'bert') == 'roberta' else 0
     export_tokenizer(vocab_file, config.data.lowercase, out_dir,
-                     config.model.max_position_embeddings)
+                     config.model.max_position_embeddings - offset, kind)
   else:
-    logging.warning('No vocab.txt in %s and config.data.vocab_file=%r is not a file: the export '
-                    'has no tokenizer files.', workdir, config.data.vocab_file)
+    logging.warning('No %s in %s and config.data.vocab_file=%r is not a file: the export has no '
+                    'tokenizer files.', ' + '.join(tokenizer_lib.KEPT_FILES[kind]), workdir,
+                    config.data.vocab_file)
   return step
 
 

@@ -4,10 +4,12 @@
   python -m bert_jax.predict --workdir=runs/tiny "he went to the store ." --next="he bought milk ."
 
 --workdir is a bert_jax pretraining workdir (its newest checkpoint), WORKDIR@STEP (that step's)
-or hf:DIR (a transformers BertForPreTraining or BertForMaskedLM directory with its vocab.txt).
-Each sentence prints one line per [MASK], in order: the top_k tokens and their probabilities, a
-softmax over the model's whole vocab as transformers' fill-mask pipeline computes it. --next
-prints P(IsNext), the NSP head's probability that the second sentence follows the first.
+or hf:DIR (a transformers BertForPreTraining or BertForMaskedLM directory with its vocab.txt;
+RobertaForMaskedLM with vocab.json and merges.txt; AlbertForPreTraining or AlbertForMaskedLM with
+spiece.model). Each sentence prints one line per mask token ([MASK]; RoBERTa's <mask>), in
+order: the top_k tokens and their probabilities, a softmax over the model's whole vocab as
+transformers' fill-mask pipeline computes it. --next prints P(IsNext), the NSP head's
+probability that the second sentence follows the first.
 
 Python (a notebook):
   predictor = load('runs/tiny')  # or 'runs/tiny@1500', 'hf:runs/tiny_hf'
@@ -15,7 +17,8 @@ Python (a notebook):
   predictor.next_sentence('he went to the store .', 'he bought milk .')  # P(IsNext)
 
 "[MASK]" is written in capitals, as in transformers: the text is split at the special tokens
-before WordPiece, so lowercasing never reaches them. Forward passes run in float32, whatever the
+before the tokenizer, so lowercasing never reaches them; the mask token takes the spaces before
+it (transformers' lstrip), so a BPE text never ends in a bare-space piece before it. Forward passes run in float32, whatever the
 run trained in, on rows padded to powers of two (one compile per bucket). A causal model
 (objectives 'clm') is refused: it reads only the left context, so it cannot fill a gap.
 """
@@ -36,6 +39,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 
 MASK = '[MASK]'
+# The mask token of each family's vocab: BERT's and ALBERT's, RoBERTa's.
+MASKS = (MASK, '<mask>')
 # Rows per forward pass at most; a longer list of sentences runs in several.
 MAX_BATCH = 32
 # Shortest padded row: short sentences share one compiled shape.
@@ -43,9 +48,11 @@ MIN_LENGTH = 8
 # The compute path of any device: the GPU kernels are training speedups of the same function.
 _INFERENCE_MODEL = {'dtype': 'float32', 'attention_impl': 'xla', 'layer_norm_impl': 'xla',
                     'ffn_impl': 'xla', 'remat_policy': 'none'}
-_VALID_SOURCES = ('a bert_jax pretraining workdir (config.json, vocab.txt, checkpoints/STEP), '
-                  'WORKDIR@STEP or hf:DIR (a transformers BertForPreTraining or BertForMaskedLM '
-                  'directory with config.json, model.safetensors or pytorch_model.bin, vocab.txt)')
+_VALID_SOURCES = ('a bert_jax pretraining workdir (config.json, its vocab files, checkpoints/'
+                  'STEP), WORKDIR@STEP or hf:DIR (a transformers BertForPreTraining or '
+                  'BertForMaskedLM, RobertaForMaskedLM, AlbertForPreTraining or AlbertForMaskedLM '
+                  'directory with config.json, model.safetensors or pytorch_model.bin and its '
+                  'vocab: vocab.txt, vocab.json + merges.txt, spiece.model)')
 
 
 class PredictError(ValueError):
@@ -55,18 +62,26 @@ class PredictError(ValueError):
 # ---- Text -> ids (pure). ----
 
 
-def split_special(text: str) -> list[str]:
+def split_special(text: str, specials=tokenizer_lib.SPECIAL_TOKENS) -> list[str]:
   """'a [MASK] b' -> ['a ', '[MASK]', ' b']: special tokens apart from the text around them."""
-  pattern = '(' + '|'.join(re.escape(t) for t in tokenizer_lib.SPECIAL_TOKENS) + ')'
+  pattern = '(' + '|'.join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ')'
   return [part for part in re.split(pattern, text) if part]
 
 
-def encode(tokenizer: tokenizer_lib.WordPieceTokenizer, text: str) -> np.ndarray:
-  """WordPiece ids of `text` without [CLS]/[SEP]; a written special token is its own id."""
-  parts = split_special(text)
-  ids = tokenizer.special
-  special = {'[PAD]': ids.pad, '[UNK]': ids.unk, '[CLS]': ids.cls, '[SEP]': ids.sep,
-             '[MASK]': ids.mask}
+def mask_token(tokenizer) -> str:
+  """The tokenizer's mask token as written in text: [MASK], or RoBERTa's <mask>."""
+  return tokenizer.id_to_token(tokenizer.special.mask)
+
+
+def encode(tokenizer, text: str) -> np.ndarray:
+  """The tokenizer's ids of `text` without [CLS]/[SEP]; a written special token is its own id,
+  and the mask token takes the spaces before it (transformers' lstrip)."""
+  special = {tokenizer.id_to_token(int(i)): int(i) for i in tokenizer.special.ids()}
+  parts = split_special(text, tuple(special))
+  mask = mask_token(tokenizer)
+  parts = [part.rstrip() if following == mask else part
+           for part, following in zip(parts, parts[1:] + [''])]
+  parts = [part for part in parts if part]
   plain = iter(tokenizer.encode_sentences([p for p in parts if p not in special]))
   pieces = [np.asarray([special[p]], np.int32) if p in special else next(plain) for p in parts]
   return np.concatenate(pieces).astype(np.int32) if pieces else np.zeros((0,), np.int32)
@@ -89,18 +104,25 @@ def check_top_k(top_k, vocab_size: int | None = None) -> None:
     raise PredictError(f'top_k={top_k!r}: expected a whole number from {bound}.')
 
 
-def check_fill_mask_texts(texts) -> None:
-  """Every sentence is text with at least one [MASK]."""
+def check_fill_mask_texts(texts, masks=(MASK,)) -> None:
+  """Every sentence is text with at least one of `masks` (the model's mask token; before a model
+  is loaded, any family's)."""
+  mask = masks[0]
   if isinstance(texts, str) or not texts:
-    raise PredictError(f'Give a list of sentences with {MASK}, e.g. '
-                       f'["the man went to the {MASK} ."]; got {texts!r}.')
+    raise PredictError(f'Give a list of sentences with {mask}, e.g. '
+                       f'["the man went to the {mask} ."]; got {texts!r}.')
+  named = ' or '.join(masks)
   for index, text in enumerate(texts):
-    if not isinstance(text, str) or MASK not in text:
-      hint = (f' (the mask token is written in capitals: {MASK})'
-              if isinstance(text, str) and MASK.lower() in text.lower() else '')
-      raise PredictError(f'Sentence {index + 1} {text!r} has no {MASK} to fill{hint}; write '
-                         f'{MASK} where a token is to be predicted, e.g. "the man went to the '
-                         f'{MASK} .".')
+    if not isinstance(text, str) or not any(m in text for m in masks):
+      upper = [m for m in masks if m != m.lower()]
+      hint = (f' (the mask token is written in capitals: {upper[0]})'
+              if isinstance(text, str) and upper and upper[0].lower() in text.lower() else '')
+      others = [m for m in MASKS if m not in masks and isinstance(text, str) and m in text]
+      if others:
+        hint = f' ({others[0]} is another family\'s mask token; this model\'s is {mask})'
+      raise PredictError(f'Sentence {index + 1} {text!r} has no {named} to fill{hint}; write '
+                         f'{mask} where a token is to be predicted, e.g. "the man went to the '
+                         f'{mask} .".')
 
 
 def check_request(sentences: list[str], next_sentence: str | None, top_k) -> None:
@@ -117,16 +139,17 @@ def check_request(sentences: list[str], next_sentence: str | None, top_k) -> Non
   if not sentences:
     raise PredictError(f'No sentences given; e.g. python -m bert_jax.predict --workdir=runs/tiny '
                        f'"the man went to the {MASK} ." (or one sentence and --next="...").')
-  check_fill_mask_texts(sentences)
+  check_fill_mask_texts(sentences, MASKS)
 
 
-def pad_rows(rows: list[np.ndarray], length: int, batch_size: int) -> dict:
-  """Rows of ids ([CLS] ... [SEP]) -> the encoder's inputs [batch_size, length], segment 0.
+def pad_rows(rows: list[np.ndarray], length: int, batch_size: int, pad: int = 0) -> dict:
+  """Rows of ids ([CLS] ... [SEP]) -> the encoder's inputs [batch_size, length], segment 0,
+  padded with `pad`.
 
   Padding rows repeat the last real row, so that every row attends to something.
   """
   rows = rows + [rows[-1]] * (batch_size - len(rows))
-  batch = {'input_ids': np.zeros((batch_size, length), np.int32),  # [batch, length]
+  batch = {'input_ids': np.full((batch_size, length), pad, np.int32),  # [batch, length]
            'input_mask': np.zeros((batch_size, length), np.int32),
            'segment_ids': np.zeros((batch_size, length), np.int32)}
   for i, ids in enumerate(rows):
@@ -183,7 +206,8 @@ def parse_source(spec: str) -> tuple[str, str, int | None]:
 
 
 def _workdir_source(spec: str, workdir: str, step: int | None):
-  """(config, params, vocab file, lowercase, step) of a pretraining workdir's checkpoint."""
+  """(config, params, tokenizer kind, vocab file, lowercase, step) of a pretraining workdir's
+  checkpoint."""
   import ml_collections  # pylint: disable=g-import-not-at-top
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
@@ -218,26 +242,27 @@ def _workdir_source(spec: str, workdir: str, step: int | None):
     params = init_from.workdir_params(workdir, step)
   except init_from.InitFromError as e:
     raise PredictError(f'--workdir={spec!r}: {e}') from e
-  vocab_file = os.path.join(workdir, tokenizer_lib.VOCAB_FILENAME)
-  if not os.path.isfile(vocab_file):  # A given vocab stays where config.data.vocab_file says.
-    vocab_file = os.path.expanduser(config.data.vocab_file)
+  kind = config.data.get('tokenizer', 'wordpiece')
+  # A given vocab stays where config.data.vocab_file says.
+  vocab_file = (tokenizer_lib.kept_vocab(kind, workdir)
+                or os.path.expanduser(config.data.vocab_file))
   if not os.path.isfile(vocab_file):
-    raise PredictError(f'--workdir={spec!r} has no vocab.txt and config.data.vocab_file='
-                       f'{config.data.vocab_file!r} is not a file: its token ids have no names.')
-  return config, params, vocab_file, bool(config.data.lowercase), step
+    raise PredictError(f'--workdir={spec!r} has no {" + ".join(tokenizer_lib.KEPT_FILES[kind])} '
+                       f'and config.data.vocab_file={config.data.vocab_file!r} is not a file: its '
+                       'token ids have no names.')
+  return config, params, kind, vocab_file, bool(config.data.lowercase), step
 
 
 def _hf_source(spec: str, directory: str):
-  """(config, params, vocab file, lowercase, None) of a transformers model directory."""
+  """(config, params, tokenizer kind, vocab file, lowercase, None) of a transformers model
+  directory; the family is config.json's model_type."""
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(directory):
     raise PredictError(f'--workdir={spec!r}: {directory} is not a directory; expected '
                        f'{_VALID_SOURCES}.')
-  vocab_file = os.path.join(directory, tokenizer_lib.VOCAB_FILENAME)
-  if not os.path.isfile(vocab_file):
-    raise PredictError(f'--workdir={spec!r}: {vocab_file} does not exist; the model\'s token ids '
-                       'need the vocab they were trained with.')
   try:
     state_dict, hf_config = hf.load_hf_state_dict(directory)
   except (OSError, ImportError, ValueError) as e:  # Missing, unreadable or unsafe weight files.
@@ -246,22 +271,34 @@ def _hf_source(spec: str, directory: str):
     raise PredictError(f'--workdir={spec!r}: no config.json in {directory}.')
   config = base.get_config()
   try:
+    layout = hf_families.for_hf_config(hf_config)
     config.model.update(hf.hf_config_to_model_overrides(hf_config))
   except hf.UnsupportedConfigError as e:
     raise PredictError(f'--workdir={spec!r}: {e}') from e
-  has_mlm = any(k.startswith('cls.predictions.') for k in state_dict)
-  has_nsp = any(k.startswith('cls.seq_relationship.') for k in state_dict)
-  if not has_mlm:
-    raise PredictError(f'--workdir={spec!r} has no MLM head (no cls.predictions.* weights: a '
-                       'BertModel or a task model); fill-mask and NSP need a BertForPreTraining '
-                       'or BertForMaskedLM checkpoint.')
-  config.objectives = 'mlm,nsp' if has_nsp else 'mlm'
+  kind = layout.tokenizer
+  vocab_file = tokenizer_lib.kept_vocab(kind, directory)
+  if not vocab_file:
+    raise PredictError(f'--workdir={spec!r}: {directory} lacks '
+                       f'{" + ".join(tokenizer_lib.KEPT_FILES[kind])}; the {layout.display} '
+                       "model's token ids need the vocab they were trained with.")
+  # Each head's HF key prefix ('cls.predictions.', 'lm_head.', 'sop_classifier.', ...).
+  head_prefix = {layout.heads[path.split('/')[0]]: key.rsplit('.', 1)[0] + '.'
+                 for path, key, transform in layout.table
+                 if transform != 'tied' and path.split('/')[0] in layout.heads}
+  present = [name for name, prefix in head_prefix.items()
+             if any(k.startswith(prefix) for k in state_dict)]
+  if 'mlm' not in present:
+    raise PredictError(f'--workdir={spec!r} has no MLM head (no {head_prefix["mlm"]}* weights: '
+                       f'a {layout.base_class} or a task model); fill-mask needs a '
+                       f'{" or ".join(c for c, _ in layout.head_classes)} checkpoint.')
+  config.objectives = ','.join(present)
   _check_heads(spec, ('mlm',), config.model.causal)
-  if not has_nsp and 'bert.pooler.dense.weight' not in state_dict:
-    # BertForMaskedLM is saved without the pooler; without NSP nothing reads it.
+  pooler = [(key, path) for path, key, _ in layout.table if path.startswith('bert/pooler/')]
+  if present == ['mlm'] and not any(key in state_dict for key, _ in pooler):
+    # MaskedLM classes are saved without the pooler; without NSP or SOP nothing reads it.
     h = config.model.hidden_size
-    state_dict = {**state_dict, 'bert.pooler.dense.weight': np.zeros((h, h), np.float32),
-                  'bert.pooler.dense.bias': np.zeros((h,), np.float32)}
+    state_dict = {**state_dict, **{key: np.zeros((h, h) if path.endswith('kernel') else (h,),
+                                                 np.float32) for key, path in pooler}}
   try:
     params, _ = hf.import_hf(state_dict, config, hf_config=hf_config)
   except ValueError as e:
@@ -270,8 +307,11 @@ def _hf_source(spec: str, directory: str):
   if len(set(casing.values())) > 1:
     raise PredictError(f'--workdir={spec!r}: its tokenizer files disagree on casing ({casing}); '
                        'our WordPiece lowercases and strips accents together, or neither.')
-  # Without tokenizer files, BertTokenizer's default: uncased.
-  return config, params, vocab_file, next(iter(casing.values()), True), None
+  if kind == 'wordpiece':  # Without tokenizer files, BertTokenizer's default: uncased.
+    lowercase = next(iter(casing.values()), True)
+  else:  # The files' casing, else the family's (RoBERTa cased, ALBERT lowercased).
+    lowercase = init_from.source_lowercase(f'hf:{directory}', kind)
+  return config, params, kind, vocab_file, lowercase, None
 
 
 def _check_heads(spec: str, objective_names, causal: bool) -> None:
@@ -314,7 +354,9 @@ class Predictor:
 
   @property
   def max_length(self) -> int:
-    return self.config.model.max_position_embeddings
+    """Longest row, special tokens included (RoBERTa: 2 position rows fewer, fairseq's)."""
+    model = self.config.model
+    return model.max_position_embeddings - (2 if model.get('name', 'bert') == 'roberta' else 0)
 
   def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
     """Per [MASK] of `text`, in order: its top_k (token, probability), most probable first."""
@@ -322,7 +364,7 @@ class Predictor:
 
   def fill_masks(self, texts: list[str], top_k: int = 5) -> list[list[list[tuple[str, float]]]]:
     """fill_mask of each text, batched: sentences share forward passes."""
-    check_fill_mask_texts(texts)
+    check_fill_mask_texts(texts, (mask_token(self.tokenizer),))
     check_top_k(top_k, self.config.model.vocab_size)
     cls, sep = self.tokenizer.special.cls, self.tokenizer.special.sep
     rows = [self._checked_row([cls, *encode(self.tokenizer, t), sep], t) for t in texts]
@@ -331,7 +373,7 @@ class Predictor:
       chunk = rows[start:start + MAX_BATCH]
       counts = [int(np.sum(r == self.tokenizer.special.mask)) for r in chunk]
       batch = pad_rows(chunk, bucket(max(map(len, chunk)), self.max_length, MIN_LENGTH),
-                       bucket(len(chunk), MAX_BATCH))
+                       bucket(len(chunk), MAX_BATCH), self.tokenizer.special.pad)
       batch['masked_lm_positions'] = mask_positions(
           batch['input_ids'], self.tokenizer.special.mask, bucket(max(counts), self.max_length))
       probabilities = np.asarray(self._probabilities(self.params, batch)['mlm'])
@@ -349,7 +391,7 @@ class Predictor:
     a, b = encode(self.tokenizer, first), encode(self.tokenizer, second)
     ids = self._checked_row([special.cls, *a, special.sep, *b, special.sep],
                             f'{first} / {second}')
-    batch = pad_rows([ids], bucket(len(ids), self.max_length, MIN_LENGTH), 1)
+    batch = pad_rows([ids], bucket(len(ids), self.max_length, MIN_LENGTH), 1, special.pad)
     batch['segment_ids'][0, len(a) + 2:len(ids)] = 1  # B and its [SEP].
     batch['masked_lm_positions'] = np.zeros((1, 1), np.int32)  # The MLM head's, unread.
     return float(self._probabilities(self.params, batch)['nsp'][0, 0])
@@ -365,14 +407,15 @@ def load(spec: str) -> Predictor:
   """The Predictor of 'WORKDIR', 'WORKDIR@STEP' or 'hf:DIR'; PredictError naming what is wrong."""
   kind, path, step = parse_source(spec)
   if kind == 'hf':
-    config, params, vocab_file, lowercase, step = _hf_source(spec, path)
+    config, params, tokenizer_kind, vocab_file, lowercase, step = _hf_source(spec, path)
   else:
-    config, params, vocab_file, lowercase, step = _workdir_source(spec, path, step)
+    config, params, tokenizer_kind, vocab_file, lowercase, step = _workdir_source(spec, path,
+                                                                                   step)
   for key, value in _INFERENCE_MODEL.items():
     if key in config.model:
       config.model[key] = value
   try:
-    tokenizer = tokenizer_lib.WordPieceTokenizer(vocab_file, lowercase)
+    tokenizer = tokenizer_lib.load_tokenizer(tokenizer_kind, vocab_file, lowercase)
   except (OSError, ValueError) as e:
     raise PredictError(f'--workdir={spec!r}: {e}') from e
   return Predictor(spec, config, params, tokenizer, step)

@@ -10,7 +10,8 @@ the projections are printed (and written next to the results, as .md).
 Projections multiply the compiled step's estimated time (libtpu's cost model, per aot.py) by the
 step count of the recipe: the paper's 1M steps at 256 x 512 (its stated batch) and its actual
 schedule, 90% of the steps at 128 and 10% at 512; You et al.'s LAMB run, 7,038 steps of 65,536 x
-128 and 1,561 of 32,768 x 512, against their 76 minutes. Estimates are idealised (no input
+128 and 1,561 of 32,768 x 512, against their 76 minutes; RoBERTa's 500k and ALBERT's 125k steps
+as 32 and 16 micro-batch steps each. Estimates are idealised (no input
 pipeline, no host overhead, perfect overlap), so they are lower bounds on wall time.
 """
 
@@ -49,19 +50,27 @@ SETUPS = {
     'lamb-phase1-v3:32x32': ('configs/large_lamb.py', 'v3:32x32', [], DATA_THEN_FSDP),
     'lamb-phase2-v3:32x32': ('configs/large_lamb.py:phase=2', 'v3:32x32', [], DATA_THEN_FSDP),
     # The family at its recipes' micro-batch (256 x 512): RoBERTa's batch of 8192 and ALBERT's
-    # of 4096 accumulate 32 and 16 of these steps (train.grad_accum_steps). Memory and fit only:
-    # without the layer probes (which take most of a compile's time) the scanned layers are
-    # costed once, so the table gives no step time for them.
+    # of 4096 accumulate 32 and 16 of these steps (train.grad_accum_steps). RoBERTa-large is
+    # compiled without the layer probes (most of a compile's time on a small CPU machine): its
+    # scanned layers are costed once, so the table gives memory and fit, no step time.
     **{f'{model}-{size}-{topology}-512': (
-        f'configs/{model}.py:size={size}', topology, MICRO_BATCH + BF16 + NO_PROBES,
+        f'configs/{model}.py:size={size}', topology,
+        MICRO_BATCH + BF16 + (NO_PROBES if (model, size) == ('roberta', 'large') else []),
         DATA_THEN_FSDP)
        for model, size in (('roberta', 'base'), ('roberta', 'large'), ('albert', 'base'),
                            ('albert', 'large'), ('albert', 'xlarge'))
        for topology in (('v3:4x4', 'v5e:4x4') if size == 'base' else ('v3:8x8', 'v5e:8x8'))},
+    # RoBERTa-large's whole recipe step: 8192 rows as 32 accumulated micro-batches.
+    'roberta-large-v5e:8x8-512-recipe': ('configs/roberta.py:size=large', 'v5e:8x8',
+                                         BF16 + NO_PROBES, DATA_THEN_FSDP),
 }
 PAPER_STEPS = 1_000_000
 LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}
 LAMB_MINUTES = 76
+# The family's recipes: (optimizer steps, micro-batches of 256 per step).
+FAMILY_RECIPES = {'roberta-base': (500_000, 32), 'roberta-large': (500_000, 32),
+                  'albert-base': (125_000, 16), 'albert-large': (125_000, 16),
+                  'albert-xlarge': (125_000, 16)}
 
 
 def run_setup(name, results_path):
@@ -150,6 +159,14 @@ def markdown(records) -> str:
       r = fits[name]
       proj.append(f'- BERT-Large, 1M steps at 256 x 512 on {r["num_chips"]} chips of '
                   f'{r["topology"]}: {hours(PAPER_STEPS * r["step_time_s"])}.')
+  for name, r in fits.items():
+    model = name.split('-v')[0]
+    if model in FAMILY_RECIPES and r['batch'] == 256 and 'underestimate' not in r.get(
+        'step_time_source', ''):
+      steps, micro = FAMILY_RECIPES[model]
+      proj.append(f'- {model} recipe ({steps // 1000}k steps of {micro} micro-batches of 256 x '
+                  f'512) on {r["num_chips"]} chips of {r["topology"]}: '
+                  f'{hours(steps * micro * r["step_time_s"])}.')
   if all(name in fits for name in LAMB_STEPS):
     total = sum(steps * fits[name]['step_time_s'] for name, steps in LAMB_STEPS.items())
     proj.append(f'- LAMB recipe (You et al.) on 1,024 TPU v3 chips: {hours(total)} projected '

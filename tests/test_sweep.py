@@ -52,9 +52,15 @@ def tiny(sweep, tasks=None, steps=1, cache=''):
   return sweep
 
 
+# The vocab an arm that trains its own tokenizer (RoBERTa's BPE, ALBERT's SentencePiece) gets in
+# a CPU test: training a 50k vocab and its output layer would be most of the test's time.
+TINY_TRAINED_VOCAB = 1000
+
+
 def narrow(sweep, factor=16):
-  """The arms' widths (`hidden=` arguments, model.intermediate_size overrides) / `factor`: the
-  same shapes' depths and head counts, cheap enough for a CPU test."""
+  """The arms' widths (`hidden=` arguments, model.intermediate_size overrides) / `factor`, and
+  the vocabs arms train TINY_TRAINED_VOCAB wide: the same shapes' depths and head counts, the
+  same tokenizers, cheap enough for a CPU test."""
   arms = sweep.arms.to_dict()
   for arm in arms.values():
     args = [a.strip() for a in str(arm.get('args', '')).split(',') if a.strip()]
@@ -63,6 +69,9 @@ def narrow(sweep, factor=16):
     model = arm.get('pretrain', {}).get('model', {})
     if 'intermediate_size' in model:
       model['intermediate_size'] //= factor
+    data = arm.get('pretrain', {}).get('data', {})
+    if data.get('tokenizer_vocab_size'):
+      data['tokenizer_vocab_size'] = model['vocab_size'] = TINY_TRAINED_VOCAB
   sweep.arms = arms
   return sweep
 

@@ -391,7 +391,9 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_every_sharding_preset_trains_as_one_device():
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join([REPO, os.path.join(REPO, 'tests')]),
-         'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
+         'XLA_FLAGS': ' '.join([os.environ.get('XLA_FLAGS', ''),  # conftest's fast codegen
+                                '--xla_force_host_platform_device_count=8']),
+         'JAX_PLATFORMS': 'cpu'}
   result = subprocess.run([sys.executable, '-c', SHARDING_SCRIPT, json.dumps(SHARDING_CASES)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
                           check=False)

@@ -24,8 +24,9 @@ STEPS = {'train.num_steps': 4, 'train.warmup_steps': 2, 'train.log_every': 2,
 DATA_MESH = {'mesh.preset': 'data', 'mesh.data': -1}  # Parameters replicated on both processes.
 FSDP_MESH = {'mesh.preset': 'fsdp', 'mesh.data': 1, 'mesh.fsdp': -1}  # Each holds half of them.
 TIMEOUT_S = 240
-# Both runs compile with the same flags; level 0 halves XLA's CPU compile time, most of the test.
-XLA_FLAGS = '--xla_backend_optimization_level=0'
+# Both runs compile with the same flags: conftest's fast CPU codegen (compiling is most of the
+# test), which pytest's own environment already holds.
+XLA_FLAGS = os.environ.get('XLA_FLAGS', '')
 
 
 @pytest.fixture(scope='module')

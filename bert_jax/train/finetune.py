@@ -14,6 +14,7 @@ import os
 import time
 
 import flax.linen as nn
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -212,7 +213,7 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
   pooler = {k[len('bert/pooler/'):]: v for k, v in classifier.items()
             if k.startswith('bert/pooler/')}
   if pooler:
-    encoder = {**encoder, 'pooler': _nest(pooler)}
+    encoder = {**encoder, 'pooler': traverse_util.unflatten_dict(pooler, sep='/')}
   encoder = init_from.match_layer_layout(encoder, target['bert'])  # Scanned or not, as this model.
   wanted = target['bert'] if 'pooler' in encoder else {
       k: v for k, v in target['bert'].items() if k != 'pooler'}
@@ -231,18 +232,6 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
                     '%s head of %d output(s); the head starts fresh.', config.init_from,
                     {k: v.shape for k, v in head.items()}, model.head, model.num_outputs)
   return encoder, heads
-
-
-def _nest(flat: dict) -> dict:
-  """{'a/b': leaf} -> {'a': {'b': leaf}}."""
-  tree = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split('/')
-    node = tree
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return tree
 
 
 def _overlay(fresh, loaded, shardings):

@@ -95,20 +95,22 @@ def _missing_step(workdir: str, step: int, steps: list[int]) -> str:
           'train.keep_checkpoints). Name one of them as WORKDIR@STEP.')
 
 
+def _config_json(folder: str) -> dict:
+  """The config.json of a workdir (our config) or an HF directory (transformers' config)."""
+  with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
+    return json.load(f)
+
+
 def source_architecture(spec: str) -> dict:
   """config.model values of the source checkpoint."""
   kind, path = parse(spec)
   if kind == 'workdir':
-    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-      model = json.load(f)['model']
+    model = _config_json(path)['model']
     return {k: model[k] if k in model else _WORKDIR_DEFAULTS[k] for k in ARCHITECTURE_KEYS}
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
-    config_path = os.path.join(path, 'config.json')
-    hf_config = None
-    if os.path.isfile(config_path):
-      with open(config_path, encoding='utf-8') as f:
-        hf_config = json.load(f)
+    has_config = os.path.isfile(os.path.join(path, 'config.json'))
+    hf_config = _config_json(path) if has_config else None
   else:
     from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
     config_path = os.path.join(os.path.dirname(path), 'bert_config.json')
@@ -145,15 +147,13 @@ def source_tokenizer(spec: str) -> tuple[str, str]:
   config, an HF config.json's model_type (its family's), WordPiece for tf:."""
   kind, path = parse(spec)
   if kind == 'workdir':
-    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-      data = json.load(f).get('data', {})
+    data = _config_json(path).get('data', {})
     return data.get('tokenizer') or 'wordpiece', f'{os.path.join(path, "config.json")} data.tokenizer'
   if kind == 'tf':
     return 'wordpiece', 'an original BERT checkpoint'
   from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
   config_path = os.path.join(path, 'config.json')
-  with open(config_path, encoding='utf-8') as f:
-    model_type = json.load(f).get('model_type', 'bert')
+  model_type = _config_json(path).get('model_type', 'bert')
   try:
     layout = hf_families.for_hf_config({'model_type': model_type})
   except hf_families.UnsupportedConfigError as e:
@@ -171,8 +171,7 @@ def source_lowercase(spec: str, tokenizer: str) -> bool:
   directory's tokenizer files, else the family's (_FAMILY_CASING)."""
   kind, path = parse(spec)
   if kind == 'workdir':
-    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-      return bool(json.load(f).get('data', {}).get('lowercase', True))
+    return bool(_config_json(path).get('data', {}).get('lowercase', True))
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   stated = set(convert.tokenizer_casing(path).values()) if kind == 'hf' else set()
   return stated.pop() if len(stated) == 1 else _FAMILY_CASING[tokenizer]
@@ -207,15 +206,12 @@ def source_gelu(spec: str) -> str:
   'gelu', 'tanh' for 'gelu_new'); 'erf' for tf: (the original BERT's hidden_act 'gelu')."""
   kind, path = parse(spec)
   if kind == 'workdir':
-    with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-      return json.load(f)['model'].get('gelu', 'erf')
+    return _config_json(path)['model'].get('gelu', 'erf')
   if kind == 'tf':
     return 'erf'
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
-  with open(os.path.join(path, 'config.json'), encoding='utf-8') as f:
-    hf_config = json.load(f)
   try:
-    return convert.hf_config_to_model_overrides(hf_config).get('gelu', 'erf')
+    return convert.hf_config_to_model_overrides(_config_json(path)).get('gelu', 'erf')
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
 

@@ -32,6 +32,19 @@ def shared_data_dir() -> pathlib.Path:
   return path
 
 
+@pytest.fixture(autouse=True)
+def restore_absl_level():
+  """Each test starts with the absl logger's level as the session found it (unset: the root's,
+  which caplog.at_level sets). Tools' mains (predict, convert) raise it to WARNING for their runs;
+  a test that calls one in-process would otherwise hide INFO logs from the tests that follow it
+  on the same worker."""
+  import logging  # pylint: disable=g-import-not-at-top
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  yield
+  absl_logger.setLevel(level)
+
+
 @pytest.fixture(params=['Lane', 'Warpgroup'])
 def mosaic_semantics(request, monkeypatch):
   """Each Mosaic GPU kernel the library builds lowered under this lowering semantics (its

@@ -199,8 +199,14 @@ def write_config(config, workdir: str) -> None:
 
 def validate_and_adopt_source(config, validate_fn) -> None:
   """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
-  (init_from.adopt_source) and the result validated again; so are a distillation teacher's
-  (config.distill.teacher, which a 'distill' run needs)."""
+  (init_from.adopt_source) and the result validated again. A 'distill' run first adopts its
+  teacher's (config.distill.teacher, which it needs): the student is checked against it."""
+  if _distills(config):
+    from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
+    try:
+      teacher.adopt_teacher(config)
+    except teacher.InitFromError as e:
+      raise ConfigError(str(e)) from e
   validate_fn(config)
   if config.init_from:
     from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
@@ -209,20 +215,22 @@ def validate_and_adopt_source(config, validate_fn) -> None:
     except init_from.InitFromError as e:
       raise ConfigError(str(e)) from e
     validate_fn(config)
-  if 'objectives' in config and 'distill' in _objectives().parse(config.objectives):
-    from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
-    try:
-      teacher.adopt_teacher(config)
-    except teacher.InitFromError as e:
-      raise ConfigError(str(e)) from e
-    validate_fn(config)
+
+
+def _distills(config) -> bool:
+  """Whether config.objectives names 'distill' (False where it names nothing valid: validation
+  then says why)."""
+  try:
+    return 'objectives' in config and 'distill' in _objectives().parse(config.objectives)
+  except ValueError:
+    return False
 
 
 def _check_distill(config) -> None:
   """A 'distill' run's student fits its teacher (config.distill.teacher_model): the same width,
   heads, feed-forward and vocab, at most its depth, teacher_layers within it; the teacher, when
   named, exists."""
-  if 'distill' not in _objectives().parse(config.objectives):
+  if not _distills(config):
     return
   from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
   try:

@@ -28,6 +28,7 @@ VALID_CHOICES = {
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
+    'distill.teacher_model.gelu': ('erf', 'tanh'),
 }
 
 
@@ -90,6 +91,16 @@ RANGES = {
     'task.feature_layers': NON_NEGATIVE, 'task.feature_lstm_units': POSITIVE,
     'task.feature_lstm_layers': POSITIVE, 'task.lstm_layers': NON_NEGATIVE,
     'task.lstm_units': POSITIVE,
+    # Distillation.
+    'distill.temperature': POSITIVE, 'distill.alpha_ce': NON_NEGATIVE,
+    'distill.alpha_mlm': NON_NEGATIVE, 'distill.alpha_cos': NON_NEGATIVE,
+    'distill.teacher_model.vocab_size': POSITIVE, 'distill.teacher_model.hidden_size': POSITIVE,
+    'distill.teacher_model.embedding_size': NON_NEGATIVE,
+    'distill.teacher_model.num_layers': POSITIVE, 'distill.teacher_model.num_heads': POSITIVE,
+    'distill.teacher_model.intermediate_size': POSITIVE,
+    'distill.teacher_model.max_position_embeddings': POSITIVE,
+    'distill.teacher_model.type_vocab_size': POSITIVE,
+    'distill.teacher_model.layer_norm_eps': POSITIVE,
 }
 
 
@@ -126,6 +137,7 @@ def validate(config) -> None:
   _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
+  _check_distill(config)
   xla_options(config)
 
 
@@ -187,7 +199,14 @@ def write_config(config, workdir: str) -> None:
 
 def validate_and_adopt_source(config, validate_fn) -> None:
   """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
-  (init_from.adopt_source) and the result validated again."""
+  (init_from.adopt_source) and the result validated again. A 'distill' run first adopts its
+  teacher's (config.distill.teacher, which it needs): the student is checked against it."""
+  if _distills(config):
+    from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
+    try:
+      teacher.adopt_teacher(config)
+    except teacher.InitFromError as e:
+      raise ConfigError(str(e)) from e
   validate_fn(config)
   if config.init_from:
     from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
@@ -196,6 +215,28 @@ def validate_and_adopt_source(config, validate_fn) -> None:
     except init_from.InitFromError as e:
       raise ConfigError(str(e)) from e
     validate_fn(config)
+
+
+def _distills(config) -> bool:
+  """Whether config.objectives names 'distill' (False where it names nothing valid: validation
+  then says why)."""
+  try:
+    return 'objectives' in config and 'distill' in _objectives().parse(config.objectives)
+  except ValueError:
+    return False
+
+
+def _check_distill(config) -> None:
+  """A 'distill' run's student fits its teacher (config.distill.teacher_model): the same width,
+  heads, feed-forward and vocab, at most its depth, teacher_layers within it; the teacher, when
+  named, exists."""
+  if not _distills(config):
+    return
+  from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
+  try:
+    teacher.check_student(config)
+  except teacher.InitFromError as e:
+    raise ConfigError(str(e)) from e
 
 
 def _check_init_from(config) -> None:

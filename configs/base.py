@@ -190,6 +190,37 @@ def get_config(arg=None):
   # JAX_COMPILATION_CACHE_DIR is set).
   train.compilation_cache_dir = ''
 
+  # Knowledge distillation (config.objectives='distill', configs/distilbert.py): the teacher and
+  # the weights of the loss's terms (bert_jax/objectives/distill.py).
+  config.distill = distill = ml_collections.ConfigDict()
+  # The teacher's weights, as init_from names them: a bert_jax workdir ('WORKDIR', 'WORKDIR@STEP')
+  # or 'hf:DIR'. Loaded whole, frozen; the student starts from its embeddings, MLM head and the
+  # layers of teacher_layers. A resumed run takes both from its own checkpoint.
+  distill.teacher = ''
+  # The teacher's layers the student's start from, comma separated ('0,2,4,7,9,11', one per
+  # student layer); '' spreads them evenly from the first to the last (12 -> 6: those six, as
+  # DistilBERT's extract_distilbert.py).
+  distill.teacher_layers = ''
+  distill.temperature = 2.0  # Softens both distributions of the KL term.
+  distill.alpha_ce = 5.0  # Weight of T^2 x KL(teacher || student) over the real tokens.
+  distill.alpha_mlm = 2.0  # Weight of the student's masked-LM cross-entropy.
+  distill.alpha_cos = 1.0  # Weight of 1 - cosine of the last hidden states over the real tokens.
+  # The teacher's architecture (config.model's keys), taken from distill.teacher's checkpoint;
+  # what AOT and the benchmark build without one. BERT-base by default.
+  distill.teacher_model = teacher = ml_collections.ConfigDict()
+  teacher.name = 'bert'  # Its encoder (bert_jax/models registry).
+  teacher.vocab_size = 30522  # Must be the student's.
+  teacher.hidden_size = 768  # Must be the student's.
+  teacher.embedding_size = 0
+  teacher.num_layers = 12  # At least the student's.
+  teacher.num_heads = 12  # Must be the student's.
+  teacher.intermediate_size = 3072  # Must be the student's.
+  teacher.max_position_embeddings = 512
+  teacher.type_vocab_size = 2
+  teacher.layer_norm_eps = 1e-12
+  teacher.causal = False
+  teacher.gelu = 'erf'
+
   if arg:
     apply_pretraining_arguments(config, arg)
   return config

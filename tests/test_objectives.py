@@ -58,7 +58,7 @@ def test_builtin_objectives_and_models_are_found_by_name():
 
 
 @pytest.mark.parametrize('text,match', [
-    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, mlm, nsp, sop"),
+    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, distill, mlm, nsp, sop"),
     ('', 'names no objective'), ('mlm,mlm', 'twice')])
 def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
   config = base.get_config()
@@ -73,7 +73,7 @@ def test_unknown_model_is_refused_naming_the_valid_ones():
   config.data.corpus = 'builtin'
   config.model.name = 'electra'
   with pytest.raises(config_lib.ConfigError,
-                     match="model.name='electra'.*valid models are albert, bert, roberta"):
+                     match="model.name='electra'.*valid models are albert, bert, distilbert, roberta"):
     config_lib.validate(config)
 
 

@@ -171,11 +171,14 @@ def leaf_shapes(config) -> dict:
   of config.objectives)."""
   name = config.model.get('name', 'bert')
   cfg = dataclasses.replace(models.get(name).config_from(config), scan_layers=False)
-  names = objectives.parse(config.objectives)
+  names = objectives.configured(config)
   model = pretraining.PretrainingModel(cfg, names, name)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                           steps.dummy_batch(1, 2, 1, objectives=names))
-  return {k: tuple(v.shape) for k, v in _flatten(nn.meta.unbox(shapes['params'])).items()}
+  # A frozen scope (a distillation teacher) is not the model's: never imported or exported.
+  frozen = objectives.frozen_scopes(config)
+  return {k: tuple(v.shape) for k, v in _flatten(nn.meta.unbox(shapes['params'])).items()
+          if k.split('/')[0] not in frozen}
 
 
 def _flatten(tree, prefix=''):
@@ -451,7 +454,9 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   """
   layout = hf_families.for_config(config)
   hf_config = model_to_hf_config(config)
-  flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()}
+  frozen = objectives.frozen_scopes(config)
+  flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()
+          if k.split('/')[0] not in frozen}
   if config.model.scan_layers:
     flat = _unstack_layers(flat)
   shapes = leaf_shapes(config)

@@ -14,7 +14,7 @@ from typing import Any
 from bert_jax import registry
 
 # The encoders shipped in this package (each registers itself on import).
-BUILTIN = ('albert', 'bert', 'roberta')
+BUILTIN = ('albert', 'bert', 'roberta', 'distilbert')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,9 @@ class Family:
   # config.model -> the encoder's training FLOPs per sequence of `length` tokens / 3 (forward).
   flops: Callable[[Any, int], float]
   scope: str = 'bert'  # The encoder's parameter subtree ('bert/...', as the original BERT).
+  # Fine-tuning classification reads the pooled state through `pre_classifier`, Dense(H) and
+  # ReLU, before the dropout and the classifier (DistilBertForSequenceClassification's head).
+  pre_classifier: bool = False
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)

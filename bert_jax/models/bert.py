@@ -51,6 +51,12 @@ class BertConfig:
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
   # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
   position_offset: int = 0
+  # Not a config key: the family's. False: no segment table, segment ids are not read
+  # (DistilBERT).
+  token_types: bool = True
+  # Not a config key: the family's. False: no pooler parameters; the pooled output is the [CLS]
+  # state itself (DistilBERT, and a distillation teacher, which pools nothing).
+  pooler: bool = True
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   scan_layers: bool = True
@@ -111,7 +117,8 @@ class BertEmbeddings(nn.Module):
         name, nn.with_logical_partitioning(cfg.init, (name_axis(name), 'embed')),
         (rows, cfg.embed_width), cfg.param_dtype)
     self.word_embeddings = embed('word_embeddings', cfg.vocab_size)
-    self.token_type_embeddings = embed('token_type_embeddings', cfg.type_vocab_size)
+    if cfg.token_types:
+      self.token_type_embeddings = embed('token_type_embeddings', cfg.type_vocab_size)
     self.position_embeddings = embed('position_embeddings', cfg.max_position_embeddings)
     self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
@@ -132,6 +139,10 @@ class BertEmbeddings(nn.Module):
     positions = whole(self.position_embeddings, None)
     positions = (positions[None, :length] if position_ids is None
                  else jnp.take(positions, position_ids, axis=0))
+    if not cfg.token_types:
+      x = jnp.take(whole(self.word_embeddings, 'vocab'), input_ids, axis=0) + positions
+      x = self.layer_norm(x.astype(self.config.dtype))  # [batch, length, embed]
+      return self.dropout(x, deterministic=deterministic)
     segments = whole(self.token_type_embeddings, None)
     if cfg.type_vocab_size == 1:
       # One row (RoBERTa has no segments) serves every token: a pair's segment ids of 1 would
@@ -382,7 +393,8 @@ class BertModel(nn.Module):
                        'projects factorised embeddings; set model.embedding_size=0.')
     self.embeddings = BertEmbeddings(cfg)
     self.encoder = BertEncoder(cfg, self.return_all_layers)
-    self.pooler = BertPooler(cfg)
+    # Without a pooler the pooled output is the selected state as it is.
+    self.pooler = BertPooler(cfg) if cfg.pooler else (lambda state: state)
 
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
                pair_ids=None, cls_positions=None):

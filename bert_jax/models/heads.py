@@ -54,6 +54,9 @@ class BertForFineTuning(nn.Module):
       sequence, pooled = self._bilstm(sequence, input_mask, deterministic)
       width = 'mlp'
     if self.head in ('classification', 'regression'):
+      if family.pre_classifier and not self.lstm_layers:
+        # DistilBERT pools nothing: its classification head's own dense and ReLU on [CLS].
+        pooled = nn.relu(dense(cfg.hidden_size, ('embed', 'embed_out'), 'pre_classifier')(pooled))
       x = dropout(pooled, deterministic=deterministic)
       return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
                         .astype(jnp.float32)}  # [batch, classes]

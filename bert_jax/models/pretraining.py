@@ -15,7 +15,8 @@ from bert_jax import objectives as objectives_lib
 class PretrainingModel(nn.Module):
   """Encoder + heads: batch -> {output name: array} (e.g. 'mlm_logits', 'nsp_logits')."""
   config: Any  # The encoder's frozen config (its family's config_from).
-  objectives: tuple[str, ...] = ('mlm', 'nsp')  # Names in the objectives registry.
+  # Names in the objectives registry, or Objectives configured by the run (objectives.configured).
+  objectives: tuple = ('mlm', 'nsp')
   model: str = 'bert'  # Name in the models registry.
 
   @nn.compact
@@ -31,7 +32,8 @@ class PretrainingModel(nn.Module):
     encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
     outputs = {}
     for name in self.objectives:
-      outputs.update(objectives_lib.get(name).head(self.config, encoded, batch, deterministic))
+      outputs.update(objectives_lib.resolve(name).head(self.config, encoded, batch,
+                                                       deterministic))
     return outputs
 
 
@@ -39,4 +41,4 @@ def build(config) -> PretrainingModel:
   """The pretraining model a run's config describes (config.model.name, config.objectives)."""
   name = config.model.get('name', 'bert')
   return PretrainingModel(models.get(name).config_from(config),
-                          objectives_lib.parse(config.objectives), name)
+                          objectives_lib.configured(config), name)

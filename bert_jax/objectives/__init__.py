@@ -18,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('clm', 'mlm', 'nsp', 'sop')
+BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
@@ -77,6 +77,17 @@ class Objective:
   # The attention it trains: True needs config.model.causal=True (each token sees itself and
   # earlier ones), False bidirectional attention; config validation checks the run's agree.
   causal: bool = False
+  # The run's ConfigDict -> this objective with its settings bound (distill: the teacher's shape,
+  # the loss weights, the temperature); None: it has no settings beyond the batch's shape.
+  configure: Callable[[Any], 'Objective'] | None = None
+  # Top-level parameter scopes it adds that training never changes (distill: 'teacher'): the
+  # optimizer gives them no update and keeps no state for them (train/optim.py), and an export
+  # leaves them out.
+  frozen: tuple[str, ...] = ()
+  # (run's ConfigDict, fresh parameters as host arrays) -> the parameters a run starts from when
+  # no checkpoint of its own exists (distill: the teacher's weights and the student made from
+  # them); None: the fresh init (or config.init_from).
+  init_params: Callable[[Any, Any], Any] | None = None
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)
@@ -107,8 +118,29 @@ def parse(text: str) -> tuple[str, ...]:
 
 
 def of_config(config) -> tuple[Objective, ...]:
-  """The objectives config.objectives names, in its order."""
-  return tuple(get(name) for name in parse(config.objectives))
+  """The objectives config.objectives names, in its order (each configured by the run's config
+  where it has settings)."""
+  return tuple(resolve(item) for item in configured(config))
+
+
+def configured(config) -> tuple:
+  """What the pretraining model holds for config.objectives: each objective's name, or the
+  Objective itself configured by `config` where it has settings (Objective.configure)."""
+  items = []
+  for name in parse(config.objectives):
+    objective = get(name)
+    items.append(name if objective.configure is None else objective.configure(config))
+  return tuple(items)
+
+
+def resolve(item) -> Objective:
+  """An objective's name or a (configured) Objective -> the Objective."""
+  return item if isinstance(item, Objective) else get(item)
+
+
+def frozen_scopes(config) -> tuple[str, ...]:
+  """The top-level parameter scopes the run's objectives freeze (Objective.frozen)."""
+  return tuple(scope for name in parse(config.objectives) for scope in get(name).frozen)
 
 
 def sentence_pairs(config) -> bool:

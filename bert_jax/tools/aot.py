@@ -132,7 +132,7 @@ def compile_train_step(config, mesh):
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model = steps.build_model(config)
-  tx = optim.create_optimizer(config.train)
+  tx = optim.for_pretraining(config)
   # Shapes only (the topology's devices cannot run anything); the shardings do not depend on
   # the context (rules are explicit).
   state_shardings = steps.train_state_shardings(config, model, tx, mesh, rules)
@@ -237,7 +237,7 @@ def parameter_count(config) -> int:
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   state = steps.abstract_train_state(config, steps.build_model(config),
-                                     optim.create_optimizer(config.train))
+                                     optim.for_pretraining(config))
   return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state.params))
 
 
@@ -260,7 +260,7 @@ def analyze(config, topology: str, num_slices: int = 1, probes: bool = True) -> 
   try:
     mesh = sharding.create_mesh(config.mesh, devices)
     steps.check_state_divides(config, steps.build_model(config),
-                              optim.create_optimizer(config.train), mesh,
+                              optim.for_pretraining(config), mesh,
                               sharding.logical_axis_rules(config.mesh.preset))
   except sharding.MeshError as e:
     raise sharding.MeshError(f'{_describe(topology, num_slices, spec, len(devices))}: {e}') from e

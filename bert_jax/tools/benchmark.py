@@ -105,7 +105,7 @@ class Setup:
     self.mesh = sharding.create_mesh(config.mesh)
     self.rules = sharding.logical_axis_rules(config.mesh.preset)
     config_lib.validate_runtime(config, 0, sharding.batch_divisor(self.mesh))
-    self.model, self.tx = steps.build_model(config), optim.create_optimizer(config.train)
+    self.model, self.tx = steps.build_model(config), optim.for_pretraining(config)
     steps.check_state_divides(config, self.model, self.tx, self.mesh, self.rules)
     with self.in_mesh():
       self.state, shardings = steps.create_train_state(config, self.model, self.tx, self.mesh,

@@ -220,13 +220,16 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
   init_from.check_same_structure(encoder, wanted, config.init_from)
   encoder = jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, wanted)
   heads = {}
-  head = {k[len('classifier/'):]: v for k, v in classifier.items()
-          if k.startswith('classifier/')}
-  fits = (model.head in ('classification', 'regression') and 'classifier' in target
-          and all(v.shape == target['classifier'][k].shape for k, v in head.items()))
+  # The head's subtrees beside the encoder: `classifier`, and DistilBERT's `pre_classifier`.
+  head = {k: v for k, v in classifier.items() if not k.startswith('bert/')}
+  fits = (model.head in ('classification', 'regression')
+          and all(k.split('/')[0] in target and v.shape == target[k.split('/')[0]][
+              k.split('/')[1]].shape for k, v in head.items()))
   if head and fits:
     logging.info('init_from %s: the classification head is loaded too.', config.init_from)
-    heads['classifier'] = {k: v.astype(target['classifier'][k].dtype) for k, v in head.items()}
+    for k, v in head.items():
+      scope, leaf = k.split('/')
+      heads.setdefault(scope, {})[leaf] = v.astype(target[scope][leaf].dtype)
   elif head:
     logging.warning('init_from %s: its classification head (%s) does not fit this task\'s '
                     '%s head of %d output(s); the head starts fresh.', config.init_from,

@@ -67,3 +67,11 @@ def create_optimizer(train_config, num_steps: int | None = None,
     labels = lambda params: {k: 'frozen' if k in frozen else 'train' for k in params}  # noqa: E731
     tx = optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels)
   return tx
+
+
+def for_pretraining(config):
+  """A pretraining run's optimizer (create_optimizer of config.train) with the parameter scopes
+  its objectives freeze (a distillation teacher, objectives.Objective.frozen) frozen; a run
+  whose objectives freeze nothing gets create_optimizer(config.train) itself."""
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  return create_optimizer(config.train, frozen=objectives.frozen_scopes(config))

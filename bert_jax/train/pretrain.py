@@ -183,7 +183,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   config_lib.validate_and_adopt_source(config, config_lib.validate)
   config_lib.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
-  model, tx = steps.build_model(config), optim.create_optimizer(config.train)
+  model, tx = steps.build_model(config), optim.for_pretraining(config)
   try:
     mesh = sharding.create_mesh(config.mesh)
     abstract_state = steps.check_state_divides(config, model, tx, mesh, rules)
@@ -297,6 +297,15 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       except init_from.InitFromError as e:
         raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
+  else:
+    starts = [o.init_params for o in objectives.of_config(config) if o.init_params]
+    if starts:  # A distillation teacher and the student made from it.
+      with jax.set_mesh(None):
+        try:
+          params = starts[0](config, state.params)
+        except init_from.InitFromError as e:
+          raise config_lib.ConfigError(str(e)) from e
+      state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
   claim.commit()  # Every check passed: from here on the run writes its files.
   if jax.process_index() == 0:

@@ -135,7 +135,7 @@ def build_model(config) -> pretraining.PretrainingModel:
 
 
 def objectives_of(model: pretraining.PretrainingModel):
-  return tuple(objectives_lib.get(name) for name in model.objectives)
+  return tuple(objectives_lib.resolve(item) for item in model.objectives)
 
 
 def batch_shape(config) -> objectives_lib.BatchShape:
@@ -152,7 +152,7 @@ def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
   max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair).
   """
   shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row)
-  spec = objectives_lib.batch_spec([objectives_lib.get(n) for n in objectives], shape)
+  spec = objectives_lib.batch_spec([objectives_lib.resolve(n) for n in objectives], shape)
   return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}
 
 

@@ -18,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('clm', 'mlm', 'nsp', 'sop')
+BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'rtd')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
@@ -77,6 +77,11 @@ class Objective:
   # The attention it trains: True needs config.model.causal=True (each token sees itself and
   # earlier ones), False bidirectional attention; config validation checks the run's agree.
   causal: bool = False
+  # (model config, encoder, batch, deterministic) -> (the batch the encoder reads, {output name:
+  # array}): run by the pretraining model before the encoder, e.g. ELECTRA's generator replacing
+  # the masked tokens (its modules are the model's children, as a head's). None: the encoder
+  # reads the batch as it is.
+  corrupt: Callable[[Any, Any, Mapping, bool], tuple[Mapping, dict]] | None = None
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)

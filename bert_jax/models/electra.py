@@ -42,6 +42,32 @@ def generator_config(cfg: bert.BertConfig) -> bert.BertConfig:
   return dataclasses.replace(cfg, embedding_size=cfg.embed_width, **generator_shape(cfg))
 
 
+def generator_run_config(config):
+  """A run's full config -> the config of its generator alone: an 'electra' model of the
+  generator's shape with config.objectives='mlm' (ElectraForMaskedLM's layout)."""
+  gen = config.copy_and_resolve_references()
+  shape = generator_shape(config.model)
+  embed = config.model.get('embedding_size', 0) or config.model.hidden_size
+  gen.model.update(shape, embedding_size=0 if embed == shape['hidden_size'] else embed)
+  gen.objectives = 'mlm'
+  return gen
+
+
+# An ELECTRA run's generator subtrees -> their places in a generator-alone ('mlm') model.
+_GENERATOR_PATHS = (('generator/', 'bert/'), ('generator_predictions/', 'predictions/'))
+
+
+def generator_params(flat: dict) -> dict:
+  """{path: array} of an ELECTRA run -> those of its generator alone (generator_run_config's
+  model): the shared embeddings, the generator's projection, layers and MLM head."""
+  out = {k: v for k, v in flat.items() if k.startswith('bert/embeddings/')}
+  for path, value in flat.items():
+    for ours, theirs in _GENERATOR_PATHS:
+      if path.startswith(ours):
+        out[theirs + path[len(ours):]] = value
+  return out
+
+
 def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
   """What the attention takes for these rows (BertModel's choice, bidirectional only): segment
   ids for the fused kernels, else the additive bias."""

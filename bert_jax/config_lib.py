@@ -59,6 +59,7 @@ RANGES = {
     'model.hidden_dropout_rate': BELOW_ONE, 'model.attention_dropout_rate': BELOW_ONE,
     'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
     'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
+    'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,

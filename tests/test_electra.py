@@ -298,3 +298,25 @@ def test_rtd_pretraining_logs_falling_losses_and_the_auc(rtd_workdir):
   assert all(r['mfu'] > 0 for r in train)
   assert set(init_from.workdir_params(rtd_workdir)) == {
       'bert', 'generator', 'generator_predictions', 'discriminator_predictions'}
+
+
+@pytest.mark.slow
+def test_an_rtd_workdir_fine_tunes_from_its_discriminator_and_exports_both(rtd_workdir,
+                                                                          tmp_path):
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import finetune  # pylint: disable=g-import-not-at-top
+  from configs import glue as glue_config  # pylint: disable=g-import-not-at-top
+  config = glue_config.get_config(f'task=mrpc,init={rtd_workdir}')
+  config.data.max_seq_length = 32
+  config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
+  assert config.model.name == 'electra' and config.model.embedding_size == 16
+  task = type('Task', (), {'head': 'classification', 'num_outputs': 2})()
+  encoder, _ = finetune.load_source_params(config, finetune.build_model(config, task))
+  source = init_from.workdir_params(rtd_workdir)['bert']
+  np.testing.assert_array_equal(encoder['embeddings_project']['kernel'],
+                                source['embeddings_project']['kernel'])
+  out = str(tmp_path / 'export')
+  convert.export_workdir(rtd_workdir, out)
+  for name in ('discriminator', 'generator'):
+    assert {'config.json', 'model.safetensors', 'vocab.txt'} <= set(
+        os.listdir(os.path.join(out, name)))

@@ -60,6 +60,7 @@ RANGES = {
     'model.hidden_dropout_rate': BELOW_ONE, 'model.attention_dropout_rate': BELOW_ONE,
     'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
     'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
+    'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,
@@ -134,6 +135,7 @@ def validate(config) -> None:
   _check_accumulation(config)
   _check_attention(config)
   _check_model_shape(config.model)
+  _check_electra(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
@@ -362,6 +364,37 @@ def _check_model_shape(model) -> None:
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
         f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
+
+
+def _check_electra(config) -> None:
+  """'rtd' trains ELECTRA's encoder with a generator narrower than it (model.generator_fraction in
+  (0, 1]) and takes no other masked-token objective."""
+  names = _objectives().parse(config.objectives)
+  if 'rtd' not in names:
+    return
+  model = config.model
+  if model.get('name', 'bert') != 'electra':
+    raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
+                      f"{model.get('name', 'bert')!r}: 'rtd' (replaced-token detection) trains "
+                      "ELECTRA's discriminator and generator; set config.model.name='electra'.")
+  others = [n for n in names if n in ('mlm', 'clm')]
+  if others:
+    raise ConfigError(f"config.objectives={config.objectives!r}: 'rtd' already trains a masked "
+                      'LM (its generator) and its encoder reads sampled tokens; drop '
+                      f"{', '.join(repr(n) for n in others)} (valid: 'rtd', or 'rtd' with 'nsp' "
+                      "or 'sop').")
+  fraction = model.generator_fraction
+  if not 0 < fraction <= 1:
+    raise ConfigError(f'config.model.generator_fraction={fraction!r}: the generator\'s width as a '
+                      'fraction of hidden_size must be in (0, 1] (ELECTRA: 0.25 small and large, '
+                      '1/3 base); a generator wider than the discriminator is not ELECTRA\'s.')
+  if round(model.hidden_size * fraction) < 1:
+    raise ConfigError(f'config.model.generator_fraction={fraction!r} of config.model.hidden_size='
+                      f'{model.hidden_size} leaves the generator no unit; valid fractions are at '
+                      f'least {0.5 / model.hidden_size:.3g}.')
+  if model.disc_weight < 0:
+    raise ConfigError(f'config.model.disc_weight={model.disc_weight!r}: the discriminator loss\'s '
+                      'weight must be >= 0 (ELECTRA: 50).')
 
 
 def _check_data(config) -> None:

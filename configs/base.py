@@ -52,6 +52,11 @@ def get_config(arg=None):
   # Width of the embedding tables (E), projected to H: ALBERT's factorised embeddings
   # (model.name='albert'); 0 is H, the only width the other families take.
   model.embedding_size = 0
+  # ELECTRA (model.name='electra', config.objectives='rtd'): the generator's hidden size as a
+  # fraction of H (its heads and feed-forward scale with it, its layers are L), and the weight of
+  # the discriminator's replaced-token loss beside the generator's MLM loss.
+  model.generator_fraction = 0.25
+  model.disc_weight = 50.0
   model.num_layers = 12  # L.
   model.num_heads = 12  # A; must divide hidden_size.
   model.intermediate_size = 3072  # Feed-forward width, 4H.

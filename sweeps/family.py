@@ -12,6 +12,9 @@ fewer steps; ALBERT's 128-wide head less, so it takes more). What each arm chang
   ALBERT   MLM + SOP, n-gram masking (n <= 3), 128-wide factorised embeddings, one layer's
            parameters shared by all six, a SentencePiece vocab of 30,000 trained on the corpus
            (lowercased).
+  ELECTRA  replaced-token detection: a generator a third as wide (256, 4 heads) fills the
+           masked positions ([MASK] 85%, kept 15%) with samples, the discriminator tells every
+           token replaced or not (loss: MLM + 50 x RTD); WordPiece as BERT, Adam eps 1e-6.
 
 Everything else is the recipe's (learning rate, schedule, dropout, the Hopper kernels). Each
 tokenizer's arm streams its own prepared copy of the corpus. Fine-tuning is the other sweeps'
@@ -38,6 +41,16 @@ ALBERT = {
              'tokenizer_vocab_size': 30000},
 }
 
+# ELECTRA-base's recipe at the shape: the generator a third of the width, the discriminator's
+# loss weighted 50, masked positions [MASK] 85% and kept 15%, Adam eps 1e-6; BERT's vocab.
+ELECTRA = {
+    'objectives': 'rtd',
+    'model': {'name': 'electra', 'generator_fraction': 1 / 3, 'disc_weight': 50.0},
+    'masking': {'mask_token_fraction': 0.85, 'random_token_fraction': 0.0,
+                'keep_fraction': 0.15},
+    'train': {'adam_eps': 1e-6},
+}
+
 
 def get_config():
   sweep = common.sweep(
@@ -49,6 +62,7 @@ def get_config():
       'bert': {'label': 'BERT (MLM + NSP)'},
       'roberta': {'label': 'RoBERTa (MLM, full sentences, BPE)', 'pretrain': ROBERTA},
       'albert': {'label': 'ALBERT (MLM + SOP, E=128, shared layers)', 'pretrain': ALBERT},
+      'electra': {'label': 'ELECTRA (RTD, generator 1/3 wide)', 'pretrain': ELECTRA},
   })
   sweep.equal_flops = 'bert'
   sweep.notes = [

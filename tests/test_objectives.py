@@ -58,7 +58,7 @@ def test_builtin_objectives_and_models_are_found_by_name():
 
 
 @pytest.mark.parametrize('text,match', [
-    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, distill, mlm, nsp, sop"),
+    ('mlm,plm', "unknown objective 'plm'; valid objectives are clm, distill, mlm, nsp, rtd, sop"),
     ('', 'names no objective'), ('mlm,mlm', 'twice')])
 def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
   config = base.get_config()
@@ -71,9 +71,9 @@ def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
 def test_unknown_model_is_refused_naming_the_valid_ones():
   config = base.get_config()
   config.data.corpus = 'builtin'
-  config.model.name = 'electra'
+  config.model.name = 'deberta'
   with pytest.raises(config_lib.ConfigError,
-                     match="model.name='electra'.*valid models are albert, bert, distilbert, roberta"):
+                     match="model.name='deberta'.*valid models are albert, bert, distilbert, electra, roberta"):
     config_lib.validate(config)
 
 

@@ -45,7 +45,7 @@ def test_every_arm_pretrains_for_the_reference_arms_flops(tmp_path, steps):
   bert = run_config(jobs['bert'])
   assert bert.train.num_steps == (steps or 20000)
   budget = training_flops(jobs['bert'])
-  for arm in ('roberta', 'albert'):
+  for arm in ('roberta', 'albert', 'electra'):
     config = run_config(jobs[arm])
     per_step = config.train.batch_size * metrics.model_flops_per_sequence(config)
     assert abs(training_flops(jobs[arm]) - budget) <= per_step / 2  # The nearest step.
@@ -54,6 +54,8 @@ def test_every_arm_pretrains_for_the_reference_arms_flops(tmp_path, steps):
     assert config.train.warmup_steps == round(config.train.num_steps / 10)
   # RoBERTa's 50k-token output layer costs more a sequence, ALBERT's 128-wide head less.
   assert jobs['roberta'].num_steps < bert.train.num_steps < jobs['albert'].num_steps
+  # ELECTRA's generator and per-token discriminator head cost more than BERT's MLM head.
+  assert jobs['electra'].num_steps < jobs['roberta'].num_steps
 
 
 def test_each_tokenizer_streams_its_own_prepared_corpus(tmp_path):
@@ -64,7 +66,8 @@ def test_each_tokenizer_streams_its_own_prepared_corpus(tmp_path):
   jobs = pretraining(plan)
   corpora = {arm: run_config(job).data.prepared for arm, job in jobs.items()}
   assert corpora == {'bert': str(tmp_path / 'corpus'), 'roberta': str(tmp_path / 'corpus-bpe'),
-                     'albert': str(tmp_path / 'corpus-sentencepiece')}
+                     'albert': str(tmp_path / 'corpus-sentencepiece'),
+                     'electra': str(tmp_path / 'corpus')}  # BERT's WordPiece.
   for arm, job in jobs.items():
     (prepare,) = job.after
     assert prepares[prepare].workdir == corpora[arm]
@@ -81,13 +84,13 @@ def test_one_corpus_with_two_vocabularies_is_refused(tmp_path):
   arms['cased'] = {'label': 'cased WordPiece', 'pretrain': {'data': {'lowercase': False}}}
   sweep.arms = arms
   with pytest.raises(spec.SweepError,
-                     match=r"'bert', 'cased' stream one prepared corpus .*config.data.lowercase"):
+                     match=r"'bert', 'electra', 'cased' stream one prepared corpus .*config.data.lowercase"):
     spec.plan(sweep, str(tmp_path))
 
 
 @pytest.mark.parametrize('field, value, message', [
-    ('equal_flops', 'electra', r"sweep.equal_flops='electra' names no pretrained arm; the "
-                               r"pretrained arms are bert, roberta, albert"),
+    ('equal_flops', 'deberta', r"sweep.equal_flops='deberta' names no pretrained arm; the "
+                               r"pretrained arms are bert, roberta, albert, electra"),
     ('args', 'steps=100', r"Arm 'roberta' sets steps in its args, but sweep.equal_flops='bert'"),
 ])
 def test_bad_equal_flops_settings_are_named(tmp_path, field, value, message):

@@ -452,14 +452,52 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   exports as RobertaForMaskedLM and ALBERT without SOP as AlbertForMaskedLM, both without the
   pooler, as those classes hold none; a head of ours the class lacks is left out, with a warning.
   """
-  layout = hf_families.for_config(config)
-  hf_config = model_to_hf_config(config)
-  frozen = objectives.frozen_scopes(config)
+  frozen = objectives.frozen_scopes(config)  # A distillation teacher is not exported.
   flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()
           if k.split('/')[0] not in frozen}
+  if 'rtd' in objectives.parse(config.objectives):
+    return _export_electra(flat, config, out_dir)
+  return _export_flat(flat, config, out_dir, leaf_shapes(config))
+
+
+def export_dirs(config, out_dir: str) -> list[str]:
+  """The HF directories export_hf writes for config: out_dir, or for ELECTRA's 'rtd'
+  out_dir/discriminator (ElectraForPreTraining) and out_dir/generator (ElectraForMaskedLM)."""
+  if 'rtd' in objectives.parse(config.objectives):
+    return [os.path.join(out_dir, 'discriminator'), os.path.join(out_dir, 'generator')]
+  return [out_dir]
+
+
+def _export_electra(flat, config, out_dir) -> list[str]:
+  """An ELECTRA pretraining run's parameters as two HF directories (export_dirs): the
+  discriminator and, re-rooted with a copy of the shared embeddings, the generator."""
+  from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
+  shapes = leaf_shapes(config)
+  keep = ('bert/', 'discriminator_predictions/')
+  generator_trees = ('generator/', 'generator_predictions/')
+  unexpected = [k for k in flat if not k.startswith(keep + generator_trees)]
+  if unexpected:
+    raise CheckpointMismatchError('Parameters do not fit config.model',
+                                  [f'unexpected {k}' for k in unexpected])
+  discriminator, generator = export_dirs(config, out_dir)
+  disc = {k: v for k, v in flat.items() if k.startswith(keep)}
+  keys = _export_flat(disc, config, discriminator,
+                      {k: v for k, v in shapes.items() if k.startswith(keep)})
+  gen_config = electra.generator_run_config(config)
+  gen = electra.generator_params(flat)
+  keys += _export_flat(gen, gen_config, generator, leaf_shapes(gen_config), pooler=False)
+  return keys
+
+
+def _export_flat(flat, config, out_dir, shapes, pooler=True) -> list[str]:
+  """export_hf on flattened parameters; `shapes` those the model has (leaf_shapes), the pooler
+  optional where pooler=False (an ELECTRA generator has none)."""
+  layout = hf_families.for_config(config)
+  hf_config = model_to_hf_config(config)
   if config.model.scan_layers:
     flat = _unstack_layers(flat)
-  shapes = leaf_shapes(config)
+  if not pooler:
+    shapes = {k: v for k, v in shapes.items() if not k.startswith('bert/pooler/')}
   problems = [f'missing {k}' for k in shapes if k not in flat]
   problems += [f'unexpected {k}' for k in flat if k not in shapes]
   problems += [f'wrong shape for {k}: expected {shapes[k]}, got {v.shape}'
@@ -467,7 +505,8 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   if problems:
     raise CheckpointMismatchError('Parameters do not fit config.model', problems)
   table = [e for e in entries(config.model.num_layers, layout=layout) if e.path in flat
-           and (e.group != 'pooler' or layout.exports_pooler(config))]
+           and (e.group != 'pooler' or layout.exports_pooler(config))
+           and e.hf_key not in hf_families.NOT_EXPORTED]
   tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path])) for e in table}
   dropped = [h for h in _head_subtrees(flat) if h not in layout.heads]
   if dropped:

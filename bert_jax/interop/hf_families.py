@@ -166,6 +166,37 @@ DISTILBERT_TABLE = (
     ('bert/embeddings/word_embeddings', 'vocab_projector.weight', 'tied'),
 )
 
+# ELECTRA's backbone is BERT's under `electra.` without a pooler, with `embeddings_project` (E -> H)
+# when E != H; ElectraForPreTraining's head scores tokens (the rtd objective's), and
+# ElectraForMaskedLM is a generator: its backbone and MLM head load as an 'electra' model with
+# config.objectives='mlm'.
+ELECTRA_TABLE = tuple(
+    (path, 'electra.' + key[len('bert.'):], transform)
+    for path, key, transform in BERT_TABLE if path.startswith('bert/')
+    and not path.startswith('bert/pooler/') and transform != 'tied'
+) + (
+    ('bert/embeddings_project/kernel', 'electra.embeddings_project.weight', 'transpose'),
+    ('bert/embeddings_project/bias', 'electra.embeddings_project.bias', 'none'),
+    ('discriminator_predictions/dense/kernel', 'discriminator_predictions.dense.weight',
+     'transpose'),
+    ('discriminator_predictions/dense/bias', 'discriminator_predictions.dense.bias', 'none'),
+    ('discriminator_predictions/dense_prediction/kernel',
+     'discriminator_predictions.dense_prediction.weight', 'transpose'),
+    ('discriminator_predictions/dense_prediction/bias',
+     'discriminator_predictions.dense_prediction.bias', 'none'),
+    ('predictions/transform_dense/kernel', 'generator_predictions.dense.weight', 'transpose'),
+    ('predictions/transform_dense/bias', 'generator_predictions.dense.bias', 'none'),
+    ('predictions/transform_LayerNorm/scale', 'generator_predictions.LayerNorm.weight', 'none'),
+    ('predictions/transform_LayerNorm/bias', 'generator_predictions.LayerNorm.bias', 'none'),
+    ('predictions/output_bias', 'generator_lm_head.bias', 'none'),
+    ('bert/embeddings/word_embeddings', 'generator_lm_head.weight', 'tied'),
+)
+
+# Tied copies read on import (checked equal) but not written: transformers 5 loads
+# ElectraForMaskedLM's decoder from the embeddings and reports a saved copy as unexpected.
+NOT_EXPORTED = frozenset({'generator_lm_head.weight'})
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """How one family's parameters lie in transformers' state dicts and config.json."""
@@ -390,6 +421,37 @@ def distilbert_hf_config(config) -> dict:
       'tie_word_embeddings': True,
   }
 
+def electra_overrides(hf_config: dict) -> dict:
+  """HF ElectraConfig dict -> our config.model values (model.name 'electra')."""
+  # ElectraGeneratorPredictions and ElectraClassificationHead apply the exact GELU whatever
+  # hidden_act says; ours follow model.gelu.
+  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, 'ELECTRA')
+  if problems:
+    raise UnsupportedConfigError('Unsupported HF ELECTRA config: ' + '; '.join(problems) + '.')
+  overrides = _shape_overrides(hf_config)
+  embed = hf_config.get('embedding_size', 128)
+  return {'name': 'electra', **overrides, 'gelu': 'erf',
+          'embedding_size': 0 if embed == overrides.get('hidden_size', 256) else embed}
+
+
+def electra_hf_config(config) -> dict:
+  """Our full config -> an HF ElectraConfig dict: ElectraForPreTraining (the discriminator) with
+  'rtd', else ElectraForMaskedLM (a generator: config.objectives='mlm')."""
+  m = config.model
+  if m.gelu != 'erf':
+    raise UnsupportedConfigError(
+        f"model.gelu={m.gelu!r}: ElectraForMaskedLM's head and ElectraForSequenceClassification's "
+        "apply the exact GELU; export needs model.gelu='erf'.")
+  rtd = 'rtd' in _objective_names(config)
+  return {
+      'architectures': ['ElectraForPreTraining' if rtd else 'ElectraForMaskedLM'],
+      'model_type': 'electra', **_shape_fields(m),
+      'embedding_size': m.get('embedding_size', 0) or m.hidden_size,
+      'hidden_act': 'gelu', 'pad_token_id': 0, 'position_embedding_type': 'absolute',
+      'is_decoder': False,
+  }
+
+
 # BertForSequenceClassification and AlbertForSequenceClassification: a Linear on the pooled
 # [CLS], as our classification head.
 _LINEAR_CLASSIFIER = (('classifier/kernel', 'classifier.weight', 'transpose'),
@@ -445,7 +507,22 @@ DISTILBERT = Layout(
     optional_pooler=False, to_overrides=distilbert_overrides, to_hf_config=distilbert_hf_config,
     exports_pooler=lambda config: False, tokenizer='wordpiece', classifier=_DISTIL_CLASSIFIER)
 
-LAYOUTS = {layout.family: layout for layout in (BERT, ROBERTA, ALBERT, DISTILBERT)}
+
+ELECTRA = Layout(
+    family='electra', model_type='electra', display='ELECTRA', prefix='electra.',
+    base_class='ElectraModel',
+    head_classes=(('ElectraForPreTraining', 'discriminator_predictions.'),
+                  ('ElectraForMaskedLM', 'generator_predictions.')),
+    table=ELECTRA_TABLE, heads={'predictions': 'mlm', 'discriminator_predictions': 'rtd'},
+    ignored=_buffers('electra.'), optional_pooler=True, to_overrides=electra_overrides,
+    to_hf_config=electra_hf_config,
+    exports_pooler=lambda config: False,  # ElectraModel has no pooler.
+    # ElectraClassificationHead: dense, GELU, out_proj on [CLS]: our pooler (dense, GELU) and
+    # classifier, as RoBERTa's.
+    tokenizer='wordpiece', classifier=_ROBERTA_CLASSIFIER)
+
+LAYOUTS = {layout.family: layout
+           for layout in (BERT, ROBERTA, ALBERT, DISTILBERT, ELECTRA)}
 
 
 def for_family(name: str) -> Layout:

@@ -48,6 +48,10 @@ class BertConfig:
   layer_norm_eps: float = 1e-12
   # Width of the embedding tables, projected to hidden_size by ALBERT's encoder (0: hidden_size).
   embedding_size: int = 0
+  # ELECTRA's (models/electra.py, objectives/rtd.py; the other families ignore them): the
+  # generator's width as a fraction of hidden_size, and the weight of the discriminator's loss.
+  generator_fraction: float = 0.25
+  disc_weight: float = 50.0
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
   # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
   position_offset: int = 0

@@ -1,7 +1,9 @@
 """The pretraining model: an encoder from the models registry with its objectives' heads.
 
 Parameters: the encoder under its family's scope (`bert/`), each head under its own name
-(`predictions/`, `seq_relationship/`), as the original BERT's checkpoints lay them out.
+(`predictions/`, `seq_relationship/`), as the original BERT's checkpoints lay them out. An
+objective with a `corrupt` step (ELECTRA's generator) runs it before the encoder, which then
+reads the batch it returns; its modules sit beside the heads (`generator/`, ...).
 """
 
 from typing import Any
@@ -26,11 +28,16 @@ class PretrainingModel(nn.Module):
     # [batch, pairs] (each pair's [CLS], pooled).
     family = models.get(self.model)
     encoder = family.encoder(self.config, name=family.scope)
+    outputs = {}
+    for name in self.objectives:
+      corrupt = objectives_lib.resolve(name).corrupt
+      if corrupt is not None:  # E.g. ELECTRA's generator: the encoder reads its samples.
+        batch, produced = corrupt(self.config, encoder, batch, deterministic)
+        outputs.update(produced)
     sequence, pooled = encoder(batch['input_ids'], batch['segment_ids'], batch['input_mask'],
                                deterministic, batch.get('position_ids'), batch.get('pair_ids'),
                                batch.get('nsp_positions'))
     encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
-    outputs = {}
     for name in self.objectives:
       outputs.update(objectives_lib.resolve(name).head(self.config, encoded, batch,
                                                        deterministic))

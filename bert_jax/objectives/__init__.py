@@ -18,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill')
+BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
@@ -88,6 +88,11 @@ class Objective:
   # no checkpoint of its own exists (distill: the teacher's weights and the student made from
   # them); None: the fresh init (or config.init_from).
   init_params: Callable[[Any, Any], Any] | None = None
+  # (model config, encoder, batch, deterministic) -> (the batch the encoder reads, {output name:
+  # array}): run by the pretraining model before the encoder, e.g. ELECTRA's generator replacing
+  # the masked tokens (its modules are the model's children, as a head's). None: the encoder
+  # reads the batch as it is.
+  corrupt: Callable[[Any, Any, Mapping, bool], tuple[Mapping, dict]] | None = None
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)

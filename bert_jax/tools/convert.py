@@ -22,14 +22,16 @@ from bert_jax.train.checkpoint import latest_step
 from bert_jax.interop import hf_families
 from bert_jax.interop.hf import (
     TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
-    UnsupportedConfigError, check_tokenizer_casing, entries, export_hf, export_tokenizer,
+    UnsupportedConfigError, check_tokenizer_casing, entries, export_dirs, export_hf,
+    export_tokenizer,
     hf_config_to_model_overrides, import_hf, init_params, leaf_shapes, load_hf_state_dict,
     merge_missing, model_to_hf_config, tokenizer_casing, _detect_layout)
 
 # The Python API, re-exported from hf_interop so users import one module.
 __all__ = [
     'TABLE', 'CasingMismatchError', 'CheckpointMismatchError', 'ImportReport',
-    'UnsupportedConfigError', 'check_tokenizer_casing', 'entries', 'export_hf', 'export_workdir',
+    'UnsupportedConfigError', 'check_tokenizer_casing', 'entries', 'export_dirs', 'export_hf',
+    'export_workdir',
     'hf_config_to_model_overrides', 'import_hf', 'init_params', 'leaf_shapes',
     'load_hf_state_dict', 'merge_missing', 'model_to_hf_config', 'tokenizer_casing', 'main']
 
@@ -52,8 +54,9 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
   if os.path.isfile(vocab_file):
     # RoBERTa numbers positions from 2: two rows fewer than max_position_embeddings.
     offset = 2 if config.model.get('name', 'bert') == 'roberta' else 0
-    export_tokenizer(vocab_file, config.data.lowercase, out_dir,
-                     config.model.max_position_embeddings - offset, kind)
+    for directory in export_dirs(config, out_dir):  # ELECTRA's: two models.
+      export_tokenizer(vocab_file, config.data.lowercase, directory,
+                       config.model.max_position_embeddings - offset, kind)
   else:
     logging.warning('No %s in %s and config.data.vocab_file=%r is not a file: the export has no '
                     'tokenizer files.', ' + '.join(tokenizer_lib.KEPT_FILES[kind]), workdir,

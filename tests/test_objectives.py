@@ -58,7 +58,7 @@ def test_builtin_objectives_and_models_are_found_by_name():
 
 
 @pytest.mark.parametrize('text,match', [
-    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, mlm, nsp, sop"),
+    ('mlm,rtd', "unknown objective 'rtd'; valid objectives are clm, mlm, nsp, sbo, sop"),
     ('', 'names no objective'), ('mlm,mlm', 'twice')])
 def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
   config = base.get_config()

@@ -9,7 +9,7 @@ from bert_jax.data import corpus
 from bert_jax.data import masking
 from bert_jax.data import pretraining
 from bert_jax.data import tokenizer as tokenizer_lib
-from tests.conftest import shared_data_dir
+from conftest import shared_data_dir
 
 SPECIAL = pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 1009

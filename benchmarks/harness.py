@@ -32,7 +32,8 @@ from bert_jax.tools import gpu_clocks  # NVML through ctypes: no jax, no torch.
 CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py',
            **{f'roberta-{size}': f'configs/roberta.py:size={size}' for size in ('base', 'large')},
            **{f'albert-{size}': f'configs/albert.py:size={size}'
-              for size in ('base', 'large', 'xlarge')}}
+              for size in ('base', 'large', 'xlarge')},
+           **{f'spanbert-{size}': f'configs/spanbert.py:size={size}' for size in ('base', 'large')}}
 # The models benchmarks/peer.py has (HF BertForPreTraining).
 PEER_MODELS = ('base', 'large')
 PEER_MODES = ('eager', 'compile')

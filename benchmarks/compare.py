@@ -21,7 +21,8 @@ A variant may add flags after `+`: `large_gpu+--config.model.ffn_impl=xla` (a co
 repeats (harness.best_of).
 
 The family at one shape (docs/family.md), no peer: MODEL is base or large (BERT),
-roberta-base|large, albert-base|large|xlarge or electra-small|base|large, each its recipe's model, objectives and optimizer:
+roberta-base|large, albert-base|large|xlarge, spanbert-base|large, electra-small|base|large or
+distilbert, each its recipe's model, objectives and optimizer:
   python benchmarks/compare.py --shapes=base:128:256,roberta-base:128:256,albert-base:128:256 \
       --peer= --variants=large_gpu --repeats=2 --out=family.jsonl
 The peer (HF BertForPreTraining) runs for BERT's shapes only.

@@ -36,7 +36,8 @@ CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py',
            # A BERT-base teacher and its 6-layer student; the teacher's forward is in the step.
            'distilbert': 'configs/distilbert.py',
            **{f'electra-{size}': f'configs/electra.py:size={size}'
-              for size in ('small', 'base', 'large')}}
+              for size in ('small', 'base', 'large')},
+           **{f'spanbert-{size}': f'configs/spanbert.py:size={size}' for size in ('base', 'large')}}
 # The models benchmarks/peer.py has (HF BertForPreTraining).
 PEER_MODELS = ('base', 'large')
 PEER_MODES = ('eager', 'compile')

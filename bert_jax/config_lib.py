@@ -25,6 +25,7 @@ VALID_CHOICES = {
     'data.tokenizer': ('wordpiece', 'bpe', 'sentencepiece'),
     'data.rows': ('segments', 'full_sentences'),
     'masking.eval': ('train', 'reference'),
+    'masking.spans': ('', 'geometric'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
@@ -72,6 +73,7 @@ RANGES = {
     'masking.rate': PROBABILITY, 'masking.mask_token_fraction': PROBABILITY,
     'masking.random_token_fraction': PROBABILITY, 'masking.keep_fraction': PROBABILITY,
     'masking.max_ngram': POSITIVE,
+    'masking.span_p': Range(lambda x: 0 < x <= 1, 'in (0, 1]'), 'masking.max_span': POSITIVE,
     'train.batch_size': POSITIVE, 'train.grad_accum_steps': POSITIVE,
     'train.num_steps': POSITIVE, 'train.phase2_fraction': BELOW_ONE,
     'train.phase2_batch_size': NON_NEGATIVE, 'train.learning_rate': POSITIVE,
@@ -476,6 +478,7 @@ def _check_masking(config) -> None:
         f'config.masking.mask_token_fraction + random_token_fraction + keep_fraction = '
         f'{fractions[0]} + {fractions[1]} + {fractions[2]} = {sum(fractions):.6g}; they must sum '
         'to 1.')
+  _check_spans(config)
   needed = int(round(data.max_seq_length * masking.rate))
   if data.max_predictions_per_seq < needed:
     raise ConfigError(
@@ -484,6 +487,22 @@ def _check_masking(config) -> None:
         f'{data.max_seq_length} = {needed} predictions; set it to at least {needed} (the '
         'config arguments mask_rate and seq raise it; masking would cap the predictions there '
         'and train at a lower rate).')
+
+
+def _check_spans(config) -> None:
+  """Span masking is one masking scheme, and the span boundary objective needs it."""
+  masking = config.masking
+  if masking.spans and masking.max_ngram > 1:
+    raise ConfigError(
+        f'config.masking.spans={masking.spans!r} with config.masking.max_ngram='
+        f'{masking.max_ngram}: span masking and n-gram masking are two ways of choosing the '
+        "masked tokens; set masking.max_ngram=1 (spans) or masking.spans='' (n-grams).")
+  names = _objectives().parse(config.objectives)
+  if 'sbo' in names and not masking.spans:
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} trains the span boundary objective, which '
+        f"predicts masked spans, but config.masking.spans={masking.spans!r} masks none; set "
+        "config.masking.spans='geometric' (SpanBERT), or drop 'sbo'.")
 
 
 def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:

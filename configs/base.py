@@ -153,6 +153,12 @@ def get_config(arg=None):
   # Mask runs of n tokens (words, with whole_word) together, n <= max_ngram drawn with p(n)
   # proportional to 1/n: ALBERT's n-gram masking (3); 1 masks token by token (or word by word).
   masking.max_ngram = 1
+  # SpanBERT's span masking: 'geometric' masks contiguous spans of words (tokens without
+  # whole_word), lengths drawn from Geometric(span_p) clipped at max_span, one 80/10/10 decision
+  # per span; '' masks as the keys above say.
+  masking.spans = ''
+  masking.span_p = 0.2  # With spans: the geometric parameter (SpanBERT: 0.2, mean span 3.8 words).
+  masking.max_span = 10  # With spans: the longest span in words (SpanBERT: 10).
   # How the held-out set is masked: 'train' as the settings above; 'reference' with the paper's
   # (15% of tokens, 80/10/10, token by token), whatever the run trains with, so that runs of
   # other masking (an ablation sweep's arms) are scored on the same held-out masks.

@@ -63,6 +63,11 @@ SETUPS = {
     # RoBERTa-large's whole recipe step: 8192 rows as 32 accumulated micro-batches.
     'roberta-large-v5e:8x8-512-recipe': ('configs/roberta.py:size=large', 'v5e:8x8',
                                          BF16 + NO_PROBES, DATA_THEN_FSDP),
+    # SpanBERT's recipe step is one such micro-batch: 256 rows of 512, MLM + SBO.
+    **{f'spanbert-{size}-{topology}-512': (f'configs/spanbert.py:size={size}', topology,
+                                           MICRO_BATCH + BF16, DATA_THEN_FSDP)
+       for size, topologies in (('base', ('v3:4x4', 'v5e:4x4')), ('large', ('v3:8x8', 'v5e:8x8')))
+       for topology in topologies},
 }
 PAPER_STEPS = 1_000_000
 LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}
@@ -70,7 +75,8 @@ LAMB_MINUTES = 76
 # The family's recipes: (optimizer steps, micro-batches of 256 per step).
 FAMILY_RECIPES = {'roberta-base': (500_000, 32), 'roberta-large': (500_000, 32),
                   'albert-base': (125_000, 16), 'albert-large': (125_000, 16),
-                  'albert-xlarge': (125_000, 16)}
+                  'albert-xlarge': (125_000, 16), 'spanbert-base': (2_400_000, 1),
+                  'spanbert-large': (2_400_000, 1)}
 
 
 def run_setup(name, results_path):

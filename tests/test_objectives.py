@@ -58,7 +58,8 @@ def test_builtin_objectives_and_models_are_found_by_name():
 
 
 @pytest.mark.parametrize('text,match', [
-    ('mlm,plm', "unknown objective 'plm'; valid objectives are clm, distill, mlm, nsp, rtd, sop"),
+    ('mlm,plm', "unknown objective 'plm'; valid objectives are clm, distill, mlm, nsp, rtd, sbo, "
+     'sop'),
     ('', 'names no objective'), ('mlm,mlm', 'twice')])
 def test_bad_objectives_are_refused_naming_the_valid_ones(text, match):
   config = base.get_config()

@@ -67,6 +67,8 @@ def make_batch(rows: list[list], rng: np.random.Generator, settings: StreamSetti
       'masked_lm_ids': mlm_ids,
       'masked_lm_weights': mlm_weights,
   }
+  if s.span_keys:
+    batch.update(masking.span_boundaries(mlm_positions, mlm_weights))  # [b, predictions] each
   if not s.packing:
     batch['next_sentence_labels'] = nsp_labels[:, 0]  # [b]
     return batch

@@ -6,11 +6,14 @@ counted in n_tokens; of the chosen tokens mask_token_fraction become [MASK],
 random_token_fraction a random id (any id, as the original, or with a tokenizer whose
 SpecialIds.draws_specials is False no special one, as RoBERTa's), the rest stay; whole-word
 masking chooses all pieces of a word together; n-gram masking (ALBERT, max_ngram > 1) chooses runs of up to max_ngram tokens (words,
-with whole-word masking) together; a mask_rate of 0 chooses nothing (the unmasked rows of a run
+with whole-word masking) together; span masking (SpanBERT, spans='geometric') chooses
+contiguous spans of Geometric(span_p) words, clipped at max_span, and gives each span one
+80/10/10 decision; a mask_rate of 0 chooses nothing (the unmasked rows of a run
 whose objectives read clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory
 path, data/pipeline.py, and static masks); mask_batch masks every pair of a batch of (packed)
-rows at once (the streaming path, data/batching.py). A new masking scheme (SpanBERT's spans) is
-a new chooser here.
+rows at once (the streaming path, data/batching.py). A new masking scheme is a new chooser here.
+span_boundaries gives each prediction its span's boundary positions and its offset in the span
+(the span boundary objective's batch keys), from the chosen positions alone.
 """
 
 import functools
@@ -18,11 +21,17 @@ import functools
 import numpy as np
 
 _STATIC_MASK_STREAM = 14  # Seeds static masks; streaming.py's streams use 11-15 too, apart.
+# Span masking: draws in a row that find no place for their span before the chooser gives up
+# (a short row has no room for long spans; a full one none for any).
+_SPAN_TRIES = 10
+# Batch keys of span_boundaries, per prediction.
+SPAN_KEYS = ('span_left_positions', 'span_right_positions', 'span_offsets')
 
 
 def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
                 max_predictions, mask_token_fraction, random_token_fraction,
-                keep_fraction, is_continuation=None, max_ngram=1):
+                keep_fraction, is_continuation=None, max_ngram=1, spans='', span_p=0.2,
+                max_span=10):
   """Chooses positions to predict and corrupts them: (masked_ids, positions, labels)."""
   del keep_fraction  # The remainder of the other two; the config validates it.
   input_ids = np.asarray(input_ids, np.int32)
@@ -32,7 +41,10 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
   num_to_predict = min(max_predictions,
                        max(1, int(round(len(input_ids) * mask_rate))))
   is_candidate = ~np.isin(input_ids, [special.cls, special.sep, special.pad])
-  if max_ngram > 1:
+  if spans:
+    positions = _choose_spans(input_ids, is_candidate, is_continuation, num_to_predict, rng,
+                              span_p=span_p, max_span=max_span)
+  elif max_ngram > 1:
     positions = _choose_ngrams(input_ids, is_candidate, is_continuation, num_to_predict,
                                max_ngram, rng)
   elif is_continuation is None:
@@ -45,7 +57,7 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
   masked_ids = input_ids.copy()
   masked_ids[positions] = _corrupt(
       labels, rng, special, vocab_size, mask_token_fraction,
-      random_token_fraction)
+      random_token_fraction, _run_starts(positions) if spans else None)
   return masked_ids, positions, labels
 
 
@@ -142,11 +154,124 @@ def _ngram_spans(input_ids, is_candidate, is_continuation, num_to_predict, max_n
   return chosen
 
 
+def span_length_probabilities(span_p: float, max_span: int) -> np.ndarray:
+  """P(length = 1..max_span) of a span, in words: Geometric(span_p) clipped at max_span and
+  renormalised, as SpanBERT's PairWithSpanMaskingScheme draws it (p=0.2, 10: mean 3.8)."""
+  lengths = np.arange(1, max_span + 1)
+  weights = span_p * (1.0 - span_p) ** (lengths - 1)
+  return weights / weights.sum()
+
+
+def _choose_spans(input_ids, is_candidate, is_continuation, num_to_predict, rng, *, span_p,
+                  max_span):
+  """The positions of _geometric_spans' spans, num_to_predict at most."""
+  spans = _geometric_spans(input_ids, is_candidate, is_continuation, num_to_predict, rng,
+                           span_p=span_p, max_span=max_span)
+  if not spans:
+    return np.zeros(0, np.int64)
+  return np.concatenate([span for span, _ in spans])
+
+
+def _geometric_spans(input_ids, is_candidate, is_continuation, num_to_predict, rng, *, span_p,
+                     max_span):
+  """SpanBERT's span masking (Joshi et al., 2020, section 3.1): until num_to_predict tokens
+  are chosen, a length of n words is drawn (span_length_probabilities) and the span starts at a
+  word drawn uniformly among those where n words fit. Words are whole words with
+  is_continuation (tokens without), every piece of a chosen word is masked.
+
+  Unlike SpanBERT's code, whose spans may overlap and then merge, a span here never overlaps
+  or touches another (nor crosses [SEP]): each span's boundary tokens stay unmasked, and the
+  drawn lengths are the masked spans' lengths. A draw that finds no place is drawn again,
+  _SPAN_TRIES times in a row at most; the span that reaches the budget keeps the whole words
+  that fit, and ends the choosing.
+  Returns [(positions of the span, its drawn length in words)] in the order chosen."""
+  positions = np.flatnonzero(is_candidate)
+  if not len(positions):
+    return []
+  if is_continuation is None:
+    heads = np.arange(len(positions))
+  else:
+    heads = _word_heads(input_ids, positions, is_continuation)
+  bounds = np.append(heads, len(positions))  # Word k: positions[bounds[k]:bounds[k + 1]].
+  num_words = len(heads)
+  # Runs of text: a word that does not follow the one before (after [SEP]) starts a new run.
+  starts_run = np.ones(num_words, bool)
+  starts_run[1:] = positions[bounds[1:-1]] != positions[bounds[1:-1] - 1] + 1
+  run = np.cumsum(starts_run)  # [words]
+  cdf = np.cumsum(span_length_probabilities(span_p, max_span))
+  blocked = np.zeros(num_words, bool)  # Words of a chosen span and their neighbours.
+  chosen, num_chosen, failures = [], 0, 0
+  while num_chosen < num_to_predict and failures < _SPAN_TRIES:
+    drawn = min(max_span, 1 + int(np.searchsorted(cdf, rng.random(), side='right')))
+    starts = np.zeros(0, np.int64)
+    if drawn <= num_words:
+      free = np.concatenate([[0], np.cumsum(~blocked)])
+      fits = (free[drawn:] - free[:-drawn] == drawn) & (run[drawn - 1:] == run[:1 - drawn or None])
+      starts = np.flatnonzero(fits)
+    if not len(starts):
+      failures += 1
+      continue
+    failures = 0
+    k = int(starts[rng.integers(len(starts))])
+    room = num_to_predict - num_chosen
+    # The whole words of the span that fit the budget: all n, unless it is the last span.
+    n = int(np.searchsorted(bounds[k:k + drawn + 1] - bounds[k], room, side='right')) - 1
+    if n == 0:
+      break
+    chosen.append((positions[bounds[k]:bounds[k + n]], drawn))
+    num_chosen += bounds[k + n] - bounds[k]
+    lo = k - 1 if k > 0 and run[k - 1] == run[k] else k
+    hi = k + n if k + n < num_words and run[k + n] == run[k] else k + n - 1
+    blocked[lo:hi + 1] = True
+    if n < drawn:
+      break
+  return chosen
+
+
+def _run_starts(positions, weights=None):
+  """For chosen positions sorted along the last axis ([..., p]; weights 0.0: padding), the index
+  of the first position of each one's run of consecutive positions: its span's first token
+  (spans never touch, so a run is one span)."""
+  positions = np.asarray(positions)
+  index = np.broadcast_to(np.arange(positions.shape[-1]), positions.shape)
+  starts = np.ones(positions.shape, bool)
+  starts[..., 1:] = positions[..., 1:] != positions[..., :-1] + 1
+  if weights is not None:
+    starts |= np.asarray(weights) <= 0
+  return np.maximum.accumulate(np.where(starts, index, 0), axis=-1)
+
+
+def span_boundaries(positions, weights) -> dict:
+  """The span boundary objective's keys of chosen positions ([..., p], sorted along the last
+  axis, padding weighted 0.0): each prediction's span is its run of consecutive positions;
+  span_left_positions its first position - 1, span_right_positions its last + 1 (the tokens just
+  outside it: text, or [CLS] / [SEP]), span_offsets the prediction's index in it (0 first);
+  padding gets zeros. Any masking's positions have them; with span masking a run is a span."""
+  positions = np.asarray(positions, np.int64)
+  real = np.asarray(weights) > 0
+  p = positions.shape[-1]
+  index = np.broadcast_to(np.arange(p), positions.shape)
+  first = _run_starts(positions, weights)
+  ends = np.ones(positions.shape, bool)
+  ends[..., :-1] = (positions[..., 1:] != positions[..., :-1] + 1) | ~real[..., 1:]
+  # The index of each one's run's last position: the smallest run end at or after it.
+  last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, index, p), -1), axis=-1), -1)
+  left = np.take_along_axis(positions, first, -1) - 1
+  right = np.take_along_axis(positions, last, -1) + 1
+  return {'span_left_positions': np.where(real, left, 0).astype(np.int32),
+          'span_right_positions': np.where(real, right, 0).astype(np.int32),
+          'span_offsets': np.where(real, index - first, 0).astype(np.int32)}
+
+
 def _corrupt(labels, rng, special, vocab_size, mask_token_fraction,
-             random_token_fraction):
+             random_token_fraction, run_starts=None):
   """Returns the replacement of each chosen token (labels of any shape): [MASK], a random id,
-  or itself."""
+  or itself. run_starts (span masking; the shape of labels): the index along the last axis of
+  each token's span's first token, whose draw decides for the whole span (SpanBERT's
+  replacement per span); a random replacement is still drawn per token."""
   u = rng.random(labels.shape)
+  if run_starts is not None:
+    u = np.take_along_axis(u, run_starts, -1)
   random_ids = random_tokens(rng, labels.shape, special, vocab_size)
   replacements = np.where(
       u < mask_token_fraction + random_token_fraction, random_ids, labels)
@@ -189,7 +314,11 @@ def mask_batch(ids, pair_of, rng, settings):
       s.max_predictions, np.maximum(1, np.round(pair_lengths * s.mask_rate).astype(np.int64))), 0)
   before = np.cumsum(wanted, 1) - wanted
   wanted = np.clip(s.max_predictions - before, 0, wanted)  # [b, k]
-  if s.max_ngram > 1:
+  if s.spans:
+    chosen = _choose_per_pair(ids, pair_of, candidate, wanted, rng, functools.partial(
+        _choose_spans, is_continuation=s.is_continuation, span_p=s.span_p,
+        max_span=s.max_span))
+  elif s.max_ngram > 1:
     chosen = _choose_per_pair(ids, pair_of, candidate, wanted, rng, functools.partial(
         _choose_ngrams, is_continuation=s.is_continuation, max_ngram=s.max_ngram))
   elif s.is_continuation is not None:
@@ -224,7 +353,8 @@ def mask_batch(ids, pair_of, rng, settings):
   positions = np.where(slots < length, slots, 0).astype(np.int32)
   labels = np.where(slots < length, np.take_along_axis(ids, positions, 1), s.special.pad)
   replaced = _corrupt(labels, rng, s.special, s.vocab_size, s.mask_token_fraction,
-                      s.random_token_fraction)  # [b, p]
+                      s.random_token_fraction,
+                      _run_starts(positions, weights) if s.spans else None)  # [b, p]
   masked = ids.copy()
   rows = np.repeat(np.arange(b), p)[weights.ravel() > 0]
   masked[rows, positions.ravel()[weights.ravel() > 0]] = replaced.ravel()[weights.ravel() > 0]
@@ -232,7 +362,7 @@ def mask_batch(ids, pair_of, rng, settings):
 
 
 def _choose_per_pair(ids, pair_of, candidate, wanted, rng, choose):
-  """Whole-word or n-gram masking, pair by pair: choose(input_ids, is_candidate,
+  """Whole-word, n-gram or span masking, pair by pair: choose(input_ids, is_candidate,
   num_to_predict=, rng=) -> positions, mask_tokens' chooser."""
   chosen = np.zeros_like(candidate)
   for r in range(ids.shape[0]):
@@ -265,7 +395,8 @@ def static_masks(ids, pair_of, rows, settings, seed: int):
           ids[r, span], rng, special=s.special, vocab_size=s.vocab_size, mask_rate=s.mask_rate,
           max_predictions=p - filled, mask_token_fraction=s.mask_token_fraction,
           random_token_fraction=s.random_token_fraction, keep_fraction=s.keep_fraction,
-          is_continuation=s.is_continuation, max_ngram=s.max_ngram)
+          is_continuation=s.is_continuation, max_ngram=s.max_ngram, spans=s.spans,
+          span_p=s.span_p, max_span=s.max_span)
       masked[r, span] = pair_masked
       count = len(pair_positions)
       positions[r, filled:filled + count] = span[pair_positions]

@@ -44,7 +44,8 @@ def build_examples(documents, rng: np.random.Generator, settings: pretraining.Ma
           mask_rate=settings.mask_rate, mask_token_fraction=settings.mask_token_fraction,
           random_token_fraction=settings.random_token_fraction,
           keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation,
-          max_ngram=settings.max_ngram)
+          max_ngram=settings.max_ngram, spans=settings.spans, span_p=settings.span_p,
+          max_span=settings.max_span, span_keys=settings.span_keys)
       for instance in instances]
   if not features:
     return None

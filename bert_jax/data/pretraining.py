@@ -65,6 +65,11 @@ class MaskingSettings:
   pair_kind: str = 'next'
   max_ngram: int = 1  # Spans of up to this many words are masked together (ALBERT: 3).
   rows: str = 'segments'  # config.data.rows: 'segments' or 'full_sentences' (RoBERTa).
+  spans: str = ''  # 'geometric': SpanBERT's span masking; '': off.
+  span_p: float = 0.2  # With spans: the span length's geometric parameter.
+  max_span: int = 10  # With spans: the longest span, in words.
+  # Whether batches carry masking.SPAN_KEYS (an objective reads them: the span boundary one).
+  span_keys: bool = False
 
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
@@ -83,11 +88,19 @@ class MaskingSettings:
         random_token_fraction=config.masking.random_token_fraction,
         is_continuation=is_continuation if masked and config.masking.whole_word else None,
         pair_kind=objectives.pair_kind(config) or 'next', max_ngram=config.masking.max_ngram,
-        rows=config.data.rows, **more)
+        rows=config.data.rows, spans=config.masking.spans if masked else '',
+        span_p=config.masking.span_p, max_span=config.masking.max_span,
+        span_keys=reads_span_keys(config), **more)
 
   @property
   def keep_fraction(self) -> float:
     return 1.0 - self.mask_token_fraction - self.random_token_fraction
+
+
+def reads_span_keys(config) -> bool:
+  """Whether one of the run's objectives reads masking.SPAN_KEYS (batches then carry them)."""
+  spec = objectives.batch_spec(objectives.of_config(config), objectives.BatchShape(1, 1))
+  return any(key in spec for key in masking.SPAN_KEYS)
 
 
 def check_rows(config) -> None:
@@ -348,8 +361,10 @@ def assemble(instance, special):
 
 def make_features(instance, rng, *, special, vocab_size, max_seq_length,
                   max_predictions, mask_rate, mask_token_fraction,
-                  random_token_fraction, keep_fraction, is_continuation=None, max_ngram=1):
-  """Returns the padded, fixed-shape model inputs and targets of one instance."""
+                  random_token_fraction, keep_fraction, is_continuation=None, max_ngram=1,
+                  spans='', span_p=0.2, max_span=10, span_keys=False):
+  """Returns the padded, fixed-shape model inputs and targets of one instance (span_keys: with
+  masking.span_boundaries' keys)."""
   input_ids, segment_ids = assemble(instance, special)
   if len(input_ids) > max_seq_length:
     raise ValueError(f'Instance of {len(input_ids)} tokens exceeds '
@@ -359,8 +374,9 @@ def make_features(instance, rng, *, special, vocab_size, max_seq_length,
       mask_rate=mask_rate, max_predictions=max_predictions,
       mask_token_fraction=mask_token_fraction,
       random_token_fraction=random_token_fraction, keep_fraction=keep_fraction,
-      is_continuation=is_continuation, max_ngram=max_ngram)
-  return {
+      is_continuation=is_continuation, max_ngram=max_ngram, spans=spans, span_p=span_p,
+      max_span=max_span)
+  features = {
       'input_ids': _pad(masked_ids, max_seq_length, special.pad),  # [S]
       'input_mask': _pad(np.ones(len(input_ids), np.int32), max_seq_length, 0),
       'segment_ids': _pad(segment_ids, max_seq_length, 0),  # [S]
@@ -370,6 +386,10 @@ def make_features(instance, rng, *, special, vocab_size, max_seq_length,
           np.ones(len(positions), np.float32), max_predictions, 0.0),  # [P]
       'next_sentence_labels': np.array(int(instance.is_random_next), np.int32),
   }
+  if span_keys:
+    features.update(masking.span_boundaries(features['masked_lm_positions'],
+                                            features['masked_lm_weights']))  # [P] each
+  return features
 
 
 def _pad(values, length, value):

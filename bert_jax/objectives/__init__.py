@@ -18,7 +18,7 @@ import jax
 from bert_jax import registry
 
 # The objectives shipped in this package (each registers itself on import).
-BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd')
+BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd', 'sbo')
 
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]

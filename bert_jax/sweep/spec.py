@@ -67,7 +67,7 @@ TOKENIZER_KEYS = ('data.tokenizer', 'data.vocab_file', 'data.lowercase',
 HELD_OUT_ROW_KEYS = ('objectives', 'data.max_seq_length', 'data.short_seq_prob')
 # What decides the masks when masking.eval='train'.
 MASKING_KEYS = ('masking.rate', 'masking.mask_token_fraction', 'masking.random_token_fraction',
-                'masking.whole_word')
+                'masking.whole_word', 'masking.spans', 'masking.span_p', 'masking.max_span')
 # Fine-tuning config of each task outside GLUE; a GLUE task is configs/glue.py:task=NAME.
 TASK_CONFIGS = {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py',
                 'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py'}

@@ -84,7 +84,7 @@ def prepare_data(config, workdir: str):
 # The paper's masking (section 3.1): what config.masking.eval='reference' scores the held-out
 # set with.
 REFERENCE_MASKING = {'mask_rate': 0.15, 'mask_token_fraction': 0.8, 'random_token_fraction': 0.1,
-                     'is_continuation': None, 'max_ngram': 1}
+                     'is_continuation': None, 'max_ngram': 1, 'spans': ''}
 
 
 def eval_masking(settings, config):
@@ -217,10 +217,12 @@ DATA_LAYOUT_KEYS = (
     'data.eval_fraction', 'data.max_documents', 'data.packing', 'data.max_pairs_per_row',
     'data.dupe_factor', 'masking.rate', 'masking.mask_token_fraction',
     'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word',
-    'masking.max_ngram', 'data.rows', 'data.tokenizer')
+    'masking.max_ngram', 'data.rows', 'data.tokenizer', 'masking.spans', 'masking.span_p',
+    'masking.max_span')
 # Layout keys added after checkpoints were written without them: such a checkpoint's batches
 # were made with these values.
-LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece'}
+LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece',
+                   'masking.spans': '', 'masking.span_p': 0.2, 'masking.max_span': 10}
 
 
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:

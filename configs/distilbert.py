@@ -15,8 +15,9 @@ at 5.0, warmup over 5% of the steps then linear decay; dynamic masking at 15% (8
 NSP, no token types; rows of up to 512 tokens of one document (the reference's rows are lines of
 the dump cut at 512 tokens). Not reproduced: mlm_smoothing (the reference draws masked tokens
 with probability ~ frequency^-0.7; ours uniformly, as BERT) and its batches grouped by length.
-The step count is the reference's three epochs expressed in steps for a corpus of ~3.3B tokens
-(about 1.6M rows of 512 per epoch, 1,200 steps of 4,096): 3 x 1,200 = 3,600 steps.
+The step count is the reference's three epochs of BERT's corpus (3.3B words), taken as 3.3B
+tokens in full rows of 512: 3.3e9 / (4,096 x 512) = about 1,570 steps an epoch, 4,700 for three
+(a lower bound: WordPiece makes more tokens than words).
 Arguments: `layers=N` (the student's depth), then configs/base.py's.
 """
 
@@ -37,7 +38,7 @@ def get_config(arg=None):
   config.model.update(name='distilbert', num_layers=layers)
   config.data.update(max_seq_length=512, max_predictions_per_seq=80)
   config.train.update(
-      batch_size=4096, grad_accum_steps=16, num_steps=3600, warmup_steps=180,
+      batch_size=4096, grad_accum_steps=16, num_steps=4700, warmup_steps=235,
       learning_rate=5e-4, adam_eps=1e-6, weight_decay=0.0, max_grad_norm=5.0,
       log_every=20, eval_every=600, checkpoint_every=600)
   if rest:

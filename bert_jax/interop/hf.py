@@ -16,6 +16,7 @@ import re
 import shutil
 
 from absl import logging
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import numpy as np
@@ -181,27 +182,14 @@ def leaf_shapes(config) -> dict:
           if k.split('/')[0] not in frozen}
 
 
-def _flatten(tree, prefix=''):
+def _flatten(tree):
   """Nested dicts -> {'a/b/c': leaf}."""
-  out = {}
-  for key, value in tree.items():
-    if hasattr(value, 'items'):
-      out.update(_flatten(value, f'{prefix}{key}/'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
+  return traverse_util.flatten_dict(tree, sep='/')
 
 
 def _unflatten(flat):
   """{'a/b/c': leaf} -> nested dicts."""
-  tree = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split('/')
-    node = tree
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return tree
+  return traverse_util.unflatten_dict(flat, sep='/')
 
 
 def _stack_layers(flat, num_layers):

@@ -1,4 +1,4 @@
-"""The family at one shape and one compute budget: BERT against RoBERTa's and ALBERT's recipes.
+"""The family at one shape and one compute budget: BERT against RoBERTa, ALBERT and ELECTRA.
 
 Every arm is configs/small.py's shape (6 layers, 768 wide, 12 heads, seq 128, batch 256) on the
 same documents, and pretrains for the same training FLOPs: BERT for the recipe's steps, the
@@ -54,7 +54,7 @@ ELECTRA = {
 
 def get_config():
   sweep = common.sweep(
-      'family', 'BERT, RoBERTa and ALBERT at equal compute',
+      'family', 'BERT, RoBERTa, ALBERT and ELECTRA at equal compute',
       'One shape (6 layers, 768 wide) and one pretraining budget in FLOPs; each arm trains '
       'with its paper\'s objectives, rows, masking, tokenizer and Adam settings, then is '
       'fine-tuned with the same settings and seeds.')

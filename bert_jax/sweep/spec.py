@@ -22,6 +22,9 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
                 pretrain  overrides, nested like `pretrain`;
                 init      'pretrained' (fine-tune this arm's pretraining run) or 'random' (no
                           pretraining: the base's shape from random initialisation, a floor);
+                teacher   another pretrained arm's name: this arm distils from that arm's
+                          pretraining run (config.distill.teacher; config.objectives='distill'),
+                          which trains first;
                 finetune  overrides of its fine-tuning runs ({'task': {'lstm_layers': 1}});
                 paper     {column: the paper's number} for the report.
               Arms whose pretraining is the same (args and overrides) share one run.
@@ -164,7 +167,7 @@ def _arm_items(sweep):
     raise SweepError(f'sweep.order names no arm {", ".join(map(repr, unknown))}; the arms are '
                      f'{", ".join(arms)}.')
   names = order + sorted(n for n in arms if n not in order)
-  valid = {'label', 'args', 'pretrain', 'init', 'finetune', 'paper'}
+  valid = {'label', 'args', 'pretrain', 'init', 'finetune', 'paper', 'teacher'}
   for name in names:
     arm = arms[name]
     unknown = sorted(set(arm.keys()) - valid)
@@ -174,6 +177,16 @@ def _arm_items(sweep):
     if arm.get('init', 'pretrained') not in ('pretrained', 'random'):
       raise SweepError(f'Arm {name!r}: init={arm.get("init")!r}; valid are \'pretrained\' and '
                        '\'random\'.')
+    teacher = arm.get('teacher', '')
+    if teacher:
+      teachers = [n for n in names if n != name and arms[n].get('init', 'pretrained')
+                  == 'pretrained' and not arms[n].get('teacher')]
+      if teacher not in teachers:
+        raise SweepError(f'Arm {name!r}: teacher={teacher!r} names no pretrained arm that could '
+                         f'teach it; valid are {", ".join(map(repr, teachers)) or "none"}.')
+      if arm.get('init', 'pretrained') != 'pretrained':
+        raise SweepError(f'Arm {name!r}: a teacher needs init=\'pretrained\' (the arm distils '
+                         'in pretraining).')
   return [(name, arms[name]) for name in names]
 
 
@@ -196,7 +209,13 @@ def pretrain_config(sweep, arm, name: str, workdir: str = '', steps: int = 0):
   config = load_config(spec, where)
   flat = {**_flatten(sweep.get('pretrain')), **_flatten(arm.get('pretrain'))}
   explicit = set(flat)
+  teacher = None
+  if arm.get('teacher'):
+    teacher = pretrain_config(sweep, sweep.arms[arm.teacher], arm.teacher, workdir)[2]
+    flat['distill.teacher'] = os.path.abspath(os.path.join(workdir, 'pretrain', arm.teacher))
   apply_overrides(config, flat, where)
+  if teacher is not None:
+    _adopt_teacher_shape(config, teacher)
   derived = derived_intervals(config, explicit, sweep.get('evaluations', 10),
                               _at_steps(sweep))
   prepared = config.data.prepared
@@ -211,6 +230,10 @@ def pretrain_config(sweep, arm, name: str, workdir: str = '', steps: int = 0):
     # The sweep prepares it first (a 'prepare' job): checked with a directory standing in.
     check = ml_collections.ConfigDict(config.to_dict())
     check.data.prepared = os.path.abspath(os.curdir)
+  if teacher is not None:
+    # The teacher's run does not exist yet: its shape, adopted above, stands in for it.
+    check = ml_collections.ConfigDict(check.to_dict())
+    check.distill.teacher = ''
   try:
     config_lib.validate(check)
   except config_lib.ConfigError as e:
@@ -405,6 +428,20 @@ def _equal_flops_steps(sweep, arms: list, workdir: str) -> dict:
   return steps
 
 
+def _adopt_teacher_shape(config, teacher) -> None:
+  """What a 'distill' run adopts from its teacher's checkpoint at run time
+  (interop/teacher.adopt_teacher), here from the teacher arm's config: its architecture as
+  config.distill.teacher_model, its vocab size, position rows and vocab file."""
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  for key in (*init_from.ARCHITECTURE_KEYS, 'gelu'):
+    if key in config.distill.teacher_model and key in teacher.model:
+      config.distill.teacher_model[key] = teacher.model[key]
+  for key in ('vocab_size', 'max_position_embeddings'):
+    config.model[key] = teacher.model[key]
+  if not config.data.vocab_file:
+    config.data.vocab_file = teacher.data.vocab_file
+
+
 def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   """The sweep's jobs, every config validated; SweepError on the first problem."""
   for key in ('name', 'base'):
@@ -432,6 +469,11 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
     run_of_arm[name] = keys[key]
   if not runs and not any(v is None for v in run_of_arm.values()):
     raise SweepError('No arm pretrains or fine-tunes anything.')
+  for name, arm in arms:
+    if arm.get('teacher') and run_of_arm[arm.teacher] != arm.teacher:
+      raise SweepError(f'Arm {name!r}: teacher={arm.teacher!r} pretrains as arm '
+                       f'{run_of_arm[arm.teacher]!r} does (the same run); name that arm as the '
+                       'teacher.')
   for step in at_steps:
     for run, (_, _, config) in runs.items():
       if step >= config.train.num_steps or step < 1:
@@ -442,11 +484,14 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   jobs, summary_runs = [], {}
   prepares = _prepare_jobs(runs, keys.get('random'))
   jobs.extend(prepares.values())
-  for run, (spec, flat, config) in runs.items():
+  # A distilling arm's run after its teacher's (a teacher has no teacher).
+  ordered = sorted(runs.items(), key=lambda item: bool(dict(arms)[item[0]].get('teacher')))
+  for run, (spec, flat, config) in ordered:
     prepare = prepares.get(config.data.prepared)
+    teacher = dict(arms)[run].get('teacher')
+    after = ((prepare.name,) if prepare else ()) + ((f'pretrain/{teacher}',) if teacher else ())
     jobs.append(Job(f'pretrain/{run}', 'pretrain', os.path.join('pretrain', run), spec, flat,
-                    after=(prepare.name,) if prepare else (), arm=run,
-                    num_steps=config.train.num_steps))
+                    after=after, arm=run, num_steps=config.train.num_steps))
     summary_runs[run] = {'workdir': os.path.join('pretrain', run), 'config': spec,
                          'overrides': flat}
   finetune_runs, summary_arms = [], []

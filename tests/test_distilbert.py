@@ -1,6 +1,9 @@
 """DistilBERT ('distilbert'): transformers' DistilBertForMaskedLM in and out, DistilBertModel, the
 tree, and DistilBertForSequenceClassification's head in fine-tuning."""
 
+import json
+
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -162,3 +165,30 @@ def test_fine_tuning_gives_transformers_sequence_classification_logits(tmp_path)
 def test_the_layout_is_found_by_model_type():
   assert hf_families.for_hf_config({'model_type': 'distilbert'}).family == 'distilbert'
 
+
+
+def test_the_recipe_student_has_transformers_distilbert_parameter_count(tmp_path):
+  # A BERT-base teacher's config.json is all the student's shape needs.
+  teacher = tmp_path / 'teacher'
+  teacher.mkdir()
+  (teacher / 'config.json').write_text(json.dumps(
+      {**transformers.BertConfig().to_dict(), 'architectures': ['BertForMaskedLM']}))
+  (teacher / 'vocab.txt').write_text('\n'.join(f'[unused{i}]' for i in range(30522)))
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
+  from configs import distilbert  # pylint: disable=g-import-not-at-top
+  config = distilbert.get_config()
+  config.distill.teacher, config.data.corpus = f'hf:{teacher}', 'builtin'
+  config_lib.validate_and_adopt_source(config, config_lib.validate)
+  model = steps.build_model(config)
+  params = nn.meta.unbox(steps.abstract_train_state(config, model,
+                                                    optim.for_pretraining(config)).params)
+  count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))  # noqa: E731
+  student = {k: v for k, v in params.items() if k != 'teacher'}
+  with torch.device('meta'):
+    theirs = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig())
+  assert count(student) == sum(p.numel() for p in theirs.parameters()) == 66_985_530
+  with torch.device('meta'):
+    bert = transformers.BertForMaskedLM(transformers.BertConfig())
+  # The teacher: BERT-base's encoder without its pooler, and its MLM head.
+  assert count(params['teacher']) == sum(p.numel() for p in bert.parameters())

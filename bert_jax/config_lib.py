@@ -394,6 +394,15 @@ def _check_electra(config) -> None:
     raise ConfigError(f'config.model.generator_fraction={fraction!r} of config.model.hidden_size='
                       f'{model.hidden_size} leaves the generator no unit; valid fractions are at '
                       f'least {0.5 / model.hidden_size:.3g}.')
+  from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
+  generator = electra.generator_shape(model)
+  if generator['hidden_size'] % generator['num_heads']:
+    raise ConfigError(
+        f'config.model.generator_fraction={fraction!r} gives a generator {generator["hidden_size"]}'
+        f' wide with {generator["num_heads"]} heads (one per {electra.GENERATOR_HEAD_WIDTH} '
+        'units), which do not divide it; choose a fraction whose width, round(fraction x '
+        f'hidden_size={model.hidden_size}), its heads divide: e.g. a multiple of '
+        f'{electra.GENERATOR_HEAD_WIDTH}, or less than {electra.GENERATOR_HEAD_WIDTH * 2}.')
   if model.disc_weight < 0:
     raise ConfigError(f'config.model.disc_weight={model.disc_weight!r}: the discriminator loss\'s '
                       'weight must be >= 0 (ELECTRA: 50).')

@@ -250,6 +250,8 @@ def test_electra_configs_hold_the_papers_recipe():
     ({'model.generator_fraction': 0.0}, r'generator_fraction=0.0: must be a finite number > 0'),
     ({'model.generator_fraction': 0.001}, r'generator_fraction=0.001 .* no unit'),
     ({'model.disc_weight': -1.0}, r'disc_weight=-1.0: must be a finite number >= 0'),
+    # 135 of the small model's 256 units: 2 heads of 64, which do not divide 135.
+    ({'model.generator_fraction': 135 / 256}, r'generator 135 wide with 2 heads'),
 ])
 def test_bad_electra_settings_are_refused_before_compiling(overrides, match):
   config = electra_configs.get_config('size=small')

@@ -261,3 +261,10 @@ def test_a_tiny_distillation_trains_resumes_and_exports_without_the_teacher(teac
   keys = hf.export_hf(resumed, saved, str(tmp / 'export'))
   assert keys and not any('teacher' in k for k in keys)
   assert all(k.startswith(('distilbert.', 'vocab_')) for k in keys)
+  # Fill-mask reads the student alone.
+  from bert_jax.tools import predict  # pylint: disable=g-import-not-at-top
+  predictor = predict.load(workdir)
+  assert predictor.config.objectives == 'mlm' and 'teacher' not in predictor.params
+  assert predictor.config.model.name == 'distilbert' and predictor.step == 10
+  top = predictor.fill_mask('the man went to the [MASK] .', top_k=3)
+  assert len(top) == 1 and len(top[0]) == 3

@@ -84,6 +84,18 @@ def test_generator_and_discriminator_share_one_embedding_table(built):
   assert paths['generator_predictions/transform_dense/kernel'].shape == (10, 24)
 
 
+def test_fill_mask_reads_the_generator_as_a_masked_lm_of_its_own(built):
+  from bert_jax.tools import predict  # pylint: disable=g-import-not-at-top
+  config, model, params, batch, _ = built
+  gen_config, gen_params = predict.masked_lm_of(config, params)
+  assert gen_config.objectives == 'mlm' and gen_config.model.hidden_size == 10
+  assert set(gen_params) == {'bert', 'predictions'}
+  ours = steps.build_model(gen_config).apply({'params': gen_params}, batch)['mlm_logits']
+  inside = model.apply({'params': params}, batch)['rtd_gen_logits']
+  np.testing.assert_allclose(ours, inside, rtol=1e-5, atol=1e-5)
+  assert np.std(inside) > 1e-3
+
+
 def test_generator_shape_scales_width_heads_and_feed_forward_as_the_reference():
   for size, (hidden, heads, ffn) in {'small': (64, 1, 256), 'base': (256, 4, 1024),
                                      'large': (256, 4, 1024)}.items():
@@ -322,3 +334,13 @@ def test_an_rtd_workdir_fine_tunes_from_its_discriminator_and_exports_both(rtd_w
   for name in ('discriminator', 'generator'):
     assert {'config.json', 'model.safetensors', 'vocab.txt'} <= set(
         os.listdir(os.path.join(out, name)))
+
+
+@pytest.mark.slow
+def test_predict_fills_masks_of_an_rtd_workdir_with_its_generator(rtd_workdir):
+  from bert_jax.tools import predict  # pylint: disable=g-import-not-at-top
+  predictor = predict.load(rtd_workdir)
+  assert predictor.config.objectives == 'mlm'
+  top = predictor.fill_mask('the man went to the [MASK] .', top_k=3)
+  assert len(top) == 1 and len(top[0]) == 3
+  assert sum(p for _, p in top[0]) <= 1.0 and top[0][0][1] >= top[0][1][1]

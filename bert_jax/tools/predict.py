@@ -4,6 +4,7 @@
   python -m bert_jax.predict --workdir=runs/tiny "he went to the store ." --next="he bought milk ."
 
 --workdir is a bert_jax pretraining workdir (its newest checkpoint), WORKDIR@STEP (that step's)
+(an ELECTRA run's predictions are its generator's, a distillation run's its student's)
 or hf:DIR (a transformers BertForPreTraining or BertForMaskedLM directory with its vocab.txt;
 RobertaForMaskedLM with vocab.json and merges.txt; AlbertForPreTraining or AlbertForMaskedLM with
 spiece.model). Each sentence prints one line per mask token ([MASK]; RoBERTa's <mask>), in
@@ -242,6 +243,7 @@ def _workdir_source(spec: str, workdir: str, step: int | None):
     params = init_from.workdir_params(workdir, step)
   except init_from.InitFromError as e:
     raise PredictError(f'--workdir={spec!r}: {e}') from e
+  config, params = masked_lm_of(config, params)
   kind = config.data.get('tokenizer', 'wordpiece')
   # A given vocab stays where config.data.vocab_file says.
   vocab_file = (tokenizer_lib.kept_vocab(kind, workdir)
@@ -314,12 +316,42 @@ def _hf_source(spec: str, directory: str):
   return config, params, kind, vocab_file, lowercase, None
 
 
+def masked_lm_of(config, params):
+  """(config, params) of the masked LM a pretraining run holds: the run's own, but an ELECTRA
+  run's ('rtd') generator (its discriminator tells replaced tokens, it predicts none) and a
+  distillation run's student without its frozen teacher."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  names = objectives.parse(config.objectives)
+  if 'rtd' in names:
+    from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    flat = electra.generator_params(traverse_util.flatten_dict(params, sep='/'))
+    generator = electra.generator_run_config(config)
+    # ElectraModel's pooler (fine-tuning's dense + GELU) has no generator weights; no
+    # prediction reads the pooled state, so zeros stand in for it.
+    width = generator.model.hidden_size
+    flat['bert/pooler/dense/kernel'] = np.zeros((width, width), np.float32)
+    flat['bert/pooler/dense/bias'] = np.zeros((width,), np.float32)
+    return generator, traverse_util.unflatten_dict(flat, sep='/')
+  frozen = objectives.frozen_scopes(config)
+  if frozen:
+    config = config.copy_and_resolve_references()
+    config.objectives = ','.join(n for n in names if not objectives.get(n).frozen) or 'mlm'
+    params = {k: v for k, v in params.items() if k not in frozen}
+  return config, params
+
+
+# Objectives whose runs hold a masked LM under another objective's name (masked_lm_of).
+_HOLDS_A_MASKED_LM = ('rtd', 'distill')
+
+
 def _check_heads(spec: str, objective_names, causal: bool) -> None:
   if causal or 'clm' in objective_names:
     raise PredictError(f'--workdir={spec!r} is a left-to-right LM (objectives clm, causal '
                        'attention): each token saw only the ones before it, so it cannot fill a '
                        f'{MASK} from both sides and has no NSP head. Give an mlm run.')
-  if 'mlm' not in objective_names:
+  if not any(n in objective_names for n in ('mlm', *_HOLDS_A_MASKED_LM)):
     raise PredictError(f'--workdir={spec!r} has no MLM head (objectives '
                        f'{",".join(objective_names)}); fill-mask needs a run with mlm.')
 

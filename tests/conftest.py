@@ -17,6 +17,24 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
       [os.environ.get('XLA_FLAGS', ''), *FAST_COMPILE_FLAGS]).strip()
 
 
+def pytest_configure(config):
+  """Under `-n N` (xdist's --dist=load), tests marked @pytest.mark.xdist_group(NAME) run on one
+  worker (--dist=loadgroup; the others are spread as by load): the tests that share an expensive
+  module-scoped fixture (a reference run, a trained workdir) then build it once, not once per
+  worker. A --dist the command line chose stands."""
+  if getattr(config.option, 'dist', 'no') == 'load':  # xdist's controller.
+    config.option.dist = 'loadgroup'
+  elif getattr(config, 'workerinput', {}).get('loadgroup'):  # A worker: name tests by group.
+    config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  """Tells each xdist worker whether the controller groups (workers parse the command line
+  again, where -n alone means load)."""
+  node.workerinput['loadgroup'] = node.config.getvalue('dist') == 'loadgroup'
+
+
 def shared_data_dir() -> pathlib.Path:
   """Returns $BERT_JAX_DATA; skips the test when unset, fails instead if BERT_JAX_REQUIRE_DATA=1."""
   value = os.environ.get('BERT_JAX_DATA', '')

@@ -33,9 +33,9 @@ def params_at(workdir, step):
 
 
 @pytest.mark.slow
-def test_init_from_a_workdir_starts_at_step_0_from_its_weights(tmp_path):
-  source = str(tmp_path / 'source')
-  pretrain.train_and_evaluate(micro_config(tmp_path), source)
+@pytest.mark.xdist_group('init_from_stepped')
+def test_init_from_a_workdir_starts_at_step_0_from_its_weights(stepped, tmp_path):
+  source = stepped  # Its newest checkpoint, of step 6, is the one taken.
   # The new run differs in shape keys on purpose: they are taken from the source.
   config = micro_config(tmp_path, init_from=source)
   config.model.num_layers = 4
@@ -43,7 +43,7 @@ def test_init_from_a_workdir_starts_at_step_0_from_its_weights(tmp_path):
   config.train.update(num_steps=1, warmup_steps=1)
   target = str(tmp_path / 'target')
   pretrain.train_and_evaluate(config, target)
-  src, dst = params_at(source, 3), params_at(target, 1)
+  src, dst = params_at(source, 6), params_at(target, 1)
   assert int(dst['step']) == 1
   for a, b in zip(jax.tree.leaves(src['params']), jax.tree.leaves(dst['params'])):
     np.testing.assert_array_equal(a, b)
@@ -146,6 +146,7 @@ def trees_differ(a, b):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('init_from_stepped')
 def test_pretraining_from_a_named_step_starts_from_that_steps_weights(stepped, tmp_path):
   config = micro_config(tmp_path, init_from=f'{stepped}@2')
   config.train.update(num_steps=1, warmup_steps=1)  # Learning rate 0 in the only step.
@@ -157,6 +158,7 @@ def test_pretraining_from_a_named_step_starts_from_that_steps_weights(stepped, t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('init_from_stepped')
 def test_fine_tuning_from_a_named_step_loads_that_steps_encoder(stepped, tmp_path):
   config = glue.get_config('task=sst2')
   config.init_from = f'{stepped}@4'
@@ -170,6 +172,7 @@ def test_fine_tuning_from_a_named_step_loads_that_steps_encoder(stepped, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('init_from_stepped')
 def test_a_named_step_that_fails_its_integrity_check_is_an_error_not_another_step(stepped,
                                                                                   tmp_path):
   workdir = str(tmp_path / 'damaged')

@@ -118,10 +118,23 @@ class Interrupt(Exception):
   pass
 
 
+# Two epochs with a checkpoint every 4 steps: the run the interrupted ones must end as.
+RESUMABLE = {'num_epochs': 2.0, 'checkpoint_every': 4}
+
+
+@pytest.fixture(scope='module')
+def resumable_reference(tmp_path_factory, vocab_file):
+  """finetune.run's results of an uninterrupted RESUMABLE run."""
+  tmp = tmp_path_factory.mktemp('resumable')
+  return finetune.run(sst2_config(tmp, vocab_file, **RESUMABLE), str(tmp / 'reference'))
+
+
 @pytest.mark.slow
-def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monkeypatch):
-  config = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4)
-  reference = finetune.run(config, str(tmp_path / 'reference'))
+@pytest.mark.xdist_group('finetune_resumable_reference')
+def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monkeypatch,
+                                                     resumable_reference):
+  config = sst2_config(tmp_path, vocab_file, **RESUMABLE)
+  reference = resumable_reference
   write = metrics_lib.MetricWriter.write
 
   def write_then_stop(self, step, split, values):
@@ -141,10 +154,12 @@ def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monke
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('finetune_resumable_reference')
 def test_sigterm_saves_the_seed_and_the_rerun_ends_identically(tmp_path, vocab_file,
-                                                               monkeypatch, caplog):
-  config = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4)
-  reference = finetune.run(config, str(tmp_path / 'reference'))
+                                                               monkeypatch, caplog,
+                                                               resumable_reference):
+  config = sst2_config(tmp_path, vocab_file, **RESUMABLE)
+  reference = resumable_reference
   batches, yielded = finetune.train_batches, [0]
 
   def terminated_at_7(*args, **kwargs):
@@ -161,8 +176,7 @@ def test_sigterm_saves_the_seed_and_the_rerun_ends_identically(tmp_path, vocab_f
   assert sorted(os.listdir(os.path.join(workdir, 'seed_0', 'checkpoints')))[-1] == '7'
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
   monkeypatch.setattr(finetune, 'train_batches', batches)
-  rebatched = sst2_config(tmp_path, vocab_file, num_epochs=2.0, checkpoint_every=4,
-                          batch_size=8)
+  rebatched = sst2_config(tmp_path, vocab_file, **RESUMABLE, batch_size=8)
   with pytest.raises(config_lib.ConfigError, match=r'config\.train\.batch_size=8 \(the '
                      r'checkpoint: 16\)'):
     finetune.run(rebatched, workdir)

@@ -81,6 +81,7 @@ def cache_reads(stderr: str) -> tuple[int, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference, tmp_path):
   """...and the rerun reads its compiled steps from the persistent compilation cache the
   preempted run wrote (the reference compiled its own: the results are the same)."""
@@ -108,6 +109,7 @@ def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_resumes(reference,
 # 2. Crash at any moment -----------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_sigkill_at_random_moments_then_the_same_command_ends_identically(reference, tmp_path):
   """SIGKILL in startup, in steps and in checkpoint writes (saved every 2 steps), 5 times; the
   runs share a persistent compilation cache, which a kill may leave with a partly written entry
@@ -212,6 +214,7 @@ def test_when_no_checkpoint_is_readable_nothing_is_moved(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_corrupt_newest_checkpoint_of_a_run_then_the_run_ends_identically(reference, tmp_path):
   workdir = str(tmp_path / 'corrupted')
   shutil.copytree(reference, workdir)
@@ -224,6 +227,7 @@ def test_corrupt_newest_checkpoint_of_a_run_then_the_run_ends_identically(refere
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_a_checkpoint_of_another_model_shape_is_named(reference, tmp_path):
   workdir = str(tmp_path / 'reshaped')
   shutil.copytree(reference, workdir)
@@ -361,6 +365,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(tmp_path):
 # 6. Wrong inputs ------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_resuming_with_another_vocab_is_named(reference, tmp_path):
   workdir = str(tmp_path / 'revocab')
   shutil.copytree(reference, workdir)
@@ -568,6 +573,7 @@ def test_a_run_refused_after_the_workdir_checks_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('faults_reference')
 def test_a_resume_with_another_batch_size_is_refused_and_config_json_kept(reference, tmp_path):
   workdir = str(tmp_path / 'rebatched')
   shutil.copytree(reference, workdir)

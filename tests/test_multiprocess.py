@@ -117,6 +117,7 @@ def assert_same_run(workdir, reference, step):
   assert without_timing(read_metrics(workdir)) == without_timing(read_metrics(reference))
 
 
+@pytest.mark.xdist_group('multiprocess_data_flags')
 def test_two_processes_train_as_one_on_the_same_global_batch(data_flags, tmp_path):
   one, two = run_one_and_two_processes({**OVERRIDES, **data_flags, **STEPS, **DATA_MESH},
                                        tmp_path)
@@ -126,6 +127,7 @@ def test_two_processes_train_as_one_on_the_same_global_batch(data_flags, tmp_pat
   assert_same_run(two, one, 4)
 
 
+@pytest.mark.xdist_group('multiprocess_data_flags')
 def test_two_processes_with_sharded_parameters_resume_as_one(data_flags, tmp_path):
   flags = {**OVERRIDES, **data_flags, **STEPS, **FSDP_MESH}
   one, two = run_one_and_two_processes(flags, tmp_path)

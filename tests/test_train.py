@@ -81,6 +81,7 @@ def uninterrupted(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.xdist_group('train_uninterrupted')
 def test_run_writes_the_workdir_contract(uninterrupted):
   names = set(os.listdir(uninterrupted))
   assert {'config.json', 'metrics.jsonl', 'checkpoints', 'tensorboard', 'vocab.txt',
@@ -103,6 +104,7 @@ def test_run_writes_the_workdir_contract(uninterrupted):
     assert json.load(f)['model']['hidden_size'] == 32
 
 
+@pytest.mark.xdist_group('train_uninterrupted')
 def test_restart_from_an_earlier_checkpoint_ends_identically(uninterrupted, tmp_path):
   workdir = str(tmp_path / 'restarted')
   run(workdir, **SHORT)
@@ -126,6 +128,7 @@ def long_reference(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.xdist_group('train_long_reference')
 def test_sigkill_after_a_checkpoint_then_the_same_command_ends_identically(
     long_reference, tmp_path):
   long_run, reference = LONG, long_reference
@@ -148,6 +151,7 @@ def test_sigkill_after_a_checkpoint_then_the_same_command_ends_identically(
   assert without_timing(read_metrics(workdir)) == without_timing(read_metrics(reference))
 
 
+@pytest.mark.xdist_group('train_long_reference')
 def test_losses_fall_on_the_builtin_corpus(long_reference):
   evals = [r for r in read_metrics(long_reference) if r['split'] == 'eval']
   assert evals[-1]['mlm_loss'] < 0.9 * evals[0]['mlm_loss']

@@ -68,6 +68,17 @@ SETUPS = {
                                            MICRO_BATCH + BF16, DATA_THEN_FSDP)
        for size, topologies in (('base', ('v3:4x4', 'v5e:4x4')), ('large', ('v3:8x8', 'v5e:8x8')))
        for topology in topologies},
+    # ELECTRA's and DistilBERT's recipe steps (a micro-batch of 256: ELECTRA-small's rows are
+    # 128 tokens), memory and fit only. The DistilBERT student's frozen BERT-base teacher is
+    # compiled in its step; a teacher's config.json is all the shapes need.
+    'electra-small-v5e:4x4-128': ('configs/electra.py:size=small', 'v5e:4x4',
+                                  MICRO_BATCH + BF16 + NO_PROBES, DATA_THEN_FSDP),
+    'electra-base-v5e:4x4-512': ('configs/electra.py:size=base', 'v5e:4x4',
+                                 MICRO_BATCH + BF16 + NO_PROBES, DATA_THEN_FSDP),
+    'distilbert-v5e:4x4-512': ('configs/distilbert.py', 'v5e:4x4',
+                               MICRO_BATCH + BF16 + NO_PROBES
+                               + ['--config.distill.teacher=hf:experiments/teachers/bert-base'],
+                               DATA_THEN_FSDP),
 }
 PAPER_STEPS = 1_000_000
 LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}

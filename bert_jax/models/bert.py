@@ -173,8 +173,9 @@ def name_axis(embedding_name: str) -> str:
 class BertSelfAttention(nn.Module):
   """Multi-head self-attention with a padding mask; returns [batch, length, heads, kv].
 
-  bias: the additive attention bias [batch, 1, 1 or length, length]; with attention_impl='pallas'
-  on rows fused_attention takes, the segment ids [batch, length] instead (BertModel decides).
+  bias: the additive attention bias [batch, 1, 1 or length, length]; with attention_impl 'pallas'
+  or 'tpu' on rows their kernels take, the segment ids [batch, length] instead (BertModel
+  decides).
   """
   config: BertConfig
   layer_index: int = 0  # Seeds cuDNN's attention dropout per layer.
@@ -184,7 +185,8 @@ class BertSelfAttention(nn.Module):
     cfg = self.config
     rate = 0.0 if deterministic else cfg.attention_dropout_rate
     heads = (cfg.num_heads, cfg.head_dim)
-    if bias.ndim == 2:  # Segment ids [batch, length]: rows the fused kernels take.
+    if bias.ndim == 2 and attention_ops.packs_qkv(cfg.attention_impl):
+      # Segment ids [batch, length]: rows the GPU fused kernels take.
       # One matmul for the three projections (the same parameters as the path below).
       kernels, biases = zip(*(layers.DenseParams(
           (x.shape[-1],), heads, ('embed', 'heads', 'kv'), cfg.param_dtype, cfg.init,
@@ -209,13 +211,14 @@ class BertSelfAttention(nn.Module):
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
     dropout_rng = None
-    if (cfg.attention_impl == 'xla' and not deterministic
+    if (cfg.attention_impl in ('xla', 'tpu') and not deterministic
         and cfg.attention_dropout_rate > 0):
       dropout_rng = self.make_rng('dropout')
     return attention_ops.attention(
         cfg.attention_impl, query, key, value, bias, rate=cfg.attention_dropout_rate,
         deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype,
-        cudnn_seed=attention_ops.cudnn_dropout_seed(cfg.seed, self.layer_index))
+        cudnn_seed=attention_ops.cudnn_dropout_seed(cfg.seed, self.layer_index),
+        causal=cfg.causal)
 
 
 class BertResidualOutput(nn.Module):
@@ -408,15 +411,17 @@ class BertModel(nn.Module):
     x = self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cfg = self.config
-    if cfg.causal:
-      if pair_ids is not None:
-        raise ValueError('Causal attention over packed rows is not supported (config '
-                         'validation refuses config.data.packing with config.model.causal).')
+    segment_ids_taken = attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1],
+                                                        cfg.head_dim, cfg.causal)
+    if cfg.causal and pair_ids is not None:
+      raise ValueError('Causal attention over packed rows is not supported (config '
+                       'validation refuses config.data.packing with config.model.causal).')
+    if cfg.causal and not segment_ids_taken:
       # [batch, 1, length, length]: the 'xla' attention's bias; config validation keeps causal
-      # runs off the fused kernels, which take no causal mask.
+      # runs off the GPU fused kernels, which take no causal mask (the TPU kernels apply it).
       bias = layers.causal_attention_bias(input_mask, cfg.dtype)
-    elif attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1], cfg.head_dim):
-      # fused_attention's kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
+    elif segment_ids_taken:
+      # The fused kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
       bias = (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
     else:
       bias = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None

@@ -1,10 +1,13 @@
-"""Self-attention, dispatched on model.attention_impl: 'xla' | 'cudnn' | 'pallas'.
+"""Self-attention, dispatched on model.attention_impl: 'xla' | 'cudnn' | 'pallas' | 'tpu'.
 
 - 'xla': softmax(q k^T / sqrt(d) + bias) v as einsums, dropout on the probabilities (any device).
 - 'cudnn': cuDNN's fused flash attention through jax.nn.dot_product_attention (NVIDIA GPUs).
 - 'pallas': bert_jax.kernels.gpu.fused_attention's Triton (and, per backward setting, Mosaic GPU)
   kernels over one packed query/key/value projection, for the rows they take (16-512 tokens,
   powers of two); cuDNN's for other rows.
+- 'tpu': bert_jax.kernels.tpu.fused_attention's Pallas TPU (Mosaic) kernels, dropout in the
+  kernel, for the rows they take (8-512 tokens, multiples of 8); the 'xla' einsums for other
+  rows. Off TPUs the kernels run interpreted (tests).
 """
 
 import functools
@@ -29,10 +32,25 @@ def _fused():
   return fused_attention
 
 
-def takes_segment_ids(impl: str, length: int, head_dim: int) -> bool:
-  """Whether rows of `length` go through the fused kernels, which take segment ids [batch,
-  length] instead of an additive bias."""
-  return impl == 'pallas' and _fused().supported(length, head_dim)
+def _tpu():
+  # Imported when chosen, as _fused.
+  from bert_jax.kernels.tpu import fused_attention  # pylint: disable=g-import-not-at-top
+  return fused_attention
+
+
+def takes_segment_ids(impl: str, length: int, head_dim: int, causal: bool = False) -> bool:
+  """Whether rows of `length` go through the fused kernels (GPU 'pallas' or 'tpu'), which take
+  segment ids [batch, length] instead of an additive bias; with `causal` only the TPU kernels,
+  which apply the causal mask themselves."""
+  if impl == 'tpu':
+    return _tpu().supported(length, head_dim)
+  return impl == 'pallas' and not causal and _fused().supported(length, head_dim)
+
+
+def packs_qkv(impl: str) -> bool:
+  """Whether the kernels of `impl` take one packed query/key/value projection
+  (packed_qkv_attention) rather than three (attention)."""
+  return impl == 'pallas'
 
 
 def kernel_rows(length: int, head_dim: int) -> bool:
@@ -84,17 +102,54 @@ def packed_qkv_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
 
 
 def attention(impl: str, query, key, value, bias, *, rate: float, deterministic: bool,
-              dropout_rng, dtype, cudnn_seed: int = 0):
-  """Attention of separate projections with an additive bias: 'xla' (einsums), or cuDNN's for
-  'cudnn' and for the rows 'pallas' leaves to it.
+              dropout_rng, dtype, cudnn_seed: int = 0, causal: bool = False):
+  """Attention of separate projections: 'xla' (einsums), cuDNN's for 'cudnn' and for the rows
+  'pallas' leaves to it, the TPU kernels for 'tpu' (bias: segment ids) and 'xla' for the rows
+  'tpu' leaves to it.
 
-  query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length];
-  cudnn_seed: cuDNN's in-kernel dropout seed (cudnn_dropout_seed). Returns [batch, length,
-  heads, head_dim].
+  query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length]
+  (additive), or [batch, length] segment ids for the rows takes_segment_ids('tpu', ...) says;
+  dropout_rng: the rng of the dropout ('xla' and 'tpu'); cudnn_seed: cuDNN's in-kernel dropout
+  seed (cudnn_dropout_seed); causal: the TPU kernels' causal mask (in the additive bias
+  otherwise). Returns [batch, length, heads, head_dim].
   """
+  if impl == 'tpu' and bias.ndim == 2:
+    rate = 0.0 if deterministic else rate
+    keys = None
+    if _tpu().dropout_threshold(rate) > 0:
+      keys = _tpu().tile_keys(dropout_rng, query.shape[0], query.shape[2])
+    return tpu_attention(query, key, value, bias, keys, rate=rate, causal=causal)
   if impl in ('cudnn', 'pallas'):
     return cudnn_attention(query, key, value, bias, 0.0 if deterministic else rate, cudnn_seed)
   return dot_product_attention(query, key, value, bias, dropout_rng, rate, deterministic, dtype)
+
+
+def _compiles_for_tpu() -> bool:
+  """Whether the step being traced compiles for TPUs: the mesh in scope holds TPU devices (the
+  AOT compile on a CPU host), or, with none, JAX's default backend is a TPU."""
+  device = jax.sharding.get_abstract_mesh().abstract_device
+  if device is not None:
+    return device.platform == 'tpu'
+  return jax.default_backend() == 'tpu'
+
+
+def tpu_attention(query, key, value, segment_ids, keys, *, rate: float, causal: bool = False):
+  """The TPU kernels (interpreted when the step does not compile for TPUs); on a mesh of several
+  devices each runs them on its rows and heads, under shard_map.
+
+  query, key, value: [batch, length, heads, head_dim]; segment_ids: [batch, length]; keys:
+  [batch, heads, 1] uint32 (kernels.tpu.fused_attention.tile_keys, drawn for the whole batch so
+  that the masks do not depend on the mesh) or None. Returns [batch, length, heads, head_dim].
+  """
+  attend = functools.partial(_tpu().attention, rate=rate, causal=causal,
+                             interpret=not _compiles_for_tpu())
+  heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
+  spec = jax.sharding.PartitionSpec
+  keys_spec = None if keys is None else spec(heads[0], heads[2], None)
+  return per_device.on_each_device(
+      attend, (query, key, value, segment_ids, keys), (heads, heads, heads, spec(heads[0], None),
+                                                      keys_spec),
+      heads, whole={'rows': heads[1], 'heads': heads[3]}, setting="attention_impl='tpu'")
 
 
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,

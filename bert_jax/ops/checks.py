@@ -22,12 +22,13 @@ def cudnn_attention_possible(model, lengths) -> bool:
 def check_model(model, lengths) -> None:
   """The kernel settings of config.model fit together for rows of these lengths (no devices
   needed)."""
-  if model.get('causal', False) and model.attention_impl != 'xla':
-    # cuDNN gets key lengths and the fused kernels segment ids: neither takes the causal bias.
+  if model.get('causal', False) and model.attention_impl not in ('xla', 'tpu'):
+    # cuDNN gets key lengths and the GPU fused kernels segment ids: neither takes the causal
+    # bias; the TPU kernels apply the causal mask themselves.
     raise ConfigError(
         f"config.model.causal=True needs config.model.attention_impl='xla' (got "
-        f"{model.attention_impl!r}): the causal mask is an attention bias, which only the XLA "
-        "attention takes. Set attention_impl='xla'.")
+        f"{model.attention_impl!r}), or 'tpu' on TPUs: the causal mask is an attention bias, "
+        "which the GPU kernels do not take. Set attention_impl='xla'.")
   # 'pallas' runs the rows fused_attention does not take through cuDNN; its own kernels draw
   # their dropout from the rng stream, so scans and remat keep their masks.
   if cudnn_attention_possible(model, lengths) and model.attention_dropout_rate > 0:
@@ -87,6 +88,12 @@ def check_gpu_kernels(config) -> None:
   GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
   shard_map)."""
   backend, count = jax.default_backend(), jax.device_count()
+  if backend == 'gpu' and config.model.get('attention_impl') == 'tpu':
+    # Off TPUs the TPU kernels run in Pallas's interpreter: right, for tests, but far too slow
+    # to train with. CPUs are let through for the tests and for AOT compiles for TPUs.
+    raise ConfigError(
+        f"config.model.attention_impl='tpu' runs Pallas TPU (Mosaic) kernels; this run has "
+        f"{count} gpu device(s). Use attention_impl 'pallas', 'cudnn' or 'xla'.")
   if backend != 'gpu':
     for key, kernels in (('layer_norm_impl', 'Triton kernels on NVIDIA GPUs'),
                          ('attention_impl', 'Triton kernels on NVIDIA GPUs'),

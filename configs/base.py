@@ -76,14 +76,16 @@ def get_config(arg=None):
   model.gelu = 'erf'
   # Causal attention: each token attends only to itself and earlier tokens, and the pooled output
   # is the last real token's state (a causal [CLS] sees nothing else). For the left-to-right LM
-  # objective 'clm' (the paper's Table 5 "LTR & No NSP"); 'mlm' and 'nsp' need False. 'xla'
-  # attention only; no packed rows.
+  # objective 'clm' (the paper's Table 5 "LTR & No NSP"); 'mlm' and 'nsp' need False.
+  # Attention 'xla' or 'tpu' only; no packed rows.
   model.causal = False
   # How each part is computed (bert_jax/ops dispatches; docs/gpu.md has the kernels):
   # attention 'xla' (einsum softmax with attention dropout; any device), 'cudnn' (cuDNN's fused
   # attention, dropout in the kernel: needs scan_layers=False and remat 'none' while
-  # attention_dropout_rate > 0) or 'pallas' (bert_jax/kernels/gpu/fused_attention.py for rows of
-  # 16-512 tokens, powers of two, packed or not; cuDNN's for other rows).
+  # attention_dropout_rate > 0), 'pallas' (bert_jax/kernels/gpu/fused_attention.py for rows of
+  # 16-512 tokens, powers of two, packed or not; cuDNN's for other rows) or 'tpu'
+  # (bert_jax/kernels/tpu/fused_attention.py, Pallas TPU, dropout in the kernel, causal or not,
+  # for rows of 8-512 tokens in multiples of 8, packed or not; 'xla' for other rows).
   model.attention_impl = 'xla'
   # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (Pallas Triton)
   # or 'mosaic' (kernels/gpu/flash_backward.py: wgmma and TMA; Hopper GPUs, 16-bit compute).

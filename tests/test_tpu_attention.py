@@ -40,13 +40,14 @@ def operands(dtype, seed=0, length=LENGTH):
   return q, k, v, cotangent, fused_attention.tile_keys(keys[4], BATCH, HEADS)
 
 
-def xla_bias(case, segment_ids):
+def xla_bias(case, segment_ids, dtype):
+  """The bias BertModel makes for these rows in dtype (its most negative value, finite)."""
   mask = (segment_ids > 0).astype(jnp.int32)
   if case == 'packed':
-    return layers.pair_attention_bias(segment_ids, jnp.float32)
+    return layers.pair_attention_bias(segment_ids, dtype)
   if case == 'causal':
-    return layers.causal_attention_bias(mask, jnp.float32)
-  return layers.attention_bias(mask, jnp.float32)
+    return layers.causal_attention_bias(mask, dtype)
+  return layers.attention_bias(mask, dtype)
 
 
 def value_and_grads(attend, q, k, v, cotangent):
@@ -62,7 +63,7 @@ def max_diffs(a, b):
           for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
 
 
-@pytest.mark.parametrize('dtype, tolerance', [(jnp.float32, 2e-5), (jnp.bfloat16, 6e-2)])
+@pytest.mark.parametrize('dtype, tolerance', [(jnp.float32, 5e-6), (jnp.bfloat16, 4e-2)])
 @pytest.mark.parametrize('case', ['padded', 'packed', 'causal'])
 def test_kernels_equal_the_xla_attention(case, dtype, tolerance):
   """Forward and q, k, v gradients against ops.attention's einsum path (its bias made from the
@@ -74,14 +75,14 @@ def test_kernels_equal_the_xla_attention(case, dtype, tolerance):
   causal = case == 'causal'
   kernel = value_and_grads(lambda q, k, v: fused_attention.attention(
       q, k, v, segment_ids, None, rate=0.0, causal=causal, interpret=True), q, k, v, cotangent)
-  bias = xla_bias(case, segment_ids).astype(dtype)
+  bias = xla_bias(case, segment_ids, dtype)
   xla = value_and_grads(lambda q, k, v: attention_ops.dot_product_attention(
       q, k, v, bias, None, 0.0, True, dtype), q, k, v, cotangent)
   out_diff = float(jnp.max(jnp.abs(jnp.where(real[:, :, None, None],
                                              kernel[0].astype(jnp.float32)
                                              - xla[0].astype(jnp.float32), 0))))
   diffs = [out_diff] + max_diffs(kernel[1], xla[1])
-  assert max(diffs) < tolerance, diffs
+  assert np.all(np.asarray(diffs) < tolerance), diffs  # NaN fails too.
   assert float(jnp.max(jnp.abs(kernel[1][1].astype(jnp.float32)))) > 0.1  # A real gradient.
 
 
@@ -95,7 +96,7 @@ def test_kernels_with_dropout_equal_the_reference(causal):
                        for f, extra in ((fused_attention.attention, {'interpret': True}),
                                         (fused_attention.reference, {})))
   diffs = max_diffs(kernel, reference)
-  assert max(diffs) < 2e-5, diffs
+  assert np.all(np.asarray(diffs) < 2e-5), diffs
   no_dropout = fused_attention.reference(q, k, v, segment_ids, None, rate=0.0, causal=causal)
   assert not np.allclose(kernel[0], no_dropout, atol=1e-3)  # Something was dropped.
 

@@ -69,8 +69,9 @@ class BertConfig:
   gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
   # Each token attends to itself and earlier tokens; the pooler reads the last real token.
   causal: bool = False
-  # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU) or 'pallas' (fused_attention's Triton
-  # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU).
+  # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU), 'pallas' (fused_attention's Triton
+  # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU) or
+  # 'tpu' (kernels/tpu/fused_attention.py, rows of 8-512 in multiples of 8; 'xla' for others).
   attention_impl: str = 'xla'
   # The backward of rows over 128 tokens with attention_impl='pallas': 'triton' or 'mosaic'
   # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/kernels/gpu/flash_backward.py, Hopper GPUs).

@@ -35,6 +35,26 @@ def pytest_configure_node(node):
   node.workerinput['loadgroup'] = node.config.getvalue('dist') == 'loadgroup'
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Under -n, a test that uses a module-scoped fixture of its own module (a trained workdir, a
+  reference run, the sharding subprocesses' results) joins its module's xdist group unless it
+  names one: the fixture is then built on one worker, not on each. Autouse fixtures, which
+  every test of a module takes, do not group it."""
+  if not getattr(config.option, 'loadgroup', False):
+    return
+  for item in items:
+    if item.get_closest_marker('xdist_group') or not hasattr(item, '_fixtureinfo'):
+      continue
+    module = item.nodeid.split('::')[0]
+    for name in item.fixturenames:
+      definitions = item._fixtureinfo.name2fixturedefs.get(name) or ()
+      if any(d.scope == 'module' and d.baseid == module and not getattr(d, '_autouse', False)
+             for d in definitions):
+        item.add_marker(pytest.mark.xdist_group(module))
+        break
+
+
 def shared_data_dir() -> pathlib.Path:
   """Returns $BERT_JAX_DATA; skips the test when unset, fails instead if BERT_JAX_REQUIRE_DATA=1."""
   value = os.environ.get('BERT_JAX_DATA', '')

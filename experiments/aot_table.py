@@ -13,6 +13,10 @@ schedule, 90% of the steps at 128 and 10% at 512; You et al.'s LAMB run, 7,038 s
 128 and 1,561 of 32,768 x 512, against their 76 minutes; RoBERTa's 500k and ALBERT's 125k steps
 as 32 and 16 micro-batch steps each. Estimates are idealised (no input
 pipeline, no host overhead, perfect overlap), so they are lower bounds on wall time.
+
+A second table sets each '-tpu' setup (attention_impl='tpu', the Pallas TPU attention kernels)
+beside its XLA-attention twin, with the share of the step's FLOPs the kernels declare and the
+roofline with and without their declared work.
 """
 
 import argparse
@@ -27,6 +31,7 @@ SEQ_512 = ['--config.data.max_seq_length=512', '--config.data.max_predictions_pe
 BF16 = ['--config.model.dtype=bfloat16']
 MICRO_BATCH = ['--config.train.batch_size=256', '--config.train.grad_accum_steps=1']
 NO_PROBES = ['--layer_probes=false']
+TPU_ATTENTION = ['--config.model.attention_impl=tpu']
 # Presets tried in order; the first that fits is recommended.
 FSDP = ['--config.mesh.preset=fsdp', '--config.mesh.data=-1', '--config.mesh.fsdp=16']
 DATA_THEN_FSDP = [
@@ -79,6 +84,22 @@ SETUPS = {
                                MICRO_BATCH + BF16 + NO_PROBES
                                + ['--config.distill.teacher=hf:experiments/teachers/bert-base'],
                                DATA_THEN_FSDP),
+    # BERT-Large with the Pallas TPU attention kernels (attention_impl='tpu'), each beside the
+    # same setup with the XLA attention (the name without '-tpu'); the kernels' FLOPs and bytes
+    # in these estimates are their declared costs (aot.py's kernel_* fields).
+    **{f'large-{topology}-{seq}': ('configs/large.py', topology, BF16, DATA_THEN_FSDP)
+       for topology in ('v4:2x2x4', 'v5e:8x8', 'v5p:4x4x4', 'v6e:4x4') for seq in (128,)},
+    **{f'large-{topology}-{seq}-tpu': ('configs/large.py', topology,
+                                       (SEQ_512 if seq == 512 else []) + BF16 + TPU_ATTENTION,
+                                       DATA_THEN_FSDP)
+       for topology in ('v5e:8x8', 'v6e:4x4', 'v4:2x2x4', 'v5p:4x4x4') for seq in (512, 128)},
+    # The largest Large-512 batch that fits v5e:8x8's 16 GiB per chip with each attention, data
+    # parallel without remat: memory only (8, 12 and 16 rows per chip).
+    **{f'large-v5e:8x8-512-b{batch}{suffix}': (
+        'configs/large.py', 'v5e:8x8',
+        SEQ_512 + BF16 + [f'--config.train.batch_size={batch}'] + NO_PROBES + impl,
+        DATA_THEN_FSDP[:1])
+       for suffix, impl in (('', []), ('-tpu', TPU_ATTENTION)) for batch in (512, 768, 1024)},
 }
 PAPER_STEPS = 1_000_000
 LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}
@@ -135,6 +156,41 @@ def hours(seconds):
   return f'{seconds / 3600:.1f} h' if seconds >= 3600 else f'{seconds / 60:.1f} min'
 
 
+def costed(record) -> bool:
+  """Whether the step time counts every layer (probes, or no scan): else an underestimate."""
+  return 'underestimate' not in record.get('step_time_source', '')
+
+
+def kernel_table(records) -> str:
+  """The '-tpu' setups beside their XLA-attention twins: memory, step time and MFU of each, and
+  how much of the 'tpu' estimate the kernels' declared costs make."""
+  fits = recommended(records)
+  rows = ['| setup | attention | preset | GiB needed | step time | MFU | roofline | '
+          'kernel FLOPs share | roofline without kernels |',
+          '|---|---|---|---|---|---|---|---|---|']
+  for name in SETUPS:
+    if not name.endswith('-tpu') or not any(r['setup'] == name for r in records):
+      continue
+    for impl, setup in (('xla', name[:-len('-tpu')]), ('tpu', name)):
+      r = fits.get(setup)
+      if r is None:
+        tried = [a for a in records if a['setup'] == setup]
+        if tried:
+          rows.append(f'| {setup} | {impl} | none fits | {tried[-1].get("needed_gib", "")} '
+                      '| | | | | |')
+        continue
+      step, mfu, roofline, share, without = 'not costed', '', '', '', ''
+      if costed(r):
+        step, mfu = f'{1000 * r["step_time_s"]:.0f} ms', f'{100 * r["mfu"]:.0f}%'
+        roofline = f'{1000 * r["roofline_s"]:.0f} ms'
+        if impl == 'tpu':
+          share = f'{100 * r["kernel_flops_share"]:.1f}%'
+          without = f'{1000 * r["roofline_without_kernels_s"]:.0f} ms'
+      rows.append(f'| {setup} | {impl} | {r["tried_preset"]} | {r["needed_gib"]:.1f} '
+                  f'| {step} | {mfu} | {roofline} | {share} | {without} |')
+  return '\n'.join(rows) if len(rows) > 2 else ''
+
+
 def markdown(records) -> str:
   fits = recommended(records)
   rows = ['| setup | chips | preset (mesh) | batch x seq | GiB needed / HBM per device | '
@@ -153,14 +209,14 @@ def markdown(records) -> str:
       continue
     mesh = 'x'.join(str(v) for v in r['mesh'].values())
     # Scanned layers costed once (no probes): the step time is an underestimate, left out.
-    costed = 'underestimate' not in r.get('step_time_source', '')
-    step = f'{1000 * r["step_time_s"]:.0f} ms' if costed else 'not costed'
-    mfu = f'{100 * r["mfu"]:.0f}%' if costed else ''
+    step = f'{1000 * r["step_time_s"]:.0f} ms' if costed(r) else 'not costed'
+    mfu = f'{100 * r["mfu"]:.0f}%' if costed(r) else ''
     rows.append(
         f'| {name} | {r["num_chips"]} {r["device_kind"]} | {r["tried_preset"]} ({mesh}) '
         f'| {r["batch"]} x {r["seq"]} | {r["needed_gib"]:.1f} / {r["hbm_per_device_gib"]} '
         f'| {step} | {mfu} | {r["compile_s"]:.0f} s |')
-  out = ['\n'.join(rows), '']
+  kernels = kernel_table(records)
+  out = ['\n'.join(rows), ''] + ([kernels, ''] if kernels else [])
   proj = []
   for model, short, long in (('BERT-Base', 'base-v3:4x4-128', 'base-v3:4x4-512'),
                              ('BERT-Large', 'large-v3:8x8-128', 'large-v3:8x8-512')):

@@ -23,6 +23,7 @@ from bert_jax.models import layers
 from bert_jax.models import pretraining
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import checks
+from bert_jax.tools import kernel_costs
 from configs import tiny
 import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)
 
@@ -163,6 +164,35 @@ def test_kernels_declare_the_attention_flops(rate):
   for cost in costs.values():
     assert cost.transcendentals == BATCH * HEADS * length * length
     assert cost.bytes_accessed >= 4 * BATCH * length * HEADS * HEAD_DIM * 4
+
+
+def mosaic_call(name, cost):
+  """One line of a compiled TPU program: a Mosaic kernel's custom call, as libtpu prints it."""
+  config = '"body":"TUxJUg=="' + (f',"cost_estimate":{cost}' if cost else '')
+  return (f'  %{name} = bf16[8,2,64,64]{{3,2,1,0}} custom-call(%q, %k), '
+          'custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/pallas_call"}, '
+          'backend_config={"flag_configs":[],"custom_call_config":{' + config
+          + ',"needs_layout_passes":true},"retry_config":{"retry_count":"0"}}')
+
+
+def test_aot_sums_the_costs_the_compiled_kernels_declare():
+  """bert_jax.aot reads each Mosaic call's declared cost from the compiled program; other custom
+  calls and a kernel that declares nothing add no FLOPs or bytes."""
+  text = '\n'.join([
+      'ENTRY %main {',
+      mosaic_call('fwd', '{"flops":"1000","transcendentals":"7","bytes_accessed":"64",'
+                  '"remote_bytes_transferred":"0"}'),
+      mosaic_call('bwd', '{"flops":"2500","transcendentals":"7","bytes_accessed":"96",'
+                  '"remote_bytes_transferred":"0"}'),
+      mosaic_call('plain', None),
+      '  %s = f32[8] custom-call(%x), custom_call_target="Sharding", '
+      'backend_config={"cost_estimate":{"flops":"9"}}',
+      '  %d = f32[8,8] dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}',
+      '}'])
+  assert kernel_costs.kernel_cost(text) == {'kernel_flops': 3500.0, 'kernel_bytes': 160.0,
+                                   'kernel_calls': 3}
+  assert kernel_costs.kernel_cost('ENTRY %main {\n}') == {'kernel_flops': 0.0, 'kernel_bytes': 0.0,
+                                                 'kernel_calls': 0}
 
 
 def small_config(**overrides):
@@ -365,3 +395,51 @@ def test_train_step_with_the_tpu_attention_compiles_for_tpu_topologies(topology)
   report = json.loads(result.stdout.strip().splitlines()[-1])
   assert report['fits'] is True and report['flops_per_device'] > 0
   assert (report['batch'], report['seq']) == (32, 64)
+
+
+def aot_report(*args: str) -> dict:
+  """`python -m bert_jax.aot` of the tiny config (2 scanned layers of 2 heads of 64, rows of 64,
+  batch 32) in bfloat16 for v5e:2x2 (4 devices, 8 rows each) with attention dropout on."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.aot', '--config=configs/tiny.py', '--topology=v5e:2x2',
+       '--config.model.attention_dropout_rate=0.1', '--config.model.dtype=bfloat16', *args],
+      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_aot_reports_the_kernels_declared_costs_beside_the_estimate():
+  """With attention_impl='tpu' the report splits libtpu's FLOPs and bytes into the kernels'
+  declarations (a forward and a backward call per layer: 4 + 10 b h s^2 d FLOPs on each
+  device's 8 rows, the bytes of their operands) and the rest; the layer probes count both
+  layers where the scanned step counts one. The 'xla' attention declares nothing, and its
+  einsums, counted by XLA, exceed what the 'tpu' step leaves once the declarations are out."""
+  require_libtpu()
+  rows, layers, heads, length, head_dim = 8, 2, 2, 64, 64
+  tpu = aot_report('--config.model.attention_impl=tpu')
+  work = rows * heads * length * length * head_dim
+  assert tpu['kernel_calls_per_device'] == 2 * layers
+  assert tpu['kernel_flops_per_device'] == layers * 14 * work
+  assert tpu['xla_kernel_flops_per_device'] == 14 * work  # The scanned layer, costed once.
+  tile = rows * heads * length * head_dim * 2  # bfloat16
+  inputs = rows * heads * 4 + rows * length * 128 * 4 + rows * 8 * length * 4  # keys, ids
+  assert tpu['kernel_bytes_per_device'] == layers * (2 * inputs + (3 + 1) * tile + (5 + 3) * tile)
+  assert (tpu['flops_without_kernels_per_device']
+          == tpu['flops_per_device'] - tpu['kernel_flops_per_device'] > 0)
+  assert (tpu['bytes_without_kernels_per_device']
+          == tpu['bytes_per_device'] - tpu['kernel_bytes_per_device'] > 0)
+  assert tpu['kernel_flops_share'] == pytest.approx(
+      tpu['kernel_flops_per_device'] / tpu['flops_per_device'])
+  assert 0 < tpu['roofline_without_kernels_s'] < tpu['roofline_s']
+  assert 0 < tpu['kernel_roofline_s'] < tpu['roofline_s']
+
+  xla = aot_report('--layer_probes=false')
+  assert xla['kernel_calls_per_device'] == 0
+  assert xla['kernel_flops_per_device'] == xla['kernel_bytes_per_device'] == 0
+  assert xla['flops_without_kernels_per_device'] == xla['flops_per_device']
+  assert xla['roofline_without_kernels_s'] == xla['roofline_s']
+  # Unprobed, both count one layer: the XLA attention's q k^T, p v and their gradients
+  # (12 b h s^2 d) are in its FLOPs, not in the 'tpu' step's without its declarations.
+  tpu_without = tpu['xla_flops_per_device'] - tpu['xla_kernel_flops_per_device']
+  assert xla['xla_flops_per_device'] - tpu_without >= 12 * work

@@ -25,6 +25,16 @@ so with config.model.scan_layers the cost comes from 1- and 2-layer unrolled pro
 layers (`layer_probes`); the raw numbers of the compiled step stay in the `xla_*` fields. MFU
 uses the model FLOPs of metrics.model_flops_per_sequence (DESIGN.md's formula) against the chips'
 peak; `step_time_source` says where the step time came from.
+
+Mosaic kernels (attention_impl='tpu'): XLA cannot see inside them, and libtpu's cost analysis
+counts the cost each pallas_call declares (its cost_estimate), FLOPs and bytes exactly, in the
+FLOPs, bytes and optimal_seconds above. `kernel_flops_per_device` and `kernel_bytes_per_device`
+are those declarations summed over the step's kernel calls (`kernel_calls_per_device`; counted
+as the FLOPs are, probes included), `kernel_flops_share` their part of the FLOPs, and
+`flops_without_kernels_per_device`, `bytes_without_kernels_per_device` and
+`roofline_without_kernels_s` the estimate from what XLA costs itself; `kernel_roofline_s` is the
+declared work alone at peak. They show how much of the step time rests on the declarations,
+which no TPU has checked. Without kernels they are 0 and the `without` fields equal the others.
 """
 
 import copy
@@ -43,6 +53,7 @@ from ml_collections import config_flags
 
 from bert_jax.tools import chips
 from bert_jax.tools import cli
+from bert_jax.tools import kernel_costs
 from bert_jax.tools.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
 
 # Config files import `configs.base`: make the repository root importable from anywhere.
@@ -175,12 +186,14 @@ def memory_report(compiled) -> dict:
 
 
 def xla_cost(compiled) -> dict:
-  """FLOPs, bytes accessed and optimal_seconds of one device's program (libtpu's analysis)."""
+  """FLOPs, bytes accessed and optimal_seconds of one device's program (libtpu's analysis), and
+  the part of the FLOPs and bytes its Mosaic kernels declare (kernel_costs)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   seconds = cost.get('optimal_seconds')  # Negative (v4) when libtpu has no estimate.
   return {'flops': float(cost.get('flops', 0.0)), 'bytes': float(cost.get('bytes accessed', 0.0)),
-          'seconds': float(seconds) if seconds and seconds > 0 else None}
+          'seconds': float(seconds) if seconds and seconds > 0 else None,
+          **kernel_costs.kernel_cost(compiled.as_text())}
 
 
 def probe_config(config, num_layers: int):
@@ -214,7 +227,9 @@ def cost_report(config, compiled, mesh, spec: TpuSpec, probes: bool) -> dict:
   """Per-device FLOPs, bytes and step time: XLA's, with scanned layers counted via probes."""
   cost = xla_cost(compiled)
   report = {'xla_flops_per_device': cost['flops'], 'xla_bytes_per_device': cost['bytes'],
-            'xla_optimal_seconds': cost['seconds']}
+            'xla_optimal_seconds': cost['seconds'],
+            'xla_kernel_flops_per_device': cost['kernel_flops'],
+            'xla_kernel_bytes_per_device': cost['kernel_bytes']}
   note = ''
   if config.model.scan_layers and config.model.num_layers > 1:
     if probes:
@@ -229,6 +244,19 @@ def cost_report(config, compiled, mesh, spec: TpuSpec, probes: bool) -> dict:
     seconds, source = roofline, 'roofline max(flops/peak, bytes/HBM bandwidth)' + note
   report.update(flops_per_device=cost['flops'], bytes_per_device=cost['bytes'],
                 roofline_s=roofline, step_time_s=seconds, step_time_source=source)
+  # The split of the estimate between what XLA costs itself and what the kernels declare.
+  flops_without = cost['flops'] - cost['kernel_flops']
+  bytes_without = cost['bytes'] - cost['kernel_bytes']
+  report.update(
+      kernel_calls_per_device=round(cost['kernel_calls']),
+      kernel_flops_per_device=cost['kernel_flops'], kernel_bytes_per_device=cost['kernel_bytes'],
+      kernel_flops_share=cost['kernel_flops'] / cost['flops'] if cost['flops'] else 0.0,
+      kernel_roofline_s=max(cost['kernel_flops'] / (spec.peak_tflops * 1e12),
+                            cost['kernel_bytes'] / (spec.hbm_gbps * 1e9)),
+      flops_without_kernels_per_device=flops_without,
+      bytes_without_kernels_per_device=bytes_without,
+      roofline_without_kernels_s=max(flops_without / (spec.peak_tflops * 1e12),
+                                     bytes_without / (spec.hbm_gbps * 1e9)))
   return report
 
 

@@ -1,6 +1,7 @@
 """Tests for bert_jax.data.corpus."""
 
 import gzip
+import json
 import lzma
 import re
 
@@ -294,3 +295,26 @@ def test_shared_gutenberg_book_is_one_document_without_license():
   assert 'Down the Rabbit-Hole' in text
   assert 'Project Gutenberg' not in text
   assert len(documents[0]) > 1000
+
+
+def test_the_builtin_corpus_is_parsed_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+  monkeypatch.setenv('BERT_JAX_CACHE', str(tmp_path))
+  monkeypatch.setattr(corpus, '_BUILTIN_MEMO', {})
+  documents = corpus.builtin_corpus()
+  assert documents == corpus._parse_builtin_corpus(corpus.stdlib_files())
+  [cached] = tmp_path.glob('builtin_corpus-*.json')
+  # Another process (an empty memo) reads the file: a marker written there comes back.
+  cached.write_text(json.dumps([['a cached sentence .']]))
+  corpus._BUILTIN_MEMO.clear()
+  assert corpus.builtin_corpus() == [['a cached sentence .']]
+  # The memo hands out copies: a caller's edits do not reach the next caller.
+  corpus.builtin_corpus()[0].append('an edit')
+  assert corpus.builtin_corpus() == [['a cached sentence .']]
+
+
+def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
+  blocked = tmp_path / 'file'
+  blocked.write_text('')
+  monkeypatch.setenv('BERT_JAX_CACHE', str(blocked / 'cache'))  # Under a file: unwritable.
+  monkeypatch.setattr(corpus, '_BUILTIN_MEMO', {})
+  assert corpus.builtin_corpus() == corpus._parse_builtin_corpus(corpus.stdlib_files())

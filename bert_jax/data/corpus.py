@@ -8,10 +8,13 @@ plain or `.xz`/`.gz`; or 'builtin', the docstrings of the Python standard librar
 import ast
 import glob
 import gzip
+import hashlib
 import itertools
+import json
 import lzma
 import os
 import re
+import sys
 import sysconfig
 
 from absl import logging
@@ -362,9 +365,68 @@ _PROSE_CHARS = re.compile(r'[A-Za-z ,.;:\'"()-]')
 
 
 def builtin_corpus() -> list[list[str]]:
-  """Returns the stdlib's docstrings (a document per module) and pydoc topics (one each)."""
+  """Returns the stdlib's docstrings (a document per module) and pydoc topics (one each).
+
+  Parsing the stdlib takes seconds; the result is kept per process and, keyed by the Python
+  build and every source file's size and modification time, in a JSON file under the user's
+  cache directory ($BERT_JAX_CACHE, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax), so
+  later runs and processes read it in milliseconds. An unwritable cache only costs the parse.
+  """
+  paths = stdlib_files()
+  key = _builtin_key(paths)
+  if key not in _BUILTIN_MEMO:
+    _BUILTIN_MEMO.clear()
+    _BUILTIN_MEMO[key] = _read_builtin_cache(key) or _write_builtin_cache(
+        key, _parse_builtin_corpus(paths))
+  return [list(document) for document in _BUILTIN_MEMO[key]]
+
+
+_BUILTIN_MEMO = {}  # {key: documents}: this process's built-in corpus.
+
+
+def _builtin_key(paths) -> str:
+  """A fingerprint of the stdlib sources the built-in corpus is made of (and of its recipe)."""
+  digest = hashlib.sha256(f'{sys.version}\n{_BUILTIN_RECIPE}\n'.encode())
+  for path in paths:
+    stat = os.stat(path)
+    digest.update(f'{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
+  return digest.hexdigest()[:24]
+
+
+# Bumped when what builtin_corpus extracts changes, so that cached corpora are not reused.
+_BUILTIN_RECIPE = 1
+
+
+def _builtin_cache_path(key: str) -> str:
+  root = (os.environ.get('BERT_JAX_CACHE') or os.path.join(
+      os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'bert_jax'))
+  return os.path.join(root, f'builtin_corpus-{key}.json')
+
+
+def _read_builtin_cache(key: str):
+  try:
+    with open(_builtin_cache_path(key), encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _write_builtin_cache(key: str, documents):
+  path = _builtin_cache_path(key)
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f'{path}.{os.getpid()}.tmp'
+    with open(temporary, 'w', encoding='utf-8') as f:
+      json.dump(documents, f)
+    os.replace(temporary, path)  # Whole or absent: concurrent processes never read half.
+  except OSError as e:
+    logging.info('Built-in corpus not cached (%s); it is parsed again next time.', e)
+  return documents
+
+
+def _parse_builtin_corpus(paths) -> list[list[str]]:
   documents = []
-  for path in stdlib_files():
+  for path in paths:
     document = [sentence for docstring in _docstrings_of(path)
                 for sentence in _doc_sentences(docstring)]
     if document:

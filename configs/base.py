@@ -193,6 +193,8 @@ def get_config(arg=None):
   train.eval_batches = 20  # Held-out batches per evaluation.
   train.checkpoint_every = 10_000  # Steps between checkpoints (and at the end).
   train.keep_checkpoints = 3  # Newest checkpoints kept.
+  # WORKDIR/plots/curves.png drawn at the end of the run (python -m bert_jax.plot draws it later).
+  train.plots = True
   train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 measures a matmul at start.
   # XLA debug options for the train step's compile, 'name=value,...' (e.g.
   # 'xla_gpu_enable_triton_gemm=false'); they apply to that computation only. '' = XLA's defaults.

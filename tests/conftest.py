@@ -115,6 +115,8 @@ MICRO = {
     'data.max_predictions_per_seq': 5, 'data.max_documents': 150, 'data.eval_fraction': 0.1,
     'train.batch_size': 8, 'train.learning_rate': 1e-3, 'train.warmup_steps': 5,
     'train.eval_batches': 2, 'train.keep_checkpoints': 2, 'train.peak_flops': 1e11,
+    # Drawing curves is seconds a run; tests/test_plot.py and the README's run draw them.
+    'train.plots': False,
 }
 
 

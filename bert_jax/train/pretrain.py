@@ -481,7 +481,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       json.dump(last_eval, f, indent=2)
   if jax.process_index() == 0:
     log_summary(workdir, last_eval)
-    write_plots(workdir)
+    if config.train.get('plots', True):
+      write_plots(workdir)
   return last_eval
 
 

@@ -22,6 +22,7 @@ roofline with and without their declared work.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -176,8 +177,11 @@ def kernel_table(records) -> str:
       if r is None:
         tried = [a for a in records if a['setup'] == setup]
         if tried:
-          rows.append(f'| {setup} | {impl} | none fits | {tried[-1].get("needed_gib", "")} '
-                      '| | | | | |')
+          # libtpu's refusal names what it needed, e.g. 'HLO temporaries (17.41G) exceeds ...'.
+          refused = re.search(r'\(([\d.]+G)\) exceeds', tried[-1].get('out_of_memory', ''))
+          needed = (f'> HBM ({refused.group(1)} temporaries)' if refused
+                    else tried[-1].get('needed_gib', ''))
+          rows.append(f'| {setup} | {impl} | none fits | {needed} | | | | | |')
         continue
       step, mfu, roofline, share, without = 'not costed', '', '', '', ''
       if costed(r):

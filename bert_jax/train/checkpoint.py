@@ -62,12 +62,15 @@ def _leaf_checksums(x):
                     jnp.sum(words * position, dtype=jnp.uint32)])
 
 
-_checksums = jax.jit(lambda tree: jax.tree.map(_leaf_checksums, tree))
+# One small program per leaf shape and dtype, not one per state: the states a process checks (a
+# TrainState at save, the same restored as dicts, the next run's) share their leaves' shapes, so
+# each compiles once; a program over the whole tree compiled again for every new tree structure.
+_leaf_checksums_jit = jax.jit(_leaf_checksums)
 
 
 def state_checksums(state) -> dict:
   """{array path: [sum, position-weighted sum]} of every array in the state."""
-  sums = jax.device_get(_checksums(state))
+  sums = jax.device_get(jax.tree.map(_leaf_checksums_jit, state))
   return {jax.tree_util.keystr(path): [int(v) for v in np.asarray(value)]
           for path, value in jax.tree_util.tree_leaves_with_path(sums)}
 

@@ -11,6 +11,7 @@ import pytest
 
 from bert_jax import sharding
 from bert_jax.interop import hf
+from bert_jax.interop import param_tree
 from bert_jax.models import electra
 from bert_jax.train import finetune
 from bert_jax.train import step as steps
@@ -200,16 +201,16 @@ def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs
   again, _ = import_dir(disc_dir, config)
   for path in ('bert/embeddings/word_embeddings', 'bert/embeddings_project/kernel',
                'discriminator_predictions/dense_prediction/kernel'):
-    a, b = hf._flatten(again)[path], hf._flatten(params)[path]  # pylint: disable=protected-access
+    a, b = param_tree.flatten(again)[path], param_tree.flatten(params)[path]
     np.testing.assert_array_equal(a, b)
   gen_config = electra.generator_run_config(config)
   gen_params, _ = import_dir(gen_dir, gen_config)
-  flat = hf._flatten(params)  # pylint: disable=protected-access
+  flat = param_tree.flatten(params)
   for ours, theirs in (('generator/encoder/layer/intermediate/dense/kernel',
                         'bert/encoder/layer/intermediate/dense/kernel'),
                        ('generator_predictions/output_bias', 'predictions/output_bias'),
                        ('bert/embeddings/LayerNorm/scale', 'bert/embeddings/LayerNorm/scale')):
-    np.testing.assert_array_equal(hf._flatten(gen_params)[theirs],  # pylint: disable=protected-access
+    np.testing.assert_array_equal(param_tree.flatten(gen_params)[theirs],
                                   flat[ours])
 
 

@@ -16,6 +16,7 @@ from bert_jax import config_lib
 from bert_jax import models
 from bert_jax import sharding
 from bert_jax.interop import hf
+from bert_jax.interop import param_tree
 from bert_jax.interop import init_from
 from bert_jax.models import bert
 from bert_jax.models import heads
@@ -187,7 +188,7 @@ def test_export_from_a_random_init_loads_in_transformers_and_round_trips(inputs,
   diffs = [max_diff(a, b) for a, b in zip(ours, theirs)]
   assert max(diffs) < EXPORT_TOLERANCE, diffs
   again, _ = imported(str(tmp_path), config)
-  flat, flat_again = hf._flatten(params), hf._flatten(again)  # pylint: disable=protected-access
+  flat, flat_again = param_tree.flatten(params), param_tree.flatten(again)
   assert flat.keys() == flat_again.keys()
   assert all(np.array_equal(flat[k], flat_again[k]) for k in flat if '/pooler/' not in k)
 

@@ -16,7 +16,6 @@ import re
 import shutil
 
 from absl import logging
-from flax import traverse_util
 import flax.linen as nn
 import jax
 import numpy as np
@@ -26,6 +25,7 @@ import safetensors.numpy
 from bert_jax import models
 from bert_jax import objectives
 from bert_jax.interop import hf_families
+from bert_jax.interop import param_tree
 from bert_jax.models import layers
 from bert_jax.models import pretraining
 from bert_jax.train import step as steps
@@ -44,7 +44,6 @@ VOCAB_PATHS = ('bert/embeddings/word_embeddings', 'predictions/output_bias')
 # Original TF names kept by old pytorch_model.bin files; from_pretrained renames them too.
 _LEGACY_NAMES = ((re.compile(r'(LayerNorm)\.gamma$'), r'\1.weight'),
                  (re.compile(r'(LayerNorm)\.beta$'), r'\1.bias'))
-_LAYER = re.compile(r'^bert/encoder/layer_(\d+)/(.*)$')
 
 
 def _shape_of(name, shape):
@@ -178,40 +177,8 @@ def leaf_shapes(config) -> dict:
                           steps.dummy_batch(1, 2, 1, objectives=names))
   # A frozen scope (a distillation teacher) is not the model's: never imported or exported.
   frozen = objectives.frozen_scopes(config)
-  return {k: tuple(v.shape) for k, v in _flatten(nn.meta.unbox(shapes['params'])).items()
-          if k.split('/')[0] not in frozen}
-
-
-def _flatten(tree):
-  """Nested dicts -> {'a/b/c': leaf}."""
-  return traverse_util.flatten_dict(tree, sep='/')
-
-
-def _unflatten(flat):
-  """{'a/b/c': leaf} -> nested dicts."""
-  return traverse_util.unflatten_dict(flat, sep='/')
-
-
-def _stack_layers(flat, num_layers):
-  """Unscanned bert/encoder/layer_N/... leaves -> scanned bert/encoder/layer/... [L, ...]."""
-  out = {k: v for k, v in flat.items() if not _LAYER.match(k)}
-  rests = sorted({_LAYER.match(k).group(2) for k in flat if _LAYER.match(k)})
-  for rest in rests:
-    out[f'bert/encoder/layer/{rest}'] = np.stack(
-        [flat[f'bert/encoder/layer_{n}/{rest}'] for n in range(num_layers)])
-  return out
-
-
-def _unstack_layers(flat):
-  """Scanned bert/encoder/layer/... [L, ...] -> unscanned bert/encoder/layer_N/... leaves."""
-  out = {}
-  for path, value in flat.items():
-    if path.startswith('bert/encoder/layer/'):
-      for n, layer in enumerate(value):
-        out[path.replace('/layer/', f'/layer_{n}/', 1)] = layer
-    else:
-      out[path] = value
-  return out
+  flat = param_tree.flatten(nn.meta.unbox(shapes['params']))
+  return {k: tuple(v.shape) for k, v in flat.items() if k.split('/')[0] not in frozen}
 
 
 def _detect_layout(keys, layout: hf_families.Layout = hf_families.BERT):
@@ -374,8 +341,8 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
   if vocab != config.model.vocab_size:
     _resize_vocab(flat, config, seed, report)
   if config.model.scan_layers:
-    flat = _stack_layers(flat, config.model.num_layers)
-  return _unflatten(flat), report
+    flat = param_tree.stack_layers(flat, config.model.num_layers)
+  return param_tree.unflatten(flat), report
 
 
 def _resize_vocab(flat, config, seed, report):
@@ -410,8 +377,8 @@ def merge_missing(params, fresh_params, config=None):
   pooler (config.model.name 'roberta', 'albert'; BERT without `config`) `bert/pooler`. Anything
   else missing is an error."""
   layout = hf_families.BERT if config is None else hf_families.for_config(config)
-  fresh = _flatten(nn.meta.unbox(fresh_params))
-  flat = _flatten(params)
+  fresh = param_tree.flatten(nn.meta.unbox(fresh_params))
+  flat = param_tree.flatten(params)
   fillable = 'heads' + (' and bert/pooler' if layout.optional_pooler else '')
   problems = [f'{path} is not a parameter of the model' for path in flat if path not in fresh]
   for path, value in fresh.items():
@@ -425,7 +392,7 @@ def merge_missing(params, fresh_params, config=None):
       problems.append(f'{path}: shape {np.shape(flat[path])} but the model has {np.shape(value)}')
   if problems:
     raise CheckpointMismatchError('Cannot merge the parameters', problems)
-  return _unflatten(flat)
+  return param_tree.unflatten(flat)
 
 
 def export_hf(params, config, out_dir: str) -> list[str]:
@@ -441,7 +408,8 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   pooler, as those classes hold none; a head of ours the class lacks is left out, with a warning.
   """
   frozen = objectives.frozen_scopes(config)  # A distillation teacher is not exported.
-  flat = {k: np.asarray(v, np.float32) for k, v in _flatten(nn.meta.unbox(params)).items()
+  flat = {k: np.asarray(v, np.float32)
+          for k, v in param_tree.flatten(nn.meta.unbox(params)).items()
           if k.split('/')[0] not in frozen}
   if 'rtd' in objectives.parse(config.objectives):
     return _export_electra(flat, config, out_dir)
@@ -483,7 +451,7 @@ def _export_flat(flat, config, out_dir, shapes, pooler=True) -> list[str]:
   layout = hf_families.for_config(config)
   hf_config = model_to_hf_config(config)
   if config.model.scan_layers:
-    flat = _unstack_layers(flat)
+    flat = param_tree.unstack_layers(flat)
   if not pooler:
     shapes = {k: v for k, v in shapes.items() if not k.startswith('bert/pooler/')}
   problems = [f'missing {k}' for k in shapes if k not in flat]

@@ -16,6 +16,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.interop import param_tree
 from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
@@ -320,16 +321,15 @@ def match_layer_layout(params, target):
   scanned = 'layer' in _encoder(params)
   if not _encoder(params) or not _encoder(target) or scanned == ('layer' in _encoder(target)):
     return params
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  bare = 'bert' not in params  # hf's layer helpers name paths from 'bert/'.
-  flat = hf._flatten({'bert': params} if bare else params)  # pylint: disable=protected-access
+  bare = 'bert' not in params  # The layer helpers name paths from 'bert/'.
+  flat = param_tree.flatten({'bert': params} if bare else params)
   if scanned:
-    flat = hf._unstack_layers(flat)  # pylint: disable=protected-access
+    flat = param_tree.unstack_layers(flat)
   else:
-    pattern = hf._LAYER  # pylint: disable=protected-access
+    pattern = param_tree.LAYER
     layers = {pattern.match(k).group(1) for k in flat if pattern.match(k)}
-    flat = hf._stack_layers(flat, len(layers))  # pylint: disable=protected-access
-  tree = hf._unflatten(flat)  # pylint: disable=protected-access
+    flat = param_tree.stack_layers(flat, len(layers))
+  tree = param_tree.unflatten(flat)
   return tree['bert'] if bare else tree
 
 

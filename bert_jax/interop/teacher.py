@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax.interop import init_from
+from bert_jax.interop import param_tree
 
 InitFromError = init_from.InitFromError
 TEACHER = 'teacher'
@@ -102,23 +103,33 @@ def adopt_teacher(config) -> None:
     arch['gelu'] = init_from.source_gelu(spec)
   except InitFromError as e:
     raise InitFromError(_error(str(e))) from e
+  vocab = None
+  if not config.data.vocab_file:
+    vocab = init_from.source_vocab(spec, config.data.get('tokenizer') or 'wordpiece')
+    if vocab is None:
+      raise InitFromError(f'config.distill.teacher={spec!r} has no vocab beside its weights; '
+                          'the student reads its token ids: set config.data.vocab_file.')
+  apply_teacher_shape(config, arch, vocab, spec)
+
+
+def apply_teacher_shape(config, arch: dict, vocab_file: str | None, source: str) -> None:
+  """Sets what a 'distill' run takes from its teacher: `arch` (architecture keys and gelu) into
+  config.distill.teacher_model, the teacher's vocab size and position rows into config.model,
+  and `vocab_file` into data.vocab_file when that is unset. The sweep calls it with a teacher
+  arm's config before that arm has trained; adopt_teacher with the teacher's checkpoint."""
   teacher = config.distill.teacher_model
   for key, value in arch.items():
     if key in teacher and teacher[key] != value:
-      logging.info('distill: config.distill.teacher_model.%s = %s, from %s.', key, value, spec)
+      logging.info('distill: config.distill.teacher_model.%s = %s, from %s.', key, value, source)
       teacher[key] = type(teacher[key])(value)
   for key in ('vocab_size', 'max_position_embeddings'):
     if config.model[key] != teacher[key]:
       logging.info('distill: config.model.%s = %s (was %s), the teacher\'s.', key, teacher[key],
                    config.model[key])
       config.model[key] = teacher[key]
-  if not config.data.vocab_file:
-    vocab = init_from.source_vocab(spec, config.data.get('tokenizer') or 'wordpiece')
-    if vocab is None:
-      raise InitFromError(f'config.distill.teacher={spec!r} has no vocab beside its weights; '
-                          'the student reads its token ids: set config.data.vocab_file.')
-    logging.info('distill: config.data.vocab_file = %s, the teacher\'s vocab.', vocab)
-    config.data.vocab_file = vocab
+  if not config.data.vocab_file and vocab_file:
+    logging.info('distill: config.data.vocab_file = %s, the teacher\'s vocab.', vocab_file)
+    config.data.vocab_file = vocab_file
 
 
 def teacher_config(config) -> ml_collections.ConfigDict:
@@ -175,17 +186,16 @@ def student_from_teacher(teacher: dict, fresh: dict, layers: list[int]) -> dict:
   folded into the positions where the student has no segment table), the chosen layers, the
   MLM head; what the teacher has no counterpart for (a BERT student's pooler, another objective's
   head) stays as `fresh`. Host arrays, both trees unscanned or both scanned."""
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  flatten = hf._flatten  # pylint: disable=protected-access
+  flatten = param_tree.flatten
   scanned = 'layer' in fresh['bert']['encoder']
   source = flatten(teacher)
   student = flatten({k: v for k, v in fresh.items() if k != TEACHER})
   if scanned:
-    source = hf._unstack_layers(source)  # pylint: disable=protected-access
-    student = hf._unstack_layers(student)  # pylint: disable=protected-access
+    source = param_tree.unstack_layers(source)
+    student = param_tree.unstack_layers(student)
   out = {}
   for path, value in student.items():
-    match = hf._LAYER.match(path)  # pylint: disable=protected-access
+    match = param_tree.LAYER.match(path)
     if match:
       path_in_teacher = f'bert/encoder/layer_{layers[int(match[1])]}/{match[2]}'
     else:
@@ -196,9 +206,9 @@ def student_from_teacher(teacher: dict, fresh: dict, layers: list[int]) -> dict:
     positions = 'bert/embeddings/position_embeddings'
     out[positions] = source[positions] + source[segments][0]
   if scanned:
-    out = hf._stack_layers(out, len(layers))  # pylint: disable=protected-access
+    out = param_tree.stack_layers(out, len(layers))
   out = {k: np.asarray(v, student_dtype(fresh, k)) for k, v in out.items()}
-  return hf._unflatten(out)  # pylint: disable=protected-access
+  return param_tree.unflatten(out)
 
 
 def student_dtype(fresh, path):

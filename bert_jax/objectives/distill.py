@@ -38,15 +38,14 @@ import ml_collections
 
 from bert_jax import models
 from bert_jax import objectives
+from bert_jax.interop import init_from
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
 
 # The teacher's top-level parameter scope.
 TEACHER = 'teacher'
 # config.distill.teacher_model keys: the teacher's architecture, adopted from its checkpoint.
-TEACHER_MODEL_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
-                      'num_heads', 'intermediate_size', 'max_position_embeddings',
-                      'type_vocab_size', 'layer_norm_eps', 'causal', 'gelu')
+TEACHER_MODEL_KEYS = (*init_from.ARCHITECTURE_KEYS, 'gelu')
 
 
 @dataclasses.dataclass(frozen=True)

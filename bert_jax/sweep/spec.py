@@ -429,17 +429,12 @@ def _equal_flops_steps(sweep, arms: list, workdir: str) -> dict:
 
 
 def _adopt_teacher_shape(config, teacher) -> None:
-  """What a 'distill' run adopts from its teacher's checkpoint at run time
-  (interop/teacher.adopt_teacher), here from the teacher arm's config: its architecture as
-  config.distill.teacher_model, its vocab size, position rows and vocab file."""
-  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
-  for key in (*init_from.ARCHITECTURE_KEYS, 'gelu'):
-    if key in config.distill.teacher_model and key in teacher.model:
-      config.distill.teacher_model[key] = teacher.model[key]
-  for key in ('vocab_size', 'max_position_embeddings'):
-    config.model[key] = teacher.model[key]
-  if not config.data.vocab_file:
-    config.data.vocab_file = teacher.data.vocab_file
+  """What a 'distill' run adopts from its teacher's checkpoint at run time, here from the
+  teacher arm's config (interop/teacher.apply_teacher_shape)."""
+  from bert_jax.interop import teacher as teacher_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import distill  # pylint: disable=g-import-not-at-top
+  arch = {key: teacher.model[key] for key in distill.TEACHER_MODEL_KEYS if key in teacher.model}
+  teacher_lib.apply_teacher_shape(config, arch, teacher.data.vocab_file, 'the teacher arm')
 
 
 def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:

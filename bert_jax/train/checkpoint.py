@@ -70,7 +70,9 @@ _leaf_checksums_jit = jax.jit(_leaf_checksums)
 
 def state_checksums(state) -> dict:
   """{array path: [sum, position-weighted sum]} of every array in the state."""
-  sums = jax.device_get(jax.tree.map(_leaf_checksums_jit, state))
+  # Leaf by leaf, each fetched before the next starts: a sharded leaf's sums are a collective,
+  # and the CPU runtime aborted when several processes had many of them in flight at once.
+  sums = jax.tree.map(lambda x: jax.device_get(_leaf_checksums_jit(x)), state)
   return {jax.tree_util.keystr(path): [int(v) for v in np.asarray(value)]
           for path, value in jax.tree_util.tree_leaves_with_path(sums)}
 

@@ -37,7 +37,8 @@ def _filesystem():
   return fsspec.filesystem('gs', token=token, use_listings_cache=False, skip_instance_cache=True)
 
 
-def open(path: str, mode: str = 'r', encoding: str | None = None):  # pylint: disable=redefined-builtin
+# pylint: disable-next=redefined-builtin
+def open(path: str, mode: str = 'r', encoding: str | None = None):
   """open(); a URL opened for writing becomes the object when the file is closed."""
   if not is_url(path):
     return builtins.open(path, mode, encoding=encoding)

@@ -38,7 +38,7 @@ Options of every command:
 
 Example:
   ./launch_tpu.sh run --name=bert --zone=europe-west4-a -- --config=configs/base.py \\
-    --workdir=/mnt/gcs/my-bucket/base --config.data.corpus='/mnt/gcs/my-bucket/wiki/*.txt'"
+    --workdir=gs://my-bucket/base --config.data.corpus='/mnt/gcs/my-bucket/wiki/*.txt'"
 
 # Options each command accepts, besides --name, --zone, --project, --remote-dir and --dry-run.
 command_options() {
@@ -304,9 +304,10 @@ run() {
   fi
   local arg
   for arg in "${PASSTHROUGH[@]}"; do
-    # bert_jax opens its files with os/open(): a gs:// path would become a local directory.
-    [[ "$arg" != *gs://* ]] || die "$arg: bert_jax cannot read or write gs:// paths yet; mount the \
-bucket (setup --gcs-bucket=BUCKET) and give /mnt/gcs/BUCKET/... instead."
+    # A gs:// workdir and init_from work as they are; a prepared corpus is read from local files
+    # (bert_jax refuses it too, but only once every worker has started).
+    [[ "$arg" != --config.data.prepared=gs://* ]] || die "$arg: a prepared corpus is read from \
+a local path; mount the bucket (setup --gcs-bucket=BUCKET) and give /mnt/gcs/BUCKET/... instead."
   done
   local main command
   main="$(quote_all .venv/bin/python -m bert_jax.main "${PASSTHROUGH[@]}")"

@@ -197,7 +197,8 @@ def check_xla_options(config) -> None:
 
 def write_config(config, workdir: str) -> None:
   """workdir/config.json: the run's whole config."""
-  with open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
+  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  with files.open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
 
 
@@ -421,6 +422,12 @@ def _check_data(config) -> None:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
   if data.prepared:
+    if '://' in data.prepared:
+      # Grain and ArrayRecord read local files by random access, shard by shard.
+      raise ConfigError(f'config.data.prepared={data.prepared!r}: a prepared corpus is read from '
+                        'a local path; mount the bucket with gcsfuse (launch_tpu.sh setup '
+                        '--gcs-bucket=BUCKET mounts it at /mnt/gcs/BUCKET) and give the mounted '
+                        'path, or copy the corpus to each host\'s disk.')
     if not os.path.isdir(os.path.expanduser(data.prepared)):
       raise ConfigError(f'config.data.prepared={data.prepared!r} is not a directory; prepare one '
                         'with `python -m bert_jax.data.prepare --config=... --output=DIR`.')

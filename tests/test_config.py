@@ -364,6 +364,6 @@ def test_main_reports_bad_value_before_compiling(tmp_path):
   assert not (tmp_path / 'checkpoints').exists()
 
 
-def test_url_workdir_is_refused_before_anything_runs(tmp_path):
-  with pytest.raises(config_lib.ConfigError, match=r"gs://bucket/run.*mount the bucket"):
-    pretrain.train_and_evaluate(valid_config(), 'gs://bucket/run')
+def test_a_url_workdir_other_than_gs_is_refused_before_anything_runs(tmp_path):
+  with pytest.raises(config_lib.ConfigError, match=r"s3://bucket/run.*only gs://BUCKET/DIR"):
+    pretrain.train_and_evaluate(valid_config(), 's3://bucket/run')

@@ -97,6 +97,14 @@ def test_run_starts_bert_jax_on_every_worker_with_the_flags_verbatim():
                    '.venv/bin/python', '-m', 'bert_jax.main', *BERT_FLAGS]
 
 
+def test_run_passes_a_gs_workdir_and_init_from_verbatim():
+  flags = ['--config=configs/base.py', '--workdir=gs://b/run', '--config.init_from=gs://b/old@8']
+  (command,) = dry_run('run', *TPU, '--', *flags)
+  script = remote_script(command)
+  words = shlex.split(script[script.index('setsid nohup'):script.index('>> logs/run.log 2>&1')])
+  assert words[-3:] == flags
+
+
 def test_logs_tails_worker_0_or_the_one_asked():
   (command,) = dry_run('logs', *TPU)
   assert command == SSH + ['--worker=0', '--command=tail -n 100 bert_jax/logs/run.log']
@@ -136,7 +144,7 @@ def test_delete_removes_the_vm_or_the_queued_resource():
      'queued resources take --spot'),
     (('logs', *TPU, '--worker=all'), '--worker=all must be one worker'),
     (('setup', *TPU, '--gcs-bucket=gs://b'), 'without gs://'),
-    (('run', *TPU, '--', '--workdir=gs://b/run'), 'mount the bucket'),
+    (('run', *TPU, '--', '--config.data.prepared=gs://b/corpus'), 'mount the bucket'),
 ])
 def test_errors_name_the_problem_and_exit_nonzero(args, message):
   result = launch('--dry-run', *args, check=False)

@@ -22,6 +22,7 @@ from tokenizers import pre_tokenizers
 from tokenizers import trainers
 
 from bert_jax.data.pretraining import SpecialIds
+from bert_jax.tools import files
 
 KINDS = ('wordpiece', 'bpe', 'sentencepiece')
 # BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.
@@ -194,10 +195,22 @@ def _write_lines(lines, path):
 
 def load_tokenizer(kind: str, vocab_file: str, lowercase: bool):
   """The `kind` tokenizer of `vocab_file`: a vocab.txt (wordpiece), vocab.json with merges.txt
-  beside it or their directory (bpe), a .model (sentencepiece)."""
+  beside it or their directory (bpe), a .model (sentencepiece); local or gs://."""
+  vocab_file = _local_vocab(kind, vocab_file)
   if kind == 'wordpiece':
     return WordPieceTokenizer(vocab_file, lowercase)
   return _family(kind).load(vocab_file, lowercase)
+
+
+def _local_vocab(kind: str, vocab_file: str) -> str:
+  """A gs:// vocab copied to local disk with its kind's files beside it (tokenizers read local
+  files only); a local one as it is."""
+  if not files.is_url(vocab_file):
+    return vocab_file
+  names = KEPT_FILES.get(kind, ())
+  if names and files.isdir(vocab_file):
+    return os.path.dirname(files.local_copy(f'{vocab_file.rstrip("/")}/{names[0]}', names))
+  return files.local_copy(vocab_file, names)
 
 
 def train(kind: str, documents: list[list[str]], vocab_size: int, lowercase: bool,
@@ -231,13 +244,17 @@ def kept_vocab(kind: str, directory: str) -> str:
   """vocab_path(kind, directory) when every file of it is there, else ''."""
   path = vocab_path(kind, directory)
   names = KEPT_FILES[kind]
-  complete = all(os.path.isfile(os.path.join(os.path.dirname(path), name)) for name in names)
+  complete = all(files.isfile(os.path.join(os.path.dirname(path), name)) for name in names)
   return path if complete else ''
 
 
 def keep(tokenizer, directory: str) -> None:
   """Copies the tokenizer's files into `directory` (each through a renamed temporary)."""
   directory = os.path.expanduser(directory)
+  if files.is_url(directory):  # An upload replaces the object whole.
+    for name, path in tokenizer.files().items():
+      files.upload(path, f'{directory}/{name}')
+    return
   os.makedirs(directory, exist_ok=True)
   for name, path in tokenizer.files().items():
     target = os.path.join(directory, name)

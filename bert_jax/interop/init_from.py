@@ -3,8 +3,9 @@
 The weights replace the fresh parameters; the optimizer starts fresh and the step is 0. The
 model's shape is taken from the source, so `configs/base.py` can start from any BERT checkpoint.
 A workdir gives its newest checkpoint, or with @STEP that step's (for scores against pretraining
-steps); either is checked against the integrity record written at save. The family (model.name;
-an HF config.json's model_type) comes with the shape.
+steps); either is checked against the integrity record written at save. A workdir may be gs://
+(hf: and tf: sources are local). The family (model.name; an HF config.json's model_type) comes
+with the shape.
 """
 
 import json
@@ -17,6 +18,7 @@ from absl import logging
 
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import param_tree
+from bert_jax.tools import files
 from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
@@ -98,7 +100,7 @@ def _missing_step(workdir: str, step: int, steps: list[int]) -> str:
 
 def _config_json(folder: str) -> dict:
   """The config.json of a workdir (our config) or an HF directory (transformers' config)."""
-  with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
+  with files.open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
     return json.load(f)
 
 
@@ -135,7 +137,7 @@ def source_vocab(spec: str, tokenizer: str = 'wordpiece') -> str | None:
   kind, path = parse(spec)
   folder = os.path.dirname(path) if kind == 'tf' else path
   candidate = os.path.join(folder, _vocab_name(tokenizer))
-  return candidate if os.path.isfile(candidate) else None
+  return candidate if files.isfile(candidate) else None
 
 
 def _vocab_name(tokenizer: str) -> str:

@@ -18,6 +18,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.tools import files
 from bert_jax.train.checkpoint import latest_step
 from bert_jax.interop import hf_families
 from bert_jax.interop.hf import (
@@ -37,9 +38,10 @@ __all__ = [
 
 
 def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
-  """Exports a training workdir's checkpoint (newest by default), config and vocab; returns step."""
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+  """Exports a training workdir's checkpoint (newest by default), config and vocab; returns step.
+  The workdir may be gs://; out_dir is local."""
+  workdir = files.absolute(workdir)
+  with files.open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f))
   step = latest_step(workdir) if step is None else step
   if step is None:
@@ -51,7 +53,8 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
   # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.
   vocab_file = (tokenizer_lib.kept_vocab(kind, workdir)
                 or os.path.expanduser(config.data.vocab_file))
-  if os.path.isfile(vocab_file):
+  if vocab_file and files.isfile(vocab_file):
+    vocab_file = files.local_copy(vocab_file, tokenizer_lib.KEPT_FILES[kind])
     # RoBERTa numbers positions from 2: two rows fewer than max_position_embeddings.
     offset = 2 if config.model.get('name', 'bert') == 'roberta' else 0
     for directory in export_dirs(config, out_dir):  # ELECTRA's: two models.

@@ -12,6 +12,8 @@ step is restored instead; the warning names the array that differs. read_step re
 step of another run (init_from) with the same check and no fallback.
 A save that fails (disk full, permissions) is an error that names the step and the newest good
 checkpoint; the good ones stay.
+A gs:// directory is written by orbax itself (tensorstore); there a step counts once orbax's
+commit marker is written, since Cloud Storage has no directory rename.
 """
 
 import contextlib
@@ -31,7 +33,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from bert_jax.tools import files
+
 INTEGRITY_KEY = 'integrity'
+# What orbax writes last into a step on Cloud Storage (atomicity_types.COMMIT_SUCCESS_FILE).
+GCS_COMMIT_FILE = 'commit_success.txt'
 
 
 class CheckpointError(RuntimeError):
@@ -120,7 +126,7 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, every: int, keep: int):
-    self.directory = os.path.abspath(directory)
+    self.directory = files.absolute(directory)
     self.every = every
     self._manager = ocp.CheckpointManager(
         self.directory, item_names=('state', 'data'),
@@ -186,8 +192,8 @@ class Checkpointer:
     """Renames step's directory out of orbax's sight (kept for inspection) and rescans."""
     source = os.path.join(self.directory, str(step))
     target = f'{source}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
-    if jax.process_index() == 0 and os.path.exists(source):
-      os.replace(source, target)
+    if jax.process_index() == 0 and files.exists(source):
+      files.rename(source, target)
     self._manager.reload()
     return target
 
@@ -203,7 +209,7 @@ class Checkpointer:
     """Starts an (async) save; the previous one is finished (and its errors raised) first."""
     self.wait()
     try:
-      os.makedirs(self.directory, exist_ok=True)
+      files.makedirs(self.directory)
       data_position = with_integrity(state, data_position)
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_position)),
@@ -322,6 +328,11 @@ def _is_shape_mismatch(error: BaseException) -> bool:
 def write_probe(directory: str) -> None:
   """Writes, syncs and removes a 4 KiB file in `directory`; the OSError of a step that fails."""
   probe = os.path.join(directory, f'.write-test-{os.getpid()}')
+  if files.is_url(directory):
+    with files.open(probe, 'wb') as f:
+      f.write(b'\0' * 4096)
+    files.remove(probe)
+    return
   try:
     with open(probe, 'wb') as f:
       f.write(b'\0' * 4096)
@@ -338,6 +349,13 @@ def check_writable(workdir: str, bytes_needed: int) -> None:
   Raises CheckpointError naming the directory, what failed and how much space is needed.
   """
   checkpoints = os.path.join(workdir, 'checkpoints')
+  if files.is_url(workdir):  # A bucket has no free space to check.
+    try:
+      write_probe(workdir)
+    except Exception as e:  # Cloud Storage's errors: pylint: disable=broad-except
+      raise CheckpointError(f'--workdir={workdir!r} is not writable ({type(e).__name__}: '
+                            f'{str(e)[:300]}); check the bucket and its permissions.') from e
+    return
   try:
     write_probe(checkpoints if os.path.isdir(checkpoints) else workdir)
   except OSError as e:
@@ -361,9 +379,18 @@ def checkpoint_steps(workdir: str) -> list[int]:
   from a temporary name, so a half-written save never counts; unreadable ones moved aside do
   not either)."""
   directory = os.path.join(workdir, 'checkpoints')
+  if files.is_url(directory):
+    return _committed_steps(directory)
   if not os.path.isdir(directory):
     return []
   return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def _committed_steps(directory: str) -> list[int]:
+  """Steps of a gs:// checkpoint directory that orbax finished: on Cloud Storage it writes a step
+  under its final name and marks it complete with a commit file last."""
+  return sorted(int(name) for name in files.listdir(directory) if name.isdigit()
+                and files.exists(f'{directory}/{name}/{GCS_COMMIT_FILE}'))
 
 
 def latest_step(workdir: str) -> int | None:

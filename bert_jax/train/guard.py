@@ -6,7 +6,7 @@
   a second run on the workdir is refused at once, naming the holder. The kernel drops the lock of
   a process that dies, so a lock left by a killed run is taken over, with a message. Until the run
   `commit`s (every check passed), nothing else is written, and a refused run leaves the directory
-  as it found it.
+  as it found it. A gs:// workdir is locked by an object instead (object_lock).
 - `all_finite`: the check that keeps a non-finite state out of every checkpoint.
 - `Preemption`: SIGTERM is caught from the start of a run to its end (saves included) and asks
   the loop for a checkpoint and a clean exit.
@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from absl import logging
 
 from bert_jax import config_lib
+from bert_jax.tools import files
+from bert_jax.train import object_lock
 
 LOCK_NAME = '.lock'
 # What runs write into their workdir (fine-tuning also writes seed_<N>/ directories).
@@ -83,7 +85,7 @@ def run_mode(config) -> str:
 def _saved_config(path: str):
   """The parsed config.json of a directory, or None where it is absent or not JSON."""
   try:
-    with open(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       return json.load(f)
   except (OSError, ValueError):
     return None
@@ -95,19 +97,26 @@ def check_workdir(workdir: str, mode: str) -> str:
   Accepted: a directory that does not exist yet, an empty one, or one holding a bert_jax run of
   the same mode (its config.json, or only files such runs write).
   """
-  if '://' in workdir:
-    raise WorkdirError(f'--workdir={workdir!r}: URLs are not supported; mount the bucket (e.g. '
-                       'gcsfuse) and pass the mounted path.')
-  path = os.path.abspath(os.path.expanduser(workdir))
-  if path == os.path.abspath(os.sep) or path == os.path.expanduser('~'):
-    raise WorkdirError(f'--workdir={workdir!r} is {path}: give a directory of its own, e.g. '
-                       'runs/NAME.')
-  if not os.path.exists(path):
+  if files.is_url(workdir):
+    path = files.absolute(workdir)
+    if not path.startswith('gs://') or '/' not in path[len('gs://'):]:
+      raise WorkdirError(f'--workdir={workdir!r}: of URLs only gs://BUCKET/DIR (Cloud Storage, '
+                         'a directory of its own in the bucket) is supported; or mount the '
+                         'bucket (gcsfuse) and pass the mounted path.')
+    if mode == 'finetune':  # Its seed_N/ files are written with os/open().
+      raise WorkdirError(f'--workdir={workdir!r}: fine-tuning writes a local workdir; give a '
+                         'local path (or a gcsfuse mount). Its init_from may be gs://.')
+  else:
+    path = os.path.abspath(os.path.expanduser(workdir))
+    if path == os.path.abspath(os.sep) or path == os.path.expanduser('~'):
+      raise WorkdirError(f'--workdir={workdir!r} is {path}: give a directory of its own, e.g. '
+                         'runs/NAME.')
+  if not files.exists(path):
     return path
-  if not os.path.isdir(path):
+  if not files.isdir(path):
     raise WorkdirError(f'--workdir={workdir!r} is a file, not a directory; give a new or '
                        'empty directory, or a run directory.')
-  entries = sorted(os.listdir(path))
+  entries = sorted(files.listdir(path))
   if not entries:
     return path
   models = [name for name in entries if name in MODEL_FILES]
@@ -131,7 +140,7 @@ def check_workdir(workdir: str, mode: str) -> str:
       raise WorkdirError(f'--workdir={workdir!r} holds files that are not a bert_jax {mode} '
                          f'run\'s ({named}); give a new or empty directory, or a run directory.')
   checkpoints = os.path.join(path, 'checkpoints')
-  if os.path.exists(checkpoints) and not os.path.isdir(checkpoints):
+  if files.exists(checkpoints) and not files.isdir(checkpoints):
     raise WorkdirError(f'{checkpoints} is a file where the run keeps its checkpoint directory; '
                        'move it away or give another --workdir.')
   return path
@@ -162,9 +171,13 @@ class Claim:
     self.workdir = workdir
     self.committed = False
     self._fd = None
+    self._object_lock = None  # A gs:// workdir's lock.
     self._created = []  # What the claim made: removed again when the run is refused.
 
   def acquire(self) -> None:
+    if files.is_url(self.workdir):
+      self._acquire_object()
+      return
     if not os.path.isdir(self.workdir):
       missing, parent = [], self.workdir
       while not os.path.exists(parent):
@@ -213,11 +226,40 @@ class Claim:
         'pid': os.getpid(), 'host': socket.gethostname(),
         'started': time.strftime('%Y-%m-%d %H:%M:%S')}).encode(), 0)
 
+  def _acquire_object(self) -> None:
+    """The lock of a gs:// workdir: an object only one run can create (object_lock)."""
+    path = f'{self.workdir}/{LOCK_NAME}'
+    lock = object_lock.ObjectLock(path)
+    try:
+      previous = lock.acquire(
+          lambda holder: holder.get('host') == socket.gethostname() and 'pid' in holder
+          and not _alive(holder['pid']))
+    except object_lock.LockHeldError as e:
+      holder = e.holder
+      who = (f'process {holder["pid"]} on {holder.get("host", "?")}, started '
+             f'{holder.get("started", "?")}' if holder.get('pid') else 'another process')
+      renewed = f', renewed {e.age_s:.0f} s ago' if e.age_s is not None else ''
+      raise WorkdirError(
+          f'--workdir={self.workdir!r} is in use by another run ({who}{renewed}); wait for it '
+          f'to end (a run that stops renewing {path} is taken over after '
+          f'{lock.stale_s:.0f} s), or give another --workdir.') from e
+    except Exception as e:  # Cloud Storage's errors: pylint: disable=broad-except
+      raise WorkdirError(f'--workdir={self.workdir!r}: cannot write {path} ({type(e).__name__}: '
+                         f'{str(e)[:300]}); check the bucket and its permissions.') from e
+    self._object_lock = lock
+    if previous:
+      logging.warning('Took over %s: the run of process %s on %s (started %s) ended without '
+                      'releasing it.', path, previous.get('pid', '?'), previous.get('host', '?'),
+                      previous.get('started', '?'))
+
   def commit(self) -> None:
     """Every check passed: the run may write its files; a later failure keeps them."""
     self.committed = True
 
   def release(self) -> None:
+    if self._object_lock is not None:  # Deleted at any end: the next run has no holder to report.
+      self._object_lock.release()
+      self._object_lock = None
     if self._fd is not None:
       if self.committed:
         os.ftruncate(self._fd, 0)  # A clean end: the next run has no holder to report.
@@ -238,7 +280,7 @@ def claim(workdir: str):
   if jax.process_index() == 0:
     held.acquire()
   else:  # The first process may not have made it yet; the others check it is writable.
-    os.makedirs(workdir, exist_ok=True)
+    files.makedirs(workdir)
   try:
     yield held
   finally:

@@ -1,8 +1,19 @@
-"""Metrics out of a run: metrics.jsonl, TensorBoard events, the log line, MFU."""
+"""Metrics out of a run: metrics.jsonl, TensorBoard events, the log line, MFU.
 
+A gs:// workdir's metrics.jsonl is an object, which cannot be appended to and takes about one
+write a second: the writer keeps the file's lines and uploads them whole at most every
+UPLOAD_EVERY_S seconds, at every checkpoint (sync) and at the end, so every record a checkpoint
+covers is in the bucket before the checkpoint is. TensorBoard's event file is written on local
+disk and uploaded with it (tensorboardX's own gs:// writer rewrites the object at its every
+flush, and once more when it is garbage-collected).
+"""
+
+import atexit
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 
 import jax
@@ -12,6 +23,9 @@ from absl import logging
 from bert_jax import models
 from bert_jax import objectives
 from bert_jax.tools import chips
+from bert_jax.tools import files
+
+UPLOAD_EVERY_S = 30.0  # gs://: the most often metrics.jsonl and TensorBoard are rewritten.
 
 
 def model_flops_per_sequence(config) -> float:
@@ -71,28 +85,56 @@ class MetricWriter:
   def __init__(self, workdir: str, resume_step: int = 0):
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self._file = self._tb = None
+    self._lines = None  # gs://: the whole file, uploaded by sync().
+    self._synced_at = 0.0
+    self._tensorboard = os.path.join(workdir, 'tensorboard')
+    self._tb_local = self._tensorboard  # gs://: a local directory, uploaded by sync().
     if jax.process_index() != 0:  # One writer per run: the first process.
       return
     # A fresh start (no checkpoint) keeps nothing, not even an aborted attempt's step-0 eval.
-    _truncate_after(self.path, resume_step if resume_step else -1)
-    self._file = open(self.path, 'a', encoding='utf-8')
+    keep_until = resume_step if resume_step else -1
+    if files.is_url(self.path):
+      lines = files.read_text(self.path).splitlines(True) if files.exists(self.path) else []
+      self._lines = _kept(lines, keep_until)
+      self._tb_local = tempfile.mkdtemp(prefix='bert_jax_tensorboard_')
+      atexit.register(shutil.rmtree, self._tb_local, True)
+    else:
+      _truncate_after(self.path, keep_until)
+      self._file = open(self.path, 'a', encoding='utf-8')
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, 'tensorboard'),
+    self._tb = tensorboardX.SummaryWriter(self._tb_local,
                                           purge_step=resume_step + 1 if resume_step else None)
+    if self._lines is not None:
+      self.sync()
 
   def write(self, step: int, split: str, values: dict) -> None:
-    if self._file is None:
+    if self._tb is None:
       return
     record = {'step': int(step), 'split': split, **{k: _plain(v) for k, v in values.items()}}
+    for key, value in record.items():
+      if key not in ('step', 'split') and isinstance(value, (int, float)):
+        self._tb.add_scalar(f'{split}/{key}', value, step)
+    if self._lines is not None:
+      self._lines.append(json.dumps(record) + '\n')
+      if time.monotonic() - self._synced_at >= UPLOAD_EVERY_S:
+        self.sync()
+      return
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
-    if self._tb is not None:
-      for key, value in record.items():
-        if key not in ('step', 'split') and isinstance(value, (int, float)):
-          self._tb.add_scalar(f'{split}/{key}', value, step)
+    self._tb.flush()
+
+  def sync(self) -> None:
+    """Every record written so far is in metrics.jsonl and TensorBoard (gs://: uploaded now;
+    locally each write already is)."""
+    if self._lines is not None:
+      files.write_text(self.path, ''.join(self._lines))
       self._tb.flush()
+      for name in os.listdir(self._tb_local):
+        files.upload(os.path.join(self._tb_local, name), f'{self._tensorboard}/{name}')
+      self._synced_at = time.monotonic()
 
   def close(self) -> None:
+    self.sync()
     if self._file is not None:
       self._file.close()
     if self._tb is not None:
@@ -103,7 +145,7 @@ def read_record(workdir: str, step: int, split: str) -> dict | None:
   """The values of metrics.jsonl's last `split` record at `step`, or None."""
   found = None
   with contextlib.suppress(OSError):
-    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    with files.open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
       for line in f:
         try:
           record = json.loads(line)
@@ -124,6 +166,14 @@ def _truncate_after(path: str, step: int) -> None:
     return
   with open(path, encoding='utf-8') as f:
     lines = f.readlines()
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.writelines(_kept(lines, step))
+  os.replace(tmp, path)
+
+
+def _kept(lines: list[str], step: int) -> list[str]:
+  """The records of `lines` up to `step`."""
   kept = []
   for line in lines:
     try:
@@ -131,10 +181,7 @@ def _truncate_after(path: str, step: int) -> None:
         kept.append(line)
     except (ValueError, KeyError):
       pass  # A line cut short by a crash.
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.writelines(kept)
-  os.replace(tmp, path)
+  return kept
 
 
 def format_duration(seconds: float) -> str:

@@ -31,6 +31,7 @@ from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.tools import files
 
 
 NonFiniteLossError = guard.NonFiniteLossError
@@ -458,6 +459,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       if (step % config.train.eval_every == 0 or final) and not preempted:
         last_eval = evaluate(step)
       if save:
+        writer.sync()  # gs://: the records this checkpoint covers are uploaded before it.
         stream_state = (phase_stream.checkpoint_state()
                         if hasattr(phase_stream, 'checkpoint_state') else {})
         checkpointer.save(step, state, {**position, **stream_state, 'phase': phase.index,
@@ -477,7 +479,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
                     checkpointer.directory)
     return last_eval
   if last_eval and jax.process_index() == 0:
-    with open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
+    with files.open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
       json.dump(last_eval, f, indent=2)
   if jax.process_index() == 0:
     log_summary(workdir, last_eval)
@@ -488,7 +490,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
 def log_summary(workdir: str, last_eval: dict) -> None:
   """One line: how far eval MLM loss fell and how accuracy compares with the baseline."""
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+  with files.open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
     evals = [r for r in map(json.loads, f) if r['split'] == 'eval']
   if not evals or not last_eval or 'mlm_loss' not in last_eval:
     return
@@ -501,7 +503,8 @@ def log_summary(workdir: str, last_eval: dict) -> None:
 
 def write_plots(workdir: str) -> None:
   """WORKDIR/plots/curves.png of metrics.jsonl, its path logged. The run has finished: drawing
-  never fails it, and without matplotlib the command that draws the plot later is logged."""
+  never fails it, and without matplotlib the command that draws the plot later is logged. A
+  gs:// workdir's curves are drawn from a local copy of metrics.jsonl, then uploaded."""
   out = os.path.join(workdir, 'plots')
   command = f'python -m bert_jax.plot {workdir} --out={out}'
   records = _train_records(workdir)
@@ -510,7 +513,10 @@ def write_plots(workdir: str) -> None:
     logging.info('No curves: %d train record(s) in metrics.jsonl; a curve needs two.', records)
     return
   try:
-    paths = plot.curves([workdir], out)
+    if files.is_url(workdir):
+      paths = _plot_remote(workdir, out)
+    else:
+      paths = plot.curves([workdir], out)
   except ImportError:
     logging.info('No plots: matplotlib is not installed. Install it and run: %s', command)
     return
@@ -522,10 +528,25 @@ def write_plots(workdir: str) -> None:
   logging.info('Curves: %s', paths[0])
 
 
+def _plot_remote(workdir: str, out: str) -> list[str]:
+  """plot.curves of a gs:// workdir: drawn in a local directory (named as the run, which labels
+  the curves), uploaded to `out`."""
+  with tempfile.TemporaryDirectory(prefix='bert_jax_') as staging:
+    local = os.path.join(staging, os.path.basename(workdir))
+    os.makedirs(local)
+    with open(os.path.join(local, 'metrics.jsonl'), 'w', encoding='utf-8') as f:
+      f.write(files.read_text(os.path.join(workdir, 'metrics.jsonl')))
+    paths = []
+    for path in plot.curves([local], os.path.join(local, 'plots')):
+      paths.append(os.path.join(out, os.path.basename(path)))
+      files.upload(path, paths[-1])
+  return paths
+
+
 def _train_records(workdir: str) -> int | None:
   """How many train records WORKDIR/metrics.jsonl holds; None when it cannot be read."""
   try:
-    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    with files.open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
       return sum('"split": "train"' in line for line in f)
   except OSError:
     return None

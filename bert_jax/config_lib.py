@@ -422,7 +422,8 @@ def _check_data(config) -> None:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
   if data.prepared:
-    if '://' in data.prepared:
+    from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+    if files.is_url(data.prepared):
       # Grain and ArrayRecord read local files by random access, shard by shard.
       raise ConfigError(f'config.data.prepared={data.prepared!r}: a prepared corpus is read from '
                         'a local path; mount the bucket with gcsfuse (launch_tpu.sh setup '

@@ -100,10 +100,10 @@ def write_text(path: str, text: str) -> None:
   if is_url(path):
     _filesystem().pipe_file(path, text.encode('utf-8'))
     return
-  temporary = f'{path}.{os.getpid()}.tmp'
-  with builtins.open(temporary, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(temporary, path)
+  def write(temporary):
+    with builtins.open(temporary, 'w', encoding='utf-8') as f:
+      f.write(text)
+  _replace_local(path, write)
 
 
 def read_text(path: str) -> str:
@@ -116,9 +116,15 @@ def upload(local_path: str, path: str) -> None:
   if is_url(path):
     _filesystem().put_file(local_path, path)
     return
+  _replace_local(path, lambda temporary: shutil.copyfile(local_path, temporary))
+
+
+def _replace_local(path: str, write) -> None:
+  """write(temporary) beside the local `path`, then renamed over it: a kill leaves the old file or
+  the new one, and no temporary."""
   temporary = f'{path}.{os.getpid()}.tmp'
   try:
-    shutil.copyfile(local_path, temporary)
+    write(temporary)
     os.replace(temporary, path)
   except BaseException:
     if os.path.exists(temporary):

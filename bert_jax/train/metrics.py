@@ -92,14 +92,14 @@ class MetricWriter:
     if jax.process_index() != 0:  # One writer per run: the first process.
       return
     # A fresh start (no checkpoint) keeps nothing, not even an aborted attempt's step-0 eval.
-    keep_until = resume_step if resume_step else -1
+    kept = _records_up_to(self.path, resume_step if resume_step else -1)
     if files.is_url(self.path):
-      lines = files.read_text(self.path).splitlines(True) if files.exists(self.path) else []
-      self._lines = _kept(lines, keep_until)
+      self._lines = kept
       self._tb_local = tempfile.mkdtemp(prefix='bert_jax_tensorboard_')
       atexit.register(shutil.rmtree, self._tb_local, True)
     else:
-      _truncate_after(self.path, keep_until)
+      if files.exists(self.path):
+        files.write_text(self.path, ''.join(kept))
       self._file = open(self.path, 'a', encoding='utf-8')
     import tensorboardX  # pylint: disable=g-import-not-at-top
     self._tb = tensorboardX.SummaryWriter(self._tb_local,
@@ -160,22 +160,13 @@ def _plain(value):
   return value if isinstance(value, (str, int, bool)) else float(value)
 
 
-def _truncate_after(path: str, step: int) -> None:
-  """Keeps the records up to `step`: a resumed run re-logs what came after its checkpoint."""
-  if not os.path.exists(path):
-    return
-  with open(path, encoding='utf-8') as f:
-    lines = f.readlines()
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.writelines(_kept(lines, step))
-  os.replace(tmp, path)
-
-
-def _kept(lines: list[str], step: int) -> list[str]:
-  """The records of `lines` up to `step`."""
+def _records_up_to(path: str, step: int) -> list[str]:
+  """The lines of the metrics file `path` (none when it is absent) whose records are at or before
+  `step`: a resumed run re-logs what came after its checkpoint."""
+  if not files.exists(path):
+    return []
   kept = []
-  for line in lines:
+  for line in files.read_text(path).splitlines(True):
     try:
       if json.loads(line)['step'] <= step:
         kept.append(line)

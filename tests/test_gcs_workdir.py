@@ -116,13 +116,19 @@ def emulator():
   for key, value in env.items():
     patch.setenv(key, value)
   from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
-  files._filesystem.cache_clear()  # pylint: disable=protected-access
+  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
+  # Both cache a backend chosen by the environment: an earlier test's choice (TensorFlow's gfile,
+  # where TensorFlow is installed) would send gs:// to the real Cloud Storage.
+  caches = (files._filesystem, gpath._is_tf_installed)  # pylint: disable=protected-access
+  for cache in caches:
+    cache.cache_clear()
   server.start()
   yield env
   gc.collect()  # tensorboardX's writers upload their events once more when collected.
   server.stop()
   patch.undo()
-  files._filesystem.cache_clear()  # pylint: disable=protected-access
+  for cache in caches:
+    cache.cache_clear()
 
 
 def test_files_write_read_list_and_rename_objects(emulator):
@@ -248,10 +254,9 @@ def runs(emulator, tmp_path_factory):
   local = str(tmp_path_factory.mktemp('local-run'))
   pretrain.train_and_evaluate(micro_config(cache, **SHORT), local)
   remote = f'gs://{BUCKET}/runs/micro'
-  patch = pytest.MonkeyPatch()
-  patch.setattr(guard.Preemption, 'reached', lambda self, step, checkpointer: step == 4)
-  pretrain.train_and_evaluate(micro_config(cache, **SHORT), remote)
-  patch.undo()
+  with pytest.MonkeyPatch.context() as patch:  # Undone even when the run fails.
+    patch.setattr(guard.Preemption, 'reached', lambda self, step, checkpointer: step == 4)
+    pretrain.train_and_evaluate(micro_config(cache, **SHORT), remote)
   pretrain.train_and_evaluate(micro_config(cache, **SHORT, **{'train.plots': True}), remote)
   return local, remote
 

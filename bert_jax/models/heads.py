@@ -1,10 +1,13 @@
-"""BERT with a fine-tuning head (paper section 4): [CLS], per-token or start/end span outputs.
+"""BERT with a fine-tuning head (paper section 4): [CLS], per-token, start/end span or
+multiple-choice outputs.
 
 The encoder (config.model.name in the models registry) sits under its scope, `bert/` as in the
 pretraining model, so pretrained encoder weights (ours, HF, TF) drop in; the head is freshly
 initialised. With lstm_layers, a freshly initialised BiLSTM sits between the fine-tuned encoder
 and the head (the paper's Table 5, "+ BiLSTM"). The feature-based mode (paper 5.3) freezes the
-encoder, concatenates its last layers and tags tokens with a BiLSTM.
+encoder, concatenates its last layers and tags tokens with a BiLSTM. The multiple-choice head
+(SWAG) scores each choice's row from its pooled [CLS] state with one Dense(1), as transformers'
+BertForMultipleChoice; the choices' scores are the logits.
 """
 
 from typing import Any
@@ -22,7 +25,7 @@ class BertForFineTuning(nn.Module):
   """BERT + one task head; returns {'logits'} or {'start_logits', 'end_logits'} in float32."""
   config: Any  # The encoder's frozen config (its family's config_from).
   head: str  # One of tasks.base.HEADS.
-  num_outputs: int  # Classes (1: regression; 2: span start and end).
+  num_outputs: int  # Classes (1: regression; 2: span start and end; multiple choice: choices).
   feature_layers: int = 0  # > 0: feature-based, frozen encoder, concat of the last N layers.
   feature_lstm_units: int = 384  # Feature-based: units per direction of each BiLSTM layer.
   feature_lstm_layers: int = 2  # Feature-based: stacked BiLSTM layers (the paper: two).
@@ -32,42 +35,64 @@ class BertForFineTuning(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
-    # input_ids, segment_ids, input_mask: [batch, length]
+    # input_ids, segment_ids, input_mask: [batch, length]; multiple choice [batch, choices, length]
     cfg = self.config
     if self.head not in base.HEADS:
       raise ValueError(f'head={self.head!r}; valid heads are {base.HEADS}.')
-    dense = lambda n, axes, name: layers.DenseGeneral(  # noqa: E731
-        n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
-    dropout = nn.Dropout(cfg.hidden_dropout_rate)
     if self.feature_layers:
       if self.lstm_layers:
         raise ValueError(f'lstm_layers={self.lstm_layers} with feature_layers='
                          f'{self.feature_layers}: the feature-based mode has its own BiLSTM '
                          '(feature_lstm_layers); set one of them to 0.')
       return {'logits': self._feature_based(input_ids, segment_ids, input_mask, deterministic)}
-    family = models.get(self.model)
-    sequence, pooled = family.encoder(cfg, name=family.scope)(
-        input_ids, segment_ids, input_mask, deterministic)  # [batch, length, embed], [batch, embed]
-    width = 'embed'  # The logical axis of what the head reads.
-    if self.lstm_layers:
-      # [batch, length, 2 * lstm_units], [batch, 2 * lstm_units]
-      sequence, pooled = self._bilstm(sequence, input_mask, deterministic)
-      width = 'mlp'
     if self.head in ('classification', 'regression'):
-      if family.pre_classifier and not self.lstm_layers:
-        # DistilBERT pools nothing: its classification head's own dense and ReLU on [CLS].
-        pooled = nn.relu(dense(cfg.hidden_size, ('embed', 'embed_out'), 'pre_classifier')(pooled))
-      x = dropout(pooled, deterministic=deterministic)
-      return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
-                        .astype(jnp.float32)}  # [batch, classes]
+      return {'logits': self._classify(input_ids, segment_ids, input_mask, self.num_outputs,
+                                       deterministic)}  # [batch, classes]
+    if self.head == 'multiple_choice':
+      if input_ids.ndim != 3:
+        raise ValueError(f'The multiple-choice head reads [batch, choices, length] inputs; got '
+                         f'shape {input_ids.shape}.')
+      batch, choices, length = input_ids.shape
+      rows = lambda x: x.reshape(batch * choices, length)  # noqa: E731
+      # Each choice is a row of its own through the encoder and the [CLS] path, one score each.
+      scores = self._classify(rows(input_ids), rows(segment_ids), rows(input_mask), 1,
+                              deterministic)  # [batch * choices, 1]
+      return {'logits': scores.reshape(batch, choices)}  # [batch, choices]
+    dense = lambda n, axes, name: layers.DenseGeneral(  # noqa: E731
+        n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
+    sequence, _, width = self._encode(input_ids, segment_ids, input_mask, deterministic)
     if self.head == 'token':
-      x = dropout(sequence, deterministic=deterministic)
+      x = nn.Dropout(cfg.hidden_dropout_rate)(sequence, deterministic=deterministic)
       return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
                         .astype(jnp.float32)}  # [batch, length, classes]
     # Span: a start and an end vector dotted with every final hidden state (no dropout, as the
     # original run_squad.py).
     logits = dense(2, (width, 'classes'), 'qa_outputs')(sequence).astype(jnp.float32)
     return {'start_logits': logits[..., 0], 'end_logits': logits[..., 1]}  # [batch, length] each
+
+  def _encode(self, input_ids, segment_ids, input_mask, deterministic):
+    """(per-token outputs, sentence summary, their logical width axis): the encoder's sequence
+    and pooled [CLS] state, or with lstm_layers the BiLSTM's outputs and bilstm_summary."""
+    family = models.get(self.model)
+    sequence, pooled = family.encoder(self.config, name=family.scope)(
+        input_ids, segment_ids, input_mask, deterministic)  # [batch, length, embed], [batch, embed]
+    if not self.lstm_layers:
+      return sequence, pooled, 'embed'
+    # [batch, length, 2 * lstm_units], [batch, 2 * lstm_units]
+    sequence, pooled = self._bilstm(sequence, input_mask, deterministic)
+    return sequence, pooled, 'mlp'
+
+  def _classify(self, input_ids, segment_ids, input_mask, outputs, deterministic):
+    """`outputs` float32 logits per row from its summary (pooled [CLS]): [batch, outputs]."""
+    cfg = self.config
+    dense = lambda n, axes, name: layers.DenseGeneral(  # noqa: E731
+        n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
+    _, pooled, width = self._encode(input_ids, segment_ids, input_mask, deterministic)
+    if models.get(self.model).pre_classifier and not self.lstm_layers:
+      # DistilBERT pools nothing: its classification head's own dense and ReLU on [CLS].
+      pooled = nn.relu(dense(cfg.hidden_size, ('embed', 'embed_out'), 'pre_classifier')(pooled))
+    x = nn.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic=deterministic)
+    return dense(outputs, (width, 'classes'), 'classifier')(x).astype(jnp.float32)
 
   def _bilstm(self, sequence, input_mask, deterministic):
     """The encoder's output through lstm_layers BiLSTM layers over each row's real tokens: the
@@ -131,3 +156,8 @@ class BiLstm(nn.Module):
     return nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(self.units), name='forward'),
                             nn.RNN(nn.OptimizedLSTMCell(self.units), name='backward'))(
                                 x, seq_lengths=lengths)
+
+
+def input_shape(head: str, num_outputs: int, rows: int, length: int) -> tuple[int, ...]:
+  """The shape of the model's inputs for `rows` examples of `length` tokens under `head`."""
+  return (rows, num_outputs, length) if head == 'multiple_choice' else (rows, length)

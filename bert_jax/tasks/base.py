@@ -7,6 +7,7 @@ only batches features, runs the model with the head the task names, and hands ou
 Heads and the feature keys each needs (all arrays share the leading row axis n; S =
 config.data.max_seq_length):
   every head:        input_ids, input_mask, segment_ids  [n, S] int32
+                     ([n, C, S] for 'multiple_choice': a row per choice of C)
   'classification':  label [n] int32 (class index)                     -> outputs 'logits' [n, C]
   'regression':      label [n] float32                                 -> outputs 'logits' [n, 1]
   'token':           labels [n, S] int32, label_weights [n, S] float32
@@ -15,6 +16,7 @@ config.data.max_seq_length):
                      (0, the [CLS] position, when the answer is not in the window or there is
                      none)                                             -> outputs 'start_logits',
                                                                           'end_logits' [n, S]
+  'multiple_choice': label [n] int32 (index of the right choice)       -> outputs 'logits' [n, C]
 Metrics are percentages (0-100), as the paper reports them.
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-HEADS = ('classification', 'regression', 'token', 'span')
+HEADS = ('classification', 'regression', 'token', 'span', 'multiple_choice')
 
 
 @dataclasses.dataclass
@@ -43,10 +45,11 @@ class TaskError(ValueError):
 
 
 class Task:
-  """Interface of a task; glue.GlueTask, ner.NerTask and squad.SquadTask implement it."""
+  """Interface of a task; glue.GlueTask, ner.NerTask, squad.SquadTask and swag.SwagTask implement
+  it."""
   name: str  # e.g. 'sst2', 'squad1.1', 'conll2003'
   head: str  # One of HEADS.
-  num_outputs: int  # Classes (1 for regression, 2 for span: start and end).
+  num_outputs: int  # Classes (1 for regression, 2 for span: start and end; choices C).
   main_metric: str  # The metric results.json leads with, e.g. 'accuracy', 'f1', 'spearman'.
 
   def train_split(self, tokenizer, max_seq_length: int) -> EncodedSplit:

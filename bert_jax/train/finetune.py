@@ -39,7 +39,8 @@ from bert_jax.tasks import base
 INPUT_KEYS = ('input_ids', 'segment_ids', 'input_mask')
 # Targets each head trains on (see tasks/base.py).
 TARGET_KEYS = {'classification': ('label',), 'regression': ('label',),
-               'token': ('labels', 'label_weights'), 'span': ('start_positions', 'end_positions')}
+               'token': ('labels', 'label_weights'), 'span': ('start_positions', 'end_positions'),
+               'multiple_choice': ('label',)}
 _SHUFFLE_STREAM = 5
 
 
@@ -84,9 +85,10 @@ def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
 
 
 def task_loss(head: str, outputs, batch):
-  """Mean loss of the head over the batch (token head: over labelled first pieces)."""
+  """Mean loss of the head over the batch (token head: over labelled first pieces; multiple
+  choice: the softmax over each example's choices)."""
   ce = optax.softmax_cross_entropy_with_integer_labels
-  if head == 'classification':
+  if head in ('classification', 'multiple_choice'):
     return jnp.mean(ce(outputs['logits'], batch['label']))
   if head == 'regression':
     return jnp.mean((outputs['logits'][:, 0] - batch['label']) ** 2)
@@ -117,7 +119,8 @@ def eval_step(params, batch, *, model):
 
 def state_initializer(model, tx, max_seq_length: int):
   """init(rng) -> TrainState with logically annotated (boxed) parameters."""
-  ids = np.zeros((1, max_seq_length), np.int32)  # Host numpy: nothing runs on a device.
+  # Host numpy: nothing runs on a device.
+  ids = np.zeros(heads.input_shape(model.head, model.num_outputs, 1, max_seq_length), np.int32)
   return state_lib.initializer(model, tx, ids, ids, ids)
 
 
@@ -187,8 +190,8 @@ def load_encoder_params(config, model):
 
 def load_source_params(config, model) -> tuple[dict | None, dict]:
   """(the encoder (`bert/`) weights of config.init_from in this model's layout, or None; the
-  head's weights where the source is an HF <family>ForSequenceClassification whose head fits
-  this task, else {}).
+  head's weights where the source is an HF <family>ForSequenceClassification (or a
+  ForMultipleChoice with the same head keys, as BERT's) whose head fits this task, else {}).
 
   The encoder lacks `pooler` when the source has none (RobertaForMaskedLM, AlbertForMaskedLM):
   the model's fresh init fills it. RoBERTa's classification head brings the pooler (its dense).
@@ -205,7 +208,7 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
     config = ml_collections.ConfigDict(config.to_dict())
     config.objectives = 'mlm,nsp'
     pretrain_params, classifier = init_from.import_for_finetuning(config)
-  ids = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+  ids = jax.ShapeDtypeStruct(heads.input_shape(model.head, model.num_outputs, 1, 2), jnp.int32)
   target = jax.eval_shape(functools.partial(model.init, deterministic=True),
                           jax.random.PRNGKey(0), ids, ids, ids)['params']
   target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.meta.unbox(target))
@@ -219,22 +222,23 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
       k: v for k, v in target['bert'].items() if k != 'pooler'}
   init_from.check_same_structure(encoder, wanted, config.init_from)
   encoder = jax.tree.map(lambda x, t: x.astype(t.dtype), encoder, wanted)
-  heads = {}
+  head_params = {}
   # The head's subtrees beside the encoder: `classifier`, and DistilBERT's `pre_classifier`.
   head = {k: v for k, v in classifier.items() if not k.startswith('bert/')}
-  fits = (model.head in ('classification', 'regression')
+  # A multiple-choice head is a one-output classifier on each choice's row.
+  fits = (model.head in ('classification', 'regression', 'multiple_choice')
           and all(k.split('/')[0] in target and v.shape == target[k.split('/')[0]][
               k.split('/')[1]].shape for k, v in head.items()))
   if head and fits:
     logging.info('init_from %s: the classification head is loaded too.', config.init_from)
     for k, v in head.items():
       scope, leaf = k.split('/')
-      heads.setdefault(scope, {})[leaf] = v.astype(target[scope][leaf].dtype)
+      head_params.setdefault(scope, {})[leaf] = v.astype(target[scope][leaf].dtype)
   elif head:
     logging.warning('init_from %s: its classification head (%s) does not fit this task\'s '
                     '%s head of %d output(s); the head starts fresh.', config.init_from,
                     {k: v.shape for k, v in head.items()}, model.head, model.num_outputs)
-  return encoder, heads
+  return encoder, head_params
 
 
 def _overlay(fresh, loaded, shardings):

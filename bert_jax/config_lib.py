@@ -553,7 +553,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
 FINETUNE_CHOICES = {
-    'task.kind': ('glue', 'squad', 'ner'),
+    'task.kind': ('glue', 'squad', 'ner', 'swag'),
     'task.source': ('files', 'tfds'),
     'task.version': ('1.1', '2.0'),
     # '': the source's kind (init_from.adopt_source sets it before the second validation).
@@ -613,6 +613,15 @@ def _check_task(config) -> None:
     if task.feature_layers:
       raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
                         'mode tags tokens (NER); set it to 0 for SQuAD.')
+  elif task.kind == 'swag':
+    if task.source != 'files':
+      raise ConfigError(f'config.task.source={task.source!r}: SWAG is read from its CSV files '
+                        "only (source='files').")
+    _check_path('task.data_dir', task.data_dir, "SWAG's folder with train.csv and val.csv "
+                '(the full dataset is not in the shared data: supply it)', directory=True)
+    if task.feature_layers:
+      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
+                        'mode tags tokens (NER); SWAG fine-tunes the whole model (set it to 0).')
   else:
     _check_path('task.train_file', task.train_file, 'the CoNLL-2003 training file (eng.train)')
     _check_path('task.dev_file', task.dev_file, 'the CoNLL-2003 dev file (eng.testa)')

@@ -1,5 +1,5 @@
-"""Fine-tuning (paper section 4): the settings every task shares; configs/glue.py, squad.py and
-ner.py start from here and set the task.
+"""Fine-tuning (paper section 4): the settings every task shares; configs/glue.py, squad.py,
+ner.py and swag.py start from here and set the task.
 
 Arguments (comma separated), in every task config: init, seeds, lr, epochs, batch, seq, vocab;
 each task file adds its own (e.g. `configs/glue.py:task=mrpc,seeds=5,lr=3e-5`).
@@ -56,10 +56,10 @@ def get_config(arg=None):
   data.max_seq_length = 128  # Tokens per row, [CLS] and [SEP]s included.
 
   config.task = task = ml_collections.ConfigDict()
-  task.kind = 'glue'  # 'glue', 'squad' or 'ner'.
+  task.kind = 'glue'  # 'glue', 'squad', 'ner' or 'swag'.
   task.name = 'sst2'  # GLUE task (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli, stsb).
   task.source = 'files'  # GLUE: 'files' (data_dir holds train.tsv, dev.tsv) or 'tfds' (glue/*).
-  task.data_dir = ''  # GLUE: the task's folder, e.g. glue_data/SST-2.
+  task.data_dir = ''  # GLUE: the task's folder, e.g. glue_data/SST-2; SWAG: train.csv, val.csv.
   task.train_file = ''  # SQuAD JSON / CoNLL file to train on.
   task.dev_file = ''  # SQuAD JSON / CoNLL file to evaluate on.
   task.test_file = ''  # CoNLL test file (optional; predictions written when given).

@@ -3,6 +3,7 @@
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 # Compiling is most of a CPU test's time. XLA's fast CPU codegen (no LLVM optimisation, the
@@ -134,3 +135,34 @@ def micro_config(tmp_path=None, **overrides):
   if tmp_path is not None:
     config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
   return config
+
+
+# SWAG's regular CSV header (swagaf data/train.csv, val.csv): an unnamed index column first.
+SWAG_HEADER = ('', 'video-id', 'fold-ind', 'startphrase', 'sent1', 'sent2', 'gold-source',
+               'ending0', 'ending1', 'ending2', 'ending3', 'label')
+SWAG_PLACES = ('paris', 'london', 'the film', 'the story')
+
+
+def swag_rows(n: int, seed: int = 0) -> list[list[str]]:
+  """n questions in SWAG's columns: the right ending names the place the context names."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for i in range(n):
+    person = ('john', 'smith')[i % 2]
+    endings = [str(p) for p in rng.permutation(SWAG_PLACES)]
+    label = int(rng.integers(len(endings)))
+    sent1 = f'{person} liked {endings[label]}, very much .'  # A comma: a quoted CSV field.
+    sent2 = f'{person} went to'
+    rows.append([str(i), f'lsmdc{seed:04d}_{i}', str(i), f'{sent1} {sent2}', sent1, sent2,
+                 'gold', *endings, str(label)])
+  return rows
+
+
+def write_swag(directory, train: int = 12, dev: int = 7) -> str:
+  """A SWAG folder (train.csv, val.csv in SWAG's format) of swag_rows; returns its path."""
+  import csv  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  for name, n, seed in (('train.csv', train, 0), ('val.csv', dev, 1)):
+    with open(os.path.join(directory, name), 'w', encoding='utf-8', newline='') as f:
+      csv.writer(f).writerows([SWAG_HEADER, *swag_rows(n, seed)])
+  return str(directory)

@@ -73,7 +73,7 @@ MASKING_KEYS = ('masking.rate', 'masking.mask_token_fraction', 'masking.random_t
                 'masking.whole_word', 'masking.spans', 'masking.span_p', 'masking.max_span')
 # Fine-tuning config of each task outside GLUE; a GLUE task is configs/glue.py:task=NAME.
 TASK_CONFIGS = {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py',
-                'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py'}
+                'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py', 'swag': 'configs/swag.py'}
 
 
 class SweepError(ValueError):

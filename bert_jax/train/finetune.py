@@ -60,6 +60,9 @@ def build_task(config) -> base.Task:
         max_answer_length=t.max_answer_length,
         null_score_diff_threshold=t.null_score_diff_threshold,
         max_train_examples=t.max_train_examples)
+  if t.kind == 'swag':
+    from bert_jax.tasks import swag  # pylint: disable=g-import-not-at-top
+    return swag.SwagTask(t.data_dir, max_train_examples=t.max_train_examples)
   from bert_jax.tasks import ner  # pylint: disable=g-import-not-at-top
   return ner.NerTask(t.train_file, t.dev_file, t.test_file,
                      max_train_examples=t.max_train_examples)

@@ -46,3 +46,11 @@ def test_a_bilstm_run_is_named_apart_from_plain_fine_tuning(tmp_path, capsys):
 def test_missing_results_names_the_file(tmp_path):
   with pytest.raises(SystemExit, match='results.json does not exist'):
     report.main([str(tmp_path)])
+
+
+def test_swag_accuracy_stands_beside_the_paper_s_dev_accuracy(tmp_path, capsys):
+  swag = write_results(tmp_path / 'swag', 'swag', [{'accuracy': 70.2}, {'accuracy': 71.5},
+                                                   {'accuracy': 69.9}])
+  report.main([swag])
+  assert ('| swag | swag | dev | accuracy | 70.20 | 3: 70.2, 71.5, 69.9 |  | dev | 81.6 | 86.6 |'
+          in capsys.readouterr().out.splitlines())

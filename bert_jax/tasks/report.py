@@ -3,7 +3,7 @@
 Prints one markdown row per (task, split, metric) of each workdir's results.json: our median over
 seeds (and each seed), then the paper's BERT-Base and BERT-Large numbers where PAPER.md has them.
 The paper's GLUE and NER numbers are test-set scores; ours are dev scores unless a test set was
-scored, so the comparison is indicative, as the column says.
+scored, so the comparison is indicative, as the column says. SQuAD v1.1's and SWAG's are dev.
 """
 
 import json
@@ -21,6 +21,7 @@ PAPER = {
     ('squad1.1', 'f1'): ('dev', 88.5, 90.9),
     ('squad2.0', 'f1'): ('test', None, 83.1),
     ('conll2003', 'f1'): ('test', 92.4, 92.8),
+    ('swag', 'accuracy'): ('dev', 81.6, 86.6),
 }
 # BERT-Base dev numbers of the paper's pre-training ablation (MLM + NSP): closer to our dev scores.
 PAPER_BASE_DEV = {('mnli', 'accuracy'): 84.4, ('qnli', 'accuracy'): 88.4,

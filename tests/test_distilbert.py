@@ -1,5 +1,6 @@
 """DistilBERT ('distilbert'): transformers' DistilBertForMaskedLM in and out, DistilBertModel, the
-tree, and DistilBertForSequenceClassification's head in fine-tuning."""
+tree, and DistilBertForSequenceClassification's and DistilBertForMultipleChoice's heads in
+fine-tuning."""
 
 import json
 
@@ -160,6 +161,30 @@ def test_fine_tuning_gives_transformers_sequence_classification_logits(tmp_path)
   print(f'DistilBertForSequenceClassification logits, max |ours - transformers|: '
         f'{difference:.2e}')
   assert difference < IMPORT_TOLERANCE and np.std(theirs) > 1e-2
+
+
+def test_fine_tuning_gives_transformers_multiple_choice_logits(tmp_path):
+  chooser = randomise(transformers.DistilBertForMultipleChoice(
+      transformers.DistilBertConfig(**HF_SIZES)))
+  chooser.save_pretrained(str(tmp_path))
+  from configs import swag as swag_config  # pylint: disable=g-import-not-at-top
+  config = swag_config.get_config()
+  config.init_from = f'hf:{tmp_path}'
+  config.model.update(hf.hf_config_to_model_overrides(chooser.config.to_dict()))
+  model = finetune.build_model(config, type('Task', (), {'head': 'multiple_choice',
+                                                         'num_outputs': 4})())
+  encoder, head = finetune.load_source_params(config, model)
+  assert set(head) == {'pre_classifier', 'classifier'}  # DistilBertForMultipleChoice's own.
+  ids, mask, _ = inputs()  # [3, 13]: three questions of four choices, the rows rolled.
+  ids, mask = (np.stack([np.roll(x, c, axis=0) for c in range(4)], axis=1) for x in (ids, mask))
+  ours = model.apply({'params': {'bert': encoder, **head}}, ids, np.zeros_like(ids),
+                     mask)['logits']  # [3, 4]
+  with torch.no_grad():
+    theirs = chooser(input_ids=torch.tensor(ids, dtype=torch.long),
+                     attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+  difference = max_diff(ours, theirs)
+  print(f'DistilBertForMultipleChoice logits, max |ours - transformers|: {difference:.2e}')
+  assert ours.shape == (3, 4) and difference < IMPORT_TOLERANCE and np.std(theirs) > 1e-2
 
 
 def test_the_layout_is_found_by_model_type():

@@ -1,6 +1,7 @@
 """Fine-tuning from RoBERTa (byte-level BPE) and ALBERT (SentencePiece) sources: the tokenizer
-taken from the source, rows equal to transformers' fast tokenizers, classification logits equal
-to transformers' <family>ForSequenceClassification, and runs from hf:DIR and from a workdir."""
+taken from the source, rows equal to transformers' fast tokenizers, classification and
+multiple-choice logits equal to transformers' <family>ForSequenceClassification and
+<family>ForMultipleChoice, and runs (GLUE, SWAG) from hf:DIR and from a workdir."""
 
 import functools
 import importlib
@@ -10,6 +11,7 @@ import shutil
 
 from conftest import micro_config
 from conftest import shared_data_dir
+from conftest import write_swag
 import jax
 import numpy as np
 import pytest
@@ -21,8 +23,10 @@ from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import glue
 from bert_jax.tasks import ner
 from bert_jax.tasks import squad
+from bert_jax.tasks import swag
 from bert_jax.train import finetune
 from configs import glue as glue_config
+from configs import swag as swag_config
 
 
 def require(module: str):
@@ -227,9 +231,9 @@ def test_bpe_ner_labels_one_piece_per_word_as_transformers_word_ids(trained):
   assert rows > 250
 
 
-def fine_tuning_logits(config, split):
-  """The classification logits of the fine-tuning model as finetune.run builds and loads it."""
-  task = type('Task', (), {'head': 'classification', 'num_outputs': 2})()
+def fine_tuning_logits(config, split, head='classification', num_outputs=2):
+  """The logits of the fine-tuning model as finetune.run builds and loads it."""
+  task = type('Task', (), {'head': head, 'num_outputs': num_outputs})()
   model = finetune.build_model(config, task)
   encoder, heads = finetune.load_source_params(config, model)
   assert set(heads) == {'classifier'}  # The checkpoint's head, not a fresh one.
@@ -259,6 +263,46 @@ def test_classification_logits_equal_transformers(hf_dirs, glue_dev, kind):
   print(f'{FAMILY[kind]} classification logits, max |ours - transformers|: {difference:.2e}')
   assert difference < TOLERANCE
   assert np.std(theirs) > 1e-2  # Logits that differ between rows: a real comparison.
+
+
+def hf_multiple_choice(kind, vocab_size):
+  """A random transformers <family>ForMultipleChoice of SIZES."""
+  sizes = {k: v for k, v in SIZES.items() if k != 'num_labels'}
+  if kind == 'bpe':
+    config = transformers.RobertaConfig(**sizes, vocab_size=vocab_size, type_vocab_size=1,
+                                        max_position_embeddings=SEQ + 2, layer_norm_eps=1e-5,
+                                        pad_token_id=1)
+    return randomise(transformers.RobertaForMultipleChoice(config))
+  config = transformers.AlbertConfig(**sizes, vocab_size=vocab_size, embedding_size=24,
+                                     max_position_embeddings=SEQ, pad_token_id=0)
+  return randomise(transformers.AlbertForMultipleChoice(config))
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_multiple_choice_logits_equal_transformers(tmp_path, trained, kind):
+  tokenizer = tokenizer_lib.load_tokenizer(
+      kind, tokenizer_lib.vocab_path(kind, trained[kind]), LOWERCASE[kind])
+  hf_model = hf_multiple_choice(kind, tokenizer.vocab_size)
+  directory = str(tmp_path / 'hf')
+  hf_model.save_pretrained(directory)
+  for name in tokenizer_lib.KEPT_FILES[kind]:
+    shutil.copyfile(os.path.join(trained[kind], name), os.path.join(directory, name))
+  data = write_swag(tmp_path / 'swag')
+  config = swag_config.get_config(f'init=hf:{directory},data_dir={data},seq=32')
+  config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
+  split = swag.encode(swag.read_examples(os.path.join(data, 'val.csv')),
+                      finetune.load_tokenizer(config), 32)  # 7 questions of 4 rows.
+  ours = fine_tuning_logits(config, split, 'multiple_choice', swag.CHOICES)
+  f = {k: torch.from_numpy(split.features[k].astype(np.int64))
+       for k in ('input_ids', 'segment_ids', 'input_mask')}
+  with torch.no_grad():
+    theirs = hf_model(input_ids=f['input_ids'], attention_mask=f['input_mask'],
+                      token_type_ids=f['segment_ids']).logits.numpy()
+  assert ours.shape == theirs.shape == (7, swag.CHOICES)
+  difference = float(np.max(np.abs(ours - theirs)))
+  print(f'{FAMILY[kind]} multiple-choice logits, max |ours - transformers|: {difference:.2e}')
+  assert difference < TOLERANCE
+  assert np.std(theirs) > 10 * TOLERANCE  # Scores that differ between choices: a real comparison.
 
 
 @pytest.mark.parametrize('kind', KINDS)
@@ -299,6 +343,20 @@ def test_fine_tuning_runs_from_an_hf_dir(tmp_path, hf_dirs, kind):
   results, saved = run_sst2(tmp_path, f'hf:{directory}')
   assert saved['data']['tokenizer'] == kind and saved['model']['name'] == FAMILY[kind]
   assert 0.0 <= results['median']['dev']['accuracy'] <= 100.0 and results['num_steps'] == 6
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_swag_fine_tunes_from_an_hf_dir(tmp_path, hf_dirs, kind):
+  _, directory = hf_dirs[kind]
+  data = write_swag(tmp_path / 'swag', train=12, dev=7)
+  config = swag_config.get_config(f'init=hf:{directory},data_dir={data},batch=4,epochs=1,seq=32')
+  results = finetune.run(config, str(tmp_path / 'run'))
+  with open(tmp_path / 'run' / 'config.json', encoding='utf-8') as f:
+    saved = json.load(f)
+  assert saved['data']['tokenizer'] == kind and saved['model']['name'] == FAMILY[kind]
+  assert (results['task'], results['num_steps']) == ('swag', 3)
+  # 7 questions: the accuracy is a count of right answers in sevenths.
+  assert round(results['median']['dev']['accuracy'] * 7 / 100, 6).is_integer()
 
 
 @pytest.mark.slow

@@ -219,7 +219,8 @@ class Layout:
   # Our full config -> whether the class it exports to holds the pooler.
   exports_pooler: Callable[..., bool]
   tokenizer: str  # config.data.tokenizer of the family's vocab: 'wordpiece', 'bpe', ...
-  # (our fine-tuning path, HF key, transform) of the head of <family>ForSequenceClassification.
+  # (our fine-tuning path, HF key, transform) of the head of <family>ForSequenceClassification
+  # (and of <family>ForMultipleChoice where it is a Linear on the pooler).
   classifier: tuple[tuple[str, str, str], ...] = ()
 
   def group(self, path: str) -> str:
@@ -453,7 +454,7 @@ def electra_hf_config(config) -> dict:
 
 
 # BertForSequenceClassification and AlbertForSequenceClassification: a Linear on the pooled
-# [CLS], as our classification head.
+# [CLS], as our classification head; their *ForMultipleChoice, the same Linear to one score.
 _LINEAR_CLASSIFIER = (('classifier/kernel', 'classifier.weight', 'transpose'),
                       ('classifier/bias', 'classifier.bias', 'none'))
 # RobertaClassificationHead: dense, tanh, out_proj on <s>'s state, which is our pooler (dense,
@@ -463,6 +464,8 @@ _ROBERTA_CLASSIFIER = (('bert/pooler/dense/kernel', 'classifier.dense.weight', '
                        ('bert/pooler/dense/bias', 'classifier.dense.bias', 'none'),
                        ('classifier/kernel', 'classifier.out_proj.weight', 'transpose'),
                        ('classifier/bias', 'classifier.out_proj.bias', 'none'))
+# RobertaForMultipleChoice keeps RobertaModel's pooler and scores with a Linear on it, as BERT's.
+_ROBERTA_HEADS = _ROBERTA_CLASSIFIER + _LINEAR_CLASSIFIER
 # DistilBertForSequenceClassification: pre_classifier (dense, ReLU) on [CLS], dropout,
 # classifier; ours is the same (models/heads.py, Family.pre_classifier).
 _DISTIL_CLASSIFIER = (('pre_classifier/kernel', 'pre_classifier.weight', 'transpose'),
@@ -487,7 +490,7 @@ ROBERTA = Layout(
     table=ROBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('roberta.'),
     optional_pooler=True, to_overrides=roberta_overrides, to_hf_config=roberta_hf_config,
     exports_pooler=lambda config: False,  # RobertaForMaskedLM has no pooler.
-    tokenizer='bpe', classifier=_ROBERTA_CLASSIFIER)
+    tokenizer='bpe', classifier=_ROBERTA_HEADS)
 ALBERT = Layout(
     family='albert', model_type='albert', display='ALBERT', prefix='albert.',
     base_class='AlbertModel',

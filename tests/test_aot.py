@@ -72,6 +72,12 @@ def test_layer_probes_count_every_scanned_layer():
   assert report['flops_per_device'] > report['xla_flops_per_device']
   assert report['step_time_s'] > report['xla_optimal_seconds']
   assert 'probes' in report['step_time_source']
+  # Where the bytes go: every part of the model, counted over all layers as the totals are.
+  parts = report['bytes_by_part']
+  assert all(parts[part] > 0 for part in ('attention', 'feed_forward', 'norms', 'embeddings',
+                                          'heads_and_loss', 'optimizer'))
+  assert 0.5 < report['bytes_by_part_coverage'] < 1.5, report['bytes_by_part_coverage']
+  assert abs(sum(report['cycles_by_part_share'].values()) - 1) < 0.01
 
 
 def test_fsdp_preset_compiles_on_a_two_axis_mesh():

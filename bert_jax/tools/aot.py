@@ -35,6 +35,12 @@ as the FLOPs are, probes included), `kernel_flops_share` their part of the FLOPs
 `roofline_without_kernels_s` the estimate from what XLA costs itself; `kernel_roofline_s` is the
 declared work alone at peak. They show how much of the step time rests on the declarations,
 which no TPU has checked. Without kernels they are 0 and the `without` fields equal the others.
+
+Where the bytes go (step_parts): `bytes_by_part` splits the step's HBM bytes between attention,
+feed-forward, norms, embeddings, heads and loss, optimizer update, collectives and copies, from
+each instruction's op_name (the Flax module path), counted as probes count the rest;
+`bytes_by_part_share` is each part's share, `bytes_by_part_coverage` their sum against libtpu's
+total, and `cycles_by_part_share` the split of libtpu's own per-instruction cycle estimates.
 """
 
 import copy
@@ -54,6 +60,7 @@ from ml_collections import config_flags
 from bert_jax.tools import chips
 from bert_jax.tools import cli
 from bert_jax.tools import kernel_costs
+from bert_jax.tools import step_parts
 from bert_jax.tools.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
 
 # Config files import `configs.base`: make the repository root importable from anywhere.
@@ -191,9 +198,10 @@ def xla_cost(compiled) -> dict:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   seconds = cost.get('optimal_seconds')  # Negative (v4) when libtpu has no estimate.
+  text = compiled.as_text()
   return {'flops': float(cost.get('flops', 0.0)), 'bytes': float(cost.get('bytes accessed', 0.0)),
           'seconds': float(seconds) if seconds and seconds > 0 else None,
-          **kernel_costs.kernel_cost(compiled.as_text())}
+          **kernel_costs.kernel_cost(text), 'parts': step_parts.step_parts(text)}
 
 
 def probe_config(config, num_layers: int):
@@ -214,7 +222,7 @@ def layer_cost(config, mesh) -> dict:
   start = time.perf_counter()
   one, two = (xla_cost(compile_train_step(probe_config(config, n), mesh)[0]) for n in (1, 2))
   extra = config.model.num_layers - 1
-  cost = {}
+  cost = {'parts': step_parts.combine(one.pop('parts'), two.pop('parts'), extra)}
   for key in one:
     known = one[key] is not None and two[key] is not None
     cost[key] = one[key] + extra * (two[key] - one[key]) if known else None
@@ -257,6 +265,13 @@ def cost_report(config, compiled, mesh, spec: TpuSpec, probes: bool) -> dict:
       bytes_without_kernels_per_device=bytes_without,
       roofline_without_kernels_s=max(flops_without / (spec.peak_tflops * 1e12),
                                      bytes_without / (spec.hbm_gbps * 1e9)))
+  parts = cost['parts']
+  report.update(
+      bytes_by_part={name: part['bytes'] for name, part in parts.items()},
+      bytes_by_part_share=step_parts.shares(parts, 'bytes'),
+      bytes_by_part_coverage=(step_parts.summed(parts, 'bytes') / cost['bytes']
+                              if cost['bytes'] else 0.0),
+      cycles_by_part_share=step_parts.shares(parts, 'cycles'))
   return report
 
 

@@ -102,6 +102,23 @@ SETUPS = {
         DATA_THEN_FSDP[:1])
        for suffix, impl in (('', []), ('-tpu', TPU_ATTENTION)) for batch in (512, 768, 1024)},
 }
+
+def _tpu_setups():
+  """configs/tpu.py's setting for each (generation, size, seq), on the slice it names; if it
+  does not fit, the same with remat 'dots', then sharded (fsdp over every device)."""
+  sys.path.insert(0, REPO)
+  from configs import tpu  # pylint: disable=g-import-not-at-top
+  setups = {}
+  for (gen, size, seq), choice in tpu.SLICES.items():
+    setups[f'tpu-{gen}-{size}-{seq}'] = (
+        f'configs/tpu.py:gen={gen},size={size},seq={seq}', choice.topology, [],
+        [('config', []), ('config+remat', ['--config.model.remat_policy=dots']),
+         ('config+fsdp', ['--config.mesh.preset=fsdp', '--config.mesh.data=1',
+                          '--config.mesh.fsdp=-1'])])
+  return setups
+
+
+SETUPS.update(_tpu_setups())
 PAPER_STEPS = 1_000_000
 LAMB_STEPS = {'lamb-phase1-v3:32x32': 7_038, 'lamb-phase2-v3:32x32': 1_561}
 LAMB_MINUTES = 76
@@ -195,6 +212,40 @@ def kernel_table(records) -> str:
   return '\n'.join(rows) if len(rows) > 2 else ''
 
 
+def binding(record) -> str:
+  """Which roofline term is the larger: 'FLOPs' or 'bytes'."""
+  spec = record['peak_tflops_per_chip'] * 1e12 / (record['num_devices'] // record['num_chips'])
+  compute = record['flops_per_device'] / spec
+  return 'FLOPs' if compute >= record['roofline_s'] * 0.999 else 'bytes'
+
+
+def generation_table(records) -> str:
+  """configs/tpu.py's setups: the slice, rows per device, memory, libtpu's estimate and MFU,
+  what binds the roofline and the three parts of the step that move the most bytes."""
+  fits = recommended(records)
+  rows = ['| setup | slice (chips) | rows per device | GiB needed / HBM | step estimate | binds '
+          '| MFU | most bytes (GB per device per step) |', '|---|---|---|---|---|---|---|---|']
+  for name in SETUPS:
+    if not name.startswith('tpu-'):
+      continue
+    r = fits.get(name)
+    if r is None:
+      tried = [a for a in records if a['setup'] == name]
+      if tried:
+        rows.append(f'| {name} | {SETUPS[name][1]} | | none fits '
+                    f'({", ".join(a["tried_preset"] for a in tried)}) | | | | |')
+      continue
+    source = 'libtpu' if r['step_time_source'].startswith('xla') else 'roofline'
+    parts = sorted(r.get('bytes_by_part', {}).items(), key=lambda item: -item[1])[:3]
+    most = ', '.join(f'{part} {value / 1e9:.0f}' for part, value in parts)
+    rows.append(
+        f'| {name} | {r["topology"]} ({r["num_chips"]}) | {r["batch"] // r["num_devices"]} '
+        f'| {r["needed_gib"]:.1f} / {r["hbm_per_device_gib"]} ({r["tried_preset"]}) '
+        f'| {1000 * r["step_time_s"]:.0f} ms ({source}) | {binding(r)} '
+        f'| {100 * r["mfu"]:.0f}% | {most} |')
+  return '\n'.join(rows) if len(rows) > 2 else ''
+
+
 def markdown(records) -> str:
   fits = recommended(records)
   rows = ['| setup | chips | preset (mesh) | batch x seq | GiB needed / HBM per device | '
@@ -220,7 +271,9 @@ def markdown(records) -> str:
         f'| {r["batch"]} x {r["seq"]} | {r["needed_gib"]:.1f} / {r["hbm_per_device_gib"]} '
         f'| {step} | {mfu} | {r["compile_s"]:.0f} s |')
   kernels = kernel_table(records)
-  out = ['\n'.join(rows), ''] + ([kernels, ''] if kernels else [])
+  generations = generation_table(records)
+  out = (['\n'.join(rows), ''] + ([kernels, ''] if kernels else [])
+         + ([generations, ''] if generations else []))
   proj = []
   for model, short, long in (('BERT-Base', 'base-v3:4x4-128', 'base-v3:4x4-512'),
                              ('BERT-Large', 'large-v3:8x8-128', 'large-v3:8x8-512')):

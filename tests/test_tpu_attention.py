@@ -381,7 +381,7 @@ def test_kernels_compile_for_tpus_with_their_declared_flops():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('topology', ['v5e:2x2', 'v6e:2x2'])
+@pytest.mark.parametrize('topology', ['v6e:2x2'])  # v5e:2x2: the declared-costs test's step.
 def test_train_step_with_the_tpu_attention_compiles_for_tpu_topologies(topology):
   """`python -m bert_jax.aot` of the tiny config (rows of 64, heads of 64) with
   attention_impl='tpu' and attention dropout on compiles and fits."""
@@ -418,6 +418,7 @@ def test_aot_reports_the_kernels_declared_costs_beside_the_estimate():
   require_libtpu()
   rows, layers, heads, length, head_dim = 8, 2, 2, 64, 64
   tpu = aot_report('--config.model.attention_impl=tpu')
+  assert tpu['fits'] is True and (tpu['batch'], tpu['seq']) == (32, 64)  # Compiles for v5e.
   work = rows * heads * length * length * head_dim
   assert tpu['kernel_calls_per_device'] == 2 * layers
   assert tpu['kernel_flops_per_device'] == layers * 14 * work

@@ -9,7 +9,7 @@ generation with libtpu (`python -m bert_jax.aot`; experiments/aot_table.py, setu
 `tpu-GEN-SIZE-SEQ`; docs/tpu.md has the table):
 - bf16 compute, fp32 master weights and Adam state;
 - attention in the Pallas TPU kernels (attention_impl='tpu'), the paper's attention dropout
-  drawn inside them;
+  drawn inside them (v4 and later: v3 keeps the XLA attention, V3_ATTENTION);
 - the hidden states' dropout masks from threefry, as everywhere else: with XLA's
   RngBitGenerator ('rbg') libtpu's estimate of a BERT-Large layer at 512 tokens on v5e moved
   twice the bytes (4.5 GB against 2.1 GB per layer at 4 rows per chip);
@@ -36,16 +36,22 @@ class Slice:
   preset: str = 'data'  # config.mesh.preset.
   fsdp: int = 1  # config.mesh.fsdp (preset 'fsdp').
   remat_policy: str = 'none'  # config.model.remat_policy.
+  attention_impl: str = 'tpu'  # config.model.attention_impl.
 
+
+# Mosaic does not compile the attention kernels' bf16 matmuls for v3 ("Unsupported matmul RHS
+# type on target: vector<128x128xbf16>", libtpu 0.0.42.1): v3 keeps the XLA attention.
+V3_ATTENTION = 'xla'
 
 # (generation, size, seq) -> Slice. The rule: as many rows per chip as the chip's HBM holds
 # without rematerialisation, in a power of two, the 256 rows then set the slice. The setups
 # that experiments/aot_table.py compiled (tpu-GEN-SIZE-SEQ) are in docs/tpu.md's table.
 SLICES = {
-    ('v3', 'base', 128): Slice('v3:4x4'),  # 8 rows per core (a v3 device is one core).
-    ('v3', 'base', 512): Slice('v3:4x4'),
-    ('v3', 'large', 128): Slice('v3:4x4'),
-    ('v3', 'large', 512): Slice('v3:4x8'),  # 4 rows per core.
+    # 8 rows per core (a v3 device is one core).
+    ('v3', 'base', 128): Slice('v3:4x4', attention_impl=V3_ATTENTION),
+    ('v3', 'base', 512): Slice('v3:4x4', attention_impl=V3_ATTENTION),
+    ('v3', 'large', 128): Slice('v3:4x4', attention_impl=V3_ATTENTION),
+    ('v3', 'large', 512): Slice('v3:4x8', attention_impl=V3_ATTENTION),  # 4 rows per core.
     ('v4', 'base', 128): Slice('v4:2x2x1'),  # 64 rows per chip.
     ('v4', 'base', 512): Slice('v4:2x2x2'),  # 32.
     ('v4', 'large', 128): Slice('v4:2x2x1'),
@@ -94,7 +100,8 @@ def get_config(arg=None):
   seq = int(seq)
   config = large.get_config() if size == 'large' else base.get_config()
   choice = SLICES[(gen, size, seq)]
-  config.model.update(dtype='bfloat16', attention_impl='tpu', remat_policy=choice.remat_policy)
+  config.model.update(dtype='bfloat16', attention_impl=choice.attention_impl,
+                      remat_policy=choice.remat_policy)
   config.mesh.update(preset=choice.preset, fsdp=choice.fsdp)
   config.data.update(max_seq_length=seq, max_predictions_per_seq=20 if seq == 128 else 80)
   if rest:

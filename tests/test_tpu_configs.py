@@ -27,7 +27,8 @@ def test_every_generation_keeps_the_papers_model_data_and_optimizer(gen, size, s
   assert (config.data.max_seq_length, config.data.max_predictions_per_seq) == (
       (128, 20) if seq == 128 else (512, 80))
   # How the step is computed and laid out: the generation's choice.
-  assert (config.model.dtype, config.model.attention_impl) == ('bfloat16', 'tpu')
+  assert (config.model.dtype, config.model.attention_impl) == (
+      'bfloat16', 'xla' if gen == 'v3' else 'tpu')
   choice = tpu.SLICES[(gen, size, seq)]
   assert choice.topology.startswith(f'{gen}:')
   assert (config.mesh.preset, config.model.remat_policy) == (choice.preset, choice.remat_policy)

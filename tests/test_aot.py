@@ -101,6 +101,8 @@ def test_step_too_big_for_hbm_reports_out_of_memory():
     (('--topology=v5e:2x2', '--config.mesh.fsdp=3'), 'does not divide the 4 devices'),
     (('--topology=v5e:2x2', '--config.mesh.data=2', '--config.mesh.fsdp=2',
       '--config.train.batch_size=30'), 'is not divisible by the 4 devices'),
+    (('--topology=v3:2x2', '--config.model.attention_impl=tpu', '--config.model.dtype=bfloat16'),
+     'Mosaic does not compile the TPU attention kernels for TPU v3 devices'),
 ])
 def test_bad_setup_fails_before_compiling(args, message):
   result = run_aot(*args)

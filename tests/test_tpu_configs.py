@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax import config_lib  # noqa: E402
+from bert_jax.ops import checks  # noqa: E402
 from configs import base  # noqa: E402
 from configs import large  # noqa: E402
 from configs import tpu  # noqa: E402
@@ -52,3 +53,13 @@ def test_pretraining_arguments_pass_through():
 def test_bad_arguments_name_the_valid_ones(arg, message):
   with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):
     tpu.get_config(arg)
+
+
+def test_the_tpu_attention_on_v3_is_refused_naming_the_generation():
+  config = tpu.get_config('gen=v4,size=base,seq=128')
+  checks.check_tpu_kernels(config, 'TPU v4')
+  with pytest.raises(config_lib.ConfigError, match=r"attention_impl='tpu'.*TPU v3 devices"):
+    checks.check_tpu_kernels(config, 'TPU v3')
+  checks.check_tpu_kernels(tpu.get_config('gen=v3,size=base,seq=128'), 'TPU v3')  # 'xla'.
+  config.model.dtype = 'float32'  # Mosaic compiles the kernels' float32 matmuls for v3.
+  checks.check_tpu_kernels(config, 'TPU v3')

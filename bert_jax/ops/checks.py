@@ -82,12 +82,32 @@ def _check_mosaic_attention(model, lengths) -> None:
           f"this run has rows of {sorted(set(rows))}. Use {key}='triton'.")
 
 
+# TPU generations whose Mosaic compiler refuses the TPU attention kernels' 16-bit matmuls
+# ("Unsupported matmul RHS type on target: vector<128x128xbf16>", libtpu 0.0.42.1); with
+# float32 compute they compile.
+TPU_KINDS_WITHOUT_ATTENTION_KERNELS = ('TPU v2', 'TPU v3')
+
+
+def check_tpu_kernels(config, device_kind: str) -> None:
+  """attention_impl='tpu' with 16-bit compute on a TPU generation that cannot compile its
+  kernels for it: a ConfigError naming the generation, before anything compiles."""
+  if (config.model.get('attention_impl') == 'tpu' and config.model.get('dtype') != 'float32'
+      and device_kind in TPU_KINDS_WITHOUT_ATTENTION_KERNELS):
+    raise ConfigError(
+        f"config.model.attention_impl='tpu': Mosaic does not compile the TPU attention kernels "
+        f"for {device_kind} devices with model.dtype={config.model.dtype!r} (their 16-bit "
+        "matmuls); use attention_impl='xla' there (configs/tpu.py does for v3), "
+        "model.dtype='float32', or a TPU v4 or later.")
+
+
 def check_gpu_kernels(config) -> None:
   """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
   ffn_impl 'pallas' and the attention kernels set to 'mosaic' Mosaic GPU kernels: Hopper
   GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
   shard_map)."""
   backend, count = jax.default_backend(), jax.device_count()
+  if backend == 'tpu':
+    check_tpu_kernels(config, jax.devices()[0].device_kind)
   if backend == 'gpu' and config.model.get('attention_impl') == 'tpu':
     # Off TPUs the TPU kernels run in Pallas's interpreter: right, for tests, but far too slow
     # to train with. CPUs are let through for the tests and for AOT compiles for TPUs.

@@ -297,8 +297,10 @@ def analyze(config, topology: str, num_slices: int = 1, probes: bool = True) -> 
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
+  from bert_jax.ops import checks  # pylint: disable=g-import-not-at-top
   config = prepare_config(config, num_slices)
   spec = tpu_spec(topology)
+  checks.check_tpu_kernels(config, spec.device_kind)
   devices = topology_devices(topology, num_slices)
   try:
     mesh = sharding.create_mesh(config.mesh, devices)

@@ -322,8 +322,10 @@ def test_shipped_sweep_runs_on_a_tiny_base_and_reports(path, tmp_path, compile_c
     # Every arm's pretraining config is built and validated by the plan; two of them train (the
     # arms differ in config values only, each of which other tests train).
     arms = sweep.arms.to_dict()
-    kept = list(arms)[:2] + [sweep.get('equal_flops') or list(arms)[0]]
+    order = [name for name in str(sweep.get('order') or '').split(',') if name] or list(arms)
+    kept = [name for name in order[:2] + [sweep.get('equal_flops') or order[0]] if name]
     sweep.arms = {name: arm for name, arm in arms.items() if name in kept}
+    sweep.order = ','.join(name for name in order if name in kept)
   workdir = str(tmp_path)
   plan, _ = _run(sweep, workdir, path)
   for job in plan.jobs:

@@ -302,6 +302,19 @@ def apply_arguments(config, arg, arguments=None) -> set:
   return given
 
 
+def split_arguments(arg, names) -> tuple[dict, str]:
+  """({name: value} of the `names` arguments in `arg`, the rest for apply_arguments): a config
+  file's own arguments (e.g. size=) beside configs/base.py's."""
+  own, rest = {}, []
+  for item in (arg or '').split(','):
+    name, sep, value = item.partition('=')
+    if sep and name.strip() in names:
+      own[name.strip()] = value.strip()
+    elif item.strip():
+      rest.append(item)
+  return own, ','.join(rest)
+
+
 def _set_objective(config, name: str, on: bool) -> None:
   """Adds objective `name` to config.objectives, or removes it."""
   names = [n.strip() for n in config.objectives.split(',') if n.strip() and n.strip() != name]

@@ -46,13 +46,8 @@ def get_config(arg=None):
 def split_size(arg, sizes) -> tuple[str, str]:
   """('base', 'steps=10') from 'size=base,steps=10': the size= argument (default 'base') and the
   rest for configs/base.py; ValueError naming the sizes for another."""
-  size, rest = 'base', []
-  for item in (arg or '').split(','):
-    name, sep, value = item.partition('=')
-    if sep and name.strip() == 'size':
-      size = value.strip()
-    elif item.strip():
-      rest.append(item)
+  own, rest = base.split_arguments(arg, ('size',))
+  size = own.get('size', 'base')
   if size not in sizes:
     raise ValueError(f'Config argument size={size!r}: expected one of {", ".join(sizes)}.')
-  return size, ','.join(rest)
+  return size, rest

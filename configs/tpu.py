@@ -76,20 +76,8 @@ SEQS = (128, 512)
 OWN_ARGUMENTS = ('gen', 'size', 'seq')
 
 
-def _split(arg: str | None) -> tuple[dict, str]:
-  """This file's own arguments, and the rest for configs/base.py's."""
-  own, rest = {}, []
-  for item in (arg or '').split(','):
-    name, _, value = item.partition('=')
-    if name.strip() in OWN_ARGUMENTS:
-      own[name.strip()] = value.strip()
-    elif item.strip():
-      rest.append(item)
-  return own, ','.join(rest)
-
-
 def get_config(arg=None):
-  own, rest = _split(arg)
+  own, rest = base.split_arguments(arg, OWN_ARGUMENTS)
   gen, size, seq = own.get('gen', 'v5e'), own.get('size', 'large'), own.get('seq', '512')
   if gen not in GENERATIONS:
     raise ValueError(f'Unknown TPU generation gen={gen!r}; valid: {", ".join(GENERATIONS)}.')

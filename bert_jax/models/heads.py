@@ -58,17 +58,21 @@ class BertForFineTuning(nn.Module):
       scores = self._classify(rows(input_ids), rows(segment_ids), rows(input_mask), 1,
                               deterministic)  # [batch * choices, 1]
       return {'logits': scores.reshape(batch, choices)}  # [batch, choices]
-    dense = lambda n, axes, name: layers.DenseGeneral(  # noqa: E731
-        n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
     sequence, _, width = self._encode(input_ids, segment_ids, input_mask, deterministic)
     if self.head == 'token':
       x = nn.Dropout(cfg.hidden_dropout_rate)(sequence, deterministic=deterministic)
-      return {'logits': dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
+      return {'logits': self._dense(self.num_outputs, (width, 'classes'), 'classifier')(x)
                         .astype(jnp.float32)}  # [batch, length, classes]
     # Span: a start and an end vector dotted with every final hidden state (no dropout, as the
     # original run_squad.py).
-    logits = dense(2, (width, 'classes'), 'qa_outputs')(sequence).astype(jnp.float32)
+    logits = self._dense(2, (width, 'classes'), 'qa_outputs')(sequence).astype(jnp.float32)
     return {'start_logits': logits[..., 0], 'end_logits': logits[..., 1]}  # [batch, length] each
+
+  def _dense(self, features, axes, name):
+    """A head's DenseGeneral in the encoder's dtypes and initialiser."""
+    cfg = self.config
+    return layers.DenseGeneral(features, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                               kernel_init=cfg.init, name=name)
 
   def _encode(self, input_ids, segment_ids, input_mask, deterministic):
     """(per-token outputs, sentence summary, their logical width axis): the encoder's sequence
@@ -85,14 +89,13 @@ class BertForFineTuning(nn.Module):
   def _classify(self, input_ids, segment_ids, input_mask, outputs, deterministic):
     """`outputs` float32 logits per row from its summary (pooled [CLS]): [batch, outputs]."""
     cfg = self.config
-    dense = lambda n, axes, name: layers.DenseGeneral(  # noqa: E731
-        n, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
     _, pooled, width = self._encode(input_ids, segment_ids, input_mask, deterministic)
     if models.get(self.model).pre_classifier and not self.lstm_layers:
       # DistilBERT pools nothing: its classification head's own dense and ReLU on [CLS].
-      pooled = nn.relu(dense(cfg.hidden_size, ('embed', 'embed_out'), 'pre_classifier')(pooled))
+      pre_classifier = self._dense(cfg.hidden_size, ('embed', 'embed_out'), 'pre_classifier')
+      pooled = nn.relu(pre_classifier(pooled))
     x = nn.Dropout(cfg.hidden_dropout_rate)(pooled, deterministic=deterministic)
-    return dense(outputs, (width, 'classes'), 'classifier')(x).astype(jnp.float32)
+    return self._dense(outputs, (width, 'classes'), 'classifier')(x).astype(jnp.float32)
 
   def _bilstm(self, sequence, input_mask, deterministic):
     """The encoder's output through lstm_layers BiLSTM layers over each row's real tokens: the

@@ -40,6 +40,15 @@ class EncodedSplit:
     return len(self.features['input_ids'])
 
 
+def write_index_predictions(path: str, values) -> str:
+  """Writes `index<TAB>prediction` rows (floats to 6 decimals), GLUE's prediction layout."""
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write('index\tprediction\n')
+    for index, value in enumerate(values):
+      f.write(f'{index}\t{value:.6f}\n' if isinstance(value, float) else f'{index}\t{value}\n')
+  return path
+
+
 class TaskError(ValueError):
   """Task data that cannot be read or used: names the file (and line) and what is wrong."""
 

@@ -450,9 +450,5 @@ class GlueTask(base.Task):
     paths = []
     for part, values in parts:
       path = os.path.join(directory, submissions.get(part, f'{self.name}_{part}.tsv'))
-      with open(path, 'w', encoding='utf-8') as f:
-        f.write('index\tprediction\n')
-        for index, value in enumerate(values):
-          f.write(f'{index}\t{value:.6f}\n' if isinstance(value, float) else f'{index}\t{value}\n')
-      paths.append(path)
+      paths.append(base.write_index_predictions(path, values))
     return paths

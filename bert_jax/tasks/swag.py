@@ -135,9 +135,5 @@ class SwagTask(base.Task):
                         directory: str) -> list[str]:
     """Writes `index<TAB>prediction` rows: each example's row in its file and chosen ending."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f'{self.name}_{split_name}.tsv')
-    with open(path, 'w', encoding='utf-8') as f:
-      f.write('index\tprediction\n')
-      for index, value in enumerate(predictions):
-        f.write(f'{index}\t{value}\n')
-    return [path]
+    return [base.write_index_predictions(
+        os.path.join(directory, f'{self.name}_{split_name}.tsv'), predictions)]

@@ -17,6 +17,28 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = ' '.join(
       [os.environ.get('XLA_FLAGS', ''), *FAST_COMPILE_FLAGS]).strip()
 
+# Most slow tests train the same tiny programs in fresh processes, and each paid their compiles
+# again. One persistent compilation cache for the whole session (every compile, however short)
+# lets a program compiled once be read by every later process and xdist worker: the controller
+# makes it, the workers and subprocesses inherit the variables. A run whose config names its own
+# `train.compilation_cache_dir` still uses that one (config_lib.apply_compilation_cache), which
+# is what the tests of the cache itself check. A cache the caller set stands, and is kept.
+SESSION_CACHE_ENV = 'BERT_JAX_TEST_SESSION_CACHE'
+if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+  import tempfile  # pylint: disable=g-import-not-at-top
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='bert_jax_tests_xla_')
+  os.environ[SESSION_CACHE_ENV] = os.environ['JAX_COMPILATION_CACHE_DIR']
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
+
+def pytest_unconfigure(config):
+  """Removes the session's compilation cache (the controller's, once every worker is done)."""
+  directory = os.environ.get(SESSION_CACHE_ENV)
+  if directory and not hasattr(config, 'workerinput'):
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(directory, ignore_errors=True)
+
 
 def pytest_configure(config):
   """Under `-n N` (xdist's --dist=load), tests marked @pytest.mark.xdist_group(NAME) run on one

@@ -305,6 +305,19 @@ def _run(sweep, workdir, sweep_file=''):
 FINE_TUNED_SWEEPS = ('family.py', 'distillation.py', 'spanbert.py', 'training_steps.py')
 
 
+def arm_order(sweep):
+  """The sweep's arm names in its report order."""
+  return ([name for name in str(sweep.get('order') or '').split(',') if name]
+          or list(sweep.arms.to_dict()))
+
+
+def keep_arms(sweep, kept):
+  """Leaves only the arms named in `kept` (and their order)."""
+  order = arm_order(sweep)
+  sweep.arms = {name: arm for name, arm in sweep.arms.to_dict().items() if name in kept}
+  sweep.order = ','.join(name for name in order if name in kept)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('path', [f for f in SWEEP_FILES if not f.endswith('table5.py')],
                          ids=os.path.basename)  # table5.py: test_table5_sweep_resumes_...
@@ -321,17 +334,13 @@ def test_shipped_sweep_runs_on_a_tiny_base_and_reports(path, tmp_path, compile_c
     sweep.finetune.tasks = ''
     # Every arm's pretraining config is built and validated by the plan; two of them train (the
     # arms differ in config values only, each of which other tests train).
-    arms = sweep.arms.to_dict()
-    order = [name for name in str(sweep.get('order') or '').split(',') if name] or list(arms)
-    kept = [name for name in order[:2] + [sweep.get('equal_flops') or order[0]] if name]
-    sweep.arms = {name: arm for name, arm in arms.items() if name in kept}
-    sweep.order = ','.join(name for name in order if name in kept)
+    order = arm_order(sweep)
+    keep_arms(sweep, order[:2] + [sweep.get('equal_flops') or order[0]])
   elif os.path.basename(path) == 'family.py':
     # Every arm is planned (validated, its equal-FLOPs steps derived); the arms with their own
     # tokenizer and model train and fine-tune. BERT's own path is table5's.
     spec.plan(sweep, str(tmp_path / 'planned'), path)
-    sweep.arms = {name: arm for name, arm in sweep.arms.to_dict().items() if name != 'bert'}
-    sweep.order = ','.join(name for name in sweep.order.split(',') if name != 'bert')
+    keep_arms(sweep, [name for name in arm_order(sweep) if name != 'bert'])
     sweep.equal_flops = ''
   workdir = str(tmp_path)
   plan, _ = _run(sweep, workdir, path)

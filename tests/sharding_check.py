@@ -1,10 +1,11 @@
 """Multi-device checks for tests/test_sharding.py, run as a script on 8 fake CPU devices.
 
-`python tests/sharding_check.py CHECK...`, each CHECK a preset, `fused_kernels` or `mesh_mismatch`,
-prints one JSON object. A preset trains a micro BERT for a few steps once on one device and then on
-every mesh shape, and reports each shape's loss and parameter differences from the one-device run
-and the shardings the preset gave; `fused_kernels` does the same for two meshes with the fused
-LayerNorm and attention kernels; `mesh_mismatch` reports how a mesh that does not fit the devices fails. Pytest keeps one device; only this process sees eight.
+`python tests/sharding_check.py CHECK...`, each CHECK a preset, `fused_kernels` or
+`mesh_mismatch`, prints one JSON object. A preset trains a micro BERT for a few steps once on one
+device and then on its mesh shapes (PRESET_SHAPES), and reports each shape's loss and parameter
+differences from the one-device run and the shardings the preset gave; `fused_kernels` does the
+same for two meshes with the fused LayerNorm and attention kernels; `mesh_mismatch` reports how a
+mesh that does not fit the devices fails. Pytest keeps one device; only this process sees eight.
 """
 
 import os
@@ -38,6 +39,10 @@ from configs import base
 NUM_DEVICES = 8
 PRESETS = ('data', 'fsdp', 'fsdp_tensor')
 MESH_SHAPES = ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2))  # (data, fsdp, tensor)
+# Each preset on the two shapes that give its sharded axes more than one device, one of them
+# beside another axis: every shape and every axis is trained, at half the runs of all pairs.
+PRESET_SHAPES = {'data': ((8, 1, 1), (2, 2, 2)), 'fsdp': ((2, 4, 1), (1, 4, 2)),
+                 'fsdp_tensor': ((2, 2, 2), (1, 4, 2))}
 NUM_STEPS = 3
 BATCH, SEQ, PREDICTIONS, VOCAB = 8, 16, 3, 128
 # Kernels whose shardings the tests inspect, by their path in the parameter tree.
@@ -187,12 +192,12 @@ def mesh_mismatch_error(config=None):
 
 
 def compare_preset(preset):
-  """Every mesh shape of `preset` against the same steps on one device."""
+  """The mesh shapes of `preset` (PRESET_SHAPES) against the same steps on one device."""
   batches = random_batches(NUM_STEPS)
   ref_losses, ref_state = train(micro_config(preset), batches, jax.devices()[:1])
   reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
   cases = {}
-  for shape in MESH_SHAPES:
+  for shape in PRESET_SHAPES[preset]:
     losses, state = train(micro_config(preset, shape), batches, jax.devices())
     cases[case_name(preset, shape)] = {
         'losses': losses, 'reference_losses': ref_losses,
@@ -219,10 +224,11 @@ def compare_fused_kernels():
     batches = random_batches(NUM_STEPS, seq=seq)
     one, many = micro_config(preset, seq=seq), micro_config(preset, shape, seq)
     for config in (one, many):
-      # Unrolled layers (cuDNN's conditions, which attention_impl='pallas' shares); head_dim 16,
-      # the kernels' smallest.
+      # Unrolled (cuDNN's conditions, which attention_impl='pallas' shares); head_dim 16, the
+      # kernels' smallest; one layer, since the kernels are interpreted on CPU and a second layer
+      # shards as the first.
       config.model.update(layer_norm_impl='pallas', attention_impl='pallas', scan_layers=False,
-                          num_heads=2)
+                          num_heads=2, num_layers=1)
       if preset == 'data':  # fused_ffn's kernel needs whole feed-forward rows (no tensor axis).
         config.model.update(ffn_impl='pallas', gelu='tanh')
     ref_losses, ref_state = train(one, batches, jax.devices()[:1])

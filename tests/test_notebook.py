@@ -12,6 +12,8 @@ import shutil
 
 import pytest
 
+import conftest
+
 nbformat = pytest.importorskip('nbformat')
 nbclient = pytest.importorskip('nbclient')
 
@@ -52,6 +54,10 @@ def test_demo_notebook_runs_top_to_bottom_shrunk(tmp_path):
   copy = tmp_path / 'bert_jax_demo.ipynb'
   shutil.copy(NOTEBOOK, copy)
   env = demo_env(BERT_JAX_DEMO_SMALL='1')
+  # The notebook steps the tiny config tens of times: XLA's optimised CPU code (conftest's fast
+  # codegen off) runs those steps about 3x faster than it costs to compile.
+  env['XLA_FLAGS'] = ' '.join(flag for flag in env.get('XLA_FLAGS', '').split()
+                              if flag not in conftest.FAST_COMPILE_FLAGS)
   # Without the shared data the fine-tuning takes the SST-2 sample bundled with the notebook.
   env.pop('BERT_JAX_DATA', None)
   notebook = execute_notebook(str(copy), str(tmp_path), env)

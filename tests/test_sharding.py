@@ -1,4 +1,4 @@
-"""Sharding: every preset and mesh shape trains as one device does; the presets really shard.
+"""Sharding: every preset on two mesh shapes trains as one device does; the presets really shard.
 
 The multi-device runs happen in subprocesses on 8 fake CPU devices (tests/sharding_check.py), one
 per preset, all started together and shared by the tests of this module; pytest keeps 1 device.
@@ -22,7 +22,7 @@ ATOL = 1e-5  # fp32: reductions split over devices sum in another order.
 # One subprocess per preset; the first also checks the mesh-mismatch error.
 SUBPROCESS_CHECKS = [['mesh_mismatch', 'data'], ['fsdp'], ['fsdp_tensor'], ['fused_kernels']]
 CASES = [(preset, shape) for preset in sharding_check.PRESETS
-         for shape in sharding_check.MESH_SHAPES]
+         for shape in sharding_check.PRESET_SHAPES[preset]]
 
 
 @pytest.fixture(scope='module')
@@ -107,7 +107,7 @@ def test_fsdp_tensor_splits_mlp_and_vocab_over_tensor(multi_device):
   assert layout['mu']['/'.join(sharding_check.WORD_EMBEDDINGS)] == embeddings
 
 
-@pytest.mark.parametrize('shape', sharding_check.MESH_SHAPES)
+@pytest.mark.parametrize('shape', sharding_check.PRESET_SHAPES['data'])
 def test_data_preset_replicates_params(multi_device, shape):
   layout = case(multi_device, 'data', shape)['layout']
   assert layout['all_params_replicated']

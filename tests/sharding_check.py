@@ -38,9 +38,9 @@ from configs import base
 
 NUM_DEVICES = 8
 PRESETS = ('data', 'fsdp', 'fsdp_tensor')
-MESH_SHAPES = ((8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 4, 2))  # (data, fsdp, tensor)
-# Each preset on the two shapes that give its sharded axes more than one device, one of them
-# beside another axis: every shape and every axis is trained, at half the runs of all pairs.
+# Mesh shapes (data, fsdp, tensor) per preset: the two that give its sharded axes more than one
+# device, one of them beside another axis; together (8, 1, 1), (2, 4, 1), (2, 2, 2) and
+# (1, 4, 2), every axis trained, at half the runs of every preset on every shape.
 PRESET_SHAPES = {'data': ((8, 1, 1), (2, 2, 2)), 'fsdp': ((2, 4, 1), (1, 4, 2)),
                  'fsdp_tensor': ((2, 2, 2), (1, 4, 2))}
 NUM_STEPS = 3

@@ -16,6 +16,9 @@ VALID_CHOICES = {
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
     'model.attention_impl': ops.ATTENTION_IMPLS,
     'model.gelu': ('erf', 'tanh'),
+    'model.norm': ('layer_norm', 'rms_norm'),
+    'model.feed_forward': ('gelu', 'geglu', 'swiglu'),
+    'model.positions': ('absolute', 'rotary'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'model.layer_norm_impl': ops.NORM_IMPLS,
     'model.ffn_impl': ops.FFN_IMPLS,
@@ -62,6 +65,8 @@ RANGES = {
     'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
     'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
     'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
+    'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
+    'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,
@@ -138,6 +143,7 @@ def validate(config) -> None:
   _check_attention(config)
   _check_model_shape(config.model)
   _check_electra(config)
+  _check_modern(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
@@ -367,6 +373,59 @@ def _check_model_shape(model) -> None:
         f'config.model.hidden_size={model.hidden_size} is not divisible by '
         f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
+
+
+# The modern encoder's switches (configs/base.py) and BERT's values of them.
+MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
+                   'positions': 'absolute', 'local_window': 0}
+
+
+def _check_modern(config) -> None:
+  """The modern encoder's switches are model.name='modernbert''s only; that family is unrolled,
+  bidirectional, XLA-attended, without segments (no NSP or SOP), its windows and thetas valid."""
+  model = config.model
+  name = model.get('name', 'bert')
+  if name != 'modernbert':
+    changed = [f'{k}={model.get(k, v)!r}' for k, v in MODERN_DEFAULTS.items()
+               if model.get(k, v) != v]
+    if changed:
+      raise ConfigError(
+          f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
+          "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
+          f'{name} takes {", ".join(f"{k}={v!r}" for k, v in MODERN_DEFAULTS.items())}.')
+    return
+  problems = []
+  if model.scan_layers:
+    problems.append('scan_layers=True: its layers are unrolled (the first and the local ones '
+                    'differ from the rest); set scan_layers=False')
+  if model.attention_impl != 'xla':
+    problems.append(f'attention_impl={model.attention_impl!r}: its local windows and rotary '
+                    "positions go through the 'xla' attention; set attention_impl='xla'")
+  for key in ('layer_norm_impl', 'ffn_impl'):
+    if model.get(key, 'xla') != 'xla':
+      problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "
+                      f"{key}='xla'")
+  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
+  if sentence:
+    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
+                    f"{', '.join(sentence)}; use 'mlm' (ModernBERT's) or 'rtd'")
+  if model.local_window < 0 or model.local_window % 2:
+    problems.append(f'local_window={model.local_window}: the window spans local_window // 2 '
+                    'tokens each side, so it must be even and >= 0 (ModernBERT: 128; 0: none)')
+  if model.global_every < 1:
+    problems.append(f'global_every={model.global_every}: every global_every-th layer is global; '
+                    'valid values are >= 1 (ModernBERT: 3)')
+  if model.positions == 'rotary':
+    if (model.hidden_size // model.num_heads) % 2:
+      problems.append(f'positions=\'rotary\' with head size {model.hidden_size // model.num_heads}'
+                      ': rotary embeddings rotate pairs of features, so the head size must be '
+                      'even')
+    for key in ('rope_theta', 'local_rope_theta'):
+      if model[key] <= 0:
+        problems.append(f'{key}={model[key]}: must be > 0 (ModernBERT: 160000 global, 10000 '
+                        'local)')
+  if problems:
+    raise ConfigError("config.model.name='modernbert': " + '; '.join(problems) + '.')
 
 
 def _check_electra(config) -> None:

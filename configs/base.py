@@ -105,6 +105,20 @@ def get_config(arg=None):
   # The encoder's dense layers as 2-d [tokens, in] @ [in, out] matmuls + bias (the same function
   # and parameters, another HLO for XLA to fuse; faster on GPUs with layer_norm_impl='pallas').
   model.flat_matmuls = False
+  # The modern encoder's switches (model.name='modernbert', pre-norm layers; the other families
+  # take the defaults only): norm 'layer_norm' or 'rms_norm'; use_bias False drops the dense
+  # layers' and norms' biases; feed_forward 'gelu' (BERT's), 'geglu' or 'swiglu' (gated);
+  # positions 'absolute' (learned) or 'rotary' (rope_theta in global layers, local_rope_theta
+  # in local ones); local_window > 0 makes every layer but each global_every-th a local one,
+  # attending to tokens at most local_window // 2 positions away (ModernBERT: 128 and 3).
+  model.norm = 'layer_norm'
+  model.use_bias = True
+  model.feed_forward = 'gelu'
+  model.positions = 'absolute'
+  model.rope_theta = 10_000.0
+  model.local_rope_theta = 10_000.0
+  model.local_window = 0
+  model.global_every = 1
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

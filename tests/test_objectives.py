@@ -74,7 +74,7 @@ def test_unknown_model_is_refused_naming_the_valid_ones():
   config.data.corpus = 'builtin'
   config.model.name = 'deberta'
   with pytest.raises(config_lib.ConfigError,
-                     match="model.name='deberta'.*valid models are albert, bert, distilbert, electra, roberta"):
+                     match="model.name='deberta'.*valid models are albert, bert, distilbert, electra, modernbert, roberta"):
     config_lib.validate(config)
 
 

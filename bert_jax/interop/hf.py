@@ -230,7 +230,10 @@ def _config_problems(hf_config, config, resize_vocab):
     problems.append(f'HF config model_type={hf_config.get("model_type", "bert")!r} is '
                     f'{family}\'s, but config.model.name={config.model.get("name", "bert")!r}')
   checked = ['hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-             'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'embedding_size']
+             'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'embedding_size',
+             # The modern encoder's (a ModernBERT config's overrides have them).
+             'norm', 'use_bias', 'feed_forward', 'positions', 'rope_theta', 'local_rope_theta',
+             'local_window', 'global_every']
   if not resize_vocab:
     checked.append('vocab_size')
   return problems + [

@@ -16,17 +16,30 @@ import jax
 import numpy as np
 from absl import logging
 
+from bert_jax import config_lib
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import param_tree
 from bert_jax.tools import files
 from bert_jax.train import checkpoint
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
-ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
-                     'num_heads', 'intermediate_size', 'max_position_embeddings',
-                     'type_vocab_size', 'layer_norm_eps', 'causal')
+BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
+                          'num_heads', 'intermediate_size', 'max_position_embeddings',
+                          'type_vocab_size', 'layer_norm_eps', 'causal')
+# The modern encoder's switches (configs/base.py), with BERT's values of them.
+MODERN_DEFAULTS = {**config_lib.MODERN_DEFAULTS, 'rope_theta': 10_000.0,
+                   'local_rope_theta': 10_000.0, 'global_every': 1}
+ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(MODERN_DEFAULTS)
 # Values of the keys that workdirs written before the key existed lack (and HF BERT configs).
-_WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0}
+_WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0, **MODERN_DEFAULTS}
+
+
+def _unrolled_if_modern(architecture: dict) -> dict:
+  """The modern encoder's layers are unrolled (model.scan_layers=False), whatever the config
+  that adopts it had."""
+  if architecture.get('name') == 'modernbert':
+    return {**architecture, 'scan_layers': False}
+  return architecture
 
 
 class InitFromError(ValueError):
@@ -109,7 +122,8 @@ def source_architecture(spec: str) -> dict:
   kind, path = parse(spec)
   if kind == 'workdir':
     model = _config_json(path)['model']
-    return {k: model[k] if k in model else _WORKDIR_DEFAULTS[k] for k in ARCHITECTURE_KEYS}
+    return _unrolled_if_modern(
+        {k: model[k] if k in model else _WORKDIR_DEFAULTS[k] for k in ARCHITECTURE_KEYS})
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
     has_config = os.path.isfile(os.path.join(path, 'config.json'))
@@ -127,8 +141,8 @@ def source_architecture(spec: str) -> dict:
     overrides = convert.hf_config_to_model_overrides(hf_config)
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
-  overrides = {**{k: _WORKDIR_DEFAULTS[k] for k in ('name', 'embedding_size')}, **overrides}
-  return {k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides}
+  overrides = {**{k: v for k, v in _WORKDIR_DEFAULTS.items() if k != 'causal'}, **overrides}
+  return _unrolled_if_modern({k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides})
 
 
 def source_vocab(spec: str, tokenizer: str = 'wordpiece') -> str | None:

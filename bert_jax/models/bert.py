@@ -87,6 +87,16 @@ class BertConfig:
   # the GELU; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
+  # The modern encoder's (models/modernbert.py; configs/base.py says what each means). The MLM
+  # head reads norm and use_bias; the other families refuse anything but these defaults.
+  norm: str = 'layer_norm'
+  use_bias: bool = True
+  feed_forward: str = 'gelu'
+  positions: str = 'absolute'
+  rope_theta: float = 10_000.0
+  local_rope_theta: float = 10_000.0
+  local_window: int = 0
+  global_every: int = 1
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
   @classmethod

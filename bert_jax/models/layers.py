@@ -151,6 +151,18 @@ def layer_norm(eps: float, dtype: Dtype, param_dtype: Dtype, axis_name: str = 'e
                       scale_init=inits['scale'], bias_init=inits['bias'])
 
 
+def norm(kind: str, eps: float, use_bias: bool, dtype: Dtype, param_dtype: Dtype,
+         name: str, axis_name: str = 'embed') -> nn.Module:
+  """A LayerNorm ('layer_norm', with or without its bias) or an RMSNorm ('rms_norm': scale only)
+  whose parameters carry a logical axis name; the modern encoder's norms and its MLM head's."""
+  inits = layer_norm_inits(axis_name)
+  if kind == 'rms_norm':
+    return nn.RMSNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                      scale_init=inits['scale'])
+  return nn.LayerNorm(epsilon=eps, dtype=dtype, param_dtype=param_dtype, name=name,
+                      use_bias=use_bias, scale_init=inits['scale'], bias_init=inits['bias'])
+
+
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
   """x[b, positions[b, p]] for [batch, length, embed] x and [batch, picks] positions, as a one-hot
   matmul: [batch, picks, embed].

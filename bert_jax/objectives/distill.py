@@ -45,7 +45,8 @@ from bert_jax.objectives import mlm
 # The teacher's top-level parameter scope.
 TEACHER = 'teacher'
 # config.distill.teacher_model keys: the teacher's architecture, adopted from its checkpoint.
-TEACHER_MODEL_KEYS = (*init_from.ARCHITECTURE_KEYS, 'gelu')
+# Teachers are BERT-family encoders: the modern encoder's switches keep BERT's values.
+TEACHER_MODEL_KEYS = (*init_from.BERT_ARCHITECTURE_KEYS, 'gelu')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,7 @@ def teacher_run_config(config) -> ml_collections.ConfigDict:
   run = ml_collections.ConfigDict(config.to_dict())
   for key in TEACHER_MODEL_KEYS:
     run.model[key] = config.distill.teacher_model[key]
+  run.model.update(init_from.MODERN_DEFAULTS)
   return run
 
 

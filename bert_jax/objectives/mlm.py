@@ -25,12 +25,14 @@ class MaskedLmHead(nn.Module):
     cfg = self.config
     # x: [batch, predictions, embed], already gathered at the masked positions; the dense maps it
     # to the word embeddings' width, which `attend` reads.
+    # The modern encoder's head (model.use_bias, model.norm) drops the biases, or normalises
+    # by RMS; BERT's has both biases and a LayerNorm.
     x = layers.DenseGeneral(cfg.embed_width, ('embed', 'embed_out'), dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype, kernel_init=cfg.init,
-                            name='transform_dense')(x)
+                            use_bias=cfg.use_bias, name='transform_dense')(x)
     x = layers.gelu(x, cfg.gelu)
-    x = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
-                          name='transform_LayerNorm')(x)
+    x = layers.norm(cfg.norm, cfg.layer_norm_eps, cfg.use_bias, cfg.dtype, cfg.param_dtype,
+                    name='transform_LayerNorm')(x)
     bias = self.param('output_bias', nn.with_logical_partitioning(nn.initializers.zeros,
                                                                    ('vocab',)),
                       (cfg.vocab_size,), cfg.param_dtype)

@@ -1,0 +1,231 @@
+"""The modern encoder (models registry name 'modernbert'): pre-norm layers, rotary positions, a
+gated feed-forward, no biases, alternating local and global attention.
+
+Warner et al. (2024), "Smarter, Better, Faster, Longer" (ModernBERT), change BERT's block rather
+than its objective: the norm comes before each sublayer (the first layer's attention reads the
+embeddings' norm directly) and once more after the last layer; queries and keys are rotated by
+their positions instead of adding a learned position table; the feed-forward is GeGLU
+(gelu(x W_in) * (x W_gate), then W_out); no dense layer or norm has a bias; every
+model.global_every-th layer attends globally and the others within a window of
+model.local_window tokens. Each is a config value (configs/base.py) so that an ablation can turn
+one back to BERT's: model.norm, use_bias, feed_forward, positions, local_window, global_every.
+There are no segment embeddings and no pooler: the pooled output is the first token's final
+state. The MLM head is `predictions` (dense, GELU, norm, logits against the tied embeddings plus
+a bias), without biases in the dense and the norm when model.use_bias is False.
+
+Parameters, under `bert/` as every family's (interop/hf_families.py maps them to transformers'
+ModernBertForMaskedLM): embeddings/word_embeddings [vocab, embed] (and position_embeddings with
+positions='absolute'), embeddings/norm; encoder/layer_N/attn_norm (N > 0), attention/qkv
+[embed, 3, heads, kv], attention/output [heads, kv, embed], mlp_norm, mlp/wi [embed, 2, mlp]
+(gated; [embed, mlp] for 'gelu'), mlp/wo [mlp, embed]; encoder/final_norm. The layers are unrolled (their
+first differs from the others, and local and global layers alternate): model.scan_layers must be
+False.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bert_jax import models
+from bert_jax.models import bert
+from bert_jax.models import layers
+from bert_jax.ops import attention as attention_ops
+from bert_jax.ops import positions as positions_ops
+
+
+def config_from(config) -> bert.BertConfig:
+  """The run's ConfigDict -> the encoder's config (no segment table, no pooler)."""
+  return dataclasses.replace(bert.BertConfig.from_config(config), token_types=False,
+                             pooler=False)
+
+
+def is_global(cfg, index: int) -> bool:
+  """Whether layer `index` attends over the whole row: every layer without a local window, else
+  every global_every-th from the first (ModernBERT's layers 0, 3, 6, ...)."""
+  return cfg.local_window <= 0 or index % cfg.global_every == 0
+
+
+def _norm(cfg, name: str) -> nn.Module:
+  return layers.norm(cfg.norm, cfg.layer_norm_eps, cfg.use_bias, cfg.dtype, cfg.param_dtype, name)
+
+
+class ModernEmbeddings(nn.Module):
+  """Word embeddings (+ learned positions with positions='absolute'), norm, dropout."""
+  config: bert.BertConfig
+
+  def setup(self):
+    cfg = self.config
+    table = lambda name, rows, axis: self.param(  # pylint: disable=g-long-lambda
+        name, nn.with_logical_partitioning(cfg.init, (axis, 'embed')), (rows, cfg.hidden_size),
+        cfg.param_dtype)
+    self.word_embeddings = table('word_embeddings', cfg.vocab_size, 'vocab')
+    if cfg.positions == 'absolute':
+      self.position_embeddings = table('position_embeddings', cfg.max_position_embeddings, None)
+    self.norm = _norm(cfg, 'norm')
+    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+
+  def __call__(self, input_ids, position_ids, deterministic):
+    # input_ids, position_ids: [batch, length] -> [batch, length, embed]
+    cfg = self.config
+    words = nn.with_logical_constraint(self.word_embeddings, ('vocab', None))
+    x = jnp.take(words, input_ids, axis=0)
+    if cfg.positions == 'absolute':
+      x = x + jnp.take(nn.with_logical_constraint(self.position_embeddings, (None, None)),
+                       position_ids, axis=0)
+    x = self.norm(x.astype(cfg.dtype))
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, x):
+    """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
+    table = jnp.asarray(self.word_embeddings, self.config.dtype)
+    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+
+
+class ModernAttention(nn.Module):
+  """One projection to queries, keys and values, rotary positions, attention, output dense."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, rotation, deterministic):
+    # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive; rotation:
+    # (cos, sin) [batch or 1, length, kv] or None.
+    cfg = self.config
+    qkv = layers.DenseGeneral((3, cfg.num_heads, cfg.head_dim), ('embed', None, 'heads', 'kv'),
+                              use_bias=cfg.use_bias, dtype=cfg.dtype,
+                              param_dtype=cfg.param_dtype, kernel_init=cfg.init, name='qkv')(x)
+    qkv = nn.with_logical_constraint(qkv, ('batch', 'length', None, 'heads', 'kv'))
+    query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [batch, length, heads, kv]
+    if rotation is not None:
+      query, key = (positions_ops.rotate(t, *rotation) for t in (query, key))
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    context = attention_ops.attention(
+        'xla', query, key, value, bias, rate=cfg.attention_dropout_rate,
+        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype)
+    return layers.DenseGeneral(cfg.hidden_size, ('heads', 'kv', 'embed'), axis=(-2, -1),
+                               use_bias=cfg.use_bias, dtype=cfg.dtype,
+                               param_dtype=cfg.param_dtype, kernel_init=cfg.init,
+                               name='output')(context)
+
+
+class ModernFeedForward(nn.Module):
+  """'geglu' / 'swiglu': act(x W_in) * (x W_gate) -> W_out, the two input halves one kernel
+  [embed, 2, mlp]; 'gelu': BERT's gelu(x W_in) -> W_out."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    dense = lambda features, axes, name, axis=-1: layers.DenseGeneral(  # pylint: disable=g-long-lambda
+        features, axes, axis=axis, use_bias=cfg.use_bias, dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
+    f = cfg.intermediate_size
+    if cfg.feed_forward == 'gelu':
+      h = layers.gelu(dense(f, ('embed', 'mlp'), 'wi')(x), cfg.gelu)
+    else:
+      both = dense((2, f), ('embed', None, 'mlp'), 'wi')(x)  # [batch, length, 2, mlp]
+      act = (layers.gelu(both[..., 0, :], cfg.gelu) if cfg.feed_forward == 'geglu'
+             else nn.silu(both[..., 0, :]))
+      h = act * both[..., 1, :]
+    h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
+    return dense(cfg.hidden_size, ('mlp', 'embed'), 'wo')(h)
+
+
+class ModernLayer(nn.Module):
+  """x + attention(norm(x)), then x + feed_forward(norm(x)); the first layer's attention reads
+  x itself (the embeddings' norm is its norm)."""
+  config: bert.BertConfig
+  layer_index: int = 0
+
+  @nn.compact
+  def __call__(self, x, bias, rotation, deterministic):
+    cfg = self.config
+    drop = lambda y: nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)  # noqa: E731
+    h = x if self.layer_index == 0 else _norm(cfg, 'attn_norm')(x)
+    x = x + drop(ModernAttention(cfg, name='attention')(h, bias, rotation, deterministic))
+    x = x + drop(ModernFeedForward(cfg, name='mlp')(_norm(cfg, 'mlp_norm')(x)))
+    return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+
+class ModernEncoder(nn.Module):
+  """num_layers ModernLayers, unrolled (remat per layer), then the final norm. Returns the final
+  states, or with return_all_layers every layer's output stacked (the last one normed):
+  [layers, batch, length, embed]."""
+  config: bert.BertConfig
+  return_all_layers: bool = False
+
+  @nn.compact
+  def __call__(self, x, biases, rotations, deterministic):
+    # biases, rotations: {'global': ..., 'local': ...} (rotations: None without rotary).
+    cfg = self.config
+    layer_cls = ModernLayer
+    if cfg.remat_policy != 'none':
+      layer_cls = nn.remat(layer_cls, policy=bert.REMAT_POLICIES[cfg.remat_policy],
+                           static_argnums=(4,))
+    outputs = []
+    for i in range(cfg.num_layers):
+      kind = 'global' if is_global(cfg, i) else 'local'
+      x = layer_cls(cfg, layer_index=i, name=f'layer_{i}')(
+          x, biases[kind], rotations[kind], deterministic)
+      outputs.append(x)
+    outputs[-1] = _norm(cfg, 'final_norm')(outputs[-1])
+    return jnp.stack(outputs) if self.return_all_layers else outputs[-1]
+
+
+class ModernBertModel(nn.Module):
+  """Embeddings and encoder: (sequence_output, pooled_output), pooled the first token's state
+  (or each packed pair's, at cls_positions). The registry's encoder signature; segment ids are
+  not read."""
+  config: bert.BertConfig
+  return_all_layers: bool = False
+
+  def setup(self):
+    self.embeddings = ModernEmbeddings(self.config)
+    self.encoder = ModernEncoder(self.config, self.return_all_layers)
+
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
+               pair_ids=None, cls_positions=None):
+    # input_ids, input_mask: [batch, length]; packed rows also give position_ids (from 0 in each
+    # sequence) and pair_ids [batch, length], and cls_positions [batch, pairs].
+    del segment_ids
+    cfg = self.config
+    length = input_ids.shape[1]
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), input_ids.shape)
+    x = self.embeddings(input_ids, position_ids, deterministic)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    full = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
+            else layers.pair_attention_bias(pair_ids, cfg.dtype))
+    biases = {'global': full, 'local': full}
+    if cfg.local_window > 0:
+      window = positions_ops.sliding_window_mask(length, cfg.local_window // 2)
+      biases['local'] = jnp.where(window[None, None], full, jnp.finfo(cfg.dtype).min).astype(
+          cfg.dtype)  # [batch, 1, length, length]
+    rotations = {'global': None, 'local': None}
+    if cfg.positions == 'rotary':
+      rotations = {kind: positions_ops.cos_sin(position_ids, cfg.head_dim, theta)
+                   for kind, theta in (('global', cfg.rope_theta),
+                                       ('local', cfg.local_rope_theta))}
+    x = self.encoder(x, biases, rotations, deterministic)
+    last = x[-1] if self.return_all_layers else x
+    if cls_positions is None:
+      return x, last[:, 0]
+    return x, layers.gather_positions(last, cls_positions)
+
+  def attend(self, x):
+    return self.embeddings.attend(x)
+
+
+def encoder_flops(model, length: int) -> float:
+  """Forward FLOPs of one sequence of `length` tokens: the projections (8 H^2 per token), the
+  feed-forward (4 H F, 6 H F gated) and attention counted over the whole row in every layer, as
+  the dense masked computation does it (DESIGN.md's formula, without a pooler)."""
+  h, f = model.hidden_size, model.intermediate_size
+  ffn = (6 if getattr(model, 'feed_forward', 'gelu') in ('geglu', 'swiglu') else 4) * h * f
+  return model.num_layers * (length * (8 * h * h + ffn) + 4 * length * length * h)
+
+
+FAMILY = models.register(models.Family(name='modernbert', config_from=config_from,
+                                       encoder=ModernBertModel, flops=encoder_flops))

@@ -85,6 +85,9 @@ SETUPS = {
                                MICRO_BATCH + BF16 + NO_PROBES
                                + ['--config.distill.teacher=hf:experiments/teachers/bert-base'],
                                DATA_THEN_FSDP),
+    # ModernBERT-base's micro-batch: 256 rows of 1024 (its recipe accumulates 18), memory and fit.
+    'modernbert-base-v5e:4x4-1024': ('configs/modernbert.py:size=base', 'v5e:4x4',
+                                     MICRO_BATCH + BF16 + NO_PROBES, DATA_THEN_FSDP),
     # BERT-Large with the Pallas TPU attention kernels (attention_impl='tpu'), each beside the
     # same setup with the XLA attention (the name without '-tpu'); the kernels' FLOPs and bytes
     # in these estimates are their declared costs (aot.py's kernel_* fields).

@@ -18,7 +18,7 @@ VALID_CHOICES = {
     'model.gelu': ('erf', 'tanh'),
     'model.norm': ('layer_norm', 'rms_norm'),
     'model.feed_forward': ('gelu', 'geglu', 'swiglu'),
-    'model.positions': ('absolute', 'rotary'),
+    'model.positions': ('absolute', 'rotary', 'none'),
     'model.dropout_rng_impl': ('threefry', 'rbg'),
     'model.layer_norm_impl': ops.NORM_IMPLS,
     'model.ffn_impl': ops.FFN_IMPLS,
@@ -67,6 +67,7 @@ RANGES = {
     'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
     'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
     'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
+    'model.relative_buckets': NON_NEGATIVE, 'model.relative_positions': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,
@@ -144,6 +145,7 @@ def validate(config) -> None:
   _check_model_shape(config.model)
   _check_electra(config)
   _check_modern(config)
+  _check_deberta(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_data(config)
   _check_init_from(config)
@@ -386,8 +388,10 @@ def _check_modern(config) -> None:
   model = config.model
   name = model.get('name', 'bert')
   if name != 'modernbert':
+    # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
+    allowed = {'positions': 'none'} if name == 'deberta' else {}
     changed = [f'{k}={model.get(k, v)!r}' for k, v in MODERN_DEFAULTS.items()
-               if model.get(k, v) != v]
+               if model.get(k, v) not in (v, allowed.get(k, v))]
     if changed:
       raise ConfigError(
           f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
@@ -426,6 +430,40 @@ def _check_modern(config) -> None:
                         'local)')
   if problems:
     raise ConfigError("config.model.name='modernbert': " + '; '.join(problems) + '.')
+
+
+def _check_deberta(config) -> None:
+  """Disentangled attention is model.name='deberta''s: 'c2p', 'p2c' or both, through the 'xla'
+  attention; DeBERTa has no segments (no NSP or SOP) and no rotary positions."""
+  model = config.model
+  name = model.get('name', 'bert')
+  terms = [t.strip() for t in str(model.get('relative_attention', '')).split('|') if t.strip()]
+  if name != 'deberta':
+    if terms:
+      raise ConfigError(
+          f'config.model.relative_attention={model.relative_attention!r} with config.model.name='
+          f"{name!r}: disentangled attention is DeBERTa's (model.name='deberta'); {name} takes "
+          "relative_attention=''.")
+    return
+  problems = []
+  unknown = [t for t in terms if t not in ('c2p', 'p2c')]
+  if unknown:
+    problems.append(f'relative_attention={model.relative_attention!r}: the terms are \'c2p\' '
+                    "and 'p2c', joined by '|' (DeBERTa: 'c2p|p2c'; '' for none)")
+  if model.attention_impl != 'xla':
+    problems.append(f'attention_impl={model.attention_impl!r}: its relative terms are an '
+                    "attention bias the kernels do not take; set attention_impl='xla'")
+  if model.positions == 'rotary':
+    problems.append("positions='rotary': DeBERTa's positions are relative; use 'none' (v3) or "
+                    "'absolute' (v1)")
+  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
+  if sentence:
+    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
+                    f"{', '.join(sentence)}; use 'mlm' or 'rtd'")
+  if model.get('causal', False):
+    problems.append('causal=True: DeBERTa is bidirectional')
+  if problems:
+    raise ConfigError("config.model.name='deberta': " + '; '.join(problems) + '.')
 
 
 def _check_electra(config) -> None:

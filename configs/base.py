@@ -108,8 +108,8 @@ def get_config(arg=None):
   # The modern encoder's switches (model.name='modernbert', pre-norm layers; the other families
   # take the defaults only): norm 'layer_norm' or 'rms_norm'; use_bias False drops the dense
   # layers' and norms' biases; feed_forward 'gelu' (BERT's), 'geglu' or 'swiglu' (gated);
-  # positions 'absolute' (learned) or 'rotary' (rope_theta in global layers, local_rope_theta
-  # in local ones); local_window > 0 makes every layer but each global_every-th a local one,
+  # positions 'absolute' (learned), 'rotary' (rope_theta in global layers, local_rope_theta
+  # in local ones) or 'none' (modernbert, deberta); local_window > 0 makes every layer but each global_every-th a local one,
   # attending to tokens at most local_window // 2 positions away (ModernBERT: 128 and 3).
   model.norm = 'layer_norm'
   model.use_bias = True
@@ -119,6 +119,16 @@ def get_config(arg=None):
   model.local_rope_theta = 10_000.0
   model.local_window = 0
   model.global_every = 1
+  # DeBERTa's disentangled attention (model.name='deberta'; '' elsewhere): relative_attention
+  # 'c2p|p2c' (content-to-position and position-to-content terms), relative_buckets (v3: 256
+  # log buckets; 0: exact distances), relative_positions (the distances kept; 0: the position
+  # rows), share_relative_key (the layer's query and key denses project the position table, v3)
+  # and relative_norm (a LayerNorm on the table, v3). positions='none' adds no absolute ones (v3).
+  model.relative_attention = ''
+  model.relative_buckets = 0
+  model.relative_positions = 0
+  model.share_relative_key = False
+  model.relative_norm = False
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

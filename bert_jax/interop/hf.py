@@ -233,7 +233,10 @@ def _config_problems(hf_config, config, resize_vocab):
              'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'embedding_size',
              # The modern encoder's (a ModernBERT config's overrides have them).
              'norm', 'use_bias', 'feed_forward', 'positions', 'rope_theta', 'local_rope_theta',
-             'local_window', 'global_every']
+             'local_window', 'global_every',
+             # DeBERTa's.
+             'relative_attention', 'relative_buckets', 'relative_positions',
+             'share_relative_key', 'relative_norm']
   if not resize_vocab:
     checked.append('vocab_size')
   return problems + [

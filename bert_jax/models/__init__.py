@@ -14,7 +14,7 @@ from typing import Any
 from bert_jax import registry
 
 # The encoders shipped in this package (each registers itself on import).
-BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert')
+BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta')
 
 
 @dataclasses.dataclass(frozen=True)

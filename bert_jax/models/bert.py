@@ -97,6 +97,12 @@ class BertConfig:
   local_rope_theta: float = 10_000.0
   local_window: int = 0
   global_every: int = 1
+  # DeBERTa's (models/deberta.py; configs/base.py says what each means).
+  relative_attention: str = ''
+  relative_buckets: int = 0
+  relative_positions: int = 0
+  share_relative_key: bool = False
+  relative_norm: bool = False
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
   @classmethod

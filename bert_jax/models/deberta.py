@@ -1,0 +1,277 @@
+"""DeBERTa's encoder (models registry name 'deberta'): BERT's post-LN layers with disentangled
+attention over relative positions.
+
+He et al. (2021) score each query-key pair by content and by their relative position: besides
+q_i . k_j, the query's content against the key's relative position (c2p: q_i . P^k_{d(i,j)})
+and the key's content against the query's (p2c: k_j . P^q_{d(i,j)}), each scaled by
+1 / sqrt(head_dim x (1 + the number of such terms)). P^k and P^q project one table of
+2 x span relative-position embeddings (`bert/encoder/rel_embeddings`, LayerNorm-ed with
+model.relative_norm) by each layer's key and query denses (model.share_relative_key, DeBERTa-v3)
+or by their own (`pos_key`, `pos_query`); d(i, j) is i - j clipped to the span, or with
+model.relative_buckets > 0 (v3: 256) bucketed logarithmically beyond half the buckets.
+DeBERTa-v3 adds no absolute positions in the embeddings (model.positions='none'); v1 adds
+BERT's learned table ('absolute'). Everything else is BERT's layer, under the same names
+(`attention/self/query`, `attention/output/dense`, `intermediate`, `output`), so that
+transformers' DebertaV2 checkpoints map by a table (interop/hf_families.py). There is no pooler
+(the pooled output is the first token's state); the MLM head is `predictions`, HF's legacy
+`cls.predictions`. Not here: the enhanced mask decoder (absolute positions added before the MLM
+head; transformers' DebertaV2ForMaskedLM has none either) and the convolution beside the first
+layer (HF conv_kernel_size).
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import models
+from bert_jax.models import bert
+from bert_jax.models import layers
+from bert_jax.ops import attention as attention_ops
+
+RELATIVE_KINDS = ('c2p', 'p2c')
+
+
+def config_from(config) -> bert.BertConfig:
+  """The run's ConfigDict -> the encoder's config (no segment table, no pooler: the released
+  DeBERTa models have neither)."""
+  return dataclasses.replace(bert.BertConfig.from_config(config), token_types=False,
+                             pooler=False)
+
+
+def relative_kinds(cfg) -> tuple[str, ...]:
+  """The relative terms of model.relative_attention ('c2p|p2c'), in RELATIVE_KINDS order."""
+  named = {k.strip() for k in str(cfg.relative_attention).split('|') if k.strip()}
+  return tuple(k for k in RELATIVE_KINDS if k in named)
+
+
+def span(cfg) -> int:
+  """Relative distances kept each way: the buckets, else model.relative_positions (0: the
+  position rows)."""
+  if cfg.relative_buckets > 0:
+    return cfg.relative_buckets
+  return cfg.relative_positions if cfg.relative_positions > 0 else cfg.max_position_embeddings
+
+
+def log_buckets(relative: np.ndarray, buckets: int, max_position: int) -> np.ndarray:
+  """DeBERTa's bucketed distances: exact within buckets // 2, logarithmic beyond (up to
+  max_position), computed in float32 as transformers does."""
+  sign = np.sign(relative)
+  mid = buckets // 2
+  absolute = np.where((relative < mid) & (relative > -mid), mid - 1, np.abs(relative))
+  ratio = np.log(absolute.astype(np.float32) / np.float32(mid)) / np.log(
+      np.float32((max_position - 1) / mid))
+  log_position = np.ceil(ratio * np.float32(mid - 1)) + np.float32(mid)
+  return np.where(absolute <= mid, relative, log_position * sign).astype(np.int32)
+
+
+def relative_index(cfg, length: int) -> np.ndarray:
+  """[length, length] int32: the row of the relative table that query i reads for key j."""
+  positions = np.arange(length)
+  relative = positions[:, None] - positions[None, :]
+  max_position = (cfg.relative_positions if cfg.relative_positions > 0
+                  else cfg.max_position_embeddings)
+  if cfg.relative_buckets > 0 and max_position > 0:
+    relative = log_buckets(relative, cfg.relative_buckets, max_position)
+  k = span(cfg)
+  return np.clip(relative + k, 0, 2 * k - 1).astype(np.int32)
+
+
+class DisentangledSelfAttention(nn.Module):
+  """Content-to-content, content-to-position and position-to-content attention; returns
+  [batch, length, heads, kv]."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, relative, deterministic):
+    # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive; relative: the
+    # relative table [2 span, embed] or None.
+    cfg = self.config
+    dense = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
+        (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
+    query_dense, key_dense = dense('query'), dense('key')
+    query, key, value = query_dense(x), key_dense(x), dense('value')(x)  # [batch, length, H, kv]
+    kinds = relative_kinds(cfg) if relative is not None else ()
+    factor = 1 + len(kinds)
+    if kinds:
+      table = nn.Dropout(cfg.hidden_dropout_rate)(relative, deterministic=deterministic)
+      index = relative_index(cfg, x.shape[1])  # [query, key]
+      scale = 1.0 / np.sqrt(cfg.head_dim * factor)
+      scores = 0.0
+      if 'c2p' in kinds:
+        pos_key = (key_dense if cfg.share_relative_key else dense('pos_key'))(table)  # [2s, H, kv]
+        full = jnp.einsum('bqhd,rhd->bhqr', query, pos_key)
+        scores = scores + jnp.take_along_axis(full, index[None, None], axis=-1)
+      if 'p2c' in kinds:
+        pos_query = (query_dense if cfg.share_relative_key else dense('pos_query'))(table)
+        full = jnp.einsum('bkhd,rhd->bhkr', key, pos_query)
+        scores = scores + jnp.swapaxes(
+            jnp.take_along_axis(full, index.T[None, None], axis=-1), -1, -2)
+      bias = bias.astype(jnp.float32) + (scores * scale).astype(jnp.float32)  # [b, H, q, k]
+    dropout_rng = None
+    if not deterministic and cfg.attention_dropout_rate > 0:
+      dropout_rng = self.make_rng('dropout')
+    # q k^T / sqrt(kv x factor): the query scaled, then the einsum path's 1 / sqrt(kv).
+    query = query / jnp.asarray(np.sqrt(factor), query.dtype)
+    return attention_ops.dot_product_attention(query, key, value, bias, dropout_rng,
+                                               cfg.attention_dropout_rate, deterministic,
+                                               cfg.dtype)
+
+
+class DebertaAttention(nn.Module):
+  """`self` (disentangled) then `output` (dense, dropout, residual, LayerNorm), as BERT's."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, relative, deterministic):
+    context = DisentangledSelfAttention(self.config, name='self')(x, bias, relative,
+                                                                  deterministic)
+    return bert.BertResidualOutput(self.config, ('heads', 'kv'), name='output')(
+        context, x, deterministic)
+
+
+class DebertaLayer(nn.Module):
+  """One post-LN layer: disentangled attention, then BERT's feed-forward."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, x, bias, relative, deterministic):
+    cfg = self.config
+    x = DebertaAttention(cfg, name='attention')(x, bias, relative, deterministic)
+    h = bert.BertIntermediate(cfg, name='intermediate')(x)
+    return bert.BertResidualOutput(cfg, ('mlp',), name='output')(h, x, deterministic)
+
+
+class ScannedDebertaLayer(DebertaLayer):
+  """DebertaLayer with nn.scan's (carry, output) signature; emits its output when asked."""
+  emit: bool = False
+
+  def __call__(self, x, bias, relative, deterministic):
+    x = super().__call__(x, bias, relative, deterministic)
+    return x, (x if self.emit else None)
+
+
+class DebertaEncoder(nn.Module):
+  """The relative table, then num_layers DebertaLayers (scanned or unrolled); returns the last
+  layer's output, or with return_all_layers every layer's stacked."""
+  config: bert.BertConfig
+  return_all_layers: bool = False
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic):
+    cfg = self.config
+    relative = None
+    if relative_kinds(cfg):
+      relative = self.param('rel_embeddings', nn.with_logical_partitioning(cfg.init,
+                                                                           (None, 'embed')),
+                            (2 * span(cfg), cfg.hidden_size), cfg.param_dtype)
+      relative = jnp.asarray(relative, cfg.dtype)
+      if cfg.relative_norm:
+        relative = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype,
+                                     name='rel_LayerNorm')(relative)
+    policy = bert.REMAT_POLICIES[cfg.remat_policy]
+    if cfg.scan_layers:
+      layer_cls = ScannedDebertaLayer
+      if cfg.remat_policy != 'none':
+        layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=False, static_argnums=(4,))
+      stack = nn.scan(
+          layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          unroll=cfg.scan_unroll, metadata_params={nn.PARTITION_NAME: 'layers'})
+      x, outputs = stack(cfg, emit=self.return_all_layers, name='layer')(
+          x, bias, relative, deterministic)
+      return outputs if self.return_all_layers else x
+    layer_cls = DebertaLayer
+    if cfg.remat_policy != 'none':
+      layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(4,))
+    outputs = []
+    for i in range(cfg.num_layers):
+      x = layer_cls(cfg, name=f'layer_{i}')(x, bias, relative, deterministic)
+      outputs.append(x)
+    return jnp.stack(outputs) if self.return_all_layers else x
+
+
+class DebertaEmbeddings(nn.Module):
+  """Word (+ learned positions with positions='absolute') embeddings, LayerNorm, padding
+  zeroed, dropout: [batch, length, embed]."""
+  config: bert.BertConfig
+
+  def setup(self):
+    cfg = self.config
+    table = lambda name, rows, axis: self.param(  # pylint: disable=g-long-lambda
+        name, nn.with_logical_partitioning(cfg.init, (axis, 'embed')), (rows, cfg.hidden_size),
+        cfg.param_dtype)
+    self.word_embeddings = table('word_embeddings', cfg.vocab_size, 'vocab')
+    if cfg.positions == 'absolute':
+      self.position_embeddings = table('position_embeddings', cfg.max_position_embeddings, None)
+    self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+
+  def __call__(self, input_ids, input_mask, position_ids, deterministic):
+    cfg = self.config
+    whole = lambda t: nn.with_logical_constraint(t, (None, None))  # noqa: E731
+    x = jnp.take(nn.with_logical_constraint(self.word_embeddings, ('vocab', None)), input_ids,
+                 axis=0)
+    if cfg.positions == 'absolute':
+      x = x + jnp.take(whole(self.position_embeddings), position_ids, axis=0)
+    x = self.layer_norm(x.astype(cfg.dtype)) * input_mask[..., None].astype(cfg.dtype)
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, x):
+    """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
+    table = jnp.asarray(self.word_embeddings, self.config.dtype)
+    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+
+
+class DebertaModel(nn.Module):
+  """Embeddings and encoder: (sequence_output, pooled_output), pooled the first token's state
+  (or each packed pair's, at cls_positions); the registry's encoder signature."""
+  config: bert.BertConfig
+  return_all_layers: bool = False
+
+  def setup(self):
+    self.embeddings = DebertaEmbeddings(self.config)
+    self.encoder = DebertaEncoder(self.config, self.return_all_layers)
+
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
+               pair_ids=None, cls_positions=None):
+    cfg = self.config
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32),
+                                      input_ids.shape)
+    del segment_ids  # No segment table.
+    x = self.embeddings(input_ids, input_mask, position_ids, deterministic)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+    bias = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
+            else layers.pair_attention_bias(pair_ids, cfg.dtype))
+    x = self.encoder(x, bias, deterministic)
+    last = x[-1] if self.return_all_layers else x
+    if cls_positions is None:
+      return x, last[:, 0]
+    return x, layers.gather_positions(last, cls_positions)
+
+  def attend(self, x):
+    return self.embeddings.attend(x)
+
+
+def encoder_flops(model, length: int) -> float:
+  """Forward FLOPs of one sequence of `length` tokens: BERT's encoder without the pooler, plus
+  per layer and relative term the scores of every token against the 2 x span table rows
+  (2 x length x 2 span x H). The table's projection by each layer's denses runs once per batch,
+  not per sequence, and is left out (table_projection_flops)."""
+  h = model.hidden_size
+  extra = len(relative_kinds(model)) * 2 * length * (2 * span(model)) * h
+  return bert.encoder_flops(model, length) - 2 * h * h + model.num_layers * extra
+
+
+def table_projection_flops(model) -> float:
+  """The relative table's projections in one forward of a whole batch: per layer and term,
+  2 span rows through an H x H dense."""
+  h = model.hidden_size
+  return model.num_layers * len(relative_kinds(model)) * 2 * (2 * span(model)) * h * h
+
+
+FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
+                                       encoder=DebertaModel, flops=encoder_flops))

@@ -1,0 +1,250 @@
+"""DeBERTa ('deberta'): transformers' DebertaV2ForMaskedLM in and out (v3's shared keys and
+bucketed distances, v1-style separate position projections with absolute positions), the
+relative index against transformers', FLOPs against the jaxpr, and the config checks."""
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import models
+from bert_jax.interop import hf
+from bert_jax.interop import hf_families
+from bert_jax.models import deberta
+from bert_jax.train import step as steps
+from configs import base
+# The HF directory import and the difference every interop test takes.
+from test_distilbert import imported, max_diff  # pylint: disable=g-bad-import-order
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+# Odd sizes, so a transposed or mis-split axis cannot line up; few buckets and a short span, so
+# that rows of 13 tokens reach the logarithmic buckets and the clipping.
+HF_SIZES = dict(num_hidden_layers=3, hidden_size=42, num_attention_heads=3, intermediate_size=50,
+                vocab_size=97, max_position_embeddings=64, type_vocab_size=0,
+                layer_norm_eps=1e-7, relative_attention=True, pad_token_id=0)
+VARIANTS = {
+    # DeBERTa-v3's settings: shared keys, 8 log buckets over 16 positions, normed table.
+    'v3': dict(position_buckets=8, max_relative_positions=16, share_att_key=True,
+               pos_att_type='p2c|c2p', norm_rel_ebd='layer_norm', position_biased_input=False),
+    # DeBERTa-v1's: own position projections, a clipped span of 5, absolute positions too.
+    'v1': dict(max_relative_positions=5, share_att_key=False, pos_att_type=['c2p', 'p2c'],
+               norm_rel_ebd='none', position_biased_input=True),
+}
+IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
+
+
+def hf_config(variant):
+  return transformers.DebertaV2Config(**HF_SIZES, **VARIANTS[variant])
+
+
+def randomise(model):
+  """Every parameter random (zero biases and unit LayerNorms would hide a swapped leaf)."""
+  torch.manual_seed(0)
+  with torch.no_grad():
+    for name, param in model.named_parameters():
+      norm = 'LayerNorm.weight' in name
+      param.copy_(torch.randn_like(param) * 0.1 + (1.0 if norm else 0.0))
+  return model.eval()
+
+
+@pytest.fixture(scope='module', name='hf_models')
+def fixture_hf_models(tmp_path_factory):
+  out = {}
+  for variant in VARIANTS:
+    model = randomise(transformers.DebertaV2ForMaskedLM(hf_config(variant)))
+    directory = str(tmp_path_factory.mktemp(variant))
+    model.save_pretrained(directory)
+    out[variant] = (model, directory)
+  return out
+
+
+def our_config(variant='v3', scan_layers=True):
+  config = base.get_config()
+  config.model.update(hf.hf_config_to_model_overrides(hf_config(variant).to_dict()))
+  config.model.scan_layers = scan_layers
+  config.objectives = 'mlm'
+  config.data.corpus = 'builtin'
+  config.data.max_seq_length = 64
+  return config
+
+
+def inputs():
+  rng = np.random.default_rng(0)
+  mask = np.ones((3, 13), np.int32)
+  mask[1, 9:] = mask[2, 5:] = 0
+  ids = rng.integers(1, 97, (3, 13)).astype(np.int32) * mask
+  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
+  return ids, mask, positions
+
+
+def run_ours(params, config):
+  ids, mask, positions = inputs()
+  out = steps.build_model(config).apply({'params': params}, {
+      'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
+      'masked_lm_positions': positions})
+  return np.asarray(out['mlm_logits'])
+
+
+def run_hf(model):
+  ids, mask, positions = inputs()
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                   attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+  return np.take_along_axis(logits, positions[..., None], axis=1)
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_the_relative_index_is_transformers(variant):
+  from transformers.models.deberta_v2 import modeling_deberta_v2 as theirs  # pylint: disable=g-import-not-at-top
+  config = hf_config(variant)
+  cfg = models.get('deberta').config_from(our_config(variant))
+  for length in (13, 64):
+    states = torch.zeros(1, length, 4)
+    max_position = (config.max_relative_positions if config.max_relative_positions > 0
+                    else config.max_position_embeddings)
+    relative = theirs.build_relative_position(
+        states, states, bucket_size=getattr(config, 'position_buckets', -1),
+        max_position=max_position)[0].numpy()
+    k = deberta.span(cfg)
+    np.testing.assert_array_equal(deberta.relative_index(cfg, length),
+                                  np.clip(relative + k, 0, 2 * k - 1))
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+@pytest.mark.parametrize('scan_layers', [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_import_gives_transformers_mlm_logits(hf_models, variant, scan_layers):
+  model, directory = hf_models[variant]
+  config = our_config(variant, scan_layers)
+  config_lib.validate(config)
+  params, report = imported(directory, config)
+  assert report.layout == 'DebertaV2ForMaskedLM' and not report.missing_heads
+  difference = max_diff(run_ours(params, config), run_hf(model))
+  print(f'DebertaV2ForMaskedLM ({variant}) import, MLM logits max |ours - transformers|: '
+        f'{difference:.2e}')
+  assert difference < IMPORT_TOLERANCE
+
+
+def test_the_relative_terms_matter(hf_models):
+  """Without c2p or p2c the logits move: the equality above sees both terms."""
+  model, directory = hf_models['v3']
+  params, _ = imported(directory, our_config())
+  reference = run_hf(model)
+  for kept in ('c2p', 'p2c'):
+    config = our_config()
+    config.model.relative_attention = kept
+    assert max_diff(run_ours(params, config), reference) > 1e-2, kept
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_export_loads_in_transformers_and_round_trips(hf_models, variant, tmp_path):
+  _, directory = hf_models[variant]
+  config = our_config(variant)
+  params, _ = imported(directory, config)
+  hf.export_hf(params, config, str(tmp_path))
+  reloaded, info = transformers.DebertaV2ForMaskedLM.from_pretrained(
+      str(tmp_path), output_loading_info=True)
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
+  difference = max_diff(run_hf(reloaded.eval()), run_ours(params, config))
+  print(f'DebertaV2ForMaskedLM ({variant}) export -> transformers, MLM logits max diff: '
+        f'{difference:.2e}')
+  assert difference < EXPORT_TOLERANCE
+  again, _ = imported(str(tmp_path), config)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_flops_are_the_matmuls_the_model_runs():
+  from test_albert import dot_flops  # pylint: disable=g-import-not-at-top
+  config = our_config('v1', scan_layers=False)
+  s = 13
+  config.data.update(max_seq_length=s, max_predictions_per_seq=4)
+  model = steps.build_model(config)
+  params = hf.init_params(config)
+  batch = {k: np.zeros(v.shape, v.dtype)
+           for k, v in steps.dummy_batch(1, s, 4, objectives=model.objectives).items()}
+  encoder = models.get('deberta').encoder(model.config)
+  jaxpr = jax.make_jaxpr(lambda q: encoder.apply(
+      {'params': q['bert']}, batch['input_ids'], batch['segment_ids'], batch['input_mask']))
+  family = models.get('deberta').flops(config.model, s)
+  # One sequence: the table's projection, once per batch, is beside the per-sequence count.
+  assert dot_flops(jaxpr(params).jaxpr) == family + deberta.table_projection_flops(config.model)
+  h, f, n, k = 42, 50, 3, 5
+  assert family == n * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h + 2 * 2 * s * (2 * k) * h)
+  assert deberta.table_projection_flops(config.model) == n * 2 * 2 * (2 * k) * h * h
+
+
+@pytest.mark.parametrize('change, message', [
+    ({'relative_attention': 'c2x'}, "relative_attention='c2x'"),
+    ({'positions': 'rotary'}, "positions='rotary'"),
+    ({'attention_impl': 'cudnn'}, "attention_impl='cudnn'"),
+])
+def test_bad_settings_are_refused_before_anything_is_built(change, message):
+  config = our_config()
+  config.model.update(change)
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)
+
+
+def test_relative_attention_on_bert_is_refused():
+  config = base.get_config()
+  config.data.corpus = 'builtin'
+  config.model.relative_attention = 'c2p|p2c'
+  with pytest.raises(config_lib.ConfigError, match="model.name='deberta'"):
+    config_lib.validate(config)
+
+
+def test_an_hf_config_with_what_we_lack_is_refused():
+  config = hf_config('v3').to_dict()
+  config.update(conv_kernel_size=3, type_vocab_size=2)
+  with pytest.raises(hf_families.UnsupportedConfigError, match='conv_kernel_size=3.*type_vocab'):
+    hf.hf_config_to_model_overrides(config)
+
+
+@pytest.mark.parametrize('size, millions', [
+    ('base', 184), pytest.param('large', 434, marks=pytest.mark.slow)])
+def test_the_recipe_validates_and_counts_transformers_parameters(size, millions):
+  """configs/deberta.py: DeBERTa-v3's shapes, the parameters transformers' DebertaV2ForMaskedLM
+  of the exported config has (deberta-v3-base: 86M backbone + 98M embedding; -large: 304M +
+  131M, rounded apart)."""
+  from configs import deberta as deberta_config  # pylint: disable=g-import-not-at-top
+  config = deberta_config.get_config(f'size={size},corpus=builtin')
+  config_lib.validate(config)
+  ours = sum(int(np.prod(s)) for s in hf.leaf_shapes(config).values())
+  exported = {k: v for k, v in hf.model_to_hf_config(config).items() if k != 'architectures'}
+  with torch.device('meta'):
+    theirs = transformers.DebertaV2ForMaskedLM(transformers.DebertaV2Config(**exported))
+  assert ours == sum(p.numel() for p in theirs.parameters())
+  backbone = sum(int(np.prod(s)) for k, s in hf.leaf_shapes(config).items()
+                 if k.startswith('bert/'))
+  assert round(backbone / 1e6) == millions  # The model cards' backbone + embedding.
+
+
+@pytest.mark.slow
+def test_a_pretraining_run_fine_tunes_and_exports(tmp_path):
+  """Two pretraining steps of the DeBERTa-v3 encoder, SST-2 fine-tuning from the workdir, and
+  the export loading in transformers' AutoModelForMaskedLM."""
+  from conftest import micro_config  # pylint: disable=g-import-not-at-top
+  from test_family_finetune import run_sst2, wiki  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  pretraining = micro_config(tmp_path, **{
+      'model.name': 'deberta', 'data.corpus': wiki(), 'data.max_documents': 12,
+      'objectives': 'mlm', 'model.positions': 'none', 'model.relative_attention': 'c2p|p2c',
+      'model.relative_buckets': 8, 'model.share_relative_key': True,
+      'model.relative_norm': True, 'train.num_steps': 2, 'train.warmup_steps': 1,
+      'train.log_every': 1, 'train.eval_every': 2, 'train.checkpoint_every': 2})
+  source = tmp_path / 'pretrain'
+  pretrain.train_and_evaluate(pretraining, str(source))
+  results, saved = run_sst2(tmp_path, str(source))
+  assert saved['model']['name'] == 'deberta' and saved['model']['relative_buckets'] == 8
+  assert np.isfinite(results['median']['dev']['accuracy'])
+  out = tmp_path / 'hf'
+  convert.main(['export', f'--workdir={source}', f'--out={out}'])
+  model = transformers.AutoModelForMaskedLM.from_pretrained(str(out)).eval()
+  assert type(model).__name__ == 'DebertaV2ForMaskedLM'
+  with torch.no_grad():
+    logits = model(input_ids=torch.tensor([[2, 7, 9, 3]])).logits
+  assert logits.shape[-1] == pretraining.model.vocab_size and torch.isfinite(logits).all()

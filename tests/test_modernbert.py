@@ -147,6 +147,7 @@ def test_export_loads_in_transformers_and_round_trips(hf_models, variant, tmp_pa
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_a_packed_row_equals_its_sequences_alone(hf_models):
   """Unpadded batches: two sequences packed in one row (positions from 0 in each, attention
   within each) give the logits each gives alone."""
@@ -232,6 +233,7 @@ def test_sentence_objectives_are_refused():
     config_lib.validate(config)
 
 
+@pytest.mark.slow
 def test_rms_norm_trains_a_step():
   """The switches HF cannot hold still train: RMSNorm, learned positions, BERT's feed-forward."""
   config = our_config()
@@ -248,7 +250,8 @@ def test_rms_norm_trains_a_step():
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
 
 
-@pytest.mark.parametrize('size, millions', [('base', 149), ('large', 395)])
+@pytest.mark.parametrize('size, millions', [
+    ('base', 149), pytest.param('large', 395, marks=pytest.mark.slow)])
 def test_the_recipe_validates_and_counts_the_paper_s_parameters(size, millions):
   """configs/modernbert.py: the released shapes, ModernBERT-base 149M and -large 395M, equal to
   transformers' ModernBertForMaskedLM of the exported config."""

@@ -1,5 +1,5 @@
-"""BERT's block against the modern encoder's (ModernBERT), and the modern block with one switch
-turned back at a time.
+"""BERT's block against the modern encoder's (ModernBERT) and DeBERTa's attention, and the modern
+block with one switch turned back at a time.
 
 Every arm is configs/small.py's shape (6 layers, 768 wide, 12 heads, seq 128, batch 256) trained
 with MLM alone on single segments of the same documents, the same WordPiece vocab and masks,
@@ -14,8 +14,12 @@ its three matrices cost what BERT's two of 3072 do. What each arm changes:
   -rotary       the modern block with learned absolute positions.
   -geglu        the modern block with BERT's GELU feed-forward (3072 wide).
   -local        the modern block with every layer global.
+  deberta       BERT's layers with DeBERTa-v3's disentangled attention (c2p and p2c terms over
+                relative positions, shared key/query projections, a normed table, no absolute
+                positions).
 
-The modern arms run the XLA attention, norms and feed-forward (the GPU kernels are BERT's block);
+The modern and DeBERTa arms run the XLA attention (and the modern ones the XLA norms and
+feed-forward: the GPU kernels are BERT's block);
 BERT's arm keeps the recipe's kernels, so its seq/s is the fast path's. Fine-tuning is the other
 sweeps' (SST-2, MRPC, STS-B, 3 seeds).
 
@@ -35,6 +39,15 @@ MODERN = {
 }
 
 
+DEBERTA = {
+    'objectives': 'mlm',
+    'model': {'name': 'deberta', 'attention_impl': 'xla', 'type_vocab_size': 1,
+              'layer_norm_eps': 1e-7, 'positions': 'none', 'relative_attention': 'c2p|p2c',
+              'relative_buckets': 256, 'relative_positions': 0, 'share_relative_key': True,
+              'relative_norm': True},
+}
+
+
 def modern(**model) -> dict:
   """MODERN with `model` values changed."""
   return {**MODERN, 'model': {**MODERN['model'], **model}}
@@ -42,9 +55,10 @@ def modern(**model) -> dict:
 
 def get_config():
   sweep = common.sweep(
-      'modern_block', "BERT's block against ModernBERT's",
+      'modern_block', "BERT's block against ModernBERT's and DeBERTa's",
       'One shape (6 layers, 768 wide), MLM on single segments and one pretraining budget in '
-      'FLOPs; the modern encoder\'s block, then with one of its switches turned back.')
+      'FLOPs; the modern encoder\'s block, then with one of its switches turned back, and '
+      'DeBERTa\'s disentangled attention.')
   common.with_arms(sweep, {
       'bert': {'label': 'BERT block (post-LN)', 'args': 'nsp=False'},
       'modern': {'label': 'modern block', 'pretrain': modern()},
@@ -56,6 +70,7 @@ def get_config():
           feed_forward='gelu', intermediate_size=3072)},
       'modern_global': {'label': 'modern block - local layers', 'pretrain': modern(
           local_window=0)},
+      'deberta': {'label': 'DeBERTa-v3 attention', 'pretrain': DEBERTA},
   })
   sweep.equal_flops = 'bert'
   sweep.notes = [

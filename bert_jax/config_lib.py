@@ -382,6 +382,20 @@ MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu
                    'positions': 'absolute', 'local_window': 0}
 
 
+def _segmentless_xla_problems(config) -> list[str]:
+  """What the modern encoder and DeBERTa both refuse: an attention other than 'xla' (their
+  windows and relative terms are attention biases) and sentence objectives (no segments)."""
+  problems = []
+  if config.model.attention_impl != 'xla':
+    problems.append(f'attention_impl={config.model.attention_impl!r}: its attention takes a bias '
+                    "the kernels do not; set attention_impl='xla'")
+  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
+  if sentence:
+    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
+                    f"{', '.join(sentence)}; use 'mlm' or 'rtd'")
+  return problems
+
+
 def _check_modern(config) -> None:
   """The modern encoder's switches are model.name='modernbert''s only; that family is unrolled,
   bidirectional, XLA-attended, without segments (no NSP or SOP), its windows and thetas valid."""
@@ -398,36 +412,21 @@ def _check_modern(config) -> None:
           "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
           f'{name} takes {", ".join(f"{k}={v!r}" for k, v in MODERN_DEFAULTS.items())}.')
     return
-  problems = []
+  # Negative windows and thetas, and global_every < 1, are RANGES'.
+  problems = _segmentless_xla_problems(config)
   if model.scan_layers:
     problems.append('scan_layers=True: its layers are unrolled (the first and the local ones '
                     'differ from the rest); set scan_layers=False')
-  if model.attention_impl != 'xla':
-    problems.append(f'attention_impl={model.attention_impl!r}: its local windows and rotary '
-                    "positions go through the 'xla' attention; set attention_impl='xla'")
   for key in ('layer_norm_impl', 'ffn_impl'):
     if model.get(key, 'xla') != 'xla':
       problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "
                       f"{key}='xla'")
-  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
-  if sentence:
-    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
-                    f"{', '.join(sentence)}; use 'mlm' (ModernBERT's) or 'rtd'")
-  if model.local_window < 0 or model.local_window % 2:
+  if model.local_window % 2:
     problems.append(f'local_window={model.local_window}: the window spans local_window // 2 '
-                    'tokens each side, so it must be even and >= 0 (ModernBERT: 128; 0: none)')
-  if model.global_every < 1:
-    problems.append(f'global_every={model.global_every}: every global_every-th layer is global; '
-                    'valid values are >= 1 (ModernBERT: 3)')
-  if model.positions == 'rotary':
-    if (model.hidden_size // model.num_heads) % 2:
-      problems.append(f'positions=\'rotary\' with head size {model.hidden_size // model.num_heads}'
-                      ': rotary embeddings rotate pairs of features, so the head size must be '
-                      'even')
-    for key in ('rope_theta', 'local_rope_theta'):
-      if model[key] <= 0:
-        problems.append(f'{key}={model[key]}: must be > 0 (ModernBERT: 160000 global, 10000 '
-                        'local)')
+                    'tokens each side, so it must be even (ModernBERT: 128; 0: none)')
+  if model.positions == 'rotary' and (model.hidden_size // model.num_heads) % 2:
+    problems.append(f'positions=\'rotary\' with head size {model.hidden_size // model.num_heads}'
+                    ': rotary embeddings rotate pairs of features, so the head size must be even')
   if problems:
     raise ConfigError("config.model.name='modernbert': " + '; '.join(problems) + '.')
 
@@ -445,21 +444,14 @@ def _check_deberta(config) -> None:
           f"{name!r}: disentangled attention is DeBERTa's (model.name='deberta'); {name} takes "
           "relative_attention=''.")
     return
-  problems = []
+  problems = _segmentless_xla_problems(config)
   unknown = [t for t in terms if t not in ('c2p', 'p2c')]
   if unknown:
     problems.append(f'relative_attention={model.relative_attention!r}: the terms are \'c2p\' '
                     "and 'p2c', joined by '|' (DeBERTa: 'c2p|p2c'; '' for none)")
-  if model.attention_impl != 'xla':
-    problems.append(f'attention_impl={model.attention_impl!r}: its relative terms are an '
-                    "attention bias the kernels do not take; set attention_impl='xla'")
   if model.positions == 'rotary':
     problems.append("positions='rotary': DeBERTa's positions are relative; use 'none' (v3) or "
                     "'absolute' (v1)")
-  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
-  if sentence:
-    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
-                    f"{', '.join(sentence)}; use 'mlm' or 'rtd'")
   if model.get('causal', False):
     problems.append('causal=True: DeBERTa is bidirectional')
   if problems:

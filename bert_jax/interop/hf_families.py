@@ -138,15 +138,27 @@ ALBERT_TABLE = tuple(
 # the word embeddings, with the output bias).
 _DISTIL_LAYER = 'distilbert.transformer.layer.{n}.'
 _OUR_LAYER = 'bert/encoder/layer_{n}/'
+
+
+def _layer_rows(hf_layer: str, modules) -> tuple[tuple[str, str, str], ...]:
+  """Rows of BERT's layer under another family's names: each (our module under
+  bert/encoder/layer_{n}/, its HF module under `hf_layer`, the kernel's transform, the bias's)
+  gives a kernel (a LayerNorm's scale) row and a bias row."""
+  return tuple(
+      (_OUR_LAYER + ours + leaf, hf_layer + theirs + hf_leaf, transform)
+      for ours, theirs, kernel, bias in modules
+      for leaf, hf_leaf, transform in (
+          ('scale' if 'LayerNorm' in ours else 'kernel', 'weight', kernel),
+          ('bias', 'bias', bias)))
+
+
 DISTILBERT_TABLE = (
     ('bert/embeddings/word_embeddings', 'distilbert.embeddings.word_embeddings.weight', 'none'),
     ('bert/embeddings/position_embeddings', 'distilbert.embeddings.position_embeddings.weight',
      'none'),
     ('bert/embeddings/LayerNorm/scale', 'distilbert.embeddings.LayerNorm.weight', 'none'),
     ('bert/embeddings/LayerNorm/bias', 'distilbert.embeddings.LayerNorm.bias', 'none'),
-) + tuple(
-    (_OUR_LAYER + ours + leaf, _DISTIL_LAYER + theirs + hf_leaf, transform)
-    for ours, theirs, kernel, bias in (
+) + _layer_rows(_DISTIL_LAYER, (
         ('attention/self/query/', 'attention.q_lin.', 'transpose_split_out', 'split'),
         ('attention/self/key/', 'attention.k_lin.', 'transpose_split_out', 'split'),
         ('attention/self/value/', 'attention.v_lin.', 'transpose_split_out', 'split'),
@@ -155,8 +167,6 @@ DISTILBERT_TABLE = (
         ('intermediate/dense/', 'ffn.lin1.', 'transpose', 'none'),
         ('output/dense/', 'ffn.lin2.', 'transpose', 'none'),
         ('output/LayerNorm/', 'output_layer_norm.', 'none', 'none'))
-    for leaf, hf_leaf, transform in (
-        ('scale' if 'LayerNorm' in ours else 'kernel', 'weight', kernel), ('bias', 'bias', bias))
 ) + (
     ('predictions/transform_dense/kernel', 'vocab_transform.weight', 'transpose'),
     ('predictions/transform_dense/bias', 'vocab_transform.bias', 'none'),
@@ -239,9 +249,7 @@ DEBERTA_TABLE = (
      'none'),
     ('bert/embeddings/LayerNorm/scale', 'deberta.embeddings.LayerNorm.weight', 'none'),
     ('bert/embeddings/LayerNorm/bias', 'deberta.embeddings.LayerNorm.bias', 'none'),
-) + tuple(
-    (_OUR_LAYER + ours + leaf, _DEBERTA_LAYER + theirs + hf_leaf, transform)
-    for ours, theirs, kernel, bias in (
+) + _layer_rows(_DEBERTA_LAYER, (
         ('attention/self/query/', 'attention.self.query_proj.', 'transpose_split_out', 'split'),
         ('attention/self/key/', 'attention.self.key_proj.', 'transpose_split_out', 'split'),
         ('attention/self/value/', 'attention.self.value_proj.', 'transpose_split_out', 'split'),
@@ -254,8 +262,6 @@ DEBERTA_TABLE = (
         ('intermediate/dense/', 'intermediate.dense.', 'transpose', 'none'),
         ('output/dense/', 'output.dense.', 'transpose', 'none'),
         ('output/LayerNorm/', 'output.LayerNorm.', 'none', 'none'))
-    for leaf, hf_leaf, transform in (
-        ('scale' if 'LayerNorm' in ours else 'kernel', 'weight', kernel), ('bias', 'bias', bias))
 ) + (
     ('bert/encoder/rel_embeddings', 'deberta.encoder.rel_embeddings.weight', 'none'),
     ('bert/encoder/rel_LayerNorm/scale', 'deberta.encoder.LayerNorm.weight', 'none'),

@@ -178,8 +178,7 @@ class BertEmbeddings(nn.Module):
 
   def attend(self, x):
     """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
-    table = jnp.asarray(self.word_embeddings, self.config.dtype)
-    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+    return layers.tied_logits(x, self.word_embeddings, self.config.dtype)
 
 
 def name_axis(embedding_name: str) -> str:
@@ -441,8 +440,7 @@ class BertModel(nn.Module):
       # The fused kernels take segment ids: 1 real / 0 padding, or the pairs' ids.
       bias = (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
     else:
-      bias = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
-              else layers.pair_attention_bias(pair_ids, cfg.dtype))
+      bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
     if cls_positions is None and cfg.causal:

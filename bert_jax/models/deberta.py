@@ -221,8 +221,7 @@ class DebertaEmbeddings(nn.Module):
 
   def attend(self, x):
     """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
-    table = jnp.asarray(self.word_embeddings, self.config.dtype)
-    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+    return layers.tied_logits(x, self.word_embeddings, self.config.dtype)
 
 
 class DebertaModel(nn.Module):
@@ -244,8 +243,7 @@ class DebertaModel(nn.Module):
     del segment_ids  # No segment table.
     x = self.embeddings(input_ids, input_mask, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    bias = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
-            else layers.pair_attention_bias(pair_ids, cfg.dtype))
+    bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
     if cls_positions is None:

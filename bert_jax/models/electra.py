@@ -73,8 +73,7 @@ def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
   ids for the fused kernels, else the additive bias."""
   if attention_ops.takes_segment_ids(cfg.attention_impl, length, cfg.head_dim):
     return (input_mask if pair_ids is None else pair_ids).astype(jnp.int32)
-  return (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
-          else layers.pair_attention_bias(pair_ids, cfg.dtype))
+  return layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
 
 
 class ElectraPooler(nn.Module):

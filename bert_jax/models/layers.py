@@ -191,6 +191,20 @@ def pair_attention_bias(pair_ids: jax.Array, dtype: Dtype) -> jax.Array:
   return jnp.where(same[:, None], 0.0, big_negative).astype(dtype)
 
 
+def row_attention_bias(input_mask: jax.Array, pair_ids, dtype: Dtype) -> jax.Array:
+  """The additive bias of rows as the batch has them: padding only ([batch, 1, 1, length]), or
+  with packed pairs (pair_ids [batch, length]) attention within each ([batch, 1, length,
+  length])."""
+  if pair_ids is None:
+    return attention_bias(input_mask, dtype)
+  return pair_attention_bias(pair_ids, dtype)
+
+
+def tied_logits(x: jax.Array, table: jax.Array, dtype: Dtype) -> jax.Array:
+  """Logits against a (tied) word embedding table [vocab, embed]: [..., embed] -> [..., vocab]."""
+  return jnp.einsum('...e,ve->...v', x.astype(dtype), jnp.asarray(table, dtype))
+
+
 def causal_attention_bias(input_mask: jax.Array, dtype: Dtype) -> jax.Array:
   """[batch, length] 1/0 mask -> additive bias [batch, 1, length, length] that lets a token attend
   to itself and the real tokens before it."""

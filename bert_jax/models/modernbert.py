@@ -78,8 +78,7 @@ class ModernEmbeddings(nn.Module):
 
   def attend(self, x):
     """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
-    table = jnp.asarray(self.word_embeddings, self.config.dtype)
-    return jnp.einsum('...e,ve->...v', x.astype(self.config.dtype), table)
+    return layers.tied_logits(x, self.word_embeddings, self.config.dtype)
 
 
 class ModernAttention(nn.Module):
@@ -196,8 +195,7 @@ class ModernBertModel(nn.Module):
       position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), input_ids.shape)
     x = self.embeddings(input_ids, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    full = (layers.attention_bias(input_mask, cfg.dtype) if pair_ids is None
-            else layers.pair_attention_bias(pair_ids, cfg.dtype))
+    full = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
     biases = {'global': full, 'local': full}
     if cfg.local_window > 0:
       window = positions_ops.sliding_window_mask(length, cfg.local_window // 2)

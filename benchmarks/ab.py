@@ -5,17 +5,20 @@ without it, or one setting against another.
       --new='BACKWARD = Launch(...)' [--shapes=large:512:32,base:128:256] [--order=ABAB]
       [--variant=large_gpu] [--out=ab.jsonl]
   python benchmarks/ab.py --variant=large_gpu --b_variant='large_gpu+--config.model.ffn_impl=xla'
+  python benchmarks/ab.py --b_tree=/tmp/base --shapes=large:128:128,base:128:256,large:512:32
+      (after `git worktree add /tmp/base REV`: this tree against the code of commit REV)
 
 A runs `--variant` in this repository. B runs `--b_variant` (by default `--variant`) in a copy of
 the repository in which `--old` is replaced by `--new` in `--file` when those are given (the text
-must occur there exactly once: checked before anything runs), else in this repository. For each
-shape the benchmark (harness.ours) runs once per letter of `--order`, each its own process, one
-after another. Every process reads and writes one XLA autotuning cache (`--autotune_cache`), so
+must occur there exactly once: checked before anything runs), in `--b_tree` when that is given
+(another checkout: a series of commits against the code before them), else in this repository.
+For each shape the benchmark (harness.ours) runs once per letter of `--order`, each its own
+process, one after another. Every process reads and writes one XLA autotuning cache (`--autotune_cache`), so
 the first process of a shape picks the gemms and the rest reuse the picks: the A/B then measures
 the change, not which cuBLAS kernels a process's autotuning chose (that alone moved one step by
 up to 7.8% between processes on an H200). Each record gets `tree` (A or B) and the change; the
 summary gives, per shape, the step times of A and B in the order run, and B - A per pair (the
-i-th A with the i-th B) and on average. For a source change, a record's `code`
+i-th A with the i-th B) and on average. For a source change or another tree, a record's `code`
 (benchmark.code_fingerprint) differs between A and B when B ran the changed code; a shape where
 it does not gets an error instead of a summary.
 """
@@ -99,6 +102,8 @@ def main(argv=None, run=harness.run_process):
   parser.add_argument('--order', default='ABAB')
   parser.add_argument('--variant', default='large_gpu', help="A's variant (harness.VARIANTS).")
   parser.add_argument('--b_variant', default='', help="B's variant; by default --variant.")
+  parser.add_argument('--b_tree', default='',
+                      help='A checkout B runs in (e.g. a `git worktree` of an earlier commit).')
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--timeout', type=float, default=400, help='Seconds per process.')
   parser.add_argument('--autotune_cache', default=os.path.join(tempfile.gettempdir(),
@@ -114,7 +119,15 @@ def main(argv=None, run=harness.run_process):
     shapes = [(shape, *harness.parse_shape(shape)) for shape in args.shapes.split(',')]
     harness.variant_flags(args.variant)
     harness.variant_flags(b_variant)
-    if edit:
+    if args.b_tree:
+      if edit:
+        raise ValueError('--b_tree runs B in another checkout as it is: give it without '
+                         '--file/--old/--new.')
+      if not os.path.isdir(os.path.join(args.b_tree, 'bert_jax')):
+        raise ValueError(f'--b_tree={args.b_tree!r} holds no bert_jax package: give a checkout '
+                         'of this repository.')
+      tree_b = os.path.abspath(args.b_tree)
+    elif edit:
       if not (args.file and args.old):
         raise ValueError('a source change needs --file, --old and --new.')
       tree_b = make_tree_b(REPO, os.path.join(tempfile.mkdtemp(prefix='ab_tree_b_'), 'repo'),
@@ -127,6 +140,8 @@ def main(argv=None, run=harness.run_process):
   trees = {'A': (REPO, args.variant), 'B': (tree_b, b_variant)}
   xla_flags = harness.with_autotune_cache(os.environ.get('XLA_FLAGS', ''), args.autotune_cache)
   change = ({'file': args.file, 'old': args.old, 'new': args.new} if edit else {})
+  if args.b_tree:
+    change['b_tree'] = tree_b
   if b_variant != args.variant:
     change['b_variant'] = b_variant
   summaries = []
@@ -143,7 +158,7 @@ def main(argv=None, run=harness.run_process):
       print(f'{shape} {tree}: ' + (f'{record["step_ms"]:.2f} ms, {record["seq_per_s"]:.1f} seq/s'
                                    if 'step_ms' in record else record.get('error', '?')),
             flush=True)
-    summaries.append(summarize(shape, records, same_code=not edit))
+    summaries.append(summarize(shape, records, same_code=not (edit or args.b_tree)))
     print(json.dumps(summaries[-1]), flush=True)
   if edit:
     shutil.rmtree(os.path.dirname(tree_b), ignore_errors=True)

@@ -140,3 +140,40 @@ def test_an_a_b_without_a_difference_is_refused(argv, message, capsys):
   with pytest.raises(SystemExit):
     ab.main(argv, run=lambda *_: pytest.fail('ran'))
   assert message in capsys.readouterr().err
+
+
+def test_b_tree_runs_b_in_another_checkout_and_needs_its_code_to_differ(tmp_path):
+  """--b_tree: B runs in the given checkout as it is; A and B must have run different code."""
+  base = tmp_path / 'base'
+  (base / 'bert_jax').mkdir(parents=True)
+  calls = []
+
+  def fake_run(command, tree, xla_flags, timeout):
+    del command, xla_flags, timeout
+    calls.append(tree)
+    return {'step_ms': 70.0 if tree == ab.REPO else 70.7, 'seq_per_s': 1.0,
+            'code': 'a' if tree == ab.REPO else 'b'}
+
+  out = tmp_path / 'ab.jsonl'
+  (summary,) = ab.main([f'--b_tree={base}', '--order=ABAB', f'--out={out}'], run=fake_run)
+  assert calls == [ab.REPO, str(base)] * 2
+  assert summary['mean_b_minus_a_percent'] == pytest.approx(1.0)
+  assert json.loads(out.read_text().splitlines()[1])['change'] == {'b_tree': str(base)}
+  assert base.exists()  # Another checkout is the user's: never removed.
+
+  def same_code(command, tree, xla_flags, timeout):
+    return dict(fake_run(command, tree, xla_flags, timeout), code='same')
+
+  (summary,) = ab.main([f'--b_tree={base}', f'--out={out}'], run=same_code)
+  assert 'ran the same code' in summary['error']
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--b_tree=/nonexistent'], "--b_tree='/nonexistent' holds no bert_jax package"),
+    (['--b_tree=.', '--file=bert_jax/kernels/gpu/fused_norm.py', f'--old={OLD}', f'--new={NEW}'],
+     'without --file/--old/--new'),
+])
+def test_a_bad_b_tree_is_refused(argv, message, capsys):
+  with pytest.raises(SystemExit):
+    ab.main(argv, run=lambda *_: pytest.fail('ran'))
+  assert message in capsys.readouterr().err

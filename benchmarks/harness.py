@@ -123,13 +123,14 @@ def with_autotune_cache(xla_flags: str, cache_dir: str) -> str:
 
 
 def run_process(command: list[str], cwd: str = REPO, base_flags: str | None = None,
-                timeout: float | None = None) -> dict:
+                timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
   """The record of one measurement process run in `cwd` (its package is the one imported:
-  `python -m` puts the working directory first on the path), with XLA_FLAGS as split_env says;
-  {'error': ...} for one that printed none or ran past `timeout` seconds."""
+  `python -m` puts the working directory first on the path), with XLA_FLAGS as split_env says
+  and `env` (e.g. CUDA_VISIBLE_DEVICES) over this process's environment; {'error': ...} for one
+  that printed none or ran past `timeout` seconds."""
   from bert_jax.tools import benchmark  # pylint: disable=g-import-not-at-top
   command, xla_flags = split_env(command, base_flags)
-  env = dict(os.environ, XLA_FLAGS=xla_flags)
+  env = dict(os.environ, **(env or {}), XLA_FLAGS=xla_flags)
   try:
     proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False,
                           env=env, timeout=timeout)

@@ -7,6 +7,8 @@ others for the steps at which steps x batch x model_flops_per_sequence matches B
 fewer steps; ALBERT's 128-wide head less, so it takes more). What each arm changes:
 
   BERT     MLM + NSP, WordPiece (the bert-base-uncased vocab).
+  BERT MLM MLM alone on single segments, WordPiece: the MLM-only model that ELECTRA's paper
+           compares its discriminator with at equal compute.
   RoBERTa  MLM alone on FULL-SENTENCES rows, a byte-level BPE of 50,265 tokens trained on the
            corpus (cased), fairseq's positions and one segment row, Adam beta2 0.98, eps 1e-6.
   ALBERT   MLM + SOP, n-gram masking (n <= 3), 128-wide factorised embeddings, one layer's
@@ -60,6 +62,7 @@ def get_config():
       'fine-tuned with the same settings and seeds.')
   common.with_arms(sweep, {
       'bert': {'label': 'BERT (MLM + NSP)'},
+      'bert_mlm': {'label': 'BERT (MLM only)', 'args': 'nsp=False'},
       'roberta': {'label': 'RoBERTa (MLM, full sentences, BPE)', 'pretrain': ROBERTA},
       'albert': {'label': 'ALBERT (MLM + SOP, E=128, shared layers)', 'pretrain': ALBERT},
       'electra': {'label': 'ELECTRA (RTD, generator 1/3 wide)', 'pretrain': ELECTRA},

@@ -68,6 +68,7 @@ RANGES = {
     'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
     'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
     'model.relative_buckets': NON_NEGATIVE, 'model.relative_positions': NON_NEGATIVE,
+    'model.num_languages': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,
@@ -147,6 +148,7 @@ def validate(config) -> None:
   _check_modern(config)
   _check_deberta(config)
   _checks().check_model(config.model, row_lengths(config))
+  _check_languages(config)
   _check_data(config)
   _check_init_from(config)
   _check_distill(config)
@@ -456,6 +458,15 @@ def _check_deberta(config) -> None:
     problems.append('causal=True: DeBERTa is bidirectional')
   if problems:
     raise ConfigError("config.model.name='deberta': " + '; '.join(problems) + '.')
+
+
+def _check_languages(config) -> None:
+  """Language embeddings are XLM's (model.name='xlm')."""
+  name, count = config.model.get('name', 'bert'), config.model.get('num_languages', 0)
+  if count and name != 'xlm':
+    raise ConfigError(
+        f'config.model.num_languages={count} with config.model.name={name!r}: language '
+        f"embeddings are XLM's (model.name='xlm'); {name} takes num_languages=0.")
 
 
 def _check_electra(config) -> None:

@@ -129,6 +129,10 @@ def get_config(arg=None):
   model.relative_positions = 0
   model.share_relative_key = False
   model.relative_norm = False
+  # XLM's language embeddings (model.name='xlm'; 0 elsewhere): rows of a table of learned
+  # embeddings, one per language of data.languages, added to each token's by its language id.
+  # 0: none (XLM-R).
+  model.num_languages = 0
 
   config.mesh = mesh = ml_collections.ConfigDict()
   mesh.preset = 'data'  # 'data' (replicated params), 'fsdp' (ZeRO-3), 'fsdp_tensor' (+ tensor).

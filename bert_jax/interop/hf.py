@@ -236,7 +236,9 @@ def _config_problems(hf_config, config, resize_vocab):
              'local_window', 'global_every',
              # DeBERTa's.
              'relative_attention', 'relative_buckets', 'relative_positions',
-             'share_relative_key', 'relative_norm']
+             'share_relative_key', 'relative_norm',
+             # XLM-R's (none).
+             'num_languages']
   if not resize_vocab:
     checked.append('vocab_size')
   return problems + [

@@ -405,31 +405,51 @@ def _not_causal(hf_config: dict, display: str) -> list[str]:
   return []
 
 
-def roberta_overrides(hf_config: dict) -> dict:
-  """HF RobertaConfig dict -> our config.model values (model.name 'roberta')."""
+def roberta_overrides(hf_config: dict, name: str = 'roberta', display: str = 'RoBERTa') -> dict:
+  """HF RobertaConfig dict -> our config.model values (model.name 'roberta'; XLM-R's config, of
+  the same fields, for 'xlm')."""
   # RobertaLMHead applies the exact GELU whatever hidden_act says; ours follows model.gelu.
-  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, 'RoBERTa')
+  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, display)
   if hf_config.get('pad_token_id', 1) != 1:
-    problems.append(f'pad_token_id={hf_config["pad_token_id"]}; our RoBERTa numbers positions '
+    problems.append(f'pad_token_id={hf_config["pad_token_id"]}; our {display} numbers positions '
                     'as fairseq with padding_idx 1 (real tokens from row 2)')
   if problems:
-    raise UnsupportedConfigError('Unsupported HF RoBERTa config: ' + '; '.join(problems) + '.')
-  return {'name': 'roberta', **_shape_overrides(hf_config), 'gelu': 'erf'}
+    raise UnsupportedConfigError(f'Unsupported HF {display} config: ' + '; '.join(problems) + '.')
+  return {'name': name, **_shape_overrides(hf_config), 'gelu': 'erf'}
 
 
-def roberta_hf_config(config) -> dict:
-  """Our full config -> an HF RobertaConfig dict for RobertaForMaskedLM."""
+def roberta_hf_config(config, architecture: str = 'RobertaForMaskedLM',
+                      model_type: str = 'roberta') -> dict:
+  """Our full config -> an HF RobertaConfig dict for RobertaForMaskedLM (XLMRobertaForMaskedLM's
+  has the same fields)."""
   m = config.model
   if m.gelu != 'erf' or m.get('causal', False):
     raise UnsupportedConfigError(
-        f"model.gelu={m.gelu!r}, model.causal={m.get('causal', False)}: RobertaForMaskedLM is "
+        f"model.gelu={m.gelu!r}, model.causal={m.get('causal', False)}: {architecture} is "
         "bidirectional and its lm_head applies the exact GELU; export needs gelu='erf', "
         'causal=False.')
   return {
-      'architectures': ['RobertaForMaskedLM'], 'model_type': 'roberta', **_shape_fields(m),
+      'architectures': [architecture], 'model_type': model_type, **_shape_fields(m),
       'hidden_act': 'gelu', 'pad_token_id': 1, 'bos_token_id': 0, 'eos_token_id': 2,
       'position_embedding_type': 'absolute', 'is_decoder': False,
   }
+
+
+def xlm_roberta_overrides(hf_config: dict) -> dict:
+  """HF XLMRobertaConfig dict -> our config.model values (model.name 'xlm', no language
+  embeddings: XLM-R has none)."""
+  return {**roberta_overrides(hf_config, 'xlm', 'XLM-R'), 'num_languages': 0}
+
+
+def xlm_roberta_hf_config(config) -> dict:
+  """Our full config -> an HF XLMRobertaConfig dict for XLMRobertaForMaskedLM; refused for a
+  model with language embeddings (XLM's), which XLM-R does not have."""
+  count = config.model.get('num_languages', 0)
+  if count:
+    raise UnsupportedConfigError(
+        f'model.num_languages={count}: XLMRobertaForMaskedLM has no language embeddings (XLM-R '
+        'reads no language ids); only a model with num_languages=0 exports to it.')
+  return roberta_hf_config(config, 'XLMRobertaForMaskedLM', 'xlm-roberta')
 
 
 def albert_overrides(hf_config: dict) -> dict:
@@ -759,6 +779,12 @@ ROBERTA = Layout(
     optional_pooler=True, to_overrides=roberta_overrides, to_hf_config=roberta_hf_config,
     exports_pooler=lambda config: False,  # RobertaForMaskedLM has no pooler.
     tokenizer='bpe', classifier=_ROBERTA_HEADS)
+# XLM-R's classes hold RoBERTa's parameters under the same keys (`roberta.`, `lm_head.`).
+XLM_ROBERTA = dataclasses.replace(
+    ROBERTA, family='xlm', model_type='xlm-roberta', display='XLM-R',
+    base_class='XLMRobertaModel', head_classes=(('XLMRobertaForMaskedLM', 'lm_head.'),),
+    to_overrides=xlm_roberta_overrides, to_hf_config=xlm_roberta_hf_config,
+    tokenizer='sentencepiece')
 ALBERT = Layout(
     family='albert', model_type='albert', display='ALBERT', prefix='albert.',
     base_class='AlbertModel',
@@ -807,7 +833,8 @@ DEBERTA = Layout(
     exports_pooler=lambda config: False, tokenizer='sentencepiece')
 
 LAYOUTS = {layout.family: layout
-           for layout in (BERT, ROBERTA, ALBERT, DISTILBERT, ELECTRA, MODERNBERT, DEBERTA)}
+           for layout in (BERT, ROBERTA, ALBERT, DISTILBERT, ELECTRA, MODERNBERT, DEBERTA,
+                          XLM_ROBERTA)}
 
 
 def for_family(name: str) -> Layout:

@@ -31,7 +31,9 @@ MODERN_DEFAULTS = {**config_lib.MODERN_DEFAULTS, 'rope_theta': 10_000.0,
                    'local_rope_theta': 10_000.0, 'global_every': 1,
                    # DeBERTa's.
                    'relative_attention': '', 'relative_buckets': 0, 'relative_positions': 0,
-                   'share_relative_key': False, 'relative_norm': False}
+                   'share_relative_key': False, 'relative_norm': False,
+                   # XLM's.
+                   'num_languages': 0}
 ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(MODERN_DEFAULTS)
 # Values of the keys that workdirs written before the key existed lack (and HF BERT configs).
 _WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0, **MODERN_DEFAULTS}

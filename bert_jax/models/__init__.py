@@ -3,8 +3,9 @@
 config.model.name picks the encoder; the pretraining model (models/pretraining.py) puts the
 objectives' heads on it and the fine-tuning model (models/heads.py) a task head. A family's
 encoder takes (input_ids, segment_ids, input_mask, deterministic, position_ids, pair_ids,
-cls_positions) and returns (sequence [batch, length, embed], pooled [batch, embed]); its
-`attend(x)` gives logits against the tied word embeddings.
+cls_positions), and by name the batch keys its Family lists in `inputs`; it returns (sequence
+[batch, length, embed], pooled [batch, embed]); its `attend(x)` gives logits against the tied
+word embeddings.
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ from typing import Any
 from bert_jax import registry
 
 # The encoders shipped in this package (each registers itself on import).
-BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta')
+BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,12 @@ class Family:
   # Fine-tuning classification reads the pooled state through `pre_classifier`, Dense(H) and
   # ReLU, before the dropout and the classifier (DistilBertForSequenceClassification's head).
   pre_classifier: bool = False
+  # Batch keys beyond the common ones that the encoder reads, by keyword, when a batch has them
+  # (XLM's language_ids).
+  inputs: tuple[str, ...] = ()
+  # Position rows before the first real token's (fairseq's 2: RoBERTa, XLM-R): a row holds at
+  # most max_position_embeddings - position_offset tokens.
+  position_offset: int = 0
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)

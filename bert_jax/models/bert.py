@@ -103,6 +103,9 @@ class BertConfig:
   relative_positions: int = 0
   share_relative_key: bool = False
   relative_norm: bool = False
+  # XLM's language embeddings (models/xlm.py): rows of the table added to each token's embedding
+  # by its language id; 0: none (XLM-R, and every other family).
+  num_languages: int = 0
   seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
 
   @classmethod
@@ -141,12 +144,16 @@ class BertEmbeddings(nn.Module):
     if cfg.token_types:
       self.token_type_embeddings = embed('token_type_embeddings', cfg.type_vocab_size)
     self.position_embeddings = embed('position_embeddings', cfg.max_position_embeddings)
+    if cfg.num_languages:
+      self.language_embeddings = embed('language_embeddings', cfg.num_languages)
     self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
 
-  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, input_mask=None):
-    # input_ids, segment_ids: [batch, length]; position_ids (packed rows): [batch, length];
-    # input_mask [batch, length] (read with config.position_offset only).
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, input_mask=None,
+               language_ids=None):
+    # input_ids, segment_ids: [batch, length]; position_ids (packed rows, translation pairs):
+    # [batch, length]; input_mask [batch, length] (read with config.position_offset only);
+    # language_ids [batch, length] (read with config.num_languages only).
     cfg = self.config
     length = input_ids.shape[1]
     if cfg.position_offset:
@@ -173,6 +180,9 @@ class BertEmbeddings(nn.Module):
       segments = jnp.take(segments, segment_ids, axis=0)
     x = (jnp.take(whole(self.word_embeddings, 'vocab'), input_ids, axis=0)
          + segments + positions)  # [batch, length, embed]
+    if cfg.num_languages and language_ids is not None:
+      # Without language ids (fine-tuning) no language row is added, as transformers' XLM.
+      x = x + jnp.take(whole(self.language_embeddings, None), language_ids, axis=0)
     x = self.layer_norm(x.astype(self.config.dtype))
     return self.dropout(x, deterministic=deterministic)
 
@@ -420,11 +430,13 @@ class BertModel(nn.Module):
     self.pooler = BertPooler(cfg) if cfg.pooler else (lambda state: state)
 
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
-               pair_ids=None, cls_positions=None):
+               pair_ids=None, cls_positions=None, language_ids=None):
     # input_ids, segment_ids, input_mask: [batch, length]. Packed rows also give position_ids
     # and pair_ids [batch, length] (attention stays within a pair) and cls_positions
-    # [batch, pairs]: then pooled_output is [batch, pairs, embed].
-    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask)
+    # [batch, pairs]: then pooled_output is [batch, pairs, embed]. Cross-lingual rows give
+    # language_ids [batch, length] (XLM's, with config.num_languages).
+    x = self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask,
+                        language_ids)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     cfg = self.config
     segment_ids_taken = attention_ops.takes_segment_ids(cfg.attention_impl, input_ids.shape[1],

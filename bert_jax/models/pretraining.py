@@ -25,7 +25,7 @@ class PretrainingModel(nn.Module):
   def __call__(self, batch, deterministic: bool = True):
     # batch: the keys of objectives.batch_spec; input_ids, segment_ids, input_mask [batch,
     # length]; packed rows also position_ids, pair_ids [batch, length] and nsp_positions
-    # [batch, pairs] (each pair's [CLS], pooled).
+    # [batch, pairs] (each pair's [CLS], pooled); cross-lingual rows language_ids [batch, length].
     family = models.get(self.model)
     encoder = family.encoder(self.config, name=family.scope)
     outputs = {}
@@ -34,9 +34,10 @@ class PretrainingModel(nn.Module):
       if corrupt is not None:  # E.g. ELECTRA's generator: the encoder reads its samples.
         batch, produced = corrupt(self.config, encoder, batch, deterministic)
         outputs.update(produced)
+    inputs = {key: batch[key] for key in family.inputs if key in batch}
     sequence, pooled = encoder(batch['input_ids'], batch['segment_ids'], batch['input_mask'],
                                deterministic, batch.get('position_ids'), batch.get('pair_ids'),
-                               batch.get('nsp_positions'))
+                               batch.get('nsp_positions'), **inputs)
     encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
     for name in self.objectives:
       outputs.update(objectives_lib.resolve(name).head(self.config, encoded, batch,

@@ -22,4 +22,5 @@ def config_from(config) -> bert.BertConfig:
 
 
 FAMILY = models.register(models.Family(name='roberta', config_from=config_from,
-                                       encoder=bert.BertModel, flops=bert.encoder_flops))
+                                       encoder=bert.BertModel, flops=bert.encoder_flops,
+                                       position_offset=POSITION_OFFSET))

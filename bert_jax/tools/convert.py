@@ -17,6 +17,7 @@ from absl import logging
 import ml_collections
 import orbax.checkpoint as ocp
 
+from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tools import files
 from bert_jax.train.checkpoint import latest_step
@@ -55,8 +56,8 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
                 or os.path.expanduser(config.data.vocab_file))
   if vocab_file and files.isfile(vocab_file):
     vocab_file = files.local_copy(vocab_file, tokenizer_lib.KEPT_FILES[kind])
-    # RoBERTa numbers positions from 2: two rows fewer than max_position_embeddings.
-    offset = 2 if config.model.get('name', 'bert') == 'roberta' else 0
+    # RoBERTa and XLM-R number positions from 2: two rows fewer than max_position_embeddings.
+    offset = models.get(config.model.get('name', 'bert')).position_offset
     for directory in export_dirs(config, out_dir):  # ELECTRA's: two models.
       export_tokenizer(vocab_file, config.data.lowercase, directory,
                        config.model.max_position_embeddings - offset, kind)

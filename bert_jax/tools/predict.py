@@ -37,6 +37,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from bert_jax import models  # pylint: disable=wrong-import-position
 from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=wrong-import-position
 
 MASK = '[MASK]'
@@ -386,9 +387,9 @@ class Predictor:
 
   @property
   def max_length(self) -> int:
-    """Longest row, special tokens included (RoBERTa: 2 position rows fewer, fairseq's)."""
+    """Longest row, special tokens included (RoBERTa, XLM-R: 2 position rows fewer, fairseq's)."""
     model = self.config.model
-    return model.max_position_embeddings - (2 if model.get('name', 'bert') == 'roberta' else 0)
+    return model.max_position_embeddings - models.get(model.get('name', 'bert')).position_offset
 
   def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
     """Per [MASK] of `text`, in order: its top_k (token, probability), most probable first."""

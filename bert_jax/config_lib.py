@@ -77,6 +77,7 @@ RANGES = {
     'data.max_pairs_per_row': POSITIVE, 'data.dupe_factor': NON_NEGATIVE,
     'data.workers': NON_NEGATIVE, 'data.input_shards': NON_NEGATIVE,
     'data.phase2_max_seq_length': POSITIVE, 'data.phase2_max_predictions_per_seq': POSITIVE,
+    'data.language_alpha': Range(lambda x: 0 < x <= 1, 'in (0, 1]'),
     'masking.rate': PROBABILITY, 'masking.mask_token_fraction': PROBABILITY,
     'masking.random_token_fraction': PROBABILITY, 'masking.keep_fraction': PROBABILITY,
     'masking.max_ngram': POSITIVE,
@@ -461,12 +462,15 @@ def _check_deberta(config) -> None:
 
 
 def _check_languages(config) -> None:
-  """Language embeddings are XLM's (model.name='xlm')."""
+  """Language embeddings are XLM's (model.name='xlm'); the cross-lingual data keys are checked
+  beside their reader (data/crosslingual.py)."""
   name, count = config.model.get('name', 'bert'), config.model.get('num_languages', 0)
   if count and name != 'xlm':
     raise ConfigError(
         f'config.model.num_languages={count} with config.model.name={name!r}: language '
         f"embeddings are XLM's (model.name='xlm'); {name} takes num_languages=0.")
+  from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
+  crosslingual.check_config(config)
 
 
 def _check_electra(config) -> None:
@@ -534,7 +538,7 @@ def _check_data(config) -> None:
                         'with `python -m bert_jax.data.prepare --config=... --output=DIR`.')
     if config.train.phase2_fraction:
       _check_phase2(config)
-  elif not data.corpus:
+  elif not data.corpus and not data.get('parallel'):
     raise ConfigError("config.data.corpus is empty; give text files or globs (comma "
                       "separated, .xz/.gz ok), or 'builtin' for the built-in corpus (or a "
                       "prepared corpus in config.data.prepared).")

@@ -171,6 +171,18 @@ def get_config(arg=None):
   # Prepared corpora: input streams the documents are split into (0: one per process). A run
   # resumes, with the same batches, on any number of processes that divides it.
   data.input_shards = 0
+  # Cross-lingual pretraining (XLM, XLM-R; read in memory): the corpus's languages, comma
+  # separated ('en,fr'; a language's id is its index), data.corpus then naming each one's files
+  # with '{lang}' ('wiki.{lang}.txt'). '': one corpus, no language ids.
+  data.languages = ''
+  # With data.languages: parallel text for translation-LM rows (XLM's TLM: a sentence and its
+  # translation in one row, positions restarting at the second), comma-separated 'SRC-TGT:FILES'
+  # items ('en-fr:para.en-fr.tsv'), each line of FILES a sentence and its translation separated
+  # by a tab. '': none (MLM rows only).
+  data.parallel = ''
+  # With data.languages (unread without): each language's share of an epoch's MLM rows goes as
+  # its share of the corpus to this power (XLM: 0.5, XLM-R: 0.3; 1: as the corpus has them).
+  data.language_alpha = 1.0
   data.phase2_max_seq_length = 512  # Phase 2 (train.phase2_fraction > 0): tokens per example.
   data.phase2_max_predictions_per_seq = 80  # Phase 2: masked positions per example.
 

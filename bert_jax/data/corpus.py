@@ -96,7 +96,7 @@ def corpus_files(spec: str) -> list[str]:
   return paths
 
 
-def _open_text(path):
+def open_text(path):
   """Opens plain, .xz or .gz text; 'utf-8-sig' because Gutenberg books start with a BOM."""
   opener = {'.xz': lzma.open, '.gz': gzip.open}.get(os.path.splitext(path)[1], open)
   return opener(path, 'rt', encoding='utf-8-sig', errors='replace')
@@ -105,7 +105,7 @@ def _open_text(path):
 def _check_readable(path):
   """Raises ValueError naming `path` unless its first characters decode."""
   try:
-    with _open_text(path) as f:
+    with open_text(path) as f:
       f.read(1)
   except (OSError, EOFError, lzma.LZMAError) as error:
     raise ValueError(f'Cannot read corpus file {path!r}: {error}') from error
@@ -160,7 +160,7 @@ def check_file(path: str) -> None:
   """Raises ValueError naming `path` unless it opens and its head reads as UTF-8 text."""
   counter = _UndecodableCounter()
   try:
-    with _open_text(path) as f:
+    with open_text(path) as f:
       head = [line.rstrip('\r\n') for line in itertools.islice(f, _SNIFF_LINES)]
       for _ in counter.count([head]):
         pass
@@ -183,7 +183,7 @@ def _read_file(path, corpus_format, counts=None):
   """Yields the documents of one file, choosing its format from its head under 'auto'."""
   counter = _UndecodableCounter()
   try:
-    with _open_text(path) as f:
+    with open_text(path) as f:
       try:
         lines = counter.count(_line_blocks(f))
         head = list(itertools.islice(lines, _SNIFF_LINES))

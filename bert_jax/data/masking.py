@@ -10,7 +10,8 @@ with whole-word masking) together; span masking (SpanBERT, spans='geometric') ch
 contiguous spans of Geometric(span_p) words, clipped at max_span, and gives each span one
 80/10/10 decision; a mask_rate of 0 chooses nothing (the unmasked rows of a run
 whose objectives read clean inputs, e.g. clm). mask_tokens masks one sequence (the in-memory
-path, data/pipeline.py, and static masks); mask_batch masks every pair of a batch of (packed)
+path, data/pipeline.py, and static masks), mask_parts each part of one on its own (translation-LM
+rows, data/crosslingual.py); mask_batch masks every pair of a batch of (packed)
 rows at once (the streaming path, data/batching.py). A new masking scheme is a new chooser here.
 span_boundaries gives each prediction its span's boundary positions and its offset in the span
 (the span boundary objective's batch keys), from the chosen positions alone.
@@ -59,6 +60,26 @@ def mask_tokens(input_ids, rng, *, special, vocab_size, mask_rate,
       labels, rng, special, vocab_size, mask_token_fraction,
       random_token_fraction, _run_starts(positions) if spans else None)
   return masked_ids, positions, labels
+
+
+def mask_parts(input_ids, bounds, rng, *, max_predictions, **settings):
+  """mask_tokens on each part of a row on its own, the row split at `bounds` (the first index of
+  each part but the first): every part gets its own min(remaining, max(1, round(its length x
+  mask_rate))) predictions, later parts losing out when max_predictions runs out, so that a
+  translation pair's two sentences are both masked. `settings`: mask_tokens' other keywords.
+  Returns (masked_ids, positions, labels) over the whole row."""
+  input_ids = np.asarray(input_ids, np.int32)
+  masked, positions, labels = [], [], []
+  starts = [0, *bounds]
+  for start, end in zip(starts, [*bounds, len(input_ids)]):
+    part_masked, part_positions, part_labels = mask_tokens(
+        input_ids[start:end], rng, max_predictions=max_predictions - sum(map(len, positions)),
+        **settings)
+    masked.append(part_masked)
+    positions.append(part_positions + start)
+    labels.append(part_labels)
+  return (np.concatenate(masked), np.concatenate(positions).astype(np.int32),
+          np.concatenate(labels).astype(np.int32))
 
 
 def _choose_whole_words(input_ids, is_candidate, is_continuation,

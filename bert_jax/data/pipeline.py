@@ -26,40 +26,54 @@ def split_documents(documents, eval_fraction: float, seed: int):
   return train, held_out
 
 
+def create_instances(documents, rng: np.random.Generator, settings: pretraining.MaskingSettings):
+  """One pass over `documents`: the shuffled pairs, single segments or FULL-SENTENCES rows
+  (settings.rows) before masking."""
+  if settings.rows == 'full_sentences':
+    return pretraining.create_full_sentence_instances(
+        documents, rng, max_seq_length=settings.max_seq_length, separator=settings.special.sep)
+  return pretraining.create_instances(
+      documents, rng, max_seq_length=settings.max_seq_length,
+      short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
+      separators=settings.special.separators, pair_kind=settings.pair_kind)
+
+
+def make_features(instance, rng: np.random.Generator, settings: pretraining.MaskingSettings):
+  """One instance, masked as the settings say -> its fixed-shape features."""
+  return pretraining.make_features(
+      instance, rng, special=settings.special, vocab_size=settings.vocab_size,
+      max_seq_length=settings.max_seq_length, max_predictions=settings.max_predictions,
+      mask_rate=settings.mask_rate, mask_token_fraction=settings.mask_token_fraction,
+      random_token_fraction=settings.random_token_fraction,
+      keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation,
+      max_ngram=settings.max_ngram, spans=settings.spans, span_p=settings.span_p,
+      max_span=settings.max_span, span_keys=settings.span_keys)
+
+
 def build_examples(documents, rng: np.random.Generator, settings: pretraining.MaskingSettings):
   """One pass over `documents`: shuffled pairs (or rows) -> masked fixed-shape features,
   stacked."""
-  if settings.rows == 'full_sentences':
-    instances = pretraining.create_full_sentence_instances(
-        documents, rng, max_seq_length=settings.max_seq_length, separator=settings.special.sep)
-  else:
-    instances = pretraining.create_instances(
-        documents, rng, max_seq_length=settings.max_seq_length,
-        short_seq_prob=settings.short_seq_prob, nsp=settings.nsp,
-        separators=settings.special.separators, pair_kind=settings.pair_kind)
-  features = [
-      pretraining.make_features(
-          instance, rng, special=settings.special, vocab_size=settings.vocab_size,
-          max_seq_length=settings.max_seq_length, max_predictions=settings.max_predictions,
-          mask_rate=settings.mask_rate, mask_token_fraction=settings.mask_token_fraction,
-          random_token_fraction=settings.random_token_fraction,
-          keep_fraction=settings.keep_fraction, is_continuation=settings.is_continuation,
-          max_ngram=settings.max_ngram, spans=settings.spans, span_p=settings.span_p,
-          max_span=settings.max_span, span_keys=settings.span_keys)
-      for instance in instances]
+  features = [make_features(instance, rng, settings)
+              for instance in create_instances(documents, rng, settings)]
   if not features:
     return None
   return pretraining.stack_features(features)
 
 
 class PretrainingStream:
-  """The training stream: batches of epoch e come from pairs and masks seeded by (seed, e)."""
+  """The training stream: batches of epoch e come from pairs and masks seeded by (seed, e).
 
-  def __init__(self, documents, settings: pretraining.MaskingSettings, batch_size: int, seed: int):
+  build(documents, rng, settings) makes one pass's stacked features: build_examples, or for a
+  cross-lingual corpus data/crosslingual.py's.
+  """
+
+  def __init__(self, documents, settings: pretraining.MaskingSettings, batch_size: int, seed: int,
+               build=build_examples):
     self.documents = documents
     self.settings = settings
     self.batch_size = batch_size
     self.seed = seed
+    self.build = build
     self._epoch = None
     self._examples = None
 
@@ -67,7 +81,7 @@ class PretrainingStream:
     """All examples of `epoch` (cached for the current epoch)."""
     if self._epoch != epoch:
       rng = np.random.default_rng([self.seed, _TRAIN_STREAM, epoch])
-      self._examples = build_examples(self.documents, rng, self.settings)
+      self._examples = self.build(self.documents, rng, self.settings)
       self._epoch = epoch
     return self._examples
 
@@ -93,12 +107,13 @@ class PretrainingStream:
 
 
 def eval_batches(documents, settings: pretraining.MaskingSettings, batch_size: int,
-                 num_batches: int, seed: int) -> list[dict]:
-  """A fixed held-out set: the same pairs and masks at every evaluation."""
+                 num_batches: int, seed: int, build=build_examples) -> list[dict]:
+  """A fixed held-out set: the same pairs and masks at every evaluation (`build` as
+  PretrainingStream's)."""
   rng = np.random.default_rng([seed, _EVAL_STREAM])
   parts, count = [], 0
   for _ in range(1000):  # Passes over the held-out documents until there are enough examples.
-    examples = build_examples(documents, rng, settings)
+    examples = build(documents, rng, settings)
     if examples is None:
       break
     parts.append(examples)

@@ -376,19 +376,31 @@ def make_features(instance, rng, *, special, vocab_size, max_seq_length,
       random_token_fraction=random_token_fraction, keep_fraction=keep_fraction,
       is_continuation=is_continuation, max_ngram=max_ngram, spans=spans, span_p=span_p,
       max_span=max_span)
+  return padded_features(masked_ids, segment_ids, positions, labels, special=special,
+                         max_seq_length=max_seq_length, max_predictions=max_predictions,
+                         is_random_next=instance.is_random_next, span_keys=span_keys)
+
+
+def padded_features(masked_ids, segment_ids, positions, labels, *, special, max_seq_length,
+                    max_predictions, is_random_next=False, span_keys=False, **per_token):
+  """One row's masked ids and segment ids [n], predictions' positions and labels [p] -> the
+  fixed-shape features; `per_token` ids [n] (cross-lingual rows' position_ids and
+  language_ids) are padded with 0 to [S] as well."""
   features = {
       'input_ids': _pad(masked_ids, max_seq_length, special.pad),  # [S]
-      'input_mask': _pad(np.ones(len(input_ids), np.int32), max_seq_length, 0),
+      'input_mask': _pad(np.ones(len(masked_ids), np.int32), max_seq_length, 0),
       'segment_ids': _pad(segment_ids, max_seq_length, 0),  # [S]
       'masked_lm_positions': _pad(positions, max_predictions, 0),  # [P]
       'masked_lm_ids': _pad(labels, max_predictions, special.pad),  # [P]
       'masked_lm_weights': _pad(
           np.ones(len(positions), np.float32), max_predictions, 0.0),  # [P]
-      'next_sentence_labels': np.array(int(instance.is_random_next), np.int32),
+      'next_sentence_labels': np.array(int(is_random_next), np.int32),
   }
   if span_keys:
     features.update(masking.span_boundaries(features['masked_lm_positions'],
                                             features['masked_lm_weights']))  # [P] each
+  for key, values in per_token.items():
+    features[key] = _pad(np.asarray(values, np.int32), max_seq_length, 0)  # [S]
   return features
 
 

@@ -38,6 +38,8 @@ class BatchShape:
   max_seq_length: int
   max_predictions: int
   max_pairs_per_row: int = 0  # > 0: packed rows, that many instances each at most.
+  # Cross-lingual rows (data.languages): each token's position and language ids.
+  languages: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,13 +169,15 @@ def masks_inputs(config) -> bool:
 
 def batch_spec(objectives, shape: BatchShape) -> dict[str, tuple[tuple[int, ...], Any]]:
   """The whole batch's per-example spec: the encoder's inputs, the packing keys for packed rows,
-  and every objective's keys."""
+  the position and language ids of cross-lingual ones, and every objective's keys."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   s = shape.max_seq_length
   spec = {'input_ids': ((s,), jnp.int32), 'input_mask': ((s,), jnp.int32),
           'segment_ids': ((s,), jnp.int32)}
   if shape.max_pairs_per_row:
     spec.update({'position_ids': ((s,), jnp.int32), 'pair_ids': ((s,), jnp.int32)})
+  if shape.languages:
+    spec.update({'position_ids': ((s,), jnp.int32), 'language_ids': ((s,), jnp.int32)})
   for objective in objectives:
     spec.update(objective.batch_spec(shape))
   return spec

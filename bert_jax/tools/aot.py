@@ -158,7 +158,8 @@ def compile_train_step(config, mesh):
   batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
                             config.data.max_predictions_per_seq,
                             config.data.max_pairs_per_row if config.data.packing else 0,
-                            objectives=model.objectives)
+                            objectives=model.objectives,
+                            languages=bool(config.data.get('languages')))
   train_step = steps.jit_pretraining_step(config, model, tx, state_shardings,
                                           sharding.batch_sharding(mesh),
                                           compiler_options=config_lib.xla_options(config))

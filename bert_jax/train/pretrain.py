@@ -26,6 +26,7 @@ from bert_jax import plot
 from bert_jax import sharding
 from bert_jax.train import step as steps
 from bert_jax.data import corpus as corpus_lib
+from bert_jax.data import crosslingual
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining
 from bert_jax.data import records
@@ -41,11 +42,19 @@ def prepare_data(config, workdir: str):
   """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
   if config.data.prepared:
     return prepare_streaming(config)
+  languages = crosslingual.parse_languages(config.data.languages)
   try:
-    documents = corpus_lib.read_corpus(config.data.corpus, config.data.corpus_format,
-                                       config.data.max_documents)
+    if languages:
+      text = crosslingual.read_corpus(config)
+      documents = crosslingual.text_documents(text)
+    else:
+      documents = corpus_lib.read_corpus(config.data.corpus, config.data.corpus_format,
+                                         config.data.max_documents)
   except (ValueError, OSError) as e:
-    raise config_lib.ConfigError(f'config.data.corpus={config.data.corpus!r}: {e}') from e
+    where = (f'config.data.corpus={config.data.corpus!r}, config.data.parallel='
+             f'{config.data.parallel!r}' if languages else
+             f'config.data.corpus={config.data.corpus!r}')
+    raise config_lib.ConfigError(f'{where}: {e}') from e
   # The vocab an earlier run of this workdir kept there ('' when none).
   in_workdir = tokenizer_lib.kept_vocab(config.data.tokenizer, workdir)
   if jax.process_count() > 1 and not config.data.vocab_file and not in_workdir:
@@ -62,23 +71,36 @@ def prepare_data(config, workdir: str):
         config.data.tokenizer_cache_dir, config.data.tokenizer)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(f'config.data.vocab_file={config.data.vocab_file!r}: {e}') from e
-  encoded = tokenizer_lib.encode_documents(tokenizer, documents)
+  if languages:
+    encoded = crosslingual.encode(tokenizer, text)
+    build = functools.partial(crosslingual.build_examples, alpha=config.data.language_alpha)
+    eval_build = crosslingual.build_examples  # The held-out rows as the corpus has them.
+  else:
+    encoded = tokenizer_lib.encode_documents(tokenizer, documents)
+    build = eval_build = pipeline.build_examples
   if len(encoded) < 2:
     raise config_lib.ConfigError(
-        f'config.data.corpus={config.data.corpus!r} yields {len(encoded)} non-empty document(s); '
-        'pretraining needs at least 2 (one is held out for evaluation).')
-  train_docs, eval_docs = pipeline.split_documents(encoded, config.data.eval_fraction,
-                                                   config.seed)
+        f'config.data.corpus={config.data.corpus!r} yields {len(encoded)} non-empty document(s)'
+        f'{" and sentence pair(s)" if languages else ""}; pretraining needs at least 2 (one is '
+        'held out for evaluation).')
+  split = crosslingual.split if languages else pipeline.split_documents
+  train_docs, eval_docs = split(encoded, config.data.eval_fraction, config.seed)
   settings = pretraining.MaskingSettings.from_config(config, tokenizer.special,
                                                      tokenizer.vocab_size,
                                                      tokenizer.is_continuation())
-  stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed)
+  stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed,
+                                      build)
   held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
                                    config.train.batch_size,
-                                   config.train.eval_batches, config.seed)
-  logging.info('Corpus: %d documents (%d train, %d held out), %d sentences; vocab %d.',
-               len(encoded), len(train_docs), len(eval_docs),
-               sum(len(d) for d in encoded), tokenizer.vocab_size)
+                                   config.train.eval_batches, config.seed, eval_build)
+  if languages:
+    logging.info('Corpus: %s train, %s held out; vocab %d.',
+                 crosslingual.describe(train_docs, languages),
+                 crosslingual.describe(eval_docs, languages), tokenizer.vocab_size)
+  else:
+    logging.info('Corpus: %d documents (%d train, %d held out), %d sentences; vocab %d.',
+                 len(encoded), len(train_docs), len(eval_docs),
+                 sum(len(d) for d in encoded), tokenizer.vocab_size)
   return stream, held_out, tokenizer
 
 
@@ -219,11 +241,12 @@ DATA_LAYOUT_KEYS = (
     'data.dupe_factor', 'masking.rate', 'masking.mask_token_fraction',
     'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word',
     'masking.max_ngram', 'data.rows', 'data.tokenizer', 'masking.spans', 'masking.span_p',
-    'masking.max_span')
+    'masking.max_span', 'data.languages', 'data.language_alpha')
 # Layout keys added after checkpoints were written without them: such a checkpoint's batches
 # were made with these values.
 LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece',
-                   'masking.spans': '', 'masking.span_p': 0.2, 'masking.max_span': 10}
+                   'masking.spans': '', 'masking.span_p': 0.2, 'masking.max_span': 10,
+                   'data.languages': '', 'data.language_alpha': 1.0}
 
 
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:

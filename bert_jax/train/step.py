@@ -142,16 +142,19 @@ def batch_shape(config) -> objectives_lib.BatchShape:
   """The rows of a run's (phase's) batches, from its config."""
   pairs = config.data.max_pairs_per_row if config.data.get('packing') else 0
   return objectives_lib.BatchShape(config.data.max_seq_length,
-                                   config.data.max_predictions_per_seq, pairs)
+                                   config.data.max_predictions_per_seq, pairs,
+                                   languages=bool(config.data.get('languages')))
 
 
 def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
-                max_pairs_per_row: int = 0, objectives=('mlm', 'nsp')):
+                max_pairs_per_row: int = 0, objectives=('mlm', 'nsp'), languages: bool = False):
   """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation.
 
-  max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair).
+  max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair); languages:
+  cross-lingual rows (position and language ids).
   """
-  shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row)
+  shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row,
+                                    languages)
   spec = objectives_lib.batch_spec([objectives_lib.resolve(n) for n in objectives], shape)
   return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}
 

@@ -45,7 +45,7 @@ def test_every_arm_pretrains_for_the_reference_arms_flops(tmp_path, steps):
   bert = run_config(jobs['bert'])
   assert bert.train.num_steps == (steps or 20000)
   budget = training_flops(jobs['bert'])
-  for arm in ('roberta', 'albert', 'electra'):
+  for arm in ('bert_mlm', 'roberta', 'albert', 'electra'):
     config = run_config(jobs[arm])
     per_step = config.train.batch_size * metrics.model_flops_per_sequence(config)
     assert abs(training_flops(jobs[arm]) - budget) <= per_step / 2  # The nearest step.
@@ -65,7 +65,8 @@ def test_each_tokenizer_streams_its_own_prepared_corpus(tmp_path):
   assert [job.kind for job in plan.jobs][:3] == ['prepare'] * 3
   jobs = pretraining(plan)
   corpora = {arm: run_config(job).data.prepared for arm, job in jobs.items()}
-  assert corpora == {'bert': str(tmp_path / 'corpus'), 'roberta': str(tmp_path / 'corpus-bpe'),
+  assert corpora == {'bert': str(tmp_path / 'corpus'), 'bert_mlm': str(tmp_path / 'corpus'),
+                     'roberta': str(tmp_path / 'corpus-bpe'),
                      'albert': str(tmp_path / 'corpus-sentencepiece'),
                      'electra': str(tmp_path / 'corpus')}  # BERT's WordPiece.
   for arm, job in jobs.items():
@@ -84,13 +85,13 @@ def test_one_corpus_with_two_vocabularies_is_refused(tmp_path):
   arms['cased'] = {'label': 'cased WordPiece', 'pretrain': {'data': {'lowercase': False}}}
   sweep.arms = arms
   with pytest.raises(spec.SweepError,
-                     match=r"'bert', 'electra', 'cased' stream one prepared corpus .*config.data.lowercase"):
+                     match=r"'bert', 'bert_mlm', 'electra', 'cased' stream one prepared corpus .*config.data.lowercase"):
     spec.plan(sweep, str(tmp_path))
 
 
 @pytest.mark.parametrize('field, value, message', [
     ('equal_flops', 'deberta', r"sweep.equal_flops='deberta' names no pretrained arm; the "
-                               r"pretrained arms are bert, roberta, albert, electra"),
+                               r"pretrained arms are bert, bert_mlm, roberta, albert, electra"),
     ('args', 'steps=100', r"Arm 'roberta' sets steps in its args, but sweep.equal_flops='bert'"),
 ])
 def test_bad_equal_flops_settings_are_named(tmp_path, field, value, message):

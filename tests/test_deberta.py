@@ -248,3 +248,14 @@ def test_a_pretraining_run_fine_tunes_and_exports(tmp_path):
   with torch.no_grad():
     logits = model(input_ids=torch.tensor([[2, 7, 9, 3]])).logits
   assert logits.shape[-1] == pretraining.model.vocab_size and torch.isfinite(logits).all()
+
+
+def test_the_fused_feed_forward_computes_the_same_layers(hf_models):
+  """With ffn_impl='pallas' (the recipe's GPU setting; its kernel's CPU path here) the layers
+  keep BERT's feed-forward parameters and compute the same logits."""
+  config = our_config('v3', scan_layers=False)
+  config.model.gelu = 'tanh'  # The fused kernel's GELU.
+  params, _ = imported(hf_models['v3'][1], config)
+  reference = run_ours(params, config)
+  config.model.ffn_impl = 'pallas'
+  np.testing.assert_allclose(run_ours(params, config), reference, rtol=1e-5, atol=1e-5)

@@ -327,10 +327,17 @@ class BertLayer(nn.Module):
     cfg = self.config
     # x: [batch, length, embed]
     x = BertAttention(cfg, self.layer_index, name='attention')(x, bias, deterministic)
-    # [batch, length, mlp]; with ffn_impl='pallas' x and the dense's parameters.
-    h = BertIntermediate(cfg, name='intermediate')(x)
-    return BertResidualOutput(cfg, ('mlp',), whole_ffn=cfg.ffn_impl == 'pallas',
-                              name='output')(h, x, deterministic)
+    return feed_forward(cfg, x, deterministic)
+
+
+def feed_forward(cfg: BertConfig, x, deterministic):
+  """A post-LN layer's feed-forward block, `intermediate` then `output` (dense, dropout,
+  residual, LayerNorm), built in the calling layer's compact __call__; with ffn_impl='pallas'
+  one fused kernel computes it whole."""
+  # [batch, length, mlp]; with ffn_impl='pallas' x and the dense's parameters.
+  h = BertIntermediate(cfg, name='intermediate')(x)
+  return BertResidualOutput(cfg, ('mlp',), whole_ffn=cfg.ffn_impl == 'pallas',
+                            name='output')(h, x, deterministic)
 
 
 class BertIntermediate(nn.Module):

@@ -140,8 +140,7 @@ class DebertaLayer(nn.Module):
   def __call__(self, x, bias, relative, deterministic):
     cfg = self.config
     x = DebertaAttention(cfg, name='attention')(x, bias, relative, deterministic)
-    h = bert.BertIntermediate(cfg, name='intermediate')(x)
-    return bert.BertResidualOutput(cfg, ('mlp',), name='output')(h, x, deterministic)
+    return bert.feed_forward(cfg, x, deterministic)
 
 
 class ScannedDebertaLayer(DebertaLayer):

@@ -225,6 +225,21 @@ def test_clm_run_gets_its_own_loss_columns(tmp_path):
   assert 'are not comparable' in report.markdown(sweep)
 
 
+def test_other_objectives_held_out_metrics_get_a_column_only_when_a_run_has_them(tmp_path):
+  make_sweep(tmp_path)
+  assert 'held-out, other objectives' not in report.budget_rows(report.load(str(tmp_path)))[0]
+  path = tmp_path / 'pretrain/mlm_nsp/metrics.jsonl'
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  records[-1].update(nsp_accuracy=0.9312, rtd_disc_auc=0.5103)  # The last eval record.
+  records[-3].update(nsp_accuracy=0.5)  # An earlier one: not reported.
+  path.write_text(''.join(json.dumps(r) + '\n' for r in records))
+  sweep = report.load(str(tmp_path))
+  assert cells(report.budget_rows(sweep), 'mlm_nsp')['held-out, other objectives'] == (
+      'NSP accuracy 0.931; RTD AUC 0.510')
+  assert cells(report.budget_rows(sweep), 'mlm')['held-out, other objectives'] == '-'
+  assert 'the last eval record\'s accuracy of NSP or SOP' in report.markdown(sweep)
+
+
 def test_steps_table_appears_only_with_stepped_runs(tmp_path):
   make_sweep(tmp_path / 'plain')
   plain = report.load(str(tmp_path / 'plain'))

@@ -75,7 +75,11 @@ def budget_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   header = ['run', 'config', 'overrides', 'steps', 'tokens', 'PFLOPs', 'train loss']
   for kind in kinds:
     header += [f'held-out {kind.upper()} loss', f'{kind.upper()} perplexity']
+  others = any(run.held_out for run in sweep.pretrain.values())
+  if others:
+    header.append('held-out, other objectives')
   header += ['seq/s', 'MFU']
+  labels = dict(results.HELD_OUT_METRICS)
   rows = []
   for run in sweep.pretrain.values():
     own = {k: v for k, v in run.overrides.items() if k not in shared}
@@ -90,6 +94,8 @@ def budget_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
       mine = run.lm_kind == kind
       row += [_cell(run.eval_loss if mine else None, '.3f'),
               _cell(run.perplexity if mine else None, '.2f')]
+    if others:
+      row.append('; '.join(f'{labels[k]} {v:.3f}' for k, v in run.held_out) or NONE)
     row += [_cell(run.seq_per_s, '.1f'),
             NONE if run.mfu is None else f'{100 * run.mfu:.1f}%']
     rows.append(row)
@@ -208,7 +214,10 @@ def markdown(sweep: results.Sweep) -> str:
           'records.'
           + (' An MLM perplexity (masked tokens, context on both sides) and a CLM one (every '
              'next token, left context only) are not comparable.'
-             if 'clm' in _lm_kinds(sweep) else ''), '']
+             if 'clm' in _lm_kinds(sweep) else '')
+          + (" Other objectives: the last eval record's accuracy of NSP or SOP, the ELECTRA "
+             "discriminator's AUC and accuracy over every token, SpanBERT's boundary loss."
+             if any(run.held_out for run in sweep.pretrain.values()) else ''), '']
 
   header, rows = main_rows(sweep)
   paper = spec.get('paper', {})

@@ -44,6 +44,8 @@ class PretrainRun:
   mfu: float | None = None  # Likewise.
   train_curve: tuple = ()  # ((step, <lm_kind>_loss), ...) of the train records.
   eval_curve: tuple = ()  # ((step, <lm_kind>_loss), ...) of the eval records.
+  # The last eval record's HELD_OUT_METRICS that the run has: ((key, value), ...).
+  held_out: tuple = ()
 
   @property
   def perplexity(self) -> float | None:
@@ -154,6 +156,14 @@ def _mean(values: list[float]) -> float | None:
   return statistics.fmean(values) if values else None
 
 
+# What the other objectives' heads achieve on the held-out set (the eval record's keys, in the
+# report's order, with their labels): the sentence tasks' accuracy, how well ELECTRA's
+# discriminator ranks replaced tokens, SpanBERT's boundary loss.
+HELD_OUT_METRICS = (('nsp_accuracy', 'NSP accuracy'), ('sop_accuracy', 'SOP accuracy'),
+                    ('rtd_disc_auc', 'RTD AUC'), ('rtd_disc_accuracy', 'RTD accuracy'),
+                    ('sbo_loss', 'SBO loss'))
+
+
 def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
   """One pretraining run of sweep.json's pretrain_runs."""
   run_dir = os.path.join(workdir, run['workdir'])
@@ -181,7 +191,9 @@ def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
       seq_per_s=_mean([r['seq_per_s'] for r in timed]),
       mfu=_mean([r['mfu'] for r in timed if 'mfu' in r]),
       train_curve=tuple((r['step'], r[key]) for r in train if key in r),
-      eval_curve=tuple((r['step'], r[key]) for r in evals if key in r), **common)
+      eval_curve=tuple((r['step'], r[key]) for r in evals if key in r),
+      held_out=tuple((k, evals[-1][k]) for k, _ in HELD_OUT_METRICS if evals and k in evals[-1]),
+      **common)
 
 
 def load_finetune(workdir: str, run: dict) -> FinetuneRun:

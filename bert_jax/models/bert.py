@@ -466,9 +466,7 @@ class BertModel(nn.Module):
       # A causal [CLS] has seen only itself; the last real token has seen the whole row.
       ends = layers.last_positions(input_mask)[:, None]  # [batch, 1]
       return x, self.pooler(layers.gather_positions(last, ends)[:, 0])
-    if cls_positions is None:
-      return x, self.pooler(last[:, 0])
-    return x, self.pooler(layers.gather_positions(last, cls_positions))
+    return x, self.pooler(layers.first_or_gathered(last, cls_positions))
 
   def attend(self, x):
     return self.embeddings.attend(x)

@@ -237,17 +237,14 @@ class DebertaModel(nn.Module):
                pair_ids=None, cls_positions=None):
     cfg = self.config
     if position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32),
-                                      input_ids.shape)
+      position_ids = layers.row_positions(input_ids)
     del segment_ids  # No segment table.
     x = self.embeddings(input_ids, input_mask, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
-    if cls_positions is None:
-      return x, last[:, 0]
-    return x, layers.gather_positions(last, cls_positions)
+    return x, layers.first_or_gathered(last, cls_positions)
 
   def attend(self, x):
     return self.embeddings.attend(x)

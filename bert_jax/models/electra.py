@@ -130,9 +130,7 @@ class ElectraModel(nn.Module):
     x = _encode(self.config, self.embeddings_project, self.encoder, x, input_mask,
                 deterministic, pair_ids)
     last = x[-1] if self.return_all_layers else x
-    if cls_positions is None:
-      return x, self.pooler(last[:, 0])
-    return x, self.pooler(layers.gather_positions(last, cls_positions))
+    return x, self.pooler(layers.first_or_gathered(last, cls_positions))
 
   def attend(self, x):
     return self.embeddings.attend(x)

@@ -163,6 +163,17 @@ def norm(kind: str, eps: float, use_bias: bool, dtype: Dtype, param_dtype: Dtype
                       use_bias=use_bias, scale_init=inits['scale'], bias_init=inits['bias'])
 
 
+def first_or_gathered(x: jax.Array, cls_positions: jax.Array | None) -> jax.Array:
+  """The states an encoder pools: each row's first token's [batch, embed], or with packed rows
+  each pair's at cls_positions [batch, pairs] -> [batch, pairs, embed]."""
+  return x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
+
+
+def row_positions(input_ids: jax.Array) -> jax.Array:
+  """0, 1, ... along each row of [batch, length] ids: the position ids of unpacked rows."""
+  return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+
+
 def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
   """x[b, positions[b, p]] for [batch, length, embed] x and [batch, picks] positions, as a one-hot
   matmul: [batch, picks, embed].

@@ -192,7 +192,7 @@ class ModernBertModel(nn.Module):
     cfg = self.config
     length = input_ids.shape[1]
     if position_ids is None:
-      position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), input_ids.shape)
+      position_ids = layers.row_positions(input_ids)
     x = self.embeddings(input_ids, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     full = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
@@ -208,9 +208,7 @@ class ModernBertModel(nn.Module):
                                        ('local', cfg.local_rope_theta))}
     x = self.encoder(x, biases, rotations, deterministic)
     last = x[-1] if self.return_all_layers else x
-    if cls_positions is None:
-      return x, last[:, 0]
-    return x, layers.gather_positions(last, cls_positions)
+    return x, layers.first_or_gathered(last, cls_positions)
 
   def attend(self, x):
     return self.embeddings.attend(x)

@@ -218,7 +218,9 @@ def test_auc_from_histograms_is_the_pairwise_auc_pooled_over_batches():
   binned = {k: np.floor((np.asarray(v) + rtd.AUC_RANGE) / 0.2) for k, v in scores.items()}
   pairs = binned['replaced'][:, None] - binned['original'][None, :]
   exact = ((pairs > 0).sum() + 0.5 * (pairs == 0).sum()) / pairs.size
-  auc = rtd.metrics({k: float(v) for k, v in pooled.items()})['rtd_disc_auc']
+  # Two histogram leaves (not a stat a bin), read by the train loop's summary.
+  assert pooled['rtd_auc_replaced'].shape == (rtd.AUC_BINS,)
+  auc = objectives.summarize([rtd.OBJECTIVE], pooled)['rtd_disc_auc']
   np.testing.assert_allclose(auc, exact, rtol=1e-6)
   assert 0.6 < auc < 1.0
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
 from bert_jax import registry
 
@@ -211,8 +212,10 @@ def total_loss(objectives, stats):
 
 def summarize(objectives, stats) -> dict[str, float]:
   """Pooled sums and counts -> the metrics.jsonl fields: each objective's (among them
-  '<name>_loss'), and 'loss', the sum of those."""
-  stats = {k: float(v) for k, v in stats.items()}
+  '<name>_loss'), and 'loss', the sum of those. A stat is a scalar or, as a histogram, a
+  vector (read as a float64 array)."""
+  stats = {k: float(v) if np.ndim(v) == 0 else np.asarray(v, np.float64)
+           for k, v in stats.items()}
   out, loss = {}, None
   for objective in objectives:
     fields = objective.metrics(stats)

@@ -104,3 +104,27 @@ def test_bad_equal_flops_settings_are_named(tmp_path, field, value, message):
     sweep.arms = arms
   with pytest.raises(spec.SweepError, match=message):
     spec.plan(sweep, str(tmp_path))
+
+
+def test_electra_small_and_bert_small_share_the_papers_small_shape_at_equal_flops(tmp_path):
+  _data_root()
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'electra_small.py'))
+  plan = spec.plan(sweep, str(tmp_path))
+  jobs = pretraining(plan)
+  electra_config, bert_config = run_config(jobs['electra']), run_config(jobs['bert_small'])
+  for config in (electra_config, bert_config):
+    model = config.model
+    assert (model.name, model.num_layers, model.hidden_size, model.num_heads,
+            model.embedding_size, model.intermediate_size) == ('electra', 12, 256, 4, 128, 1024)
+    assert (config.train.batch_size, config.train.learning_rate) == (128, 5e-4)
+  assert electra_config.objectives == 'rtd' and bert_config.objectives == 'mlm'
+  assert electra_config.model.generator_fraction == 0.25
+  assert electra_config.train.num_steps == 10000
+  # MLM alone costs less a sequence, so it trains more steps for the same FLOPs.
+  per_step = bert_config.train.batch_size * metrics.model_flops_per_sequence(bert_config)
+  assert abs(training_flops(jobs['bert_small']) - training_flops(jobs['electra'])) <= per_step / 2
+  assert jobs['bert_small'].num_steps > 10000
+  finetunes = [job for job in plan.jobs if job.kind == 'finetune']
+  assert {job.arm for job in finetunes} == {'electra', 'bert_small'}
+  for job in finetunes:
+    assert run_config(job).train.learning_rate == 3e-4

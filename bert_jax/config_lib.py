@@ -96,6 +96,7 @@ RANGES = {
     # Fine-tuning only.
     'train.eval_batch_size': NON_NEGATIVE, 'train.num_epochs': POSITIVE,
     'train.warmup_proportion': BELOW_ONE,
+    'train.layerwise_lr_decay': Range(lambda x: 0 <= x <= 1, 'in [0, 1] (0: off)'),
     'task.max_train_examples': NON_NEGATIVE, 'task.split_dev_fraction': BELOW_ONE,
     'task.doc_stride': POSITIVE, 'task.max_query_length': POSITIVE, 'task.n_best_size': POSITIVE,
     'task.max_answer_length': POSITIVE, 'task.null_score_diff_threshold': ANY_SIGN,
@@ -673,6 +674,10 @@ def validate_finetune(config) -> None:
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
   _check_names(config)
+  if config.train.layerwise_lr_decay and config.model.get('name', 'bert') == 'albert':
+    raise ConfigError(
+        f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} needs each layer\'s '
+        "own parameters, and ALBERT's layers share one set: set it to 0 for model.name='albert'.")
   _check_model_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:

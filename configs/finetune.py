@@ -90,6 +90,9 @@ def get_config(arg=None):
   train.learning_rate = 2e-5  # Peak (the paper picks 5e-5, 4e-5, 3e-5 or 2e-5 on dev).
   train.warmup_proportion = 0.1  # Share of the steps with linear warmup, then linear decay to 0.
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
+  # ELECTRA's layer-wise learning-rate decay: the update of a parameter d steps below the task
+  # head scaled by decay^d (optim.scale_by_layer_depth; ELECTRA: 0.8, Large 0.9). 0: off.
+  train.layerwise_lr_decay = 0.0
   train.adam_b1 = 0.9
   train.adam_b2 = 0.999
   train.adam_eps = 1e-6

@@ -325,3 +325,47 @@ def test_bad_inputs_fail_before_compiling(tmp_path, vocab_file, monkeypatch):
   config.train.batch_size = 1000
   with pytest.raises(config_lib.ConfigError, match='fewer than config.train.batch_size=1000'):
     finetune.run(config, str(tmp_path / 'e'))
+  config = sst2_config(tmp_path, vocab_file)
+  config.train.layerwise_lr_decay = 1.25
+  with pytest.raises(config_lib.ConfigError, match=r'layerwise_lr_decay=1\.25.*\[0, 1\]'):
+    finetune.run(config, str(tmp_path / 'f'))
+  config.train.layerwise_lr_decay = 0.8
+  config.model.name = 'albert'
+  with pytest.raises(config_lib.ConfigError, match="ALBERT's layers share one set"):
+    finetune.run(config, str(tmp_path / 'g'))
+
+
+@pytest.mark.parametrize('family', ['bert', 'electra', 'modernbert', 'deberta'])
+def test_layerwise_decay_reaches_every_parameter_of_a_fine_tuning_model(tmp_path, vocab_file,
+                                                                      family):
+  import functools  # pylint: disable=g-import-not-at-top
+  import flax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import heads  # pylint: disable=g-import-not-at-top
+  config = sst2_config(tmp_path, vocab_file, layerwise_lr_decay=0.5, warmup_proportion=0.0)
+  config.model.name = family
+  model = finetune.build_model(config, finetune.build_task(config))
+  ids = jax.ShapeDtypeStruct(heads.input_shape(model.head, model.num_outputs, 1, 2), jnp.int32)
+  params = flax.linen.meta.unbox(jax.eval_shape(
+      functools.partial(model.init, deterministic=True), jax.random.PRNGKey(0), ids, ids,
+      ids)['params'])
+  params = jax.tree.map(lambda x: jnp.ones(x.shape, jnp.float32), params)
+  decayed, _ = finetune.create_optimizer(config.train, 10, False, config.model.num_layers)
+  config.train.layerwise_lr_decay = 0.0
+  plain, _ = finetune.create_optimizer(config.train, 10, False, config.model.num_layers)
+  # One Adam step from equal gradients: every parameter moves by the same amount but for its
+  # layer's factor.
+  ratios = jax.tree.map(lambda a, b: np.asarray(a) / np.asarray(b),
+                        decayed.update(params, decayed.init(params), params)[0],
+                        plain.update(params, plain.init(params), params)[0])
+  flat = flax.traverse_util.flatten_dict(ratios, sep='/')
+  n = config.model.num_layers
+  for path, ratio in flat.items():
+    if path.startswith('bert/embeddings/'):
+      np.testing.assert_allclose(ratio, 0.5 ** (n + 2), rtol=1e-5, err_msg=path)
+    elif not path.startswith('bert/'):  # The task head.
+      np.testing.assert_allclose(ratio, 1.0, rtol=1e-5, err_msg=path)
+  layer_ratios = sorted({float(np.round(r, 6)) for p, r in flat.items()
+                         if p.startswith('bert/encoder/layer') for r in np.ravel(r)})
+  np.testing.assert_allclose(layer_ratios, [0.5 ** (n + 2 - d) for d in range(1, n + 1)],
+                             rtol=1e-5)

@@ -1,4 +1,5 @@
-"""Optimizers: the schedule, the decay mask, and LAMB's layer-wise trust ratio."""
+"""Optimizers: the schedule, the decay mask, LAMB's layer-wise trust ratio, and ELECTRA's
+layer-wise learning-rate decay."""
 
 import jax
 import jax.numpy as jnp
@@ -84,3 +85,73 @@ def test_bfloat16_first_moment_stores_mu_only_in_bfloat16(optimizer):
   for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(reference)):
     assert a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-7)
+
+
+def encoder_tree(num_layers=3, scanned=True):
+  """Parameters laid out as a fine-tuning model's: the encoder under 'bert', a task head."""
+  rng = np.random.default_rng(1)
+  leaf = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  layers = ({'layer': {'dense': {'kernel': leaf(num_layers, 4, 4), 'bias': leaf(num_layers, 4)}}}
+            if scanned else {f'layer_{i}': {'dense': {'kernel': leaf(4, 4), 'bias': leaf(4)}}
+                             for i in range(num_layers)})
+  return {'bert': {'embeddings': {'word_embeddings': leaf(10, 2)},
+                   'embeddings_project': {'kernel': leaf(2, 4)},
+                   'encoder': layers, 'pooler': {'dense': {'kernel': leaf(4, 4)}}},
+          'classifier': {'kernel': leaf(4, 2)}}
+
+
+def test_layer_depth_places_each_parameter_as_electras_reference():
+  depth = lambda *path: optim.layer_depth(path, 12)  # noqa: E731
+  assert depth('bert', 'embeddings', 'word_embeddings') == 0
+  assert depth('bert', 'embeddings_project', 'kernel') == 0
+  assert depth('bert', 'encoder', 'layer_0', 'dense', 'kernel') == 1
+  assert depth('bert', 'encoder', 'layer_11', 'dense', 'kernel') == 12
+  np.testing.assert_array_equal(depth('bert', 'encoder', 'layer', 'dense', 'kernel'),
+                                np.arange(1, 13))
+  assert depth('bert', 'encoder', 'rel_embeddings', 'embedding') == 0  # Read by every layer.
+  assert depth('bert', 'encoder', 'final_norm', 'scale') == 13  # After the last layer.
+  assert depth('bert', 'pooler', 'dense', 'kernel') == 14
+  assert depth('classifier', 'kernel') == 14
+  with pytest.raises(ValueError, match="ALBERT's layers share one set"):
+    depth('bert', 'encoder', 'shared_layer', 'dense', 'kernel')
+
+
+@pytest.mark.parametrize('scanned', [True, False])
+def test_layerwise_decay_scales_each_update_by_decay_to_its_distance_from_the_head(scanned):
+  params = encoder_tree(scanned=scanned)
+  grads = jax.tree.map(lambda p: p * 1e-3, params)
+  config = train_config('adamw', 1e-2)
+  plain = optim.create_optimizer(config)
+  config.layerwise_lr_decay = 0.5
+  decayed = optim.create_optimizer(config, num_layers=3)
+  expected, _ = plain.update(grads, plain.init(params), params)
+  updates, _ = decayed.update(grads, decayed.init(params), params)
+  ratio = lambda *path: np.asarray(_get(updates, path)) / np.asarray(_get(expected, path))  # noqa: E731
+  np.testing.assert_allclose(ratio('classifier', 'kernel'), 1.0)
+  np.testing.assert_allclose(ratio('bert', 'pooler', 'dense', 'kernel'), 1.0)
+  np.testing.assert_allclose(ratio('bert', 'embeddings', 'word_embeddings'), 0.5 ** 5)
+  np.testing.assert_allclose(ratio('bert', 'embeddings_project', 'kernel'), 0.5 ** 5)
+  for i in range(3):  # Layer i sits at depth i + 1, the head at 3 + 2.
+    path = (('bert', 'encoder', 'layer', 'dense', 'kernel') if scanned
+            else ('bert', 'encoder', f'layer_{i}', 'dense', 'kernel'))
+    r = ratio(*path)
+    np.testing.assert_allclose(r[i] if scanned else r, 0.5 ** (4 - i), rtol=1e-6)
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def test_layerwise_decay_with_a_frozen_encoder_moves_only_the_head():
+  params = encoder_tree()
+  grads = jax.tree.map(lambda p: p * 1e-3, params)
+  config = train_config('adamw', 1e-2)
+  config.layerwise_lr_decay = 0.8
+  tx = optim.create_optimizer(config, frozen=('bert',), num_layers=3)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert all(not np.any(u) for u in jax.tree.leaves(updates['bert']))
+  plain = optim.create_optimizer(train_config('adamw', 1e-2), frozen=('bert',))
+  expected, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_allclose(updates['classifier']['kernel'], expected['classifier']['kernel'])

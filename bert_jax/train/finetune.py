@@ -78,12 +78,13 @@ def build_model(config, task: base.Task) -> heads.BertForFineTuning:
                                  lstm_layers=t.lstm_layers, lstm_units=t.lstm_units, model=name)
 
 
-def create_optimizer(train_config, num_steps: int, frozen_encoder: bool):
+def create_optimizer(train_config, num_steps: int, frozen_encoder: bool, num_layers: int = 0):
   """The paper's fine-tuning AdamW (optim.create_optimizer): warmup over a share of the steps,
-  then linear decay to 0. Returns (optimizer, schedule)."""
+  then linear decay to 0, with train.layerwise_lr_decay over the encoder's num_layers layers
+  when set. Returns (optimizer, schedule)."""
   warmup = int(train_config.warmup_proportion * num_steps)
   tx = optim.create_optimizer(train_config, num_steps, warmup,
-                              frozen=('bert',) if frozen_encoder else ())
+                              frozen=('bert',) if frozen_encoder else (), num_layers=num_layers)
   return tx, optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
 
 
@@ -290,7 +291,8 @@ def run(config, workdir: str) -> dict:
           f'config.train.{name}={value} is not divisible by the {sharding.batch_divisor(mesh)} '
           'devices the batch is split over (mesh data x fsdp).')
   model = build_model(config, task)
-  tx, schedule = create_optimizer(config.train, num_steps, config.task.feature_layers > 0)
+  tx, schedule = create_optimizer(config.train, num_steps, config.task.feature_layers > 0,
+                                  config.model.num_layers)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   preemption = guard.Preemption()
   with preemption.handling(), guard.claim(workdir) as claim:

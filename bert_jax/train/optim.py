@@ -5,10 +5,14 @@ AdamW: eps 1e-6, decoupled weight decay 0.01 not on LayerNorm or biases, as the 
 LAMB: the same Adam update and decay, then each parameter's update is scaled by the trust ratio
 ||w|| / ||update|| (layer-wise adaptation); LayerNorm parameters and biases are left out of the
 adaptation and the decay, as in You et al.'s BERT recipe.
+Layer-wise learning-rate decay (fine-tuning, ELECTRA's recipe): each parameter's update scaled by
+its depth in the encoder (`scale_by_layer_depth`).
 """
 
 import flax
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 # Leaves that get no weight decay, as in the original BERT ("LayerNorm", "layer_norm", "bias").
@@ -29,6 +33,57 @@ def weight_decay_mask(params):
   return flax.traverse_util.unflatten_dict(mask)
 
 
+# The encoder's scope in every model (models.Family.scope) and its parameters outside the layers
+# that sit above the last layer (ModernBERT's final norm); the rest sit below the first.
+ENCODER_SCOPE = 'bert'
+ABOVE_LAYERS = ('final_norm',)
+
+
+def layer_depth(path: tuple, num_layers: int):
+  """A parameter's depth (ELECTRA's _get_layer_lrs): 0 for the embeddings (and encoder
+  parameters every layer reads, such as DeBERTa's relative embeddings), i + 1 for encoder layer
+  i, num_layers + 1 for what follows the last layer inside the encoder, num_layers + 2 for every
+  parameter outside the encoder (pooler, task head). A scanned stack ('encoder/layer', layers on
+  axis 0) gets an array of depths, 1..num_layers. path: the parameter's keys from the root."""
+  if path[0] != ENCODER_SCOPE:
+    return num_layers + 2
+  if len(path) < 3 or path[1] != 'encoder':
+    return num_layers + 2 if path[1] == 'pooler' else 0
+  name = path[2]
+  if name == 'layer':
+    return np.arange(1, num_layers + 1)
+  if name.startswith('layer_') and name[len('layer_'):].isdigit():
+    return int(name[len('layer_'):]) + 1
+  if name == 'shared_layer':
+    raise ValueError('config.train.layerwise_lr_decay needs each layer\'s own parameters; '
+                     "ALBERT's layers share one set ('bert/encoder/shared_layer'). Set it to 0.")
+  return num_layers + 1 if name in ABOVE_LAYERS else 0
+
+
+def scale_by_layer_depth(decay: float, num_layers: int) -> optax.GradientTransformation:
+  """Scales each update by decay ** (num_layers + 2 - layer_depth): the task head at the full
+  rate, the top layer at decay^2, the embeddings at decay^(num_layers + 2), as
+  google-research/electra's fine-tuning (whose head sits two steps above the top layer). Placed
+  after the optimizer's update, it scales that parameter's learning rate (and its decay)."""
+
+  def factor(path, update):
+    keys = tuple(getattr(k, 'key', getattr(k, 'name', k)) for k in path)
+    depth = layer_depth(keys, num_layers)
+    scale = np.power(float(decay), num_layers + 2 - np.asarray(depth, np.float64))
+    if scale.ndim:  # A scanned stack: one factor per layer along axis 0.
+      if update.shape[0] != num_layers:
+        raise ValueError(f'{"/".join(map(str, keys))} stacks {update.shape[0]} layers, not '
+                         f'model.num_layers={num_layers}.')
+      scale = scale.reshape((num_layers,) + (1,) * (update.ndim - 1))
+    return update * jnp.asarray(scale, update.dtype)
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(factor, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def lamb(learning_rate, b1, b2, eps, weight_decay, mu_dtype=None) -> optax.GradientTransformation:
   """LAMB with decay and trust ratio on weight_decay_mask's parameters only."""
   return optax.chain(
@@ -39,7 +94,8 @@ def lamb(learning_rate, b1, b2, eps, weight_decay, mu_dtype=None) -> optax.Gradi
 
 
 def create_optimizer(train_config, num_steps: int | None = None,
-                     warmup_steps: int | None = None, frozen: tuple[str, ...] = ()):
+                     warmup_steps: int | None = None, frozen: tuple[str, ...] = (),
+                     num_layers: int = 0):
   """Global-norm clipping then AdamW or LAMB under the warmup + linear-decay schedule: the one
   optimizer of every mode.
 
@@ -47,7 +103,8 @@ def create_optimizer(train_config, num_steps: int | None = None,
   optimizer 'adamw' (default) or 'lamb'; adam_mu_dtype). num_steps and warmup_steps default to
   train_config.num_steps and warmup_steps (pretraining); fine-tuning passes its own. frozen: top
   level parameter subtrees that never change and carry no optimizer state (the feature-based
-  mode's encoder, 'bert').
+  mode's encoder, 'bert'). train_config.layerwise_lr_decay (fine-tuning; absent or 0: off)
+  scales each update by its depth among the encoder's num_layers layers (scale_by_layer_depth).
   """
   num_steps = train_config.num_steps if num_steps is None else num_steps
   warmup_steps = train_config.warmup_steps if warmup_steps is None else warmup_steps
@@ -63,6 +120,9 @@ def create_optimizer(train_config, num_steps: int | None = None,
                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay,
                          mask=weight_decay_mask, mu_dtype=mu_dtype)
   tx = optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), update)
+  decay = train_config.get('layerwise_lr_decay', 0.0)
+  if decay:
+    tx = optax.chain(tx, scale_by_layer_depth(decay, num_layers))
   if frozen:
     labels = lambda params: {k: 'frozen' if k in frozen else 'train' for k in params}  # noqa: E731
     tx = optax.multi_transform({'train': tx, 'frozen': optax.set_to_zero()}, labels)

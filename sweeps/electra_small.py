@@ -49,5 +49,9 @@ def get_config():
   sweep.equal_flops = 'electra'
   sweep.finetune.tasks = 'sst2'
   # ELECTRA's fine-tuning rate for its small models (the paper's Table 7); both arms alike.
-  sweep.finetune.overrides['train']['learning_rate'] = 3e-4
+  # Its layer-wise decay (0.8) and weight decay (0) are one override away:
+  # --sweep.finetune.overrides.train.layerwise_lr_decay=0.8
+  # --sweep.finetune.overrides.train.weight_decay=0.0
+  sweep.finetune.overrides['train'].update(learning_rate=3e-4, layerwise_lr_decay=0.0,
+                                           weight_decay=0.01)
   return sweep

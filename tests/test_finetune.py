@@ -335,7 +335,8 @@ def test_bad_inputs_fail_before_compiling(tmp_path, vocab_file, monkeypatch):
     finetune.run(config, str(tmp_path / 'g'))
 
 
-@pytest.mark.parametrize('family', ['bert', 'electra', 'modernbert', 'deberta'])
+@pytest.mark.parametrize('family', ['electra'] + [  # Scanned layers, embeddings_project.
+    pytest.param(f, marks=pytest.mark.slow) for f in ('bert', 'modernbert', 'deberta')])
 def test_layerwise_decay_reaches_every_parameter_of_a_fine_tuning_model(tmp_path, vocab_file,
                                                                       family):
   import functools  # pylint: disable=g-import-not-at-top

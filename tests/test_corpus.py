@@ -297,6 +297,7 @@ def test_shared_gutenberg_book_is_one_document_without_license():
   assert len(documents[0]) > 1000
 
 
+@pytest.mark.slow
 def test_the_builtin_corpus_is_parsed_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
   monkeypatch.setenv('BERT_JAX_CACHE', str(tmp_path))
   monkeypatch.setattr(corpus, '_BUILTIN_MEMO', {})
@@ -312,6 +313,7 @@ def test_the_builtin_corpus_is_parsed_once_and_then_read_from_the_cache(tmp_path
   assert corpus.builtin_corpus() == [['a cached sentence .']]
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_only_costs_the_parse(tmp_path, monkeypatch):
   blocked = tmp_path / 'file'
   blocked.write_text('')

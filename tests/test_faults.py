@@ -466,6 +466,7 @@ def test_a_changed_data_position_makes_its_step_unreadable(tmp_path, caplog):
   assert 'the data position differs from the one saved' in caplog.text
 
 
+@pytest.mark.slow
 def test_single_bit_flips_anywhere_in_the_newest_step_never_restore_damaged_values(tmp_path):
   rng = random.Random(0)
   directory = str(tmp_path / 'pristine')

@@ -98,6 +98,7 @@ def test_flops_are_the_encoders_and_each_heads(segment_objective):
   assert metrics.model_flops_per_sequence(with_segment) == design + 3 * s * 2 * h * 2
 
 
+@pytest.mark.slow
 def test_an_objective_registered_from_a_test_trains_end_to_end(tmp_path, segment_objective):
   workdir = str(tmp_path / 'run')
   config = micro_config(tmp_path, objectives='mlm,segment', **{

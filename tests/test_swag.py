@@ -141,6 +141,7 @@ def test_the_paper_s_settings_are_the_defaults_and_data_dir_an_argument(monkeypa
   assert swag_config.get_config('data_dir=/elsewhere/swag').task.data_dir == '/elsewhere/swag'
 
 
+@pytest.mark.slow
 def test_swag_trains_through_main_and_writes_accuracy_per_seed_and_median(tmp_path, vocab):
   data = write_swag(tmp_path / 'swag', train=12, dev=7)
   workdir = tmp_path / 'run'

@@ -233,6 +233,7 @@ def test_prepare_data_gives_batches_with_position_and_language_ids(tmp_path):
   assert set(np.unique(examples['language_ids'][examples['input_mask'] > 0])) == {0, 1}
 
 
+@pytest.mark.slow
 def test_pretraining_the_xlm_recipe_lowers_the_held_out_loss(tmp_path):
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   config = tiny_xlm(tmp_path)

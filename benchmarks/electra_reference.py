@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.models import electra  # noqa: E402  pylint: disable=wrong-import-position
+from bert_jax.train import optim  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def reference_models(model, device):
@@ -108,9 +109,9 @@ def train(config, workdir, steps, log_every, device, out=None, seed=0):
         'weight_decay': t.weight_decay},
        {'params': [p for n, p in named.values() if no_decay(n)], 'weight_decay': 0.0}],
       lr=t.learning_rate, betas=(t.adam_b1, t.adam_b2), eps=t.adam_eps)
-  warmup, total = t.warmup_steps, t.num_steps
-  schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (
-      s / warmup if s < warmup else max(0.0, (total - s) / max(total - warmup, 1))))
+  # bert_jax's own schedule, as a multiplier of the peak.
+  shape = optim.learning_rate_schedule(1.0, t.warmup_steps, t.num_steps)
+  schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: float(shape(s)))
   autocast = torch.autocast(device_type='cuda', dtype=torch.bfloat16,
                             enabled=device.startswith('cuda'))
   records, interval = [], {'gen': 0.0, 'disc': 0.0, 'scores': [], 'labels': []}

@@ -67,6 +67,11 @@ def shared_overrides(sweep: results.Sweep) -> dict:
           if all(k in r.overrides and r.overrides[k] == v for r in runs[1:])}
 
 
+def _has_other_objectives(sweep: results.Sweep) -> bool:
+  """Whether any pretraining run's last eval record holds a HELD_OUT_METRICS value."""
+  return any(run.held_out for run in sweep.pretrain.values())
+
+
 def budget_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   """(header, rows) of the pretraining budgets: one row per pretraining run, with its config
   and the overrides it does not share with every other run."""
@@ -75,7 +80,7 @@ def budget_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   header = ['run', 'config', 'overrides', 'steps', 'tokens', 'PFLOPs', 'train loss']
   for kind in kinds:
     header += [f'held-out {kind.upper()} loss', f'{kind.upper()} perplexity']
-  others = any(run.held_out for run in sweep.pretrain.values())
+  others = _has_other_objectives(sweep)
   if others:
     header.append('held-out, other objectives')
   header += ['seq/s', 'MFU']
@@ -217,7 +222,7 @@ def markdown(sweep: results.Sweep) -> str:
              if 'clm' in _lm_kinds(sweep) else '')
           + (" Other objectives: the last eval record's accuracy of NSP or SOP, the ELECTRA "
              "discriminator's AUC and accuracy over every token, SpanBERT's boundary loss."
-             if any(run.held_out for run in sweep.pretrain.values()) else ''), '']
+             if _has_other_objectives(sweep) else ''), '']
 
   header, rows = main_rows(sweep)
   paper = spec.get('paper', {})

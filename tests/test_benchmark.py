@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bert_jax.tools import benchmark
@@ -40,6 +41,29 @@ def test_benchmark_reports_throughput_mfu_and_shape(monkeypatch):
   # No datasheet for a CPU: no MFU against one, and nothing flagged.
   assert (record['datasheet_peak_flops_per_device'], record['mfu_vs_datasheet'],
           record['peak_above_datasheet']) == (None, None, False)
+
+
+def test_random_batch_masks_distinct_positions_inside_the_row():
+  config = tiny.get_config()
+  config.train.batch_size = 64
+  config.data.update(max_seq_length=24, max_predictions_per_seq=20)
+  positions = benchmark.random_batch(config, np.random.default_rng(0))['masked_lm_positions']
+  assert positions.shape == (64, 20)
+  # 20 of the 22 inner positions a row: drawn with replacement, nearly every row would repeat one.
+  assert all(len(set(row)) == 20 for row in positions.tolist())
+  assert positions.min() >= 1 and positions.max() <= 22
+
+
+def test_benchmark_of_electra_trains_on_its_random_batches():
+  # ELECTRA writes its generator's samples back at the masked positions: a repeated position
+  # summed two ids into one outside the vocabulary, and the loss was NaN.
+  config = tiny.get_config()
+  config.model.update(name='electra', hidden_size=32, intermediate_size=64, vocab_size=512,
+                      num_layers=1)
+  config.objectives = 'rtd'
+  config.train.batch_size = 4
+  record = benchmark.run(config, num_steps=1, warmup=1)
+  assert np.isfinite(record['loss']) and record['loss'] > 0
 
 
 @pytest.mark.parametrize('device_kind, expected', [

@@ -39,7 +39,8 @@ flags.mark_flags_as_required(['config'])
 
 
 def random_batch(config, rng):
-  """A batch of the config's shapes: random ids, full-length rows, random masked positions."""
+  """A batch of the config's shapes: random ids, full-length rows, distinct random masked
+  positions."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   b, s, p = (config.train.batch_size, config.data.max_seq_length,
              config.data.max_predictions_per_seq)
@@ -50,7 +51,9 @@ def random_batch(config, rng):
       'input_ids': rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32) * input_mask,
       'input_mask': input_mask,
       'segment_ids': (np.arange(s)[None] >= lengths[:, None] // 2).astype(np.int32) * input_mask,
-      'masked_lm_positions': np.sort(rng.integers(1, s - 1, (b, p)), axis=1).astype(np.int32),
+      # Distinct positions, as the input pipeline's: ELECTRA writes its samples back at them.
+      'masked_lm_positions': np.sort(np.stack([rng.choice(np.arange(1, s - 1), p, replace=False)
+                                               for _ in range(b)]), axis=1).astype(np.int32),
       'masked_lm_ids': rng.integers(5, config.model.vocab_size, (b, p)).astype(np.int32),
       'masked_lm_weights': np.ones((b, p), np.float32),
   }

@@ -119,12 +119,13 @@ def test_electra_small_and_bert_small_share_the_papers_small_shape_at_equal_flop
     assert (config.train.batch_size, config.train.learning_rate) == (128, 5e-4)
   assert electra_config.objectives == 'rtd' and bert_config.objectives == 'mlm'
   assert electra_config.model.generator_fraction == 0.25
-  assert electra_config.train.num_steps == 10000
+  assert electra_config.train.num_steps == 30000
   # MLM alone costs less a sequence, so it trains more steps for the same FLOPs.
   per_step = bert_config.train.batch_size * metrics.model_flops_per_sequence(bert_config)
   assert abs(training_flops(jobs['bert_small']) - training_flops(jobs['electra'])) <= per_step / 2
-  assert jobs['bert_small'].num_steps > 10000
+  assert jobs['bert_small'].num_steps > 30000
   finetunes = [job for job in plan.jobs if job.kind == 'finetune']
   assert {job.arm for job in finetunes} == {'electra', 'bert_small'}
   for job in finetunes:
-    assert run_config(job).train.learning_rate == 3e-4
+    train = run_config(job).train
+    assert (train.learning_rate, train.layerwise_lr_decay, train.weight_decay) == (3e-4, 0.8, 0.0)

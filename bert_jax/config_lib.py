@@ -16,6 +16,7 @@ VALID_CHOICES = {
     'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
     'model.attention_impl': ops.ATTENTION_IMPLS,
     'model.gelu': ('erf', 'tanh'),
+    'model.embedding_sharing': ('shared', 'gdes'),
     'model.norm': ('layer_norm', 'rms_norm'),
     'model.feed_forward': ('gelu', 'geglu', 'swiglu'),
     'model.positions': ('absolute', 'rotary', 'none'),
@@ -476,11 +477,16 @@ def _check_languages(config) -> None:
 
 def _check_electra(config) -> None:
   """'rtd' trains ELECTRA's encoder with a generator narrower than it (model.generator_fraction in
-  (0, 1]) and takes no other masked-token objective."""
+  (0, 1]) and takes no other masked-token objective; model.embedding_sharing is its alone."""
   names = _objectives().parse(config.objectives)
-  if 'rtd' not in names:
-    return
   model = config.model
+  sharing = model.get('embedding_sharing', 'shared')
+  if 'rtd' not in names:
+    if sharing != 'shared':
+      raise ConfigError(f'config.model.embedding_sharing={sharing!r} with config.objectives='
+                        f"{config.objectives!r}: the generator and the discriminator share "
+                        "embeddings only under 'rtd' (ELECTRA); leave it 'shared' or add 'rtd'.")
+    return
   if model.get('name', 'bert') != 'electra':
     raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
                       f"{model.get('name', 'bert')!r}: 'rtd' (replaced-token detection) trains "

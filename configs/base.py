@@ -57,6 +57,11 @@ def get_config(arg=None):
   # the discriminator's replaced-token loss beside the generator's MLM loss.
   model.generator_fraction = 0.25
   model.disc_weight = 50.0
+  # How the generator and the discriminator share the embedding tables: 'shared' (ELECTRA: one
+  # module, both losses train it) or 'gdes' (DeBERTa-v3's gradient-disentangled sharing: the
+  # generator's MLM alone trains the tables; the discriminator reads them without a gradient
+  # plus deltas of its own, which start at zero, and has its own LayerNorm).
+  model.embedding_sharing = 'shared'
   model.num_layers = 12  # L.
   model.num_heads = 12  # A; must divide hidden_size.
   model.intermediate_size = 3072  # Feed-forward width, 4H.

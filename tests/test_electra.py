@@ -257,6 +257,91 @@ def test_electra_configs_hold_the_papers_recipe():
     config_lib.validate(c)
 
 
+@pytest.fixture(scope='module')
+def built_gdes(built):
+  """The `built` model under gradient-disentangled sharing, its parameters `built`'s plus zero
+  deltas and a discriminator LayerNorm equal to the shared one: where 'gdes' starts."""
+  _, _, shared, batch, original = built
+  config = tiny_config(embedding_sharing='gdes')
+  model = steps.build_model(config)
+  fresh = flax.linen.meta.unbox(model.init(jax.random.PRNGKey(0), batch)['params'])
+  flat = flax.traverse_util.flatten_dict(shared, sep='/')
+  for path, value in flax.traverse_util.flatten_dict(fresh, sep='/').items():
+    if path.endswith(electra.DELTA_SUFFIX):
+      flat[path] = np.zeros_like(value)
+    elif electra.DISCRIMINATOR_LAYER_NORM in path:
+      flat[path] = flat[path.replace(electra.DISCRIMINATOR_LAYER_NORM, 'LayerNorm')]
+  assert set(flat) == set(flax.traverse_util.flatten_dict(fresh, sep='/'))
+  return config, model, flax.traverse_util.unflatten_dict(flat, sep='/'), batch, original
+
+
+def test_gdes_with_zero_deltas_computes_what_shared_embeddings_do(built, built_gdes):
+  _, shared_model, shared_params, batch, _ = built
+  _, model, params, _, _ = built_gdes
+  rngs = {'dropout': jax.random.PRNGKey(3)}
+  ours = model.apply({'params': params}, batch, deterministic=False, rngs=rngs)
+  shared = shared_model.apply({'params': shared_params}, batch, deterministic=False, rngs=rngs)
+  for key in ('rtd_gen_logits', 'rtd_labels', 'rtd_disc_logits'):
+    np.testing.assert_array_equal(ours[key], shared[key])
+
+
+def test_gdes_keeps_each_loss_off_the_other_models_embeddings(built_gdes):
+  _, model, params, batch, _ = built_gdes
+  leaves, tree = jax.tree.flatten(params)
+  rng = np.random.default_rng(4)
+  params = jax.tree.unflatten(tree, [x + rng.normal(size=x.shape).astype(np.float32) * 0.05
+                                     for x in leaves])
+
+  def term(which):
+    def loss(p):
+      outputs = model.apply({'params': p}, batch, deterministic=False,
+                            rngs={'dropout': jax.random.PRNGKey(5)})
+      stats = rtd.losses(outputs, batch)
+      if which == 'generator':
+        return stats['rtd_gen_loss_sum'] / stats['rtd_gen_weight']
+      return stats['rtd_disc_weighted_sum'] / stats['rtd_disc_count']
+    return flat_paths(jax.grad(loss)(params))
+
+  generator, discriminator = term('generator'), term('discriminator')
+  prefix = 'bert/embeddings/'
+  shared = [prefix + t for t in ('word_embeddings', 'position_embeddings',
+                                 'token_type_embeddings', 'LayerNorm/scale', 'LayerNorm/bias')]
+  own = [prefix + t + electra.DELTA_SUFFIX
+         for t in ('word_embeddings', 'position_embeddings', 'token_type_embeddings')]
+  own += [prefix + electra.DISCRIMINATOR_LAYER_NORM + '/' + t for t in ('scale', 'bias')]
+  # The discriminator's loss moves its deltas and LayerNorm, never the generator's tables.
+  assert all(not np.any(discriminator[p]) for p in shared)
+  assert all(np.any(discriminator[p]) for p in own)
+  # The generator's MLM loss moves the tables and never reads the discriminator's own.
+  assert all(np.any(generator[p]) for p in shared)
+  assert all(not np.any(generator[p]) for p in own)
+
+
+def test_discriminator_params_materialise_the_gdes_tables(built_gdes):
+  _, _, params, _, _ = built_gdes
+  flat = flax.traverse_util.flatten_dict(params, sep='/')
+  rng = np.random.default_rng(6)
+  flat = {k: v + rng.normal(size=v.shape).astype(np.float32) for k, v in flat.items()}
+  disc = electra.discriminator_params(flat)
+  prefix = 'bert/embeddings/'
+  for table in ('word_embeddings', 'position_embeddings', 'token_type_embeddings'):
+    np.testing.assert_array_equal(disc[prefix + table],
+                                  flat[prefix + table] + flat[prefix + table + '_delta'])
+  np.testing.assert_array_equal(disc[prefix + 'LayerNorm/scale'],
+                                flat[prefix + 'discriminator_LayerNorm/scale'])
+  assert not [k for k in disc if electra.is_discriminator_embedding(k)]
+  tree = electra.discriminator_tree(flax.traverse_util.unflatten_dict(flat, sep='/'))
+  assert flax.traverse_util.flatten_dict(tree, sep='/').keys() == disc.keys()
+  # The generator alone keeps the tables it trained, not the discriminator's.
+  gen = electra.generator_params(flat)
+  np.testing.assert_array_equal(gen[prefix + 'word_embeddings'], flat[prefix + 'word_embeddings'])
+  np.testing.assert_array_equal(gen[prefix + 'LayerNorm/scale'], flat[prefix + 'LayerNorm/scale'])
+  assert not [k for k in gen if electra.is_discriminator_embedding(k)]
+  # A 'shared' run's parameters have nothing to materialise.
+  shared = {k: v for k, v in flat.items() if not electra.is_discriminator_embedding(k)}
+  assert electra.discriminator_params(shared) == shared
+
+
 @pytest.mark.parametrize('overrides, match', [
     ({'model.name': 'bert'}, r"config.model.name='bert'.*set config.model.name='electra'"),
     ({'objectives': 'mlm,rtd'}, r"drop 'mlm'"),
@@ -264,6 +349,9 @@ def test_electra_configs_hold_the_papers_recipe():
     ({'model.generator_fraction': 0.0}, r'generator_fraction=0.0: must be a finite number > 0'),
     ({'model.generator_fraction': 0.001}, r'generator_fraction=0.001 .* no unit'),
     ({'model.disc_weight': -1.0}, r'disc_weight=-1.0: must be a finite number >= 0'),
+    ({'model.embedding_sharing': 'es'}, r"embedding_sharing='es'.*'shared', 'gdes'"),
+    ({'model.embedding_sharing': 'gdes', 'objectives': 'mlm', 'model.name': 'bert'},
+     r"embedding_sharing='gdes' with config.objectives='mlm'.*leave it 'shared'"),
     # 135 of the small model's 256 units: 2 heads of 64, which do not divide 135.
     ({'model.generator_fraction': 135 / 256}, r'generator 135 wide with 2 heads'),
 ])
@@ -346,3 +434,29 @@ def test_predict_fills_masks_of_an_rtd_workdir_with_its_generator(rtd_workdir):
   top = predictor.fill_mask('the man went to the [MASK] .', top_k=3)
   assert len(top) == 1 and len(top[0]) == 3
   assert sum(p for _, p in top[0]) <= 1.0 and top[0][0][1] >= top[0][1][1]
+
+
+@pytest.mark.slow
+def test_a_gdes_run_trains_and_fine_tunes_from_its_materialised_tables(tmp_path):
+  from bert_jax.train import finetune  # pylint: disable=g-import-not-at-top
+  from configs import glue as glue_config  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  config = micro_config(tmp_path, objectives='rtd', **{
+      'model.name': 'electra', 'model.embedding_size': 16, 'model.generator_fraction': 0.5,
+      'model.embedding_sharing': 'gdes', 'train.num_steps': 6, 'train.log_every': 3,
+      'train.eval_every': 6, 'train.checkpoint_every': 6})
+  pretrain.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    records = [json.loads(line) for line in f]
+  assert all(np.isfinite(r['rtd_loss']) for r in records)
+  source = init_from.workdir_params(workdir)['bert']['embeddings']
+  assert np.any(source['word_embeddings_delta'])  # The discriminator trained its deltas.
+  config = glue_config.get_config(f'task=mrpc,init={workdir}')
+  config.data.max_seq_length = 32
+  config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
+  task = type('Task', (), {'head': 'classification', 'num_outputs': 2})()
+  encoder, _ = finetune.load_source_params(config, finetune.build_model(config, task))
+  np.testing.assert_array_equal(encoder['embeddings']['word_embeddings'],
+                                source['word_embeddings'] + source['word_embeddings_delta'])
+  np.testing.assert_array_equal(encoder['embeddings']['LayerNorm']['scale'],
+                                source['discriminator_LayerNorm']['scale'])

@@ -161,8 +161,11 @@ def test_electra_model_imports_its_backbone(discriminator, tmp_path, inputs):
   assert max_diff(hidden[mask], their_hidden[mask]) < IMPORT_TOLERANCE
 
 
-def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs):
-  config = our_config(HF_SIZES, 'rtd', generator_fraction=0.25)
+@pytest.mark.parametrize('sharing', ['shared', 'gdes'])
+def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs, sharing):
+  # Under 'gdes' the random deltas and the discriminator's own LayerNorm must reach the
+  # exported discriminator, and not the generator.
+  config = our_config(HF_SIZES, 'rtd', generator_fraction=0.25, embedding_sharing=sharing)
   params = hf.init_params(config, seed=3)
   # Random values everywhere (zero biases would hide a swapped leaf).
   leaves, tree = jax.tree.flatten(params)
@@ -197,12 +200,13 @@ def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs
   print('ELECTRA export -> transformers: discriminator logits %.1e, hidden %.1e, generator '
         'logits %.1e' % tuple(differences))
   assert max(differences) < EXPORT_TOLERANCE
-  # Both re-import bit for bit.
-  again, _ = import_dir(disc_dir, config)
-  for path in ('bert/embeddings/word_embeddings', 'bert/embeddings_project/kernel',
+  # Both re-import bit for bit (the discriminator as it reads its tables).
+  again, _ = import_dir(disc_dir, our_config(HF_SIZES, 'rtd', generator_fraction=0.25))
+  disc_params = electra.discriminator_params(param_tree.flatten(params))
+  for path in ('bert/embeddings/word_embeddings', 'bert/embeddings/LayerNorm/scale',
+               'bert/embeddings_project/kernel',
                'discriminator_predictions/dense_prediction/kernel'):
-    a, b = param_tree.flatten(again)[path], param_tree.flatten(params)[path]
-    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(param_tree.flatten(again)[path], disc_params[path])
   gen_config = electra.generator_run_config(config)
   gen_params, _ = import_dir(gen_dir, gen_config)
   flat = param_tree.flatten(params)

@@ -434,7 +434,8 @@ def export_dirs(config, out_dir: str) -> list[str]:
 
 def _export_electra(flat, config, out_dir) -> list[str]:
   """An ELECTRA pretraining run's parameters as two HF directories (export_dirs): the
-  discriminator and, re-rooted with a copy of the shared embeddings, the generator."""
+  discriminator (its tables materialised under model.embedding_sharing='gdes') and, re-rooted
+  with a copy of the embeddings it reads, the generator."""
   from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
   shapes = leaf_shapes(config)
   keep = ('bert/', 'discriminator_predictions/')
@@ -444,9 +445,11 @@ def _export_electra(flat, config, out_dir) -> list[str]:
     raise CheckpointMismatchError('Parameters do not fit config.model',
                                   [f'unexpected {k}' for k in unexpected])
   discriminator, generator = export_dirs(config, out_dir)
-  disc = {k: v for k, v in flat.items() if k.startswith(keep)}
+  # Under gradient-disentangled sharing the discriminator's tables are the generator's + deltas.
+  disc = {k: v for k, v in electra.discriminator_params(flat).items() if k.startswith(keep)}
   keys = _export_flat(disc, config, discriminator,
-                      {k: v for k, v in shapes.items() if k.startswith(keep)})
+                      {k: v for k, v in shapes.items()
+                       if k.startswith(keep) and not electra.is_discriminator_embedding(k)})
   gen_config = electra.generator_run_config(config)
   gen = electra.generator_params(flat)
   keys += _export_flat(gen, gen_config, generator, leaf_shapes(gen_config), pooler=False)

@@ -8,14 +8,25 @@ GELU on [CLS] (`pooler/dense`), so that fine-tuning maps ElectraForSequenceClass
 `classifier.dense` onto it as RoBERTa's (pretraining never reads it; exports leave it out).
 
 The generator (ElectraGenerator) is a BERT encoder of generator_shape's width and the
-discriminator's depth, with its own E -> H_g projection; it reads the discriminator's embedding
-module (tables and LayerNorm), as the reference shares them. Its MLM head is objectives/mlm.py's
+discriminator's depth, with its own E -> H_g projection. Its MLM head is objectives/mlm.py's
 MaskedLmHead at H_g (Dense H_g -> E, GELU, LayerNorm(E), logits against the tied embeddings).
+How the two share the embeddings is model.embedding_sharing:
+
+  'shared'  ELECTRA's: the generator reads the discriminator's embedding module (tables and
+            LayerNorm), and both losses train it.
+  'gdes'    DeBERTa-v3's gradient-disentangled embedding sharing (He et al., 2021): the tables
+            under `bert/embeddings/` are the generator's, trained by its MLM loss alone; the
+            discriminator looks up stop_gradient(table) + its own `*_delta` (zeros at the start)
+            and normalises with its own `discriminator_LayerNorm`, so the discriminator's loss
+            never pulls the generator's tables. discriminator_params materialises its tables
+            (table + delta) for export and fine-tuning; generator_params drops the deltas.
 """
 
 import dataclasses
 
+from flax import traverse_util
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bert_jax import models
@@ -48,24 +59,70 @@ def generator_run_config(config):
   gen = config.copy_and_resolve_references()
   shape = generator_shape(config.model)
   embed = config.model.get('embedding_size', 0) or config.model.hidden_size
-  gen.model.update(shape, embedding_size=0 if embed == shape['hidden_size'] else embed)
+  # Alone, the generator shares nothing: its embeddings are the tables it trained.
+  gen.model.update(shape, embedding_size=0 if embed == shape['hidden_size'] else embed,
+                   embedding_sharing='shared')
   gen.objectives = 'mlm'
   return gen
 
 
 # An ELECTRA run's generator subtrees -> their places in a generator-alone ('mlm') model.
 _GENERATOR_PATHS = (('generator/', 'bert/'), ('generator_predictions/', 'predictions/'))
+# Under 'gdes', the discriminator's own parameters inside `bert/embeddings/`.
+DELTA_SUFFIX = '_delta'
+DISCRIMINATOR_LAYER_NORM = 'discriminator_LayerNorm'
+_TABLES = ('word_embeddings', 'position_embeddings', 'token_type_embeddings')
+
+
+def is_discriminator_embedding(path: str) -> bool:
+  """Whether `path` is one of 'gdes' mode's discriminator-only embedding parameters (a table's
+  delta or the discriminator's LayerNorm), which neither exported model holds as such."""
+  if not path.startswith('bert/embeddings/'):
+    return False
+  leaf = path[len('bert/embeddings/'):]
+  return leaf.endswith(DELTA_SUFFIX) or leaf.startswith(DISCRIMINATOR_LAYER_NORM + '/')
 
 
 def generator_params(flat: dict) -> dict:
   """{path: array} of an ELECTRA run -> those of its generator alone (generator_run_config's
-  model): the shared embeddings, the generator's projection, layers and MLM head."""
-  out = {k: v for k, v in flat.items() if k.startswith('bert/embeddings/')}
+  model): the embeddings it reads, the generator's projection, layers and MLM head."""
+  out = {k: v for k, v in flat.items()
+         if k.startswith('bert/embeddings/') and not is_discriminator_embedding(k)}
   for path, value in flat.items():
     for ours, theirs in _GENERATOR_PATHS:
       if path.startswith(ours):
         out[theirs + path[len(ours):]] = value
   return out
+
+
+def discriminator_params(flat: dict) -> dict:
+  """{path: array} of an ELECTRA run -> the same with the discriminator's embeddings as it
+  reads them: under 'gdes' each table is the generator's + its delta and `LayerNorm` is the
+  discriminator's own; the deltas and `discriminator_LayerNorm` are gone. Unchanged under
+  'shared' (no deltas). The generator's subtrees stay; callers keep what they need."""
+  prefix = 'bert/embeddings/'
+  if not any(is_discriminator_embedding(k) for k in flat):
+    return dict(flat)
+  out = {k: v for k, v in flat.items() if not is_discriminator_embedding(k)}
+  for table in _TABLES:
+    delta = flat.get(prefix + table + DELTA_SUFFIX)
+    if delta is not None:
+      out[prefix + table] = flat[prefix + table] + delta
+  norm = prefix + DISCRIMINATOR_LAYER_NORM + '/'
+  for path, value in flat.items():
+    if path.startswith(norm):
+      out[prefix + 'LayerNorm/' + path[len(norm):]] = value
+  return out
+
+
+def discriminator_tree(params: dict) -> dict:
+  """discriminator_params on a nested parameter tree (a workdir's checkpoint); a tree without
+  deltas comes back as it is."""
+  embeddings = params.get('bert', {}).get('embeddings', {})
+  if not any(k.endswith(DELTA_SUFFIX) or k == DISCRIMINATOR_LAYER_NORM for k in embeddings):
+    return params
+  flat = traverse_util.flatten_dict(params, sep='/')
+  return traverse_util.unflatten_dict(discriminator_params(flat), sep='/')
 
 
 def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
@@ -106,10 +163,55 @@ def _encode(cfg, project, encoder, x, input_mask, deterministic, pair_ids):
   return encoder(x, attention_bias(cfg, input_mask, pair_ids, x.shape[1]), deterministic)
 
 
+class GdesEmbeddings(bert.BertEmbeddings):
+  """The embedding module under 'gdes' (module docstring): BertEmbeddings' tables and LayerNorm
+  are the generator's (`generator_embed`, `generator_attend`); calling it gives the
+  discriminator's view, stop_gradient(table) + delta for each table, its own LayerNorm."""
+
+  def setup(self):
+    super().setup()
+    cfg = self.config
+    delta = lambda name, rows: self.param(  # pylint: disable=g-long-lambda
+        name + DELTA_SUFFIX,
+        nn.with_logical_partitioning(nn.initializers.zeros, (bert.name_axis(name), 'embed')),
+        (rows, cfg.embed_width), cfg.param_dtype)
+    self.word_embeddings_delta = delta('word_embeddings', cfg.vocab_size)
+    self.position_embeddings_delta = delta('position_embeddings', cfg.max_position_embeddings)
+    if cfg.token_types:
+      self.token_type_embeddings_delta = delta('token_type_embeddings', cfg.type_vocab_size)
+    self.discriminator_layer_norm = layers.layer_norm(
+        cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name=DISCRIMINATOR_LAYER_NORM)
+
+  def _discriminator_tables(self) -> dict:
+    seen = lambda table, delta: jax.lax.stop_gradient(table) + delta  # noqa: E731
+    tables = {'word': seen(self.word_embeddings, self.word_embeddings_delta),
+              'position': seen(self.position_embeddings, self.position_embeddings_delta),
+              'token_type': None}
+    if self.config.token_types:
+      tables['token_type'] = seen(self.token_type_embeddings, self.token_type_embeddings_delta)
+    return tables
+
+  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, input_mask=None,
+               language_ids=None):
+    return self.embed(self._discriminator_tables(), self.discriminator_layer_norm, input_ids,
+                      segment_ids, deterministic, position_ids, input_mask, language_ids)
+
+  def attend(self, x):
+    """Logits against the discriminator's word table: [..., embed] -> [..., vocab]."""
+    return layers.tied_logits(x, self._discriminator_tables()['word'], self.config.dtype)
+
+  def generator_embed(self, input_ids, segment_ids, deterministic, position_ids=None,
+                      input_mask=None):
+    return super().__call__(input_ids, segment_ids, deterministic, position_ids, input_mask)
+
+  def generator_attend(self, x):
+    return super().attend(x)
+
+
 class ElectraModel(nn.Module):
   """ELECTRA's discriminator: (sequence_output, pooled_output), as BertModel's; `attend` gives
-  logits of E-wide states against the word embeddings, `embeddings` is the module the generator
-  shares."""
+  logits of E-wide states against the word embeddings; `generator_embed` and `generator_attend`
+  are the embeddings the generator reads and its tied output (model.embedding_sharing)."""
   config: bert.BertConfig
   return_all_layers: bool = False
 
@@ -118,7 +220,8 @@ class ElectraModel(nn.Module):
     if cfg.causal:
       raise ValueError("model.causal=True with model.name='electra': ELECTRA is bidirectional; "
                        'set model.causal=False.')
-    self.embeddings = bert.BertEmbeddings(cfg)
+    gdes = cfg.embedding_sharing == 'gdes'
+    self.embeddings = (GdesEmbeddings if gdes else bert.BertEmbeddings)(cfg)
     self.embeddings_project = _projection(cfg)
     self.encoder = bert.BertEncoder(cfg, self.return_all_layers)
     self.pooler = ElectraPooler(cfg)
@@ -133,6 +236,21 @@ class ElectraModel(nn.Module):
     return x, self.pooler(layers.first_or_gathered(last, cls_positions))
 
   def attend(self, x):
+    return self.embeddings.attend(x)
+
+  def generator_embed(self, input_ids, segment_ids, deterministic, position_ids=None,
+                      input_mask=None):
+    """The generator's embedded inputs [batch, length, E]: the discriminator's own ('shared'), or
+    the tables only the generator trains ('gdes')."""
+    if isinstance(self.embeddings, GdesEmbeddings):
+      return self.embeddings.generator_embed(input_ids, segment_ids, deterministic, position_ids,
+                                             input_mask)
+    return self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask)
+
+  def generator_attend(self, x):
+    """The generator's tied output: logits of E-wide states against the word table it reads."""
+    if isinstance(self.embeddings, GdesEmbeddings):
+      return self.embeddings.generator_attend(x)
     return self.embeddings.attend(x)
 
 

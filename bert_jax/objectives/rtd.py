@@ -4,7 +4,7 @@ corrupted row original or replaced.
 
 Clark et al. (2020); google-research/electra's run_pretraining.py. The objective's `corrupt`
 step runs before the encoder (models/pretraining.py): the generator (models/electra.py's
-ElectraGenerator, `generator/`, on the discriminator's embedding module) and its MLM head
+ElectraGenerator, `generator/`, on the embeddings model.embedding_sharing gives it) and its MLM head
 (`generator_predictions/`, MaskedLmHead at H_g: logits against the shared embeddings + its own
 bias) at the masked positions; a token sampled from each softmax (Gumbel-max, temperature 1)
 replaces the masked one, without a gradient through the sampling; a sampled token equal to the
@@ -69,14 +69,14 @@ def corrupt(config, encoder, batch, deterministic: bool):
   gen_cfg = electra.generator_config(config)
   input_ids, input_mask = batch['input_ids'], batch['input_mask']
   positions, weights = batch['masked_lm_positions'], batch['masked_lm_weights']
-  # The discriminator's embedding module (tables and LayerNorm), E wide: [batch, length, E].
-  embedded = encoder.embeddings(input_ids, batch['segment_ids'], deterministic,
-                                batch.get('position_ids'), input_mask)
+  # The embeddings the generator reads (model.embedding_sharing), E wide: [batch, length, E].
+  embedded = encoder.generator_embed(input_ids, batch['segment_ids'], deterministic,
+                                     batch.get('position_ids'), input_mask)
   states = electra.ElectraGenerator(gen_cfg, name='generator')(
       embedded, input_mask, deterministic, batch.get('pair_ids'))  # [batch, length, H_g]
   gathered = layers.gather_positions(states, positions)  # [batch, predictions, H_g]
   logits = mlm.MaskedLmHead(gen_cfg, name='generator_predictions')(
-      gathered, encoder.attend)  # [batch, predictions, vocab] float32
+      gathered, encoder.generator_attend)  # [batch, predictions, vocab] float32
   sampled = GeneratorSample(name='generator_sample')(logits, deterministic)
   corrupted = scatter_positions(sampled, positions, weights, input_ids)  # [batch, length]
   original = scatter_positions(batch['masked_lm_ids'], positions, weights, input_ids)

@@ -66,6 +66,7 @@ RANGES = {
     'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
     'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
     'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
+    'model.generator_layer_fraction': POSITIVE,
     'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
     'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
     'model.relative_buckets': NON_NEGATIVE, 'model.relative_positions': NON_NEGATIVE,
@@ -475,9 +476,14 @@ def _check_languages(config) -> None:
   crosslingual.check_config(config)
 
 
+# The families with a replaced-token-detection generator (models.Family.generator).
+RTD_FAMILIES = ('electra', 'deberta')
+
+
 def _check_electra(config) -> None:
-  """'rtd' trains ELECTRA's encoder with a generator narrower than it (model.generator_fraction in
-  (0, 1]) and takes no other masked-token objective; model.embedding_sharing is its alone."""
+  """'rtd' trains ELECTRA's (or DeBERTa-v3's) encoder with a generator no wider or deeper than
+  it (model.generator_fraction and generator_layer_fraction in (0, 1]) and takes no other
+  masked-token objective; model.embedding_sharing is its alone."""
   names = _objectives().parse(config.objectives)
   model = config.model
   sharing = model.get('embedding_sharing', 'shared')
@@ -485,12 +491,24 @@ def _check_electra(config) -> None:
     if sharing != 'shared':
       raise ConfigError(f'config.model.embedding_sharing={sharing!r} with config.objectives='
                         f"{config.objectives!r}: the generator and the discriminator share "
-                        "embeddings only under 'rtd' (ELECTRA); leave it 'shared' or add 'rtd'.")
+                        "embeddings only under 'rtd'; leave it 'shared' or add 'rtd'.")
     return
-  if model.get('name', 'bert') != 'electra':
+  name = model.get('name', 'bert')
+  if name not in RTD_FAMILIES:
     raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
-                      f"{model.get('name', 'bert')!r}: 'rtd' (replaced-token detection) trains "
-                      "ELECTRA's discriminator and generator; set config.model.name='electra'.")
+                      f"{name!r}: 'rtd' (replaced-token detection) trains a discriminator and a "
+                      f"generator of {' or '.join(RTD_FAMILIES)} (ELECTRA, DeBERTa-v3); set "
+                      "config.model.name='electra'.")
+  if name == 'deberta' and model.generator_fraction != 1:
+    raise ConfigError(f'config.model.generator_fraction={model.generator_fraction!r} with '
+                      "config.model.name='deberta': DeBERTa's embeddings have no projection, so "
+                      "its generator is as wide as the discriminator (DeBERTa-v3's); set "
+                      'generator_fraction=1.0 and make it smaller by generator_layer_fraction.')
+  depth = model.get('generator_layer_fraction', 1.0)
+  if not 0 < depth <= 1:
+    raise ConfigError(f'config.model.generator_layer_fraction={depth!r}: the generator\'s layers '
+                      'as a fraction of num_layers must be in (0, 1] (ELECTRA: 1, DeBERTa-v3: '
+                      '0.5).')
   others = [n for n in names if n in ('mlm', 'clm')]
   if others:
     raise ConfigError(f"config.objectives={config.objectives!r}: 'rtd' already trains a masked "

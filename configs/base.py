@@ -52,10 +52,12 @@ def get_config(arg=None):
   # Width of the embedding tables (E), projected to H: ALBERT's factorised embeddings
   # (model.name='albert'); 0 is H, the only width the other families take.
   model.embedding_size = 0
-  # ELECTRA (model.name='electra', config.objectives='rtd'): the generator's hidden size as a
-  # fraction of H (its heads and feed-forward scale with it, its layers are L), and the weight of
-  # the discriminator's replaced-token loss beside the generator's MLM loss.
+  # Replaced-token detection (config.objectives='rtd'; model.name 'electra' or 'deberta'): the
+  # generator's hidden size as a fraction of H (its heads and feed-forward scale with it), and the
+  # weight of the discriminator's replaced-token loss beside the generator's MLM loss.
   model.generator_fraction = 0.25
+  # The generator's layers as a fraction of num_layers (ELECTRA: 1; DeBERTa-v3: half).
+  model.generator_layer_fraction = 1.0
   model.disc_weight = 50.0
   # How the generator and the discriminator share the embedding tables: 'shared' (ELECTRA: one
   # module, both losses train it) or 'gdes' (DeBERTa-v3's gradient-disentangled sharing: the

@@ -17,6 +17,7 @@ from bert_jax import config_lib
 from bert_jax import objectives
 from bert_jax.interop import init_from
 from bert_jax.models import electra
+from bert_jax.models import sharing
 from bert_jax.objectives import rtd
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import pretrain
@@ -97,11 +98,17 @@ def test_fill_mask_reads_the_generator_as_a_masked_lm_of_its_own(built):
 
 
 def test_generator_shape_scales_width_heads_and_feed_forward_as_the_reference():
-  for size, (hidden, heads, ffn) in {'small': (64, 1, 256), 'base': (256, 4, 1024),
-                                     'large': (256, 4, 1024)}.items():
+  for size, (hidden, heads, ffn, depth) in {'small': (64, 1, 256, 12), 'base': (256, 4, 1024, 12),
+                                            'large': (256, 4, 1024, 24)}.items():
     model = electra_configs.get_config(f'size={size}').model
     assert electra.generator_shape(model) == {'hidden_size': hidden, 'num_heads': heads,
-                                              'intermediate_size': ffn}
+                                              'intermediate_size': ffn, 'num_layers': depth}
+  # The reference's generator_layers: a fraction of the discriminator's depth, at least one.
+  model = electra_configs.get_config('size=large').model
+  model.generator_layer_fraction = 0.5
+  assert electra.generator_shape(model)['num_layers'] == 12
+  model.generator_layer_fraction = 0.01
+  assert electra.generator_shape(model)['num_layers'] == 1
 
 
 def test_rtd_labels_mark_exactly_the_replaced_positions(built):
@@ -267,10 +274,10 @@ def built_gdes(built):
   fresh = flax.linen.meta.unbox(model.init(jax.random.PRNGKey(0), batch)['params'])
   flat = flax.traverse_util.flatten_dict(shared, sep='/')
   for path, value in flax.traverse_util.flatten_dict(fresh, sep='/').items():
-    if path.endswith(electra.DELTA_SUFFIX):
+    if path.endswith(sharing.DELTA_SUFFIX):
       flat[path] = np.zeros_like(value)
-    elif electra.DISCRIMINATOR_LAYER_NORM in path:
-      flat[path] = flat[path.replace(electra.DISCRIMINATOR_LAYER_NORM, 'LayerNorm')]
+    elif sharing.DISCRIMINATOR_LAYER_NORM in path:
+      flat[path] = flat[path.replace(sharing.DISCRIMINATOR_LAYER_NORM, 'LayerNorm')]
   assert set(flat) == set(flax.traverse_util.flatten_dict(fresh, sep='/'))
   return config, model, flax.traverse_util.unflatten_dict(flat, sep='/'), batch, original
 
@@ -306,9 +313,9 @@ def test_gdes_keeps_each_loss_off_the_other_models_embeddings(built_gdes):
   prefix = 'bert/embeddings/'
   shared = [prefix + t for t in ('word_embeddings', 'position_embeddings',
                                  'token_type_embeddings', 'LayerNorm/scale', 'LayerNorm/bias')]
-  own = [prefix + t + electra.DELTA_SUFFIX
+  own = [prefix + t + sharing.DELTA_SUFFIX
          for t in ('word_embeddings', 'position_embeddings', 'token_type_embeddings')]
-  own += [prefix + electra.DISCRIMINATOR_LAYER_NORM + '/' + t for t in ('scale', 'bias')]
+  own += [prefix + sharing.DISCRIMINATOR_LAYER_NORM + '/' + t for t in ('scale', 'bias')]
   # The discriminator's loss moves its deltas and LayerNorm, never the generator's tables.
   assert all(not np.any(discriminator[p]) for p in shared)
   assert all(np.any(discriminator[p]) for p in own)
@@ -322,24 +329,24 @@ def test_discriminator_params_materialise_the_gdes_tables(built_gdes):
   flat = flax.traverse_util.flatten_dict(params, sep='/')
   rng = np.random.default_rng(6)
   flat = {k: v + rng.normal(size=v.shape).astype(np.float32) for k, v in flat.items()}
-  disc = electra.discriminator_params(flat)
+  disc = sharing.discriminator_params(flat)
   prefix = 'bert/embeddings/'
   for table in ('word_embeddings', 'position_embeddings', 'token_type_embeddings'):
     np.testing.assert_array_equal(disc[prefix + table],
                                   flat[prefix + table] + flat[prefix + table + '_delta'])
   np.testing.assert_array_equal(disc[prefix + 'LayerNorm/scale'],
                                 flat[prefix + 'discriminator_LayerNorm/scale'])
-  assert not [k for k in disc if electra.is_discriminator_embedding(k)]
-  tree = electra.discriminator_tree(flax.traverse_util.unflatten_dict(flat, sep='/'))
+  assert not [k for k in disc if sharing.is_discriminator_embedding(k)]
+  tree = sharing.discriminator_tree(flax.traverse_util.unflatten_dict(flat, sep='/'))
   assert flax.traverse_util.flatten_dict(tree, sep='/').keys() == disc.keys()
   # The generator alone keeps the tables it trained, not the discriminator's.
   gen = electra.generator_params(flat)
   np.testing.assert_array_equal(gen[prefix + 'word_embeddings'], flat[prefix + 'word_embeddings'])
   np.testing.assert_array_equal(gen[prefix + 'LayerNorm/scale'], flat[prefix + 'LayerNorm/scale'])
-  assert not [k for k in gen if electra.is_discriminator_embedding(k)]
+  assert not [k for k in gen if sharing.is_discriminator_embedding(k)]
   # A 'shared' run's parameters have nothing to materialise.
-  shared = {k: v for k, v in flat.items() if not electra.is_discriminator_embedding(k)}
-  assert electra.discriminator_params(shared) == shared
+  shared = {k: v for k, v in flat.items() if not sharing.is_discriminator_embedding(k)}
+  assert sharing.discriminator_params(shared) == shared
 
 
 @pytest.mark.parametrize('overrides, match', [

@@ -13,6 +13,7 @@ from bert_jax import sharding
 from bert_jax.interop import hf
 from bert_jax.interop import param_tree
 from bert_jax.models import electra
+from bert_jax.models import sharing
 from bert_jax.train import finetune
 from bert_jax.train import step as steps
 from configs import base
@@ -161,11 +162,13 @@ def test_electra_model_imports_its_backbone(discriminator, tmp_path, inputs):
   assert max_diff(hidden[mask], their_hidden[mask]) < IMPORT_TOLERANCE
 
 
-@pytest.mark.parametrize('sharing', ['shared', 'gdes'])
-def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs, sharing):
+@pytest.mark.parametrize('embedding_sharing', ['shared', 'gdes'])
+def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs,
+                                                                embedding_sharing):
   # Under 'gdes' the random deltas and the discriminator's own LayerNorm must reach the
   # exported discriminator, and not the generator.
-  config = our_config(HF_SIZES, 'rtd', generator_fraction=0.25, embedding_sharing=sharing)
+  config = our_config(HF_SIZES, 'rtd', generator_fraction=0.25,
+                      embedding_sharing=embedding_sharing)
   params = hf.init_params(config, seed=3)
   # Random values everywhere (zero biases would hide a swapped leaf).
   leaves, tree = jax.tree.flatten(params)
@@ -202,7 +205,7 @@ def test_an_electra_run_exports_its_discriminator_and_generator(tmp_path, inputs
   assert max(differences) < EXPORT_TOLERANCE
   # Both re-import bit for bit (the discriminator as it reads its tables).
   again, _ = import_dir(disc_dir, our_config(HF_SIZES, 'rtd', generator_fraction=0.25))
-  disc_params = electra.discriminator_params(param_tree.flatten(params))
+  disc_params = sharing.discriminator_params(param_tree.flatten(params))
   for path in ('bert/embeddings/word_embeddings', 'bert/embeddings/LayerNorm/scale',
                'bert/embeddings_project/kernel',
                'discriminator_predictions/dense_prediction/kernel'):

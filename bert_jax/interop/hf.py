@@ -433,10 +433,12 @@ def export_dirs(config, out_dir: str) -> list[str]:
 
 
 def _export_electra(flat, config, out_dir) -> list[str]:
-  """An ELECTRA pretraining run's parameters as two HF directories (export_dirs): the
-  discriminator (its tables materialised under model.embedding_sharing='gdes') and, re-rooted
-  with a copy of the embeddings it reads, the generator."""
+  """A replaced-token-detection run's parameters as two HF directories (export_dirs): the
+  discriminator (its tables materialised under model.embedding_sharing='gdes';
+  ElectraForPreTraining, or DeBERTa's backbone as DebertaV2Model) and, re-rooted with a copy of
+  the embeddings it reads, the generator (ElectraForMaskedLM, DebertaV2ForMaskedLM)."""
   from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import sharing  # pylint: disable=g-import-not-at-top
   shapes = leaf_shapes(config)
   keep = ('bert/', 'discriminator_predictions/')
   generator_trees = ('generator/', 'generator_predictions/')
@@ -446,21 +448,28 @@ def _export_electra(flat, config, out_dir) -> list[str]:
                                   [f'unexpected {k}' for k in unexpected])
   discriminator, generator = export_dirs(config, out_dir)
   # Under gradient-disentangled sharing the discriminator's tables are the generator's + deltas.
-  disc = {k: v for k, v in electra.discriminator_params(flat).items() if k.startswith(keep)}
+  disc = {k: v for k, v in sharing.discriminator_params(flat).items() if k.startswith(keep)}
+  # transformers has ElectraForPreTraining; for another family's discriminator (DeBERTa-v3's) no
+  # class holds the RTD head, so the backbone is written as the family's base model.
+  layout = hf_families.for_config(config)
   keys = _export_flat(disc, config, discriminator,
                       {k: v for k, v in shapes.items()
-                       if k.startswith(keep) and not electra.is_discriminator_embedding(k)})
+                       if k.startswith(keep) and not sharing.is_discriminator_embedding(k)},
+                      architecture=None if layout.family == 'electra' else layout.base_class)
   gen_config = electra.generator_run_config(config)
   gen = electra.generator_params(flat)
   keys += _export_flat(gen, gen_config, generator, leaf_shapes(gen_config), pooler=False)
   return keys
 
 
-def _export_flat(flat, config, out_dir, shapes, pooler=True) -> list[str]:
+def _export_flat(flat, config, out_dir, shapes, pooler=True, architecture=None) -> list[str]:
   """export_hf on flattened parameters; `shapes` those the model has (leaf_shapes), the pooler
-  optional where pooler=False (an ELECTRA generator has none)."""
+  optional where pooler=False (an ELECTRA generator has none); `architecture` the class
+  config.json names instead of the layout's."""
   layout = hf_families.for_config(config)
   hf_config = model_to_hf_config(config)
+  if architecture:
+    hf_config['architectures'] = [architecture]
   if config.model.scan_layers:
     flat = param_tree.unstack_layers(flat)
   if not pooler:
@@ -474,6 +483,9 @@ def _export_flat(flat, config, out_dir, shapes, pooler=True) -> list[str]:
   table = [e for e in entries(config.model.num_layers, layout=layout) if e.path in flat
            and (e.group != 'pooler' or layout.exports_pooler(config))
            and e.hf_key not in hf_families.NOT_EXPORTED]
+  if architecture == layout.base_class:  # The backbone alone: no head's keys (a tied decoder).
+    table = [e for e in table
+             if not e.hf_key.startswith(tuple(prefix for _, prefix in layout.head_classes))]
   tensors = {e.hf_key: np.ascontiguousarray(_to_hf(e.transform, flat[e.path])) for e in table}
   dropped = [h for h in _head_subtrees(flat) if h not in layout.heads]
   if dropped:

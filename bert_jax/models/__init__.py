@@ -36,9 +36,22 @@ class Family:
   # Position rows before the first real token's (fairseq's 2: RoBERTa, XLM-R): a row holds at
   # most max_position_embeddings - position_offset tokens.
   position_offset: int = 0
+  # Replaced-token detection ('rtd'): the generator's encoder module, built on the generator's
+  # config (electra.generator_config) and run on the embeddings the encoder's `generator_embed`
+  # gives; None: the family trains no generator.
+  generator: Callable[..., Any] | None = None
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)
 register = REGISTRY.register
 get = REGISTRY.get
 available = REGISTRY.available
+
+
+def family_of(encoder) -> Family:
+  """The registered family whose encoder module `encoder` is an instance of."""
+  for name in available():
+    family = get(name)
+    if isinstance(encoder, family.encoder):
+      return family
+  raise ValueError(f'{type(encoder).__name__} is no registered family\'s encoder.')

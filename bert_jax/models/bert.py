@@ -49,9 +49,10 @@ class BertConfig:
   # Width of the embedding tables, projected to hidden_size by ALBERT's encoder (0: hidden_size).
   embedding_size: int = 0
   # ELECTRA's (models/electra.py, objectives/rtd.py; the other families ignore them): the
-  # generator's width as a fraction of hidden_size, the weight of the discriminator's loss, and how
-  # the two share the embedding tables ('shared' or 'gdes').
+  # generator's width and depth as fractions of the discriminator's, the weight of the
+  # discriminator's loss, and how the two share the embedding tables ('shared' or 'gdes').
   generator_fraction: float = 0.25
+  generator_layer_fraction: float = 1.0
   disc_weight: float = 50.0
   embedding_sharing: str = 'shared'
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
@@ -156,15 +157,21 @@ class BertEmbeddings(nn.Module):
     # input_ids, segment_ids: [batch, length]; position_ids (packed rows, translation pairs):
     # [batch, length]; input_mask [batch, length] (read with config.position_offset only);
     # language_ids [batch, length] (read with config.num_languages only).
-    tables = {'word': self.word_embeddings, 'position': self.position_embeddings,
-              'token_type': self.token_type_embeddings if self.config.token_types else None}
-    return self.embed(tables, self.layer_norm, input_ids, segment_ids, deterministic,
+    return self.embed(self.tables(), self.layer_norm, input_ids, segment_ids, deterministic,
                       position_ids, input_mask, language_ids)
+
+  def tables(self) -> dict:
+    """{parameter name: table} of the word, position and (with token_types) segment tables."""
+    tables = {'word_embeddings': self.word_embeddings,
+              'position_embeddings': self.position_embeddings}
+    if self.config.token_types:
+      tables['token_type_embeddings'] = self.token_type_embeddings
+    return tables
 
   def embed(self, tables, layer_norm, input_ids, segment_ids, deterministic, position_ids=None,
             input_mask=None, language_ids=None):
-    """__call__ with the word, position and token-type tables and the LayerNorm given: ELECTRA's
-    gradient-disentangled sharing (models/electra.py) looks up tables of its own making."""
+    """__call__ with the tables (as `tables()` names them) and the LayerNorm given: the
+    gradient-disentangled sharing of models/sharing.py looks up tables of its own making."""
     cfg = self.config
     length = input_ids.shape[1]
     if cfg.position_offset:
@@ -175,21 +182,21 @@ class BertEmbeddings(nn.Module):
     # Gather the tables' embed dim (sharded under fsdp) before the lookups: rows looked up in
     # an embed-split table would have to be fully rematerialised to be split by batch instead.
     whole = lambda table, rows: nn.with_logical_constraint(table, (rows, None))  # noqa: E731
-    positions = whole(tables['position'], None)
+    positions = whole(tables['position_embeddings'], None)
     positions = (positions[None, :length] if position_ids is None
                  else jnp.take(positions, position_ids, axis=0))
     if not cfg.token_types:
-      x = jnp.take(whole(tables['word'], 'vocab'), input_ids, axis=0) + positions
+      x = jnp.take(whole(tables['word_embeddings'], 'vocab'), input_ids, axis=0) + positions
       x = layer_norm(x.astype(self.config.dtype))  # [batch, length, embed]
       return self.dropout(x, deterministic=deterministic)
-    segments = whole(tables['token_type'], None)
+    segments = whole(tables['token_type_embeddings'], None)
     if cfg.type_vocab_size == 1:
       # One row (RoBERTa has no segments) serves every token: a pair's segment ids of 1 would
       # index past the table, which jnp.take fills with NaN.
       segments = segments[None]  # [1, 1, embed]
     else:
       segments = jnp.take(segments, segment_ids, axis=0)
-    x = (jnp.take(whole(tables['word'], 'vocab'), input_ids, axis=0)
+    x = (jnp.take(whole(tables['word_embeddings'], 'vocab'), input_ids, axis=0)
          + segments + positions)  # [batch, length, embed]
     if cfg.num_languages and language_ids is not None:
       # Without language ids (fine-tuning) no language row is added, as transformers' XLM.

@@ -17,6 +17,10 @@ transformers' DebertaV2 checkpoints map by a table (interop/hf_families.py). The
 `cls.predictions`. Not here: the enhanced mask decoder (absolute positions added before the MLM
 head; transformers' DebertaV2ForMaskedLM has none either) and the convolution beside the first
 layer (HF conv_kernel_size).
+
+DeBERTa-v3's replaced-token detection is objectives/rtd.py on this encoder (config.objectives=
+'rtd'): DebertaGenerator, as wide as the discriminator and model.generator_layer_fraction (v3:
+half) as deep, and model.embedding_sharing='gdes' (models/sharing.py).
 """
 
 import dataclasses
@@ -28,6 +32,7 @@ import numpy as np
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
+from bert_jax.models import sharing
 from bert_jax.ops import attention as attention_ops
 
 RELATIVE_KINDS = ('c2p', 'p2c')
@@ -209,13 +214,25 @@ class DebertaEmbeddings(nn.Module):
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
 
   def __call__(self, input_ids, input_mask, position_ids, deterministic):
+    return self.embed(self.tables(), self.layer_norm, input_ids, input_mask, position_ids,
+                      deterministic)
+
+  def tables(self) -> dict:
+    """{parameter name: table}: the word table and, with positions='absolute', the positions'."""
+    tables = {'word_embeddings': self.word_embeddings}
+    if self.config.positions == 'absolute':
+      tables['position_embeddings'] = self.position_embeddings
+    return tables
+
+  def embed(self, tables, layer_norm, input_ids, input_mask, position_ids, deterministic):
+    """__call__ with the tables and the LayerNorm given (models/sharing.py's 'gdes')."""
     cfg = self.config
     whole = lambda t: nn.with_logical_constraint(t, (None, None))  # noqa: E731
-    x = jnp.take(nn.with_logical_constraint(self.word_embeddings, ('vocab', None)), input_ids,
-                 axis=0)
+    x = jnp.take(nn.with_logical_constraint(tables['word_embeddings'], ('vocab', None)),
+                 input_ids, axis=0)
     if cfg.positions == 'absolute':
-      x = x + jnp.take(whole(self.position_embeddings), position_ids, axis=0)
-    x = self.layer_norm(x.astype(cfg.dtype)) * input_mask[..., None].astype(cfg.dtype)
+      x = x + jnp.take(whole(tables['position_embeddings']), position_ids, axis=0)
+    x = layer_norm(x.astype(cfg.dtype)) * input_mask[..., None].astype(cfg.dtype)
     return self.dropout(x, deterministic=deterministic)
 
   def attend(self, x):
@@ -223,15 +240,23 @@ class DebertaEmbeddings(nn.Module):
     return layers.tied_logits(x, self.word_embeddings, self.config.dtype)
 
 
+# DeBERTa's embeddings under gradient-disentangled sharing (model.embedding_sharing='gdes').
+GDES_EMBEDDINGS = sharing.gdes(DebertaEmbeddings)
+
+
 class DebertaModel(nn.Module):
   """Embeddings and encoder: (sequence_output, pooled_output), pooled the first token's state
-  (or each packed pair's, at cls_positions); the registry's encoder signature."""
+  (or each packed pair's, at cls_positions); the registry's encoder signature. With 'rtd'
+  (DeBERTa-v3's replaced-token detection) it is the discriminator: `generator_embed` and
+  `generator_attend` are the embeddings its generator reads and its tied output."""
   config: bert.BertConfig
   return_all_layers: bool = False
 
   def setup(self):
-    self.embeddings = DebertaEmbeddings(self.config)
-    self.encoder = DebertaEncoder(self.config, self.return_all_layers)
+    cfg = self.config
+    self.embeddings = (GDES_EMBEDDINGS if cfg.embedding_sharing == 'gdes'
+                       else DebertaEmbeddings)(cfg)
+    self.encoder = DebertaEncoder(cfg, self.return_all_layers)
 
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True, position_ids=None,
                pair_ids=None, cls_positions=None):
@@ -248,6 +273,33 @@ class DebertaModel(nn.Module):
 
   def attend(self, x):
     return self.embeddings.attend(x)
+
+  def generator_embed(self, input_ids, segment_ids, deterministic, position_ids=None,
+                      input_mask=None):
+    """The generator's embedded inputs [batch, length, H] (model.embedding_sharing)."""
+    del segment_ids  # No segment table.
+    if position_ids is None:
+      position_ids = layers.row_positions(input_ids)
+    embed = getattr(self.embeddings, 'generator_embed', self.embeddings)
+    return embed(input_ids, input_mask, position_ids, deterministic)
+
+  def generator_attend(self, x):
+    """The generator's tied output: logits against the word table it reads."""
+    return getattr(self.embeddings, 'generator_attend', self.embeddings.attend)(x)
+
+
+class DebertaGenerator(nn.Module):
+  """DeBERTa-v3's generator: DeBERTa's layers (with the relative table of its own) at the
+  generator's depth on the embeddings the discriminator's `generator_embed` gives; as wide as
+  the discriminator (v3's), so no projection. config is electra.generator_config's."""
+  config: bert.BertConfig
+
+  @nn.compact
+  def __call__(self, embedded, input_mask, deterministic, pair_ids=None):
+    # embedded: [batch, length, H] -> [batch, length, H].
+    cfg = self.config
+    bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
+    return DebertaEncoder(cfg, name='encoder')(embedded, bias, deterministic)
 
 
 def encoder_flops(model, length: int) -> float:
@@ -268,4 +320,5 @@ def table_projection_flops(model) -> float:
 
 
 FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
-                                       encoder=DebertaModel, flops=encoder_flops))
+                                       encoder=DebertaModel, flops=encoder_flops,
+                                       generator=DebertaGenerator))

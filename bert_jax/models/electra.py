@@ -10,28 +10,20 @@ GELU on [CLS] (`pooler/dense`), so that fine-tuning maps ElectraForSequenceClass
 The generator (ElectraGenerator) is a BERT encoder of generator_shape's width and the
 discriminator's depth, with its own E -> H_g projection. Its MLM head is objectives/mlm.py's
 MaskedLmHead at H_g (Dense H_g -> E, GELU, LayerNorm(E), logits against the tied embeddings).
-How the two share the embeddings is model.embedding_sharing:
-
-  'shared'  ELECTRA's: the generator reads the discriminator's embedding module (tables and
-            LayerNorm), and both losses train it.
-  'gdes'    DeBERTa-v3's gradient-disentangled embedding sharing (He et al., 2021): the tables
-            under `bert/embeddings/` are the generator's, trained by its MLM loss alone; the
-            discriminator looks up stop_gradient(table) + its own `*_delta` (zeros at the start)
-            and normalises with its own `discriminator_LayerNorm`, so the discriminator's loss
-            never pulls the generator's tables. discriminator_params materialises its tables
-            (table + delta) for export and fine-tuning; generator_params drops the deltas.
+How the two share the embeddings is model.embedding_sharing (models/sharing.py): 'shared', the
+reference's, reads the discriminator's embedding module (tables and LayerNorm) and both losses
+train it; 'gdes' keeps the discriminator's loss off the generator's tables.
 """
 
 import dataclasses
 
-from flax import traverse_util
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
+from bert_jax.models import sharing
 from bert_jax.ops import attention as attention_ops
 
 # The reference's generator heads: one per 64 units of its width (get_generator_config).
@@ -39,12 +31,15 @@ GENERATOR_HEAD_WIDTH = 64
 
 
 def generator_shape(model) -> dict:
-  """The generator's hidden_size, num_heads and intermediate_size from the discriminator's
-  (model: config.model or a BertConfig): H_g = round(fraction x H), max(1, H_g // 64) heads,
-  feed-forward 4 H_g, as google-research/electra's get_generator_config."""
+  """The generator's hidden_size, num_heads, intermediate_size and num_layers from the
+  discriminator's (model: config.model or a BertConfig): H_g = round(fraction x H),
+  max(1, H_g // 64) heads, feed-forward 4 H_g, as google-research/electra's
+  get_generator_config, and max(1, round(generator_layer_fraction x L)) layers (its
+  `generator_layers`; DeBERTa-v3: half)."""
   hidden = int(round(model.hidden_size * model.generator_fraction))
+  depth = max(1, int(round(model.num_layers * getattr(model, 'generator_layer_fraction', 1.0))))
   return {'hidden_size': hidden, 'num_heads': max(1, hidden // GENERATOR_HEAD_WIDTH),
-          'intermediate_size': 4 * hidden}
+          'intermediate_size': 4 * hidden, 'num_layers': depth}
 
 
 def generator_config(cfg: bert.BertConfig) -> bert.BertConfig:
@@ -54,75 +49,27 @@ def generator_config(cfg: bert.BertConfig) -> bert.BertConfig:
 
 
 def generator_run_config(config):
-  """A run's full config -> the config of its generator alone: an 'electra' model of the
-  generator's shape with config.objectives='mlm' (ElectraForMaskedLM's layout)."""
+  """A run's full config -> the config of its generator alone: a model of its family at the
+  generator's shape with config.objectives='mlm' (ElectraForMaskedLM's layout for ELECTRA)."""
   gen = config.copy_and_resolve_references()
-  shape = generator_shape(config.model)
-  embed = config.model.get('embedding_size', 0) or config.model.hidden_size
   # Alone, the generator shares nothing: its embeddings are the tables it trained.
-  gen.model.update(shape, embedding_size=0 if embed == shape['hidden_size'] else embed,
-                   embedding_sharing='shared')
+  gen.model = generator_model(config.model)
   gen.objectives = 'mlm'
   return gen
 
 
 # An ELECTRA run's generator subtrees -> their places in a generator-alone ('mlm') model.
 _GENERATOR_PATHS = (('generator/', 'bert/'), ('generator_predictions/', 'predictions/'))
-# Under 'gdes', the discriminator's own parameters inside `bert/embeddings/`.
-DELTA_SUFFIX = '_delta'
-DISCRIMINATOR_LAYER_NORM = 'discriminator_LayerNorm'
-_TABLES = ('word_embeddings', 'position_embeddings', 'token_type_embeddings')
-
-
-def is_discriminator_embedding(path: str) -> bool:
-  """Whether `path` is one of 'gdes' mode's discriminator-only embedding parameters (a table's
-  delta or the discriminator's LayerNorm), which neither exported model holds as such."""
-  if not path.startswith('bert/embeddings/'):
-    return False
-  leaf = path[len('bert/embeddings/'):]
-  return leaf.endswith(DELTA_SUFFIX) or leaf.startswith(DISCRIMINATOR_LAYER_NORM + '/')
-
-
 def generator_params(flat: dict) -> dict:
   """{path: array} of an ELECTRA run -> those of its generator alone (generator_run_config's
   model): the embeddings it reads, the generator's projection, layers and MLM head."""
   out = {k: v for k, v in flat.items()
-         if k.startswith('bert/embeddings/') and not is_discriminator_embedding(k)}
+         if k.startswith('bert/embeddings/') and not sharing.is_discriminator_embedding(k)}
   for path, value in flat.items():
     for ours, theirs in _GENERATOR_PATHS:
       if path.startswith(ours):
         out[theirs + path[len(ours):]] = value
   return out
-
-
-def discriminator_params(flat: dict) -> dict:
-  """{path: array} of an ELECTRA run -> the same with the discriminator's embeddings as it
-  reads them: under 'gdes' each table is the generator's + its delta and `LayerNorm` is the
-  discriminator's own; the deltas and `discriminator_LayerNorm` are gone. Unchanged under
-  'shared' (no deltas). The generator's subtrees stay; callers keep what they need."""
-  prefix = 'bert/embeddings/'
-  if not any(is_discriminator_embedding(k) for k in flat):
-    return dict(flat)
-  out = {k: v for k, v in flat.items() if not is_discriminator_embedding(k)}
-  for table in _TABLES:
-    delta = flat.get(prefix + table + DELTA_SUFFIX)
-    if delta is not None:
-      out[prefix + table] = flat[prefix + table] + delta
-  norm = prefix + DISCRIMINATOR_LAYER_NORM + '/'
-  for path, value in flat.items():
-    if path.startswith(norm):
-      out[prefix + 'LayerNorm/' + path[len(norm):]] = value
-  return out
-
-
-def discriminator_tree(params: dict) -> dict:
-  """discriminator_params on a nested parameter tree (a workdir's checkpoint); a tree without
-  deltas comes back as it is."""
-  embeddings = params.get('bert', {}).get('embeddings', {})
-  if not any(k.endswith(DELTA_SUFFIX) or k == DISCRIMINATOR_LAYER_NORM for k in embeddings):
-    return params
-  flat = traverse_util.flatten_dict(params, sep='/')
-  return traverse_util.unflatten_dict(discriminator_params(flat), sep='/')
 
 
 def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
@@ -163,49 +110,8 @@ def _encode(cfg, project, encoder, x, input_mask, deterministic, pair_ids):
   return encoder(x, attention_bias(cfg, input_mask, pair_ids, x.shape[1]), deterministic)
 
 
-class GdesEmbeddings(bert.BertEmbeddings):
-  """The embedding module under 'gdes' (module docstring): BertEmbeddings' tables and LayerNorm
-  are the generator's (`generator_embed`, `generator_attend`); calling it gives the
-  discriminator's view, stop_gradient(table) + delta for each table, its own LayerNorm."""
-
-  def setup(self):
-    super().setup()
-    cfg = self.config
-    delta = lambda name, rows: self.param(  # pylint: disable=g-long-lambda
-        name + DELTA_SUFFIX,
-        nn.with_logical_partitioning(nn.initializers.zeros, (bert.name_axis(name), 'embed')),
-        (rows, cfg.embed_width), cfg.param_dtype)
-    self.word_embeddings_delta = delta('word_embeddings', cfg.vocab_size)
-    self.position_embeddings_delta = delta('position_embeddings', cfg.max_position_embeddings)
-    if cfg.token_types:
-      self.token_type_embeddings_delta = delta('token_type_embeddings', cfg.type_vocab_size)
-    self.discriminator_layer_norm = layers.layer_norm(
-        cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name=DISCRIMINATOR_LAYER_NORM)
-
-  def _discriminator_tables(self) -> dict:
-    seen = lambda table, delta: jax.lax.stop_gradient(table) + delta  # noqa: E731
-    tables = {'word': seen(self.word_embeddings, self.word_embeddings_delta),
-              'position': seen(self.position_embeddings, self.position_embeddings_delta),
-              'token_type': None}
-    if self.config.token_types:
-      tables['token_type'] = seen(self.token_type_embeddings, self.token_type_embeddings_delta)
-    return tables
-
-  def __call__(self, input_ids, segment_ids, deterministic, position_ids=None, input_mask=None,
-               language_ids=None):
-    return self.embed(self._discriminator_tables(), self.discriminator_layer_norm, input_ids,
-                      segment_ids, deterministic, position_ids, input_mask, language_ids)
-
-  def attend(self, x):
-    """Logits against the discriminator's word table: [..., embed] -> [..., vocab]."""
-    return layers.tied_logits(x, self._discriminator_tables()['word'], self.config.dtype)
-
-  def generator_embed(self, input_ids, segment_ids, deterministic, position_ids=None,
-                      input_mask=None):
-    return super().__call__(input_ids, segment_ids, deterministic, position_ids, input_mask)
-
-  def generator_attend(self, x):
-    return super().attend(x)
+# BERT's embeddings under gradient-disentangled sharing (model.embedding_sharing='gdes').
+GDES_EMBEDDINGS = sharing.gdes(bert.BertEmbeddings)
 
 
 class ElectraModel(nn.Module):
@@ -220,8 +126,8 @@ class ElectraModel(nn.Module):
     if cfg.causal:
       raise ValueError("model.causal=True with model.name='electra': ELECTRA is bidirectional; "
                        'set model.causal=False.')
-    gdes = cfg.embedding_sharing == 'gdes'
-    self.embeddings = (GdesEmbeddings if gdes else bert.BertEmbeddings)(cfg)
+    self.embeddings = (GDES_EMBEDDINGS if cfg.embedding_sharing == 'gdes'
+                       else bert.BertEmbeddings)(cfg)
     self.embeddings_project = _projection(cfg)
     self.encoder = bert.BertEncoder(cfg, self.return_all_layers)
     self.pooler = ElectraPooler(cfg)
@@ -242,16 +148,12 @@ class ElectraModel(nn.Module):
                       input_mask=None):
     """The generator's embedded inputs [batch, length, E]: the discriminator's own ('shared'), or
     the tables only the generator trains ('gdes')."""
-    if isinstance(self.embeddings, GdesEmbeddings):
-      return self.embeddings.generator_embed(input_ids, segment_ids, deterministic, position_ids,
-                                             input_mask)
-    return self.embeddings(input_ids, segment_ids, deterministic, position_ids, input_mask)
+    embed = getattr(self.embeddings, 'generator_embed', self.embeddings)
+    return embed(input_ids, segment_ids, deterministic, position_ids, input_mask)
 
   def generator_attend(self, x):
     """The generator's tied output: logits of E-wide states against the word table it reads."""
-    if isinstance(self.embeddings, GdesEmbeddings):
-      return self.embeddings.generator_attend(x)
-    return self.embeddings.attend(x)
+    return getattr(self.embeddings, 'generator_attend', self.embeddings.attend)(x)
 
 
 class ElectraGenerator(nn.Module):
@@ -277,16 +179,23 @@ def encoder_flops(model, length: int) -> float:
   return bert.encoder_flops(model, length) - 2 * h * h + (length * 2 * e * h if e != h else 0)
 
 
-def generator_flops(model, length: int) -> float:
-  """The generator encoder's forward FLOPs on `length` tokens: its layers at generator_shape's
-  width and its E -> H_g projection."""
+def generator_model(model):
+  """config.model -> the generator's alone (generator_run_config's model): generator_shape's
+  sizes, E kept where it differs from H_g, nothing shared."""
+  gen = model.copy_and_resolve_references()
   shape = generator_shape(model)
-  h, f = shape['hidden_size'], shape['intermediate_size']
-  e = model.get('embedding_size', 0) or model.hidden_size
-  layers_ = model.num_layers
-  return (layers_ * (length * (8 * h * h + 4 * h * f) + 4 * length * length * h)
-          + (length * 2 * e * h if e != h else 0))
+  embed = model.get('embedding_size', 0) or model.hidden_size
+  gen.update(shape, embedding_size=0 if embed == shape['hidden_size'] else embed,
+             embedding_sharing='shared')
+  return gen
+
+
+def generator_flops(model, length: int) -> float:
+  """The generator encoder's forward FLOPs on `length` tokens: its family's encoder FLOPs at
+  generator_shape's size (ELECTRA's: its layers and its E -> H_g projection)."""
+  return models.get(model.get('name', 'electra')).flops(generator_model(model), length)
 
 
 FAMILY = models.register(models.Family(name='electra', config_from=bert.BertConfig.from_config,
-                                       encoder=ElectraModel, flops=encoder_flops))
+                                       encoder=ElectraModel, flops=encoder_flops,
+                                       generator=ElectraGenerator))

@@ -1,14 +1,15 @@
-"""Replaced-token detection (ELECTRA): a small generator fills the masked positions with tokens
-sampled from its MLM softmax, and the encoder (the discriminator) tells each token of the
-corrupted row original or replaced.
+"""Replaced-token detection (ELECTRA, DeBERTa-v3): a small generator fills the masked positions
+with tokens sampled from its MLM softmax, and the encoder (the discriminator) tells each token of
+the corrupted row original or replaced.
 
 Clark et al. (2020); google-research/electra's run_pretraining.py. The objective's `corrupt`
-step runs before the encoder (models/pretraining.py): the generator (models/electra.py's
-ElectraGenerator, `generator/`, on the embeddings model.embedding_sharing gives it) and its MLM head
-(`generator_predictions/`, MaskedLmHead at H_g: logits against the shared embeddings + its own
-bias) at the masked positions; a token sampled from each softmax (Gumbel-max, temperature 1)
-replaces the masked one, without a gradient through the sampling; a sampled token equal to the
-original counts as original. The discriminator's head (`discriminator_predictions/`: Dense H -> H,
+step runs before the encoder (models/pretraining.py): the generator (the family's
+Family.generator: models/electra.py's ElectraGenerator, models/deberta.py's DebertaGenerator;
+`generator/`, at electra.generator_shape's size, on the embeddings model.embedding_sharing gives
+it) and its MLM head (`generator_predictions/`, MaskedLmHead at H_g: logits against the shared
+embeddings + its own bias) at the masked positions; a token sampled from each softmax
+(Gumbel-max, temperature 1) replaces the masked one, without a gradient through the sampling; a
+sampled token equal to the original counts as original. The discriminator's head (`discriminator_predictions/`: Dense H -> H,
 the model's GELU, Dense H -> 1, as ElectraForPreTraining) scores every token.
 
 Loss: the generator's MLM cross-entropy (mean over the masked positions) + model.disc_weight
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax import models
 from bert_jax import objectives
 from bert_jax.models import electra
 from bert_jax.models import layers
@@ -67,12 +69,13 @@ def corrupt(config, encoder, batch, deterministic: bool):
   """The generator's MLM logits at the masked positions, its samples in place of the masked
   tokens, and the RTD labels: (batch with the corrupted input_ids, outputs)."""
   gen_cfg = electra.generator_config(config)
+  generator = models.family_of(encoder).generator
   input_ids, input_mask = batch['input_ids'], batch['input_mask']
   positions, weights = batch['masked_lm_positions'], batch['masked_lm_weights']
   # The embeddings the generator reads (model.embedding_sharing), E wide: [batch, length, E].
   embedded = encoder.generator_embed(input_ids, batch['segment_ids'], deterministic,
                                      batch.get('position_ids'), input_mask)
-  states = electra.ElectraGenerator(gen_cfg, name='generator')(
+  states = generator(gen_cfg, name='generator')(
       embedded, input_mask, deterministic, batch.get('pair_ids'))  # [batch, length, H_g]
   gathered = layers.gather_positions(states, positions)  # [batch, predictions, H_g]
   logits = mlm.MaskedLmHead(gen_cfg, name='generator_predictions')(

@@ -25,7 +25,7 @@ from absl import logging
 from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax import config_lib
-from bert_jax.models import electra
+from bert_jax.models import sharing
 from bert_jax.models import heads
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
@@ -207,8 +207,9 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
   classifier = {}
   if kind == 'workdir':
     pretrain_params = init_from.workdir_params(path, init_from.parse_step(config.init_from))
-    # An ELECTRA run under gradient-disentangled sharing: its discriminator's own tables.
-    pretrain_params = electra.discriminator_tree(pretrain_params)
+    # A replaced-token-detection run under gradient-disentangled sharing: its discriminator's
+    # own tables.
+    pretrain_params = sharing.discriminator_tree(pretrain_params)
   else:
     # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
     # its heads are not used here.

@@ -443,12 +443,17 @@ def _check_deberta(config) -> None:
   model = config.model
   name = model.get('name', 'bert')
   terms = [t.strip() for t in str(model.get('relative_attention', '')).split('|') if t.strip()]
+  decoder = bool(model.get('enhanced_mask_decoder', False))
   if name != 'deberta':
     if terms:
       raise ConfigError(
           f'config.model.relative_attention={model.relative_attention!r} with config.model.name='
           f"{name!r}: disentangled attention is DeBERTa's (model.name='deberta'); {name} takes "
           "relative_attention=''.")
+    if decoder:
+      raise ConfigError(
+          f"config.model.enhanced_mask_decoder=True with config.model.name={name!r}: the "
+          "enhanced mask decoder is DeBERTa's (model.name='deberta'); set it False.")
     return
   problems = _segmentless_xla_problems(config)
   unknown = [t for t in terms if t not in ('c2p', 'p2c')]
@@ -460,6 +465,13 @@ def _check_deberta(config) -> None:
                     "'absolute' (v1)")
   if model.get('causal', False):
     problems.append('causal=True: DeBERTa is bidirectional')
+  if decoder and model.scan_layers:
+    problems.append('enhanced_mask_decoder=True with scan_layers=True: the decoder runs the last '
+                    'layer again, which a scanned stack does not expose; set scan_layers=False')
+  names = _objectives().parse(config.objectives) if config.get('mode') != 'finetune' else []
+  if decoder and ('mlm' not in names or 'rtd' in names):
+    problems.append(f'enhanced_mask_decoder=True with objectives={config.objectives!r}: the '
+                    "decoder feeds the MLM head; use 'mlm' (not 'rtd', whose generator has none)")
   if problems:
     raise ConfigError("config.model.name='deberta': " + '; '.join(problems) + '.')
 

@@ -64,6 +64,9 @@ def get_config(arg=None):
   # generator's MLM alone trains the tables; the discriminator reads them without a gradient
   # plus deltas of its own, which start at zero, and has its own LayerNorm).
   model.embedding_sharing = 'shared'
+  # DeBERTa (model.name='deberta', unrolled layers, the 'mlm' objective): the enhanced mask
+  # decoder, absolute positions added before the MLM head (He et al., 2021, section 3.3).
+  model.enhanced_mask_decoder = False
   model.num_layers = 12  # L.
   model.num_heads = 12  # A; must divide hidden_size.
   model.intermediate_size = 3072  # Feed-forward width, 4H.

@@ -2,6 +2,7 @@
 bucketed distances, v1-style separate position projections with absolute positions), the
 relative index against transformers', FLOPs against the jaxpr, and the config checks."""
 
+import flax
 import jax
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from bert_jax import models
 from bert_jax.interop import hf
 from bert_jax.interop import hf_families
 from bert_jax.models import deberta
+from bert_jax.models import layers
 from bert_jax.train import step as steps
 from configs import base
 # The HF directory import and the difference every interop test takes.
@@ -180,11 +182,73 @@ def test_flops_are_the_matmuls_the_model_runs():
     ({'relative_attention': 'c2x'}, "relative_attention='c2x'"),
     ({'positions': 'rotary'}, "positions='rotary'"),
     ({'attention_impl': 'cudnn'}, "attention_impl='cudnn'"),
+    ({'enhanced_mask_decoder': True},
+     r'enhanced_mask_decoder=True with scan_layers=True: .*set scan_layers=False'),
 ])
 def test_bad_settings_are_refused_before_anything_is_built(change, message):
   config = our_config()
   config.model.update(change)
   with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.validate(config)
+
+
+def mask_decoder_model(positions='none'):
+  config = our_config('v3' if positions == 'none' else 'v1', scan_layers=False)
+  config.model.enhanced_mask_decoder = True
+  config_lib.validate(config)
+  model = steps.build_model(config)
+  ids, mask, positions_ = inputs()
+  batch = {'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
+           'masked_lm_positions': positions_}
+  params = jax.tree.map(np.asarray, model.init(jax.random.PRNGKey(0), batch)['params'])
+  return config, model, flax.linen.meta.unbox(params), batch
+
+
+@pytest.mark.parametrize('positions', ['none', 'absolute'])
+def test_the_mask_decoder_reruns_the_last_layer_with_absolute_positions(positions):
+  config, model, params, batch = mask_decoder_model(positions)
+  cfg = model.config
+  ids, mask = batch['input_ids'], batch['input_mask']
+  decoded = deberta.DebertaModel(cfg).apply({'params': params['bert']}, ids, ids * 0, mask)[0]
+  # By hand: the layer below the last (return_all_layers runs no decoder), the processed
+  # relative table, and the last layer twice with its queries and residual from
+  # positions + the states below, then from its own output.
+  states = deberta.DebertaModel(cfg, return_all_layers=True).apply(
+      {'params': params['bert']}, ids, ids * 0, mask)[0]
+  below = states[-2]
+  encoder = params['bert']['encoder']
+  relative = encoder['rel_embeddings']
+  if cfg.relative_norm:
+    relative = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype).apply(
+        {'params': encoder['rel_LayerNorm']}, relative)
+  bias = layers.row_attention_bias(mask, None, cfg.dtype)
+  table = params['bert']['embeddings']['position_embeddings']
+  query = table[np.arange(ids.shape[1])][None] + below
+  last = {'params': encoder[f'layer_{cfg.num_layers - 1}']}
+  for _ in range(2):
+    query = deberta.DebertaLayer(cfg).apply(last, below, bias, relative, True, query)
+  assert max_diff(decoded, query) < 1e-6
+  assert max_diff(decoded, states[-1]) > 1e-2  # Not the last layer's output.
+  # The MLM head reads the decoder: moving the position table moves the logits.
+  logits = model.apply({'params': params}, batch)['mlm_logits']
+  moved = jax.tree.map(lambda x: x, params)
+  moved['bert']['embeddings']['position_embeddings'] = table + np.random.default_rng(0).normal(
+      size=table.shape).astype(np.float32)
+  assert max_diff(model.apply({'params': moved}, batch)['mlm_logits'], logits) > 1e-3
+
+
+def test_the_mask_decoder_is_deberta_s_and_feeds_mlm_only():
+  config = base.get_config()
+  config.data.corpus = 'builtin'
+  config.model.enhanced_mask_decoder = True
+  with pytest.raises(config_lib.ConfigError, match=r"enhanced_mask_decoder=True with "
+                     r"config.model.name='bert'.*set it False"):
+    config_lib.validate(config)
+  config = our_config(scan_layers=False)
+  config.model.update(enhanced_mask_decoder=True, generator_fraction=1.0)
+  config.objectives = 'rtd'
+  with pytest.raises(config_lib.ConfigError, match=r"enhanced_mask_decoder=True with "
+                     r"objectives='rtd'.*use 'mlm'"):
     config_lib.validate(config)
 
 
@@ -248,6 +312,34 @@ def test_a_pretraining_run_fine_tunes_and_exports(tmp_path):
   with torch.no_grad():
     logits = model(input_ids=torch.tensor([[2, 7, 9, 3]])).logits
   assert logits.shape[-1] == pretraining.model.vocab_size and torch.isfinite(logits).all()
+
+
+@pytest.mark.slow
+def test_a_run_with_the_mask_decoder_fine_tunes_and_exports_without_it(tmp_path):
+  from conftest import micro_config  # pylint: disable=g-import-not-at-top
+  from test_family_finetune import run_sst2, wiki  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  pretraining = micro_config(tmp_path, **{
+      'model.name': 'deberta', 'data.corpus': wiki(), 'data.max_documents': 12,
+      'objectives': 'mlm', 'model.positions': 'none', 'model.relative_attention': 'c2p|p2c',
+      'model.relative_buckets': 8, 'model.share_relative_key': True,
+      'model.relative_norm': True, 'model.enhanced_mask_decoder': True,
+      'model.scan_layers': False, 'train.num_steps': 2, 'train.warmup_steps': 1,
+      'train.log_every': 1, 'train.eval_every': 2, 'train.checkpoint_every': 2})
+  source = tmp_path / 'pretrain'
+  pretrain.train_and_evaluate(pretraining, str(source))
+  # The decoder's own position table is in the run, and nowhere after it.
+  assert 'position_embeddings' in init_from.workdir_params(str(source))['bert']['embeddings']
+  results, saved = run_sst2(tmp_path, str(source))
+  assert not saved['model']['enhanced_mask_decoder']
+  assert np.isfinite(results['median']['dev']['accuracy'])
+  out = tmp_path / 'hf'
+  convert.main(['export', f'--workdir={source}', f'--out={out}'])
+  model, info = transformers.AutoModelForMaskedLM.from_pretrained(str(out),
+                                                                  output_loading_info=True)
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
 
 
 def test_the_fused_feed_forward_computes_the_same_layers(hf_models):

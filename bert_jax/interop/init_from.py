@@ -122,6 +122,11 @@ def _config_json(folder: str) -> dict:
     return json.load(f)
 
 
+def workdir_model(workdir: str) -> dict:
+  """config.model of a bert_jax workdir's run, as its config.json holds it."""
+  return _config_json(workdir)['model']
+
+
 def source_architecture(spec: str) -> dict:
   """config.model values of the source checkpoint."""
   kind, path = parse(spec)

@@ -55,6 +55,9 @@ class BertConfig:
   generator_layer_fraction: float = 1.0
   disc_weight: float = 50.0
   embedding_sharing: str = 'shared'
+  # DeBERTa's enhanced mask decoder (models/deberta.py): the MLM head reads the last layer run
+  # twice more with absolute positions added to its queries.
+  enhanced_mask_decoder: bool = False
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
   # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
   position_offset: int = 0

@@ -14,9 +14,15 @@ BERT's learned table ('absolute'). Everything else is BERT's layer, under the sa
 (`attention/self/query`, `attention/output/dense`, `intermediate`, `output`), so that
 transformers' DebertaV2 checkpoints map by a table (interop/hf_families.py). There is no pooler
 (the pooled output is the first token's state); the MLM head is `predictions`, HF's legacy
-`cls.predictions`. Not here: the enhanced mask decoder (absolute positions added before the MLM
-head; transformers' DebertaV2ForMaskedLM has none either) and the convolution beside the first
-layer (HF conv_kernel_size).
+`cls.predictions`. Not here: the convolution beside the first layer (HF conv_kernel_size).
+
+model.enhanced_mask_decoder (unrolled layers, MLM): DeBERTa's enhanced mask decoder (section
+3.3; microsoft/DeBERTa's EnhancedMaskDecoder). The MLM head reads, instead of the last layer's
+output, the last layer run twice more on the states below it with its queries (and residual)
+first those states + the absolute position embeddings (`bert/embeddings/position_embeddings`,
+made for it under positions='none', v3's), then its own output. The pooled state stays the last
+layer's; fine-tuning builds the encoder without the decoder. transformers' DebertaV2ForMaskedLM
+has none: an export keeps the backbone exact and its MLM logits read the last layer.
 
 DeBERTa-v3's replaced-token detection is objectives/rtd.py on this encoder (config.objectives=
 'rtd'): DebertaGenerator, as wide as the discriminator and model.generator_layer_fraction (v3:
@@ -25,6 +31,7 @@ half) as deep, and model.embedding_sharing='gdes' (models/sharing.py).
 
 import dataclasses
 
+from flax import traverse_util
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +43,8 @@ from bert_jax.models import sharing
 from bert_jax.ops import attention as attention_ops
 
 RELATIVE_KINDS = ('c2p', 'p2c')
+# The enhanced mask decoder's passes of the last layer (microsoft/DeBERTa: 2).
+MASK_DECODER_PASSES = 2
 
 
 def config_from(config) -> bert.BertConfig:
@@ -89,15 +98,18 @@ class DisentangledSelfAttention(nn.Module):
   config: bert.BertConfig
 
   @nn.compact
-  def __call__(self, x, bias, relative, deterministic):
+  def __call__(self, x, bias, relative, deterministic, query_states=None):
     # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive; relative: the
-    # relative table [2 span, embed] or None.
+    # relative table [2 span, embed] or None; query_states [batch, length, embed]: the queries'
+    # input where it is not x (the enhanced mask decoder's).
     cfg = self.config
     dense = lambda name: layers.DenseGeneral(  # pylint: disable=g-long-lambda
         (cfg.num_heads, cfg.head_dim), ('embed', 'heads', 'kv'), dtype=cfg.dtype,
         param_dtype=cfg.param_dtype, kernel_init=cfg.init, name=name)
     query_dense, key_dense = dense('query'), dense('key')
-    query, key, value = query_dense(x), key_dense(x), dense('value')(x)  # [batch, length, H, kv]
+    queries = x if query_states is None else query_states
+    # [batch, length, H, kv] each.
+    query, key, value = query_dense(queries), key_dense(x), dense('value')(x)
     kinds = relative_kinds(cfg) if relative is not None else ()
     factor = 1 + len(kinds)
     if kinds:
@@ -130,11 +142,12 @@ class DebertaAttention(nn.Module):
   config: bert.BertConfig
 
   @nn.compact
-  def __call__(self, x, bias, relative, deterministic):
+  def __call__(self, x, bias, relative, deterministic, query_states=None):
     context = DisentangledSelfAttention(self.config, name='self')(x, bias, relative,
-                                                                  deterministic)
+                                                                  deterministic, query_states)
+    residual = x if query_states is None else query_states
     return bert.BertResidualOutput(self.config, ('heads', 'kv'), name='output')(
-        context, x, deterministic)
+        context, residual, deterministic)
 
 
 class DebertaLayer(nn.Module):
@@ -142,9 +155,9 @@ class DebertaLayer(nn.Module):
   config: bert.BertConfig
 
   @nn.compact
-  def __call__(self, x, bias, relative, deterministic):
+  def __call__(self, x, bias, relative, deterministic, query_states=None):
     cfg = self.config
-    x = DebertaAttention(cfg, name='attention')(x, bias, relative, deterministic)
+    x = DebertaAttention(cfg, name='attention')(x, bias, relative, deterministic, query_states)
     return bert.feed_forward(cfg, x, deterministic)
 
 
@@ -164,7 +177,9 @@ class DebertaEncoder(nn.Module):
   return_all_layers: bool = False
 
   @nn.compact
-  def __call__(self, x, bias, deterministic):
+  def __call__(self, x, bias, deterministic, decoder_positions=None):
+    # decoder_positions [batch, length, embed]: the enhanced mask decoder's absolute positions;
+    # with them (unrolled layers only) the result is (last layer's output, the decoder's).
     cfg = self.config
     relative = None
     if relative_kinds(cfg):
@@ -190,11 +205,22 @@ class DebertaEncoder(nn.Module):
     layer_cls = DebertaLayer
     if cfg.remat_policy != 'none':
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(4,))
-    outputs = []
+    outputs, below = [], x
     for i in range(cfg.num_layers):
-      x = layer_cls(cfg, name=f'layer_{i}')(x, bias, relative, deterministic)
+      layer = layer_cls(cfg, name=f'layer_{i}')
+      below, x = x, layer(x, bias, relative, deterministic)
       outputs.append(x)
-    return jnp.stack(outputs) if self.return_all_layers else x
+    if self.return_all_layers:
+      return jnp.stack(outputs)
+    if decoder_positions is None:
+      return x
+    # The enhanced mask decoder (microsoft/DeBERTa's EnhancedMaskDecoder): the last layer again,
+    # twice, on the layer below's states, its queries first those states + the absolute
+    # positions, then its own output.
+    query = decoder_positions.astype(below.dtype) + below
+    for _ in range(MASK_DECODER_PASSES):
+      query = layer(below, bias, relative, deterministic, query)
+    return x, query
 
 
 class DebertaEmbeddings(nn.Module):
@@ -208,7 +234,7 @@ class DebertaEmbeddings(nn.Module):
         name, nn.with_logical_partitioning(cfg.init, (axis, 'embed')), (rows, cfg.hidden_size),
         cfg.param_dtype)
     self.word_embeddings = table('word_embeddings', cfg.vocab_size, 'vocab')
-    if cfg.positions == 'absolute':
+    if cfg.positions == 'absolute' or cfg.enhanced_mask_decoder:
       self.position_embeddings = table('position_embeddings', cfg.max_position_embeddings, None)
     self.layer_norm = layers.layer_norm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype)
     self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
@@ -239,6 +265,11 @@ class DebertaEmbeddings(nn.Module):
     """Logits against the (tied) word embeddings: [..., embed] -> [..., vocab]."""
     return layers.tied_logits(x, self.word_embeddings, self.config.dtype)
 
+  def absolute_positions(self, position_ids):
+    """The position table's rows (the enhanced mask decoder's input): [batch, length, embed]."""
+    table = nn.with_logical_constraint(self.position_embeddings, (None, None))
+    return jnp.take(table, position_ids, axis=0).astype(self.config.dtype)
+
 
 # DeBERTa's embeddings under gradient-disentangled sharing (model.embedding_sharing='gdes').
 GDES_EMBEDDINGS = sharing.gdes(DebertaEmbeddings)
@@ -267,6 +298,11 @@ class DebertaModel(nn.Module):
     x = self.embeddings(input_ids, input_mask, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
+    if cfg.enhanced_mask_decoder and not self.return_all_layers:
+      # The sequence output is the decoder's, which the MLM head reads; pooled, the last layer's.
+      last, decoded = self.encoder(x, bias, deterministic,
+                                   self.embeddings.absolute_positions(position_ids))
+      return decoded, layers.first_or_gathered(last, cls_positions)
     x = self.encoder(x, bias, deterministic)
     last = x[-1] if self.return_all_layers else x
     return x, layers.first_or_gathered(last, cls_positions)
@@ -300,6 +336,27 @@ class DebertaGenerator(nn.Module):
     cfg = self.config
     bias = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
     return DebertaEncoder(cfg, name='encoder')(embedded, bias, deterministic)
+
+
+def mask_decoder_only(model) -> tuple[str, ...]:
+  """Paths under `bert/` that only the enhanced mask decoder reads (config.model or a dict):
+  the position table it adds when positions='none'."""
+  get = model.get
+  if get('name') == 'deberta' and get('enhanced_mask_decoder', False) and get(
+      'positions', 'absolute') == 'none':
+    return ('embeddings/position_embeddings',)
+  return ()
+
+
+def without_mask_decoder(params: dict, model) -> dict:
+  """A pretraining run's parameter tree without mask_decoder_only(model)'s leaves (fine-tuning
+  builds the encoder without the decoder)."""
+  paths = mask_decoder_only(model)
+  if not paths:
+    return params
+  flat = traverse_util.flatten_dict(params, sep='/')
+  return traverse_util.unflatten_dict(
+      {k: v for k, v in flat.items() if k[len('bert/'):] not in paths}, sep='/')
 
 
 def encoder_flops(model, length: int) -> float:

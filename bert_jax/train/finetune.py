@@ -26,6 +26,7 @@ from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax import config_lib
 from bert_jax.models import sharing
+from bert_jax.models import deberta
 from bert_jax.models import heads
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
@@ -210,6 +211,10 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
     # A replaced-token-detection run under gradient-disentangled sharing: its discriminator's
     # own tables.
     pretrain_params = sharing.discriminator_tree(pretrain_params)
+    # DeBERTa's enhanced mask decoder served the pretraining MLM head only; its own position
+    # table (positions='none') has no place in the fine-tuning encoder.
+    pretrain_params = deberta.without_mask_decoder(pretrain_params,
+                                                   init_from.workdir_model(path))
   else:
     # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
     # its heads are not used here.

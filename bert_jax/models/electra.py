@@ -60,6 +60,8 @@ def generator_run_config(config):
 
 # An ELECTRA run's generator subtrees -> their places in a generator-alone ('mlm') model.
 _GENERATOR_PATHS = (('generator/', 'bert/'), ('generator_predictions/', 'predictions/'))
+
+
 def generator_params(flat: dict) -> dict:
   """{path: array} of an ELECTRA run -> those of its generator alone (generator_run_config's
   model): the embeddings it reads, the generator's projection, layers and MLM head."""

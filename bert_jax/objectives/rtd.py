@@ -9,8 +9,9 @@ Family.generator: models/electra.py's ElectraGenerator, models/deberta.py's Debe
 it) and its MLM head (`generator_predictions/`, MaskedLmHead at H_g: logits against the shared
 embeddings + its own bias) at the masked positions; a token sampled from each softmax
 (Gumbel-max, temperature 1) replaces the masked one, without a gradient through the sampling; a
-sampled token equal to the original counts as original. The discriminator's head (`discriminator_predictions/`: Dense H -> H,
-the model's GELU, Dense H -> 1, as ElectraForPreTraining) scores every token.
+sampled token equal to the original counts as original. The discriminator's head
+(`discriminator_predictions/`: Dense H -> H, the model's GELU, Dense H -> 1, as
+ElectraForPreTraining) scores every token.
 
 Loss: the generator's MLM cross-entropy (mean over the masked positions) + model.disc_weight
 (50) x the mean sigmoid cross-entropy over every real token. Training draws the samples from the

@@ -51,9 +51,11 @@ def random_batch(config, rng):
       'input_ids': rng.integers(5, config.model.vocab_size, (b, s)).astype(np.int32) * input_mask,
       'input_mask': input_mask,
       'segment_ids': (np.arange(s)[None] >= lengths[:, None] // 2).astype(np.int32) * input_mask,
-      # Distinct positions, as the input pipeline's: ELECTRA writes its samples back at them.
-      'masked_lm_positions': np.sort(np.stack([rng.choice(np.arange(1, s - 1), p, replace=False)
-                                               for _ in range(b)]), axis=1).astype(np.int32),
+      # Distinct positions, as the input pipeline's (ELECTRA writes its samples back at them),
+      # unless the row has fewer inner positions than predictions.
+      'masked_lm_positions': np.sort(np.stack([
+          rng.choice(np.arange(1, s - 1), p, replace=p > s - 2) for _ in range(b)]),
+                                     axis=1).astype(np.int32),
       'masked_lm_ids': rng.integers(5, config.model.vocab_size, (b, p)).astype(np.int32),
       'masked_lm_weights': np.ones((b, p), np.float32),
   }

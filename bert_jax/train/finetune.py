@@ -25,9 +25,9 @@ from absl import logging
 from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax import config_lib
-from bert_jax.models import sharing
 from bert_jax.models import deberta
 from bert_jax.models import heads
+from bert_jax.models import sharing
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
 from bert_jax import models

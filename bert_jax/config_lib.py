@@ -468,7 +468,7 @@ def _check_deberta(config) -> None:
   if decoder and model.scan_layers:
     problems.append('enhanced_mask_decoder=True with scan_layers=True: the decoder runs the last '
                     'layer again, which a scanned stack does not expose; set scan_layers=False')
-  names = _objectives().parse(config.objectives) if config.get('mode') != 'finetune' else []
+  names = _objectives().parse(config.objectives)
   if decoder and ('mlm' not in names or 'rtd' in names):
     problems.append(f'enhanced_mask_decoder=True with objectives={config.objectives!r}: the '
                     "decoder feeds the MLM head; use 'mlm' (not 'rtd', whose generator has none)")

@@ -101,8 +101,7 @@ def discriminator_params(flat: dict) -> dict:
 def discriminator_tree(params: dict) -> dict:
   """discriminator_params on a nested parameter tree (a workdir's checkpoint); a tree without
   deltas comes back as it is."""
-  embeddings = params.get('bert', {}).get('embeddings', {})
-  if not any(k.endswith(DELTA_SUFFIX) or k == DISCRIMINATOR_LAYER_NORM for k in embeddings):
-    return params
   flat = traverse_util.flatten_dict(params, sep='/')
+  if not any(is_discriminator_embedding(k) for k in flat):
+    return params
   return traverse_util.unflatten_dict(discriminator_params(flat), sep='/')

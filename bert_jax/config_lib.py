@@ -711,9 +711,9 @@ def validate_finetune(config) -> None:
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
   _check_names(config)
   if config.train.layerwise_lr_decay and config.model.get('name', 'bert') == 'albert':
-    raise ConfigError(
-        f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} needs each layer\'s '
-        "own parameters, and ALBERT's layers share one set: set it to 0 for model.name='albert'.")
+    from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
+    raise ConfigError(f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} '
+                      + optim.SHARED_LAYERS_REFUSAL)
   _check_model_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:

@@ -37,6 +37,9 @@ def weight_decay_mask(params):
 # that sit above the last layer (ModernBERT's final norm); the rest sit below the first.
 ENCODER_SCOPE = 'bert'
 ABOVE_LAYERS = ('final_norm',)
+# Why layer-wise decay refuses ALBERT, after 'config.train.layerwise_lr_decay[=value]'.
+SHARED_LAYERS_REFUSAL = ("needs each layer's own parameters, and ALBERT's layers share one set "
+                         "('bert/encoder/shared_layer'): set it to 0 for model.name='albert'.")
 
 
 def layer_depth(path: tuple, num_layers: int):
@@ -55,8 +58,7 @@ def layer_depth(path: tuple, num_layers: int):
   if name.startswith('layer_') and name[len('layer_'):].isdigit():
     return int(name[len('layer_'):]) + 1
   if name == 'shared_layer':
-    raise ValueError('config.train.layerwise_lr_decay needs each layer\'s own parameters; '
-                     "ALBERT's layers share one set ('bert/encoder/shared_layer'). Set it to 0.")
+    raise ValueError('config.train.layerwise_lr_decay ' + SHARED_LAYERS_REFUSAL)
   return num_layers + 1 if name in ABOVE_LAYERS else 0
 
 

@@ -710,6 +710,13 @@ def validate_finetune(config) -> None:
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
   _check_names(config)
+  # Pretraining-only model switches: fine-tuning builds the encoder without them (a DeBERTa
+  # mask decoder's table is dropped, an rtd run's tables materialised, when loading a workdir).
+  for key, off in (('enhanced_mask_decoder', False), ('embedding_sharing', 'shared')):
+    if config.model.get(key, off) != off:
+      raise ConfigError(f'config.model.{key}={config.model.get(key)!r}: it shapes pretraining '
+                        f'only, and fine-tuning from its workdir builds the encoder without it; '
+                        f'set {off!r}.')
   if config.train.layerwise_lr_decay and config.model.get('name', 'bert') == 'albert':
     from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
     raise ConfigError(f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} '

@@ -333,6 +333,13 @@ def test_bad_inputs_fail_before_compiling(tmp_path, vocab_file, monkeypatch):
   config.model.name = 'albert'
   with pytest.raises(config_lib.ConfigError, match="ALBERT's layers share one set"):
     finetune.run(config, str(tmp_path / 'g'))
+  # Pretraining-only switches (a scanned DeBERTa with the decoder crashed building the model).
+  for key, value in (('enhanced_mask_decoder', True), ('embedding_sharing', 'gdes')):
+    config = sst2_config(tmp_path, vocab_file)
+    config.model[key] = value
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf'config.model.{key}={value!r}: it shapes pretraining only'):
+      finetune.run(config, str(tmp_path / key))
 
 
 # electra: scanned layers and embeddings_project; modernbert: unrolled layers, a final norm.

@@ -1,6 +1,6 @@
 """Scaling over the GPUs of one host, in one call: `python benchmarks/scaling.py
   [--gpus=1,2,4,8] [--presets=data,fsdp,fsdp_tensor]
-  [--shapes=large:128:128,large:512:32,roberta-base:128:256] [--variant=large_gpu]
+  [--shapes=large:128:256,large:512:32,roberta-base:128:256] [--variant=large_gpu]
   [--out=scaling.jsonl]`
 
 Each shape's BATCH is per GPU: n GPUs train a global batch of n x BATCH, so perfect scaling keeps
@@ -11,7 +11,9 @@ one device the presets lay out the same step); n > 1 GPUs run each preset on the
   data         data = n                 parameters and optimizer state replicated
   fsdp         fsdp = n                 parameters and optimizer state sharded (ZeRO-3)
   fsdp_tensor  fsdp = n / 2, tensor = 2 plus heads, MLP and vocabulary split over 2 GPUs, with
-               the XLA feed-forward (the fused feed-forward kernel needs whole MLP rows)
+               the XLA feed-forward (the fused feed-forward kernel needs whole MLP rows); a
+               vocabulary the tensor axis cannot split (RoBERTa's 50,265) is padded to the next
+               multiple of 128 for these runs (vocab_flags)
 
 GPU counts above what the host has are skipped and named. Every process shares one XLA autotuning
 cache (harness.with_autotune_cache: the per-GPU gemms are the same at every count). Each run
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import harness
 
 PRESETS = ('data', 'fsdp', 'fsdp_tensor')
+TENSOR = {'data': 1, 'fsdp': 1, 'fsdp_tensor': 2}  # The tensor axis of each preset's mesh.
 
 
 def mesh_flags(preset: str, gpus: int) -> list[str]:
@@ -40,14 +43,29 @@ def mesh_flags(preset: str, gpus: int) -> list[str]:
   split them (fsdp_tensor needs an even count)."""
   if preset not in PRESETS:
     raise ValueError(f'--presets entry {preset!r}: use one of {", ".join(PRESETS)}.')
-  data, fsdp, tensor = {'data': (gpus, 1, 1), 'fsdp': (1, gpus, 1),
-                        'fsdp_tensor': (1, gpus // 2, 2)}[preset]
+  tensor = TENSOR[preset]
+  data, fsdp = (gpus, 1) if preset == 'data' else (1, gpus // tensor)
   if data * fsdp * tensor != gpus:
     raise ValueError(f'preset {preset} needs an even GPU count, not {gpus}.')
   # ffn_impl='pallas' refuses a mesh that splits the MLP rows; the rest of the kernels split.
   ffn = ['--config.model.ffn_impl=xla'] if tensor > 1 else []
   return [f'--config.mesh.preset={preset}', f'--config.mesh.data={data}',
           f'--config.mesh.fsdp={fsdp}', f'--config.mesh.tensor={tensor}', *ffn]
+
+
+def vocab_flags(model: str, preset: str, variant: str) -> list[str]:
+  """--config.model.vocab_size padded to the next multiple of 128 where `preset` splits the
+  vocabulary over a tensor axis that does not divide the model's own (the extra rows are never a
+  label: the step's cost grows by their share of the output layer); nothing where it divides, or
+  where the variant sets the vocabulary itself."""
+  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  tensor = TENSOR[preset]
+  if tensor == 1 or any(f.startswith('--config.model.vocab_size=')
+                        for f in harness.variant_flags(variant)):
+    return []
+  path, _, arg = harness.CONFIGS[model].partition(':')
+  vocab = cli.load_config_file(path, arg or None).model.vocab_size
+  return [] if vocab % tensor == 0 else [f'--config.model.vocab_size={-(-vocab // 128) * 128}']
 
 
 def runs(gpu_counts: list[int], presets: list[str]) -> list[tuple[int, str]]:
@@ -89,7 +107,9 @@ def main(argv=None, run=harness.run_process, gpus_here=available_gpus):
   parser.add_argument('--gpus', default='1,2,4,8', help='GPU counts; those above the host\'s '
                       'are skipped.')
   parser.add_argument('--presets', default=','.join(PRESETS))
-  parser.add_argument('--shapes', default='large:128:128,large:512:32,roberta-base:128:256',
+  # 256 sequences of 128 per GPU: the paper's whole batch on each GPU (29.6 GiB on an H200 at
+  # Large); the gradient all-reduce is once a step, so the per-GPU batch sets its share.
+  parser.add_argument('--shapes', default='large:128:256,large:512:32,roberta-base:128:256',
                       help='MODEL:SEQ:BATCH, BATCH per GPU.')
   parser.add_argument('--variant', default='large_gpu', help='harness.VARIANTS, +flags.')
   parser.add_argument('--steps', type=int, default=20)
@@ -120,7 +140,8 @@ def main(argv=None, run=harness.run_process, gpus_here=available_gpus):
     for gpus, preset in plan:
       command = harness.ours(model, seq, gpus * batch, args.variant, args.steps)
       env = {'CUDA_VISIBLE_DEVICES': ','.join(map(str, range(gpus)))}
-      record = dict(run(command + mesh_flags(preset, gpus), harness.REPO, xla_flags,
+      record = dict(run(command + mesh_flags(preset, gpus)
+                        + vocab_flags(model, preset, args.variant), harness.REPO, xla_flags,
                         args.timeout, env), gpus=gpus, preset=preset, shape=shape,
                     variant=args.variant)
       records.append(record)

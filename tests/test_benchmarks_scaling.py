@@ -23,6 +23,16 @@ def test_mesh_flags_split_the_gpus_as_each_preset_names():
     scaling.mesh_flags('zero3', 2)
 
 
+def test_tensor_presets_pad_a_vocabulary_the_tensor_axis_cannot_split():
+  # RoBERTa's 50,265 rows do not split over 2 GPUs: the next multiple of 128 does.
+  assert scaling.vocab_flags('roberta-base', 'fsdp_tensor', 'large_gpu') == [
+      '--config.model.vocab_size=50304']
+  assert scaling.vocab_flags('large', 'fsdp_tensor', 'large_gpu') == []  # 30,522 splits.
+  assert scaling.vocab_flags('roberta-base', 'fsdp', 'large_gpu') == []  # Rows stay whole.
+  assert scaling.vocab_flags('roberta-base', 'fsdp_tensor',
+                             'large_gpu+--config.model.vocab_size=50266') == []
+
+
 def test_one_gpu_runs_the_baseline_only_and_larger_counts_every_preset():
   assert scaling.runs([4, 1, 2], ['data', 'fsdp']) == [
       (1, 'data'), (2, 'data'), (2, 'fsdp'), (4, 'data'), (4, 'fsdp')]
@@ -53,6 +63,20 @@ def test_main_runs_each_count_on_its_gpus_and_tabulates_scaling(tmp_path, capsys
   assert 'skipped: 8 GPUs (this host has 4)' in printed
   assert '| large:128:128 | 4 | fsdp | 512 | 3800 | 950 | 95.0% | 50.0% |' in printed
   assert 'not lent here: 8 GPUs' in printed
+
+
+def test_main_pads_the_vocabulary_of_tensor_runs_only(tmp_path):
+  commands = []
+
+  def fake_run(command, cwd, xla_flags, timeout, env):
+    del cwd, xla_flags, timeout, env
+    commands.append(command)
+    return {'error': 'not run'}
+
+  scaling.main(['--gpus=1,2', '--presets=data,fsdp_tensor', '--shapes=roberta-base:128:8',
+                f'--out={tmp_path / "s.jsonl"}'], run=fake_run, gpus_here=lambda: 2)
+  padded = ['--config.model.vocab_size=50304' in command for command in commands]
+  assert padded == [False, False, True]  # 1 GPU data, 2 GPUs data, 2 GPUs fsdp_tensor.
 
 
 @pytest.mark.parametrize('argv, message', [

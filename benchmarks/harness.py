@@ -14,6 +14,7 @@ No jax and no torch are imported here: the peer's process imports torch only, an
 only launches processes imports neither.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -37,7 +38,14 @@ CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py',
            'distilbert': 'configs/distilbert.py',
            **{f'electra-{size}': f'configs/electra.py:size={size}'
               for size in ('small', 'base', 'large')},
-           **{f'spanbert-{size}': f'configs/spanbert.py:size={size}' for size in ('base', 'large')}}
+           **{f'spanbert-{size}': f'configs/spanbert.py:size={size}' for size in ('base', 'large')},
+           # DeBERTa-v3's encoder by MLM and by its replaced-token detection (generator in the step).
+           **{f'deberta-{size}': f'configs/deberta.py:size={size}' for size in ('base', 'large')},
+           **{f'deberta-rtd-{size}': f'configs/deberta.py:size={size},objective=rtd'
+              for size in ('base', 'large')},
+           **{f'modernbert-{size}': f'configs/modernbert.py:size={size}'
+              for size in ('base', 'large')},
+           **{f'xlmr-{size}': f'configs/xlm.py:size={size}' for size in ('base', 'large')}}
 # The models benchmarks/peer.py has (HF BertForPreTraining).
 PEER_MODELS = ('base', 'large')
 PEER_MODES = ('eager', 'compile')
@@ -60,9 +68,17 @@ VARIANTS = {
 }
 
 
-def predictions(seq: int) -> int:
-  """Masked positions per row: the paper's 20 at 128 tokens, 80 at 512."""
-  return 80 if seq >= 512 else 20
+def predictions(seq: int, rate: float = 0.15) -> int:
+  """Masked positions per row: the paper's 20 at 128 tokens, 80 at 512, or every position a
+  higher masking rate picks (ModernBERT's 30%: 39 at 128)."""
+  return max(80 if seq >= 512 else 20, math.ceil(rate * seq))
+
+
+def model_config(model: str):
+  """The config of a shape's MODEL: its recipe as CONFIGS names it."""
+  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  path, _, arg = CONFIGS[model].partition(':')
+  return cli.load_config_file(path, arg or None)
 
 
 def variant_flags(variant: str) -> list[str]:
@@ -88,7 +104,7 @@ def ours(model: str, seq: int, batch: int, variant: str, steps: int) -> list[str
   return [sys.executable, '-m', 'bert_jax.benchmark', f'--config={CONFIGS[model]}',
           f'--steps={steps}', '--config.model.dtype=bfloat16',
           f'--config.data.max_seq_length={seq}',
-          f'--config.data.max_predictions_per_seq={predictions(seq)}',
+          f'--config.data.max_predictions_per_seq={predictions(seq, model_config(model).masking.rate)}',
           f'--config.train.batch_size={batch}', '--config.train.grad_accum_steps=1',
           *variant_flags(variant)]
 

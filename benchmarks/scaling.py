@@ -58,13 +58,11 @@ def vocab_flags(model: str, preset: str, variant: str) -> list[str]:
   vocabulary over a tensor axis that does not divide the model's own (the extra rows are never a
   label: the step's cost grows by their share of the output layer); nothing where it divides, or
   where the variant sets the vocabulary itself."""
-  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
   tensor = TENSOR[preset]
   if tensor == 1 or any(f.startswith('--config.model.vocab_size=')
                         for f in harness.variant_flags(variant)):
     return []
-  path, _, arg = harness.CONFIGS[model].partition(':')
-  vocab = cli.load_config_file(path, arg or None).model.vocab_size
+  vocab = harness.model_config(model).model.vocab_size
   return [] if vocab % tensor == 0 else [f'--config.model.vocab_size={-(-vocab // 128) * 128}']
 
 

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks import harness
 from bert_jax.tools import benchmark
 from bert_jax.tools import chips
 from bert_jax.tools import gpu_clocks
@@ -64,6 +65,25 @@ def test_benchmark_of_electra_trains_on_its_random_batches():
   config.train.batch_size = 4
   record = benchmark.run(config, num_steps=1, warmup=1)
   assert np.isfinite(record['loss']) and record['loss'] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('model', ['deberta-base', 'deberta-rtd-base', 'modernbert-base',
+                                   'xlmr-base'])
+def test_benchmark_runs_each_family_recipe_on_its_random_batches(model):
+  """The benchmark's shapes of DeBERTa (MLM and v3's RTD), ModernBERT and XLM-R, shrunk: the
+  random batches suit each recipe (its masking rate, its generator) and the step trains."""
+  config = harness.model_config(model)
+  config.model.update(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                      vocab_size=512)
+  config.train.update(batch_size=4, grad_accum_steps=1)
+  config.data.update(max_seq_length=32,
+                     max_predictions_per_seq=harness.predictions(32, config.masking.rate))
+  record = benchmark.run(config, num_steps=1, warmup=1)
+  assert np.isfinite(record['loss']) and record['loss'] > 0
+  expected_mfu = (record['seq_per_s'] * metrics.model_flops_per_sequence(config)
+                  / record['peak_flops_per_device'])
+  assert record['mfu'] > 0 and abs(record['mfu'] - expected_mfu) < 1e-9
 
 
 @pytest.mark.parametrize('device_kind, expected', [

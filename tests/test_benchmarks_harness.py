@@ -94,8 +94,13 @@ def test_time_steps_refuses_no_timed_steps():
     harness.time_steps(lambda: None, lambda _: None, warmup=1, steps=0)
 
 
-@pytest.mark.parametrize('model, config', [('roberta-base', 'configs/roberta.py:size=base'),
-                                           ('albert-xlarge', 'configs/albert.py:size=xlarge')])
+@pytest.mark.parametrize('model, config', [
+    ('roberta-base', 'configs/roberta.py:size=base'),
+    ('albert-xlarge', 'configs/albert.py:size=xlarge'),
+    ('deberta-large', 'configs/deberta.py:size=large'),
+    ('deberta-rtd-base', 'configs/deberta.py:size=base,objective=rtd'),
+    ('modernbert-base', 'configs/modernbert.py:size=base'),
+    ('xlmr-base', 'configs/xlm.py:size=base')])
 def test_a_family_shape_benchmarks_its_recipe_in_one_step(model, config):
   """RoBERTa's and ALBERT's recipes accumulate micro-batches; a shape's batch is one step."""
   assert harness.parse_shape(f'{model}:128:256') == (model, 128, 256)
@@ -104,3 +109,11 @@ def test_a_family_shape_benchmarks_its_recipe_in_one_step(model, config):
           '--config.train.grad_accum_steps=1'} <= set(command)
   with pytest.raises(ValueError, match=f"peer model '{model}'"):
     harness.peer(model, 128, 256, 'compile', 5)
+
+
+@pytest.mark.parametrize('model, seq, expected', [
+    ('base', 128, 20), ('large', 512, 80),  # The paper's.
+    ('modernbert-base', 128, 39), ('modernbert-large', 1024, 308)])  # Every position 30% picks.
+def test_predictions_cover_the_recipes_masking_rate(model, seq, expected):
+  command = harness.ours(model, seq, 8, 'paper', 1)
+  assert f'--config.data.max_predictions_per_seq={expected}' in command

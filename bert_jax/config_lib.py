@@ -26,7 +26,7 @@ VALID_CHOICES = {
     'model.long_attention_backward': ops.ATTENTION_BACKWARDS,
     'model.short_attention_backward': ops.ATTENTION_BACKWARDS,
     'data.corpus_format': ('auto', 'bert', 'prose'),
-    'data.tokenizer': ('wordpiece', 'bpe', 'sentencepiece'),
+    'data.tokenizer': ('wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq'),
     'data.rows': ('segments', 'full_sentences'),
     'masking.eval': ('train', 'reference'),
     'masking.spans': ('', 'geometric'),
@@ -698,7 +698,7 @@ FINETUNE_CHOICES = {
     'task.source': ('files', 'tfds'),
     'task.version': ('1.1', '2.0'),
     # '': the source's kind (init_from.adopt_source sets it before the second validation).
-    'data.tokenizer': ('', 'wordpiece', 'bpe', 'sentencepiece'),
+    'data.tokenizer': ('', 'wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq'),
 }
 
 

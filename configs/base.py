@@ -154,7 +154,8 @@ def get_config(arg=None):
   config.data = data = ml_collections.ConfigDict()
   data.corpus = ''  # Files or globs (comma separated, .xz/.gz ok), or 'builtin'.
   data.corpus_format = 'auto'  # 'bert' (sentence per line), 'prose', or 'auto' (by content).
-  # 'wordpiece' (BERT), 'bpe' (byte-level BPE, RoBERTa) or 'sentencepiece' (unigram, ALBERT).
+  # 'wordpiece' (BERT), 'bpe' (byte-level BPE, RoBERTa), 'sentencepiece' (unigram, ALBERT) or
+  # 'sentencepiece_fairseq' (unigram with fairseq's ids, XLM-R).
   data.tokenizer = 'wordpiece'
   data.vocab_file = ''  # WordPiece vocab.txt; '' trains one on the corpus, cached in the workdir.
   data.lowercase = True  # Uncased model: lowercase and strip accents.

@@ -43,7 +43,8 @@ def get_config(arg=None):
   config.mesh = pretraining.mesh  # Devices and sharding preset, as in pretraining.
 
   config.data = data = ml_collections.ConfigDict()
-  # 'wordpiece' (BERT), 'bpe' (RoBERTa's byte-level BPE) or 'sentencepiece' (ALBERT); '' takes
+  # 'wordpiece' (BERT), 'bpe' (RoBERTa's byte-level BPE), 'sentencepiece' (ALBERT) or
+  # 'sentencepiece_fairseq' (XLM-R); '' takes
   # the source's: its workdir's config.json, or config.json's model_type for hf:DIR (wordpiece
   # without config.init_from). A kind that disagrees with the source is refused.
   data.tokenizer = ''

@@ -48,7 +48,7 @@ def get_config(arg=None):
       hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden,
       # fairseq numbers positions from 2 (padding_idx 1 + 1): 512 tokens read rows 2..513.
       max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5)
-  config.data.update(tokenizer='sentencepiece', lowercase=False,
+  config.data.update(tokenizer='sentencepiece_fairseq', lowercase=False,
                      tokenizer_vocab_size=config.model.vocab_size, rows='full_sentences')
   if recipe == 'xlmr':
     config.data.update(max_seq_length=512, max_predictions_per_seq=80, language_alpha=0.3)

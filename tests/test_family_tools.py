@@ -126,7 +126,8 @@ def test_an_hf_dir_without_its_vocab_files_is_refused_naming_them(masked_lms, tm
 
 
 @pytest.mark.parametrize('kind,lowercase', [('bpe', False), ('bpe', True),
-                                            ('sentencepiece', True), ('sentencepiece', False)])
+                                            ('sentencepiece', True), ('sentencepiece', False),
+                                            ('sentencepiece_fairseq', False)])
 def test_exported_tokenizer_loads_in_auto_tokenizer_and_encodes_as_ours(
     tmp_path, glue_dev, kind, lowercase):
   from bert_jax.data import corpus  # pylint: disable=g-import-not-at-top
@@ -148,6 +149,16 @@ def test_exported_tokenizer_loads_in_auto_tokenizer_and_encodes_as_ours(
   assert reference.model_max_length == 130
   assert convert.tokenizer_casing(out) in ({}, {'tokenizer.json Lowercase': True},
                                            {'tokenizer_config.json do_lower_case': lowercase})
+
+
+def test_a_lowercased_fairseq_vocab_exports_no_tokenizer_it_would_not_match(tmp_path, caplog):
+  from bert_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenizer_lib.train('sentencepiece_fairseq', corpus.read_corpus(wiki(), 'auto', 4),
+                                  500, True, str(tmp_path / 'vocab'))
+  out = tmp_path / 'export'
+  hf.export_tokenizer(tokenizer.vocab_file, True, str(out), 130, 'sentencepiece_fairseq')
+  assert not out.exists() or not os.listdir(out)
+  assert 'XLMRobertaTokenizer keeps case' in caplog.text
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Byte-level BPE (RoBERTa's) and SentencePiece (ALBERT's) beside WordPiece: the reference
+"""Byte-level BPE (RoBERTa's), SentencePiece (ALBERT's) and SentencePiece with fairseq's ids
+(XLM-R's) beside WordPiece: the reference
 libraries' ids on GLUE dev, the special ids in pretraining batches (in memory and prepared),
 trained vocabs cached per kind, and clear refusals."""
 
@@ -24,10 +25,11 @@ from bert_jax.tasks import ner
 from bert_jax.tasks import squad
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KINDS = ('bpe', 'sentencepiece')
+KINDS = ('bpe', 'sentencepiece', 'sentencepiece_fairseq')
 # Where each kind keeps its vocab in a directory, and the piece that begins a word.
-KEPT = {'bpe': ('vocab.json', 'merges.txt'), 'sentencepiece': ('spiece.model',)}
-WORD_START = {'bpe': 'Ġ', 'sentencepiece': '▁'}
+KEPT = {'bpe': ('vocab.json', 'merges.txt'), 'sentencepiece': ('spiece.model',),
+        'sentencepiece_fairseq': ('sentencepiece.bpe.model',)}
+WORD_START = {'bpe': 'Ġ', 'sentencepiece': '▁', 'sentencepiece_fairseq': '▁'}
 
 
 def wiki():
@@ -49,9 +51,10 @@ def fixture_documents():
 @pytest.fixture(scope='module', name='trained')
 def fixture_trained(tmp_path_factory, documents):
   """{kind: directory holding its 2000-entry vocab}: BPE cased (RoBERTa), SentencePiece
-  lowercased (ALBERT)."""
+  lowercased (ALBERT), SentencePiece with fairseq's ids cased (XLM-R)."""
   out = {}
-  for kind, lowercase in (('bpe', False), ('sentencepiece', True)):
+  for kind, lowercase in (('bpe', False), ('sentencepiece', True),
+                          ('sentencepiece_fairseq', False)):
     directory = str(tmp_path_factory.mktemp(kind))
     tokenizer_lib.train(kind, documents, 2000, lowercase, directory)
     out[kind] = directory
@@ -70,10 +73,13 @@ def fixture_references(trained):
   # pylint: disable=g-import-not-at-top
   from transformers import AlbertTokenizer
   from transformers import RobertaTokenizerFast
+  from transformers import XLMRobertaTokenizer
   directory = trained['bpe']
   return {'bpe': RobertaTokenizerFast(vocab=os.path.join(directory, 'vocab.json'),
                                       merges=os.path.join(directory, 'merges.txt')),
-          'sentencepiece': AlbertTokenizer.from_pretrained(trained['sentencepiece'])}
+          'sentencepiece': AlbertTokenizer.from_pretrained(trained['sentencepiece']),
+          'sentencepiece_fairseq': XLMRobertaTokenizer.from_pretrained(
+              trained['sentencepiece_fairseq'])}
 
 
 @pytest.fixture(scope='module', name='glue_dev')
@@ -145,6 +151,20 @@ def test_trained_sentencepiece_model_has_albert_special_pieces(trained):
       '<pad>', '<unk>', '[CLS]', '[SEP]', '[MASK]']
   assert tokenizer.special == pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4,
                                                      draws_specials=False)
+
+
+def test_trained_fairseq_model_has_xlmr_special_ids(trained):
+  tokenizer = load(trained, 'sentencepiece_fairseq')
+  assert tokenizer.vocab_size == 2000  # 1,998 pieces, <pad> and <mask>: XLM-R's 250,002 so.
+  assert [tokenizer.id_to_token(i) for i in (0, 1, 2, 3, 1999)] == [
+      '<s>', '<pad>', '</s>', '<unk>', '<mask>']
+  assert tokenizer.special == pretraining.SpecialIds(
+      pad=1, unk=3, cls=0, sep=2, mask=1999, separators=2, draws_specials=False, segment_b=False)
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  processor = sentencepiece.SentencePieceProcessor(model_file=tokenizer.vocab_file)
+  assert [processor.id_to_piece(i) for i in range(3)] == ['<unk>', '<s>', '</s>']
+  # Every other piece sits one id above the model's, as fairseq's dictionary puts it.
+  assert all(tokenizer.id_to_token(i + 1) == processor.id_to_piece(i) for i in range(3, 1998))
 
 
 def test_trained_bpe_vocab_has_roberta_special_tokens(trained):
@@ -319,7 +339,7 @@ def test_a_trained_vocab_is_reused_and_kept_apart_per_kind(tmp_path, documents):
   assert len({p.parent for p in cache.rglob('*.*')}) == 2  # One key per kind.
   keys = {kind: tokenizer_lib.corpus_fingerprint(few, 600, True, kind)
           for kind in tokenizer_lib.KINDS}
-  assert len(set(keys.values())) == 3
+  assert len(set(keys.values())) == len(tokenizer_lib.KINDS)
   assert keys['bpe'] != tokenizer_lib.corpus_fingerprint(few, 600, False, 'bpe')
 
 
@@ -357,6 +377,18 @@ def test_wordpiece_refuses_a_sentencepiece_model(trained):
   path = tokenizer_lib.vocab_path('sentencepiece', trained['sentencepiece'])
   with pytest.raises(ValueError, match=re.escape(repr(path)) + r".*'sentencepiece'"):
     tokenizer_lib.load_tokenizer('wordpiece', path, lowercase=True)
+
+
+@pytest.mark.parametrize('kind,other,message', [
+    ('sentencepiece', 'sentencepiece_fairseq', r"ALBERT's \[CLS\]: use config\.data\.tokenizer="
+                                               r"'sentencepiece'"),
+    ('sentencepiece_fairseq', 'sentencepiece', r"fairseq's <s> and </s> .*: use config\.data\."
+                                               r"tokenizer='sentencepiece_fairseq'"),
+])
+def test_a_sentencepiece_model_of_the_other_layout_is_refused(trained, kind, other, message):
+  path = tokenizer_lib.vocab_path(kind, trained[kind])
+  with pytest.raises(ValueError, match=re.escape(repr(path)) + '.*' + message):
+    tokenizer_lib.load_tokenizer(other, path, lowercase=kind == 'sentencepiece')
 
 
 def test_an_uncased_model_is_refused_without_lowercasing(trained):

@@ -223,7 +223,8 @@ def test_prepare_data_gives_batches_with_position_and_language_ids(tmp_path):
   config = tiny_xlm(tmp_path)
   config_lib.validate(config)
   stream, held_out, tokenizer = pretrain.prepare_data(config, str(tmp_path / 'run'))
-  assert tokenizer.kind == 'sentencepiece'
+  assert tokenizer.kind == 'sentencepiece_fairseq'
+  assert (tokenizer.special.cls, tokenizer.special.pad, tokenizer.special.sep) == (0, 1, 2)
   batch, _ = next(stream.batches({'epoch': 0, 'batch': 0}))
   spec = steps.dummy_batch(8, 32, 5, objectives=('mlm',), languages=True)
   assert set(spec) <= set(batch) and set(spec) <= set(held_out[0])
@@ -351,12 +352,42 @@ def test_translation_rows_read_their_position_ids_as_transformers_does(hf_model)
 def test_init_from_adopts_xlm_r_s_family_and_shape(hf_model, tmp_path):
   config = base.get_config()  # A BERT config: the checkpoint's family wins.
   config.init_from = f'hf:{hf_model[1]}'
-  config.data.vocab_file = str(tmp_path / 'spiece.model')
+  config.data.vocab_file = str(tmp_path / 'sentencepiece.bpe.model')
   init_from.adopt_source(config)
   m = config.model
   assert (m.name, m.num_languages, m.num_layers, m.hidden_size, m.vocab_size, m.type_vocab_size,
           m.max_position_embeddings, m.layer_norm_eps) == ('xlm', 0, 3, 36, 89, 1, 19, 1e-5)
-  assert init_from.source_tokenizer(config.init_from)[0] == 'sentencepiece'
+  assert init_from.source_tokenizer(config.init_from)[0] == 'sentencepiece_fairseq'
+
+
+def test_fine_tuning_an_xlm_r_directory_reads_its_sentencepiece_as_transformers_does(
+    hf_model, tmp_path):
+  """An XLM-R directory keeps sentencepiece.bpe.model, whose ids fairseq's dictionary moves
+  (<s> <pad> </s> <unk> first, <mask> last): fine-tuning from it takes that file and encodes
+  pairs with XLMRobertaTokenizer's ids."""
+  # pylint: disable=g-import-not-at-top
+  import shutil
+  from bert_jax.data import spm_fairseq
+  from bert_jax.train import finetune
+  from configs import finetune as finetune_config
+  directory = tmp_path / 'xlmr'
+  shutil.copytree(hf_model[1], directory)
+  sentences = [sentence for pair in parallel_sample() for sentence in pair]
+  # At most the checkpoint's 89 rows: 87 pieces + <pad> + <mask> (the sample holds fewer).
+  spm_fairseq.train([sentences], 89, False, str(directory))
+  config = finetune_config.get_config()
+  config.init_from = f'hf:{directory}'
+  config.data.update(tokenizer='', vocab_file='', lowercase=True)
+  init_from.adopt_source(config)
+  assert (config.data.tokenizer, config.data.lowercase, config.data.vocab_file) == (
+      'sentencepiece_fairseq', False, str(directory / 'sentencepiece.bpe.model'))
+  ours = finetune.load_tokenizer(config)
+  theirs = transformers.XLMRobertaTokenizer.from_pretrained(str(directory))
+  assert ours.vocab_size == len(theirs) <= 89
+  for a, b in parallel_sample()[:40:3]:
+    ids_a, ids_b = ours.encode_sentences([a, b])
+    row, _ = pretraining.assemble(pretraining.Instance(ids_a, ids_b, False), ours.special)
+    assert row.tolist() == theirs(a, b)['input_ids']
 
 
 def test_export_loads_in_transformers_as_xlm_roberta_and_round_trips(tmp_path):

@@ -37,9 +37,10 @@ _WORD_START = '▁'
 _ENCODE_CHUNK = 50_000
 
 
-def _normalizer(lowercase: bool):
-  """ALBERT's preparation of text before the model (AlbertTokenizer's normalizers)."""
-  steps = [normalizers.Replace('``', '"'), normalizers.Replace("''", '"')]
+def _normalizer(lowercase: bool, replace_quotes: bool = True):
+  """ALBERT's preparation of text before the model (AlbertTokenizer's normalizers); without
+  replace_quotes, XLM-R's (`` and '' stay)."""
+  steps = [normalizers.Replace('``', '"'), normalizers.Replace("''", '"')] if replace_quotes else []
   if lowercase:
     steps += [normalizers.NFKD(), normalizers.StripAccents(), normalizers.Lowercase()]
   return normalizers.Sequence(steps)
@@ -48,6 +49,9 @@ def _normalizer(lowercase: bool):
 class SentencePieceTokenizer:
   """ALBERT's tokenizer over a SentencePiece .model."""
   kind = 'sentencepiece'
+  model_name = MODEL_NAME  # What a directory keeps the .model as.
+  extra_ids = 0  # Ids beyond the model's pieces.
+  replace_quotes = True  # `` and '' become " (ALBERT's preparation).
 
   def __init__(self, model_file: str, lowercase: bool):
     path = os.path.expanduser(model_file)
@@ -59,24 +63,36 @@ class SentencePieceTokenizer:
       self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
     except (RuntimeError, OSError) as e:
       raise ValueError(f'{model_file!r} is not a SentencePiece model ({str(e).strip()}).') from e
-    self._pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
-    index = {piece: i for i, piece in enumerate(self._pieces)}
-    missing = [piece for piece in (*_CONTROL_SYMBOLS, _PAD, _UNK) if piece not in index]
-    if missing:
-      raise ValueError(f'{model_file!r} lacks the pieces {missing}; ALBERT needs [CLS], [SEP], '
-                       '[MASK] (control symbols), <pad> and <unk>.')
-    specials = {index[p] for p in (*_CONTROL_SYMBOLS, _PAD, _UNK)}
+    model_pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+    self._pieces, self._special = self._layout(model_file, model_pieces)
+    specials = set(self._special.ids().tolist())
     if not lowercase and not any(any(c.isupper() for c in piece)
                                  for i, piece in enumerate(self._pieces) if i not in specials):
       raise ValueError(
           f'{model_file!r} holds no piece with a capital letter: it was trained on lowercased '
           'text (or folds case), so config.data.lowercase=False would not keep the case; set '
           'config.data.lowercase=True.')
-    self._special = SpecialIds(pad=index[_PAD], unk=index[_UNK], cls=index['[CLS]'],
-                               sep=index['[SEP]'], mask=index['[MASK]'], draws_specials=False)
-    self._normalizer = _normalizer(lowercase)
+    self._normalizer = _normalizer(lowercase, self.replace_quotes)
     self._characters = {}  # Character -> as the normalizer prepares it.
     self.lowercase = lowercase
+
+  def _layout(self, model_file: str, model_pieces: list[str]) -> tuple[list[str], SpecialIds]:
+    """(the piece of each of our ids, the special ids): ALBERT's, the model's own ids."""
+    index = {piece: i for i, piece in enumerate(model_pieces)}
+    missing = [piece for piece in (*_CONTROL_SYMBOLS, _PAD, _UNK) if piece not in index]
+    if missing:
+      raise ValueError(f'{model_file!r} lacks the pieces {missing}; ALBERT needs [CLS], [SEP], '
+                       '[MASK] (control symbols), <pad> and <unk>.' + (
+                           " It has fairseq's <s> and </s> (XLM-R's sentencepiece.bpe.model): "
+                           "use config.data.tokenizer='sentencepiece_fairseq'."
+                           if model_pieces[1:3] == ['<s>', '</s>'] else ''))
+    return model_pieces, SpecialIds(pad=index[_PAD], unk=index[_UNK], cls=index['[CLS]'],
+                                    sep=index['[SEP]'], mask=index['[MASK]'],
+                                    draws_specials=False)
+
+  def _from_model_ids(self, ids: np.ndarray) -> np.ndarray:
+    """Our ids of the model's (int32): the same here."""
+    return ids
 
   @property
   def vocab_size(self) -> int:
@@ -93,13 +109,13 @@ class SentencePieceTokenizer:
     return self._special
 
   def files(self) -> dict[str, str]:
-    return {MODEL_NAME: self._model_file}
+    return {self.model_name: self._model_file}
 
   def _ids(self, texts: list[str]) -> list[np.ndarray]:
     """The model's ids of already prepared texts."""
     ids = []
     for start in range(0, len(texts), _ENCODE_CHUNK):
-      ids += [np.asarray(x, np.int32) for x in
+      ids += [self._from_model_ids(np.asarray(x, np.int32)) for x in
               self._sp.encode(texts[start:start + _ENCODE_CHUNK], return_type='numpy')]
     return ids
 
@@ -122,19 +138,19 @@ class SentencePieceTokenizer:
           spans[k] = (starts[begin], ends[end - 1])
         else:  # A piece of spaces alone ('▁') gets the empty span where its spaces end.
           spans[k] = (starts[begin] if begin < len(starts) else len(text),) * 2
-      out.append((np.asarray(encoded['ids'], np.int32), spans))
+      out.append((self._from_model_ids(np.asarray(encoded['ids'], np.int32)), spans))
     return out
 
   def _aligned(self, text: str) -> tuple[str, np.ndarray, np.ndarray]:
     """(the prepared text, then per prepared character the span [start, end) of the original
     characters it comes from)."""
-    if text.isascii() and '``' not in text and "''" not in text:
+    if text.isascii() and not (self.replace_quotes and ('``' in text or "''" in text)):
       positions = np.arange(len(text) + 1)
       return (text.lower() if self.lowercase else text), positions[:-1], positions[1:]
     parts, starts, ends = [], [], []
     i = 0
     while i < len(text):
-      width = 2 if text[i:i + 2] in ('``', "''") else 1
+      width = 2 if self.replace_quotes and text[i:i + 2] in ('``', "''") else 1
       part = '"' if width == 2 else self._characters.get(text[i])
       if part is None:  # The normalizer's steps act character by character.
         part = self._characters[text[i]] = self._normalizer.normalize_str(text[i])
@@ -185,7 +201,16 @@ def load(model_file: str, lowercase: bool) -> SentencePieceTokenizer:
 def train(documents: list[list[str]], vocab_size: int, lowercase: bool,
           output_dir: str) -> SentencePieceTokenizer:
   """Trains a unigram model on the prepared sentences, writes output_dir/spiece.model, loads it."""
-  normalizer = _normalizer(lowercase)
+  return train_model(SentencePieceTokenizer, _TRAINER_SETTINGS, documents, vocab_size,
+                     lowercase, output_dir)
+
+
+def train_model(tokenizer_class, settings: dict, documents: list[list[str]], vocab_size: int,
+                lowercase: bool, output_dir: str):
+  """Trains a unigram model with the trainer `settings` on the prepared sentences, so that
+  `tokenizer_class` (its `extra_ids` past the model's pieces) has `vocab_size` ids at most; writes
+  output_dir/tokenizer_class.model_name and loads it."""
+  normalizer = _normalizer(lowercase, tokenizer_class.replace_quotes)
   sentences = [normalizer.normalize_str(s) for document in documents for s in document]
   sentences = [s for s in sentences if s.strip()]
   if not sentences:
@@ -193,19 +218,21 @@ def train(documents: list[list[str]], vocab_size: int, lowercase: bool,
   output_dir = os.path.expanduser(output_dir)
   os.makedirs(output_dir, exist_ok=True)
   prefix = os.path.join(output_dir, f'.spiece.{os.getpid()}')
+  path = os.path.join(output_dir, tokenizer_class.model_name)
+  pieces = vocab_size - tokenizer_class.extra_ids
   try:
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
-        num_threads=os.cpu_count() or 1, minloglevel=2, **_TRAINER_SETTINGS)
-    os.replace(f'{prefix}.model', os.path.join(output_dir, MODEL_NAME))
+        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=pieces,
+        num_threads=os.cpu_count() or 1, minloglevel=2, **settings)
+    os.replace(f'{prefix}.model', path)
   except RuntimeError as e:
-    raise ValueError(f'SentencePiece could not train a {vocab_size}-piece model on '
+    raise ValueError(f'SentencePiece could not train a {pieces}-piece model on '
                      f'{len(sentences)} sentences: {str(e).strip()}') from e
   finally:
     for leftover in (f'{prefix}.model', f'{prefix}.vocab'):
       if os.path.exists(leftover):
         os.unlink(leftover)
-  tokenizer = SentencePieceTokenizer(os.path.join(output_dir, MODEL_NAME), lowercase)
+  tokenizer = tokenizer_class(path, lowercase)
   logging.info('Trained a SentencePiece unigram model of %d pieces on %d sentences: %s',
                tokenizer.vocab_size, len(sentences), tokenizer.vocab_file)
   return tokenizer

@@ -1,6 +1,7 @@
 """Tokenizers chosen by config.data.tokenizer: WordPiece (BERT's, here), byte-level BPE
-(RoBERTa's, data/bpe.py) and SentencePiece unigram (ALBERT's, data/spm.py); each trains a vocab on
-the corpus when none is given, cached by a fingerprint of the corpus, the kind and its settings.
+(RoBERTa's, data/bpe.py), SentencePiece unigram (ALBERT's, data/spm.py) and SentencePiece with
+fairseq's dictionary ids (XLM-R's, data/spm_fairseq.py); each trains a vocab on the corpus when
+none is given, cached by a fingerprint of the corpus, the kind and its settings.
 
 A tokenizer has `kind`, `lowercase`, `vocab_size`, `vocab_file` (what config.data.vocab_file
 names to load it again), `special` (pretraining.SpecialIds: its special ids and pair layout),
@@ -24,14 +25,15 @@ from tokenizers import trainers
 from bert_jax.data.pretraining import SpecialIds
 from bert_jax.tools import files
 
-KINDS = ('wordpiece', 'bpe', 'sentencepiece')
+KINDS = ('wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq')
 # BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 VOCAB_FILENAME = 'vocab.txt'
 # What a directory (a workdir, a prepared corpus, the cache) keeps of a vocab of each kind; the
 # first file is the one data.vocab_file names (BPE's merges.txt lies beside its vocab.json).
 KEPT_FILES = {'wordpiece': (VOCAB_FILENAME,), 'bpe': ('vocab.json', 'merges.txt'),
-              'sentencepiece': ('spiece.model',)}
+              'sentencepiece': ('spiece.model',),
+              'sentencepiece_fairseq': ('sentencepiece.bpe.model',)}
 # Sentences per encode call: bounds the memory of Encoding objects on large corpora.
 _ENCODE_CHUNK = 50_000
 
@@ -230,6 +232,9 @@ def _family(kind: str):
   if kind == 'sentencepiece':
     from bert_jax.data import spm
     return spm
+  if kind == 'sentencepiece_fairseq':
+    from bert_jax.data import spm_fairseq
+    return spm_fairseq
   raise ValueError(f'config.data.tokenizer={kind!r} is not one of {", ".join(KINDS)}.')
 
 

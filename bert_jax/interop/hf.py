@@ -524,6 +524,7 @@ _SPECIAL_SETTINGS = {
                       'sep_token': '[SEP]', 'unk_token': '<unk>', 'pad_token': '<pad>',
                       'mask_token': '[MASK]'},
 }
+_SPECIAL_SETTINGS['sentencepiece_fairseq'] = _SPECIAL_SETTINGS['bpe']  # XLM-R's are RoBERTa's.
 
 
 def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length: int,
@@ -534,7 +535,14 @@ def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length:
   WordPiece: vocab.txt (BertTokenizer). Byte-level BPE: vocab.json, merges.txt and tokenizer.json
   (RobertaTokenizer; lowercased, the tokenizer.json as it is, since RobertaTokenizer never
   lowercases). SentencePiece: spiece.model (AlbertTokenizer, accents kept where case is).
+  SentencePiece with fairseq's ids: sentencepiece.bpe.model (XLMRobertaTokenizer, which never
+  lowercases: a lowercased vocab writes no tokenizer files, with a warning).
   """
+  if kind == 'sentencepiece_fairseq' and lowercase:
+    logging.warning("A lowercased 'sentencepiece_fairseq' vocab has no transformers tokenizer "
+                    '(XLMRobertaTokenizer keeps case): %s gets no tokenizer files; lowercase '
+                    'text before encoding it with the model in %s.', out_dir, vocab_file)
+    return
   os.makedirs(out_dir, exist_ok=True)
   settings = {'model_max_length': max_length, **_SPECIAL_SETTINGS[kind]}
   if kind == 'wordpiece':
@@ -552,6 +560,8 @@ def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length:
       settings.update(tokenizer_class='PreTrainedTokenizerFast' if lowercase
                       else 'RobertaTokenizer', add_prefix_space=False, trim_offsets=True,
                       errors='replace')
+    elif kind == 'sentencepiece_fairseq':
+      settings.update(tokenizer_class='XLMRobertaTokenizer')
     else:
       settings.update(tokenizer_class='AlbertTokenizer', do_lower_case=lowercase,
                       keep_accents=not lowercase, remove_space=True)

@@ -784,7 +784,7 @@ XLM_ROBERTA = dataclasses.replace(
     ROBERTA, family='xlm', model_type='xlm-roberta', display='XLM-R',
     base_class='XLMRobertaModel', head_classes=(('XLMRobertaForMaskedLM', 'lm_head.'),),
     to_overrides=xlm_roberta_overrides, to_hf_config=xlm_roberta_hf_config,
-    tokenizer='sentencepiece')
+    tokenizer='sentencepiece_fairseq')
 ALBERT = Layout(
     family='albert', model_type='albert', display='ALBERT', prefix='albert.',
     base_class='AlbertModel',

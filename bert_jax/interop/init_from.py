@@ -188,9 +188,9 @@ def source_tokenizer(spec: str) -> tuple[str, str]:
   return layout.tokenizer, f'{config_path} model_type={model_type!r}'
 
 
-# The casing of a BPE or SentencePiece vocab whose HF directory states none: RobertaTokenizer
-# keeps case, AlbertTokenizer lowercases (do_lower_case=True).
-_FAMILY_CASING = {'bpe': False, 'sentencepiece': True}
+# The casing of a BPE or SentencePiece vocab whose HF directory states none: RobertaTokenizer and
+# XLMRobertaTokenizer keep case, AlbertTokenizer lowercases (do_lower_case=True).
+_FAMILY_CASING = {'bpe': False, 'sentencepiece': True, 'sentencepiece_fairseq': False}
 
 
 def source_lowercase(spec: str, tokenizer: str) -> bool:

@@ -346,6 +346,10 @@ def test_shipped_sweep_runs_on_a_tiny_base_and_reports(path, tmp_path, compile_c
     if os.path.basename(path) == 'modern_block.py':
       # The modern encoder's arm alone: BERT's is every other sweep's first arm.
       order, sweep.equal_flops = ['modern'], ''
+    elif os.path.basename(path) == 'family_recent.py':
+      # XLM-R's arm alone: its SentencePiece-with-fairseq-ids corpus and encoder. DeBERTa's
+      # arms are test_deberta's and test_deberta_rtd's runs, ModernBERT's modern_block's.
+      order, sweep.equal_flops = ['xlmr'], ''
     keep_arms(sweep, order[:1] + [sweep.get('equal_flops') or order[0]])
   elif os.path.basename(path) == 'family.py':
     # Every arm is planned (validated, its equal-FLOPs steps derived); ALBERT (a tokenizer and

@@ -420,9 +420,6 @@ def _check_modern(config) -> None:
     return
   # Negative windows and thetas, and global_every < 1, are RANGES'.
   problems = _segmentless_xla_problems(config)
-  if model.scan_layers:
-    problems.append('scan_layers=True: its layers are unrolled (the first and the local ones '
-                    'differ from the rest); set scan_layers=False')
   for key in ('layer_norm_impl', 'ffn_impl'):
     if model.get(key, 'xla') != 'xla':
       problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "

@@ -147,6 +147,58 @@ def test_export_loads_in_transformers_and_round_trips(hf_models, variant, tmp_pa
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize('variant', list(VARIANTS))
+def test_a_scanned_stack_imports_and_exports_as_transformers(hf_models, variant, tmp_path):
+  """model.scan_layers: one traced layer selects each layer's mask, rotation and first-layer
+  norm; transformers' logits both ways, the first layer's unread norm filled and dropped."""
+  model, directory = hf_models[variant]
+  config = our_config(variant)
+  config.model.scan_layers = True
+  config_lib.validate(config)
+  params, _ = imported(directory, config)
+  stacked = params['bert']['encoder']['layer']
+  assert stacked['attn_norm']['scale'].shape == (4, 42)
+  np.testing.assert_array_equal(stacked['attn_norm']['scale'][0], 1.0)  # Never read.
+  difference = max_diff(run_ours(params, config), run_hf(model))
+  print(f'ModernBertForMaskedLM ({variant}) import into scanned layers, MLM logits max diff: '
+        f'{difference:.2e}')
+  assert difference < IMPORT_TOLERANCE
+  hf.export_hf(params, config, str(tmp_path))
+  reloaded, info = transformers.ModernBertForMaskedLM.from_pretrained(
+      str(tmp_path), output_loading_info=True)
+  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
+  assert max_diff(run_hf(reloaded.eval()), run_hf(model)) == 0.0
+
+
+def test_scanned_and_unrolled_stacks_agree_in_outputs_and_gradients(hf_models):
+  from bert_jax.interop import param_tree  # pylint: disable=g-import-not-at-top
+  _, directory = hf_models['geglu_no_bias']
+  unrolled = our_config()
+  params, _ = imported(directory, unrolled)
+  scanned = our_config()
+  scanned.model.scan_layers = True
+  stacked = param_tree.unflatten(param_tree.stack_layers(param_tree.flatten(params), 4))
+  ids, mask, positions = inputs()
+  batch = {'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
+           'masked_lm_positions': positions}
+
+  def loss(p, config):
+    return steps.build_model(config).apply({'params': p}, batch)['mlm_logits'].sum()
+
+  logits = steps.build_model(unrolled).apply({'params': params}, batch)['mlm_logits']
+  logits_scanned = steps.build_model(scanned).apply({'params': stacked}, batch)['mlm_logits']
+  assert max_diff(logits_scanned, logits) < 1e-5
+  grads = jax.grad(loss)(params, unrolled)
+  grads_scanned = jax.grad(loss)(stacked, scanned)
+  flat = param_tree.unstack_layers(param_tree.flatten(grads_scanned))
+  expected = param_tree.flatten(grads)
+  assert set(flat) == set(expected)  # The first layer's norm is dropped: it has no gradient.
+  np.testing.assert_array_equal(
+      param_tree.flatten(grads_scanned)['bert/encoder/layer/attn_norm/scale'][0], 0.0)
+  for key, grad in expected.items():
+    np.testing.assert_allclose(flat[key], grad, rtol=1e-4, atol=1e-5, err_msg=key)
+
+
 @pytest.mark.slow
 def test_a_packed_row_equals_its_sequences_alone(hf_models):
   """Unpadded batches: two sequences packed in one row (positions from 0 in each, attention
@@ -204,7 +256,6 @@ def test_export_refuses_what_transformers_cannot_hold(hf_models):
 
 
 @pytest.mark.parametrize('change, message', [
-    ({'scan_layers': True}, 'scan_layers=True'),
     ({'attention_impl': 'cudnn'}, "attention_impl='cudnn'"),
     ({'local_window': 5}, 'local_window=5'),
     ({'global_every': 0}, 'global_every=0'),

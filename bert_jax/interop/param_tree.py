@@ -22,13 +22,24 @@ def unflatten(flat: dict):
   return traverse_util.unflatten_dict(flat, sep='/')
 
 
+# ModernBERT's first layer has no attention norm (its attention reads the embeddings' norm); a
+# scanned stack gives every layer one and never reads the first's. Stacking fills that one with
+# the identity (shaped as the layer's mlp_norm), unstacking drops it.
+_UNREAD_FIRST, _ITS_SHAPE = 'attn_norm/', 'mlp_norm/'
+
+
 def stack_layers(flat: dict, num_layers: int) -> dict:
   """Unscanned bert/encoder/layer_N/... leaves -> scanned bert/encoder/layer/... [L, ...]."""
   out = {k: v for k, v in flat.items() if not LAYER.match(k)}
-  rests = sorted({LAYER.match(k).group(2) for k in flat if LAYER.match(k)})
-  for rest in rests:
-    out[f'bert/encoder/layer/{rest}'] = np.stack(
-        [flat[f'bert/encoder/layer_{n}/{rest}'] for n in range(num_layers)])
+  rests = {LAYER.match(k).group(2) for k in flat if LAYER.match(k)}
+  rests |= {_UNREAD_FIRST + rest[len(_ITS_SHAPE):] for rest in rests if rest.startswith(_ITS_SHAPE)}
+  for rest in sorted(rests):
+    leaves = [flat.get(f'bert/encoder/layer_{n}/{rest}') for n in range(num_layers)]
+    if leaves[0] is None and rest.startswith(_UNREAD_FIRST):
+      like = flat[f'bert/encoder/layer_0/{_ITS_SHAPE}{rest[len(_UNREAD_FIRST):]}']
+      leaves = [(np.ones_like(like) if rest.endswith('scale') else np.zeros_like(like))
+                if leaf is None else leaf for leaf in leaves]
+    out[f'bert/encoder/layer/{rest}'] = np.stack(leaves)
   return out
 
 
@@ -38,6 +49,8 @@ def unstack_layers(flat: dict) -> dict:
   for path, value in flat.items():
     if path.startswith('bert/encoder/layer/'):
       for n, layer in enumerate(value):
+        if n == 0 and path.startswith(f'bert/encoder/layer/{_UNREAD_FIRST}'):
+          continue
         out[path.replace('/layer/', f'/layer_{n}/', 1)] = layer
     else:
       out[path] = value

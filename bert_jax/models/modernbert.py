@@ -17,15 +17,20 @@ Parameters, under `bert/` as every family's (interop/hf_families.py maps them to
 ModernBertForMaskedLM): embeddings/word_embeddings [vocab, embed] (and position_embeddings with
 positions='absolute'), embeddings/norm; encoder/layer_N/attn_norm (N > 0), attention/qkv
 [embed, 3, heads, kv], attention/output [heads, kv, embed], mlp_norm, mlp/wi [embed, 2, mlp]
-(gated; [embed, mlp] for 'gelu'), mlp/wo [mlp, embed]; encoder/final_norm. The layers are unrolled (their
-first differs from the others, and local and global layers alternate): model.scan_layers must be
-False.
+(gated; [embed, mlp] for 'gelu'), mlp/wo [mlp, embed]; encoder/final_norm. With
+model.scan_layers the layers are stacked under nn.scan (encoder/layer/..., each leaf [L, ...]):
+every layer then has an attn_norm and reads per layer whether it is the first (whose norm it
+skips) and whether it is global (which mask and rotation it selects), so one traced layer serves
+all of them; the first layer's attn_norm is never read (interop/param_tree.py fills it with the
+identity on import and drops it on export).
 """
 
 import dataclasses
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax import models
 from bert_jax.models import bert
@@ -139,19 +144,45 @@ class ModernLayer(nn.Module):
   layer_index: int = 0
 
   @nn.compact
-  def __call__(self, x, bias, rotation, deterministic):
+  def __call__(self, x, bias, rotation, deterministic, first=None):
+    # first: in a scanned stack, a traced bool (every layer has attn_norm, the first skips it).
     cfg = self.config
     drop = lambda y: nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)  # noqa: E731
-    h = x if self.layer_index == 0 else _norm(cfg, 'attn_norm')(x)
+    if first is None:
+      h = x if self.layer_index == 0 else _norm(cfg, 'attn_norm')(x)
+    else:
+      h = jnp.where(first, x, _norm(cfg, 'attn_norm')(x))
     x = x + drop(ModernAttention(cfg, name='attention')(h, bias, rotation, deterministic))
     x = x + drop(ModernFeedForward(cfg, name='mlp')(_norm(cfg, 'mlp_norm')(x)))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
 
+class ScannedModernLayer(ModernLayer):
+  """ModernLayer with the (carry, output) signature nn.scan needs: `flags` (first, global) are
+  this layer's slice of the stack's; it selects its mask and rotation from both kinds'."""
+  emit: bool = False  # Also return each layer's output (stacked by the scan).
+
+  def __call__(self, x, flags, biases, rotations, deterministic):
+    first, is_global_layer = flags
+    pick = lambda g, l: jnp.where(is_global_layer, g, l)  # noqa: E731
+    rotation = (None if rotations['global'] is None
+                else jax.tree.map(pick, rotations['global'], rotations['local']))
+    x = super().__call__(x, pick(biases['global'], biases['local']), rotation, deterministic,
+                         first)
+    return x, (x if self.emit else None)
+
+
+def layer_flags(cfg) -> tuple[np.ndarray, np.ndarray]:
+  """([L] whether each layer is the first, [L] whether it attends globally): a scanned stack's
+  per-layer inputs."""
+  index = np.arange(cfg.num_layers)
+  return index == 0, np.array([is_global(cfg, i) for i in index])
+
+
 class ModernEncoder(nn.Module):
-  """num_layers ModernLayers, unrolled (remat per layer), then the final norm. Returns the final
-  states, or with return_all_layers every layer's output stacked (the last one normed):
-  [layers, batch, length, embed]."""
+  """num_layers ModernLayers, stacked under nn.scan or unrolled (remat per layer), then the
+  final norm. Returns the final states, or with return_all_layers every layer's output stacked
+  (the last one normed): [layers, batch, length, embed]."""
   config: bert.BertConfig
   return_all_layers: bool = False
 
@@ -159,6 +190,19 @@ class ModernEncoder(nn.Module):
   def __call__(self, x, biases, rotations, deterministic):
     # biases, rotations: {'global': ..., 'local': ...} (rotations: None without rotary).
     cfg = self.config
+    if cfg.scan_layers:
+      layer_cls = ScannedModernLayer
+      if cfg.remat_policy != 'none':
+        layer_cls = nn.remat(layer_cls, policy=bert.REMAT_POLICIES[cfg.remat_policy],
+                             prevent_cse=False, static_argnums=(5,))
+      stack = nn.scan(
+          layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          unroll=cfg.scan_unroll, metadata_params={nn.PARTITION_NAME: 'layers'})
+      x, outputs = stack(cfg, emit=self.return_all_layers, name='layer')(
+          x, layer_flags(cfg), biases, rotations, deterministic)
+      x = _norm(cfg, 'final_norm')(x)
+      return outputs.at[-1].set(x) if self.return_all_layers else x
     layer_cls = ModernLayer
     if cfg.remat_policy != 'none':
       layer_cls = nn.remat(layer_cls, policy=bert.REMAT_POLICIES[cfg.remat_policy],

@@ -388,13 +388,15 @@ MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu
                    'positions': 'absolute', 'local_window': 0}
 
 
-def _segmentless_xla_problems(config) -> list[str]:
-  """What the modern encoder and DeBERTa both refuse: an attention other than 'xla' (their
-  windows and relative terms are attention biases) and sentence objectives (no segments)."""
+def _segmentless_xla_problems(config, kernels: tuple = ()) -> list[str]:
+  """What the modern encoder and DeBERTa both refuse: an attention other than 'xla' or
+  `kernels` (their windows and relative terms are attention biases) and sentence objectives (no
+  segments)."""
   problems = []
-  if config.model.attention_impl != 'xla':
+  if config.model.attention_impl not in ('xla', *kernels):
     problems.append(f'attention_impl={config.model.attention_impl!r}: its attention takes a bias '
-                    "the kernels do not; set attention_impl='xla'")
+                    "the kernels do not; set attention_impl=" + ' or '.join(
+                        repr(k) for k in ('xla', *kernels)))
   sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
   if sentence:
     problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
@@ -403,10 +405,16 @@ def _segmentless_xla_problems(config) -> list[str]:
 
 
 def _check_modern(config) -> None:
-  """The modern encoder's switches are model.name='modernbert''s only; that family is unrolled,
-  bidirectional, XLA-attended, without segments (no NSP or SOP), its windows and thetas valid."""
+  """The modern encoder's switches are model.name='modernbert''s only, as is the splash attention
+  of its windows; that family is bidirectional, XLA- or splash-attended, without segments (no
+  NSP or SOP), its windows and thetas valid."""
   model = config.model
   name = model.get('name', 'bert')
+  if name != 'modernbert' and model.get('attention_impl') == 'splash':
+    raise ConfigError(
+        f"config.model.attention_impl='splash' with config.model.name={name!r}: the splash "
+        "kernels are the modern encoder's local and global attention, without dropout (model."
+        "name='modernbert'); use attention_impl 'tpu' on TPUs or 'xla'.")
   if name != 'modernbert':
     # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
     allowed = {'positions': 'none'} if name == 'deberta' else {}
@@ -419,7 +427,15 @@ def _check_modern(config) -> None:
           f'{name} takes {", ".join(f"{k}={v!r}" for k, v in MODERN_DEFAULTS.items())}.')
     return
   # Negative windows and thetas, and global_every < 1, are RANGES'.
-  problems = _segmentless_xla_problems(config)
+  problems = _segmentless_xla_problems(config, kernels=('splash',))
+  if model.attention_impl == 'splash':
+    if model.attention_dropout_rate > 0:
+      problems.append(f"attention_impl='splash' with attention_dropout_rate="
+                      f'{model.attention_dropout_rate}: the kernels have no dropout; set it to 0')
+    if model.scan_layers:
+      problems.append("attention_impl='splash' with scan_layers=True: each layer's kernel is "
+                      'built for its window, which a scanned layer does not know; set '
+                      'scan_layers=False')
   for key in ('layer_norm_impl', 'ffn_impl'):
     if model.get(key, 'xla') != 'xla':
       problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "

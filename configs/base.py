@@ -95,7 +95,9 @@ def get_config(arg=None):
   # attention_dropout_rate > 0), 'pallas' (bert_jax/kernels/gpu/fused_attention.py for rows of
   # 16-512 tokens, powers of two, packed or not; cuDNN's for other rows) or 'tpu'
   # (bert_jax/kernels/tpu/fused_attention.py, Pallas TPU, dropout in the kernel, causal or not,
-  # for rows of 8-512 tokens in multiples of 8, packed or not; 'xla' for other rows).
+  # for rows of 8-512 tokens in multiples of 8, packed or not; 'xla' for other rows) or 'splash'
+  # (the modern encoder's local and global layers through JAX's splash attention, Pallas TPU,
+  # bert_jax/kernels/tpu/local_attention.py, rows in whole tiles of 128, no dropout).
   model.attention_impl = 'xla'
   # With attention_impl='pallas', the backward of rows over 128 tokens: 'triton' (Pallas Triton)
   # or 'mosaic' (kernels/gpu/flash_backward.py: wgmma and TMA; Hopper GPUs, 16-bit compute).

@@ -89,11 +89,13 @@ class ModernEmbeddings(nn.Module):
 class ModernAttention(nn.Module):
   """One projection to queries, keys and values, rotary positions, attention, output dense."""
   config: bert.BertConfig
+  window: int = 0  # Keys each side a query sees with attention_impl='splash' (0: the whole row).
 
   @nn.compact
   def __call__(self, x, bias, rotation, deterministic):
-    # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive; rotation:
-    # (cos, sin) [batch or 1, length, kv] or None.
+    # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive, or with
+    # attention_impl='splash' the segment ids [batch, length]; rotation: (cos, sin) [batch or 1,
+    # length, kv] or None.
     cfg = self.config
     qkv = layers.DenseGeneral((3, cfg.num_heads, cfg.head_dim), ('embed', None, 'heads', 'kv'),
                               use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -106,8 +108,9 @@ class ModernAttention(nn.Module):
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
     context = attention_ops.attention(
-        'xla', query, key, value, bias, rate=cfg.attention_dropout_rate,
-        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype)
+        cfg.attention_impl, query, key, value, bias, rate=cfg.attention_dropout_rate,
+        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype,
+        window=self.window)
     return layers.DenseGeneral(cfg.hidden_size, ('heads', 'kv', 'embed'), axis=(-2, -1),
                                use_bias=cfg.use_bias, dtype=cfg.dtype,
                                param_dtype=cfg.param_dtype, kernel_init=cfg.init,
@@ -152,7 +155,8 @@ class ModernLayer(nn.Module):
       h = x if self.layer_index == 0 else _norm(cfg, 'attn_norm')(x)
     else:
       h = jnp.where(first, x, _norm(cfg, 'attn_norm')(x))
-    x = x + drop(ModernAttention(cfg, name='attention')(h, bias, rotation, deterministic))
+    window = 0 if is_global(cfg, self.layer_index) else cfg.local_window // 2
+    x = x + drop(ModernAttention(cfg, window, name='attention')(h, bias, rotation, deterministic))
     x = x + drop(ModernFeedForward(cfg, name='mlp')(_norm(cfg, 'mlp_norm')(x)))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
@@ -239,12 +243,12 @@ class ModernBertModel(nn.Module):
       position_ids = layers.row_positions(input_ids)
     x = self.embeddings(input_ids, position_ids, deterministic)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    full = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
-    biases = {'global': full, 'local': full}
-    if cfg.local_window > 0:
-      window = positions_ops.sliding_window_mask(length, cfg.local_window // 2)
-      biases['local'] = jnp.where(window[None, None], full, jnp.finfo(cfg.dtype).min).astype(
-          cfg.dtype)  # [batch, 1, length, length]
+    if attention_ops.takes_segment_ids(cfg.attention_impl, length, cfg.head_dim):
+      # The kernel masks segments (pair ids, or the input mask) and each layer's window itself.
+      segments = input_mask if pair_ids is None else pair_ids
+      biases = {'global': segments, 'local': segments}
+    else:
+      biases = self._biases(input_mask, pair_ids, length)
     rotations = {'global': None, 'local': None}
     if cfg.positions == 'rotary':
       rotations = {kind: positions_ops.cos_sin(position_ids, cfg.head_dim, theta)
@@ -253,6 +257,18 @@ class ModernBertModel(nn.Module):
     x = self.encoder(x, biases, rotations, deterministic)
     last = x[-1] if self.return_all_layers else x
     return x, layers.first_or_gathered(last, cls_positions)
+
+  def _biases(self, input_mask, pair_ids, length) -> dict:
+    """{'global': the rows' additive mask, 'local': it within each layer's window}: [batch, 1,
+    1 or length, length]."""
+    cfg = self.config
+    full = layers.row_attention_bias(input_mask, pair_ids, cfg.dtype)
+    biases = {'global': full, 'local': full}
+    if cfg.local_window > 0:
+      window = positions_ops.sliding_window_mask(length, cfg.local_window // 2)
+      biases['local'] = jnp.where(window[None, None], full, jnp.finfo(cfg.dtype).min).astype(
+          cfg.dtype)  # [batch, 1, length, length]
+    return biases
 
   def attend(self, x):
     return self.embeddings.attend(x)

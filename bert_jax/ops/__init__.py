@@ -8,7 +8,7 @@ kernels they guard.
 """
 
 # The implementations each static config value may choose (config_lib checks them by these).
-ATTENTION_IMPLS = ('xla', 'cudnn', 'pallas', 'tpu')  # model.attention_impl
+ATTENTION_IMPLS = ('xla', 'cudnn', 'pallas', 'tpu', 'splash')  # model.attention_impl
 ATTENTION_BACKWARDS = ('triton', 'mosaic')  # model.long_ and short_attention_backward
 FFN_IMPLS = ('xla', 'pallas')  # model.ffn_impl
 NORM_IMPLS = ('xla', 'pallas')  # model.layer_norm_impl

@@ -1,4 +1,5 @@
-"""Self-attention, dispatched on model.attention_impl: 'xla' | 'cudnn' | 'pallas' | 'tpu'.
+"""Self-attention, dispatched on model.attention_impl: 'xla' | 'cudnn' | 'pallas' | 'tpu' |
+'splash'.
 
 - 'xla': softmax(q k^T / sqrt(d) + bias) v as einsums, dropout on the probabilities (any device).
 - 'cudnn': cuDNN's fused flash attention through jax.nn.dot_product_attention (NVIDIA GPUs).
@@ -8,6 +9,9 @@
 - 'tpu': bert_jax.kernels.tpu.fused_attention's Pallas TPU (Mosaic) kernels, dropout in the
   kernel, for the rows they take (8-512 tokens, multiples of 8); the 'xla' einsums for other
   rows. Off TPUs the kernels run interpreted (tests).
+- 'splash': JAX's splash attention (Pallas TPU; bert_jax.kernels.tpu.local_attention), which
+  skips the score blocks outside a sliding window: the modern encoder's local and global layers,
+  rows in whole tiles of 128, no dropout. Off TPUs it runs interpreted (tests).
 """
 
 import functools
@@ -38,12 +42,20 @@ def _tpu():
   return fused_attention
 
 
+def _local():
+  # Imported when chosen, as _fused.
+  from bert_jax.kernels.tpu import local_attention  # pylint: disable=g-import-not-at-top
+  return local_attention
+
+
 def takes_segment_ids(impl: str, length: int, head_dim: int, causal: bool = False) -> bool:
   """Whether rows of `length` go through the fused kernels (GPU 'pallas' or 'tpu'), which take
   segment ids [batch, length] instead of an additive bias; with `causal` only the TPU kernels,
   which apply the causal mask themselves."""
   if impl == 'tpu':
     return _tpu().supported(length, head_dim)
+  if impl == 'splash':
+    return not causal and _local().supported(length)
   return impl == 'pallas' and not causal and _fused().supported(length, head_dim)
 
 
@@ -102,7 +114,7 @@ def packed_qkv_attention(qkv, qkv_bias, segment_ids, keys, *, rate: float,
 
 
 def attention(impl: str, query, key, value, bias, *, rate: float, deterministic: bool,
-              dropout_rng, dtype, cudnn_seed: int = 0, causal: bool = False):
+              dropout_rng, dtype, cudnn_seed: int = 0, causal: bool = False, window: int = 0):
   """Attention of separate projections: 'xla' (einsums), cuDNN's for 'cudnn' and for the rows
   'pallas' leaves to it, the TPU kernels for 'tpu' (bias: segment ids) and 'xla' for the rows
   'tpu' leaves to it.
@@ -111,8 +123,11 @@ def attention(impl: str, query, key, value, bias, *, rate: float, deterministic:
   (additive), or [batch, length] segment ids for the rows takes_segment_ids('tpu', ...) says;
   dropout_rng: the rng of the dropout ('xla' and 'tpu'); cudnn_seed: cuDNN's in-kernel dropout
   seed (cudnn_dropout_seed); causal: the TPU kernels' causal mask (in the additive bias
-  otherwise). Returns [batch, length, heads, head_dim].
+  otherwise); window: 'splash''s keys each side of a query (0: the whole row; in the additive
+  bias otherwise). Returns [batch, length, heads, head_dim].
   """
+  if impl == 'splash' and bias.ndim == 2:
+    return local_attention(query, key, value, bias, window=window)
   if impl == 'tpu' and bias.ndim == 2:
     rate = 0.0 if deterministic else rate
     keys = None
@@ -150,6 +165,19 @@ def tpu_attention(query, key, value, segment_ids, keys, *, rate: float, causal: 
       attend, (query, key, value, segment_ids, keys), (heads, heads, heads, spec(heads[0], None),
                                                       keys_spec),
       heads, whole={'rows': heads[1], 'heads': heads[3]}, setting="attention_impl='tpu'")
+
+
+def local_attention(query, key, value, segment_ids, *, window: int):
+  """JAX's splash attention over segments and a window of `window` keys each side (interpreted
+  when the step does not compile for TPUs); on a mesh of several devices each runs it on its
+  rows and heads, under shard_map. Shapes as tpu_attention's."""
+  attend = functools.partial(_local().attention, window=window,
+                             interpret=not _compiles_for_tpu())
+  heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
+  spec = jax.sharding.PartitionSpec
+  return per_device.on_each_device(
+      attend, (query, key, value, segment_ids), (heads, heads, heads, spec(heads[0], None)),
+      heads, whole={'rows': heads[1], 'heads': heads[3]}, setting="attention_impl='splash'")
 
 
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,

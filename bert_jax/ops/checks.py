@@ -108,12 +108,13 @@ def check_gpu_kernels(config) -> None:
   backend, count = jax.default_backend(), jax.device_count()
   if backend == 'tpu':
     check_tpu_kernels(config, jax.devices()[0].device_kind)
-  if backend == 'gpu' and config.model.get('attention_impl') == 'tpu':
+  if backend == 'gpu' and config.model.get('attention_impl') in ('tpu', 'splash'):
     # Off TPUs the TPU kernels run in Pallas's interpreter: right, for tests, but far too slow
     # to train with. CPUs are let through for the tests and for AOT compiles for TPUs.
     raise ConfigError(
-        f"config.model.attention_impl='tpu' runs Pallas TPU (Mosaic) kernels; this run has "
-        f"{count} gpu device(s). Use attention_impl 'pallas', 'cudnn' or 'xla'.")
+        f"config.model.attention_impl={config.model.attention_impl!r} runs Pallas TPU (Mosaic) "
+        f"kernels; this run has {count} gpu device(s). Use attention_impl 'pallas', 'cudnn' or "
+        "'xla'.")
   if backend != 'gpu':
     for key, kernels in (('layer_norm_impl', 'Triton kernels on NVIDIA GPUs'),
                          ('attention_impl', 'Triton kernels on NVIDIA GPUs'),

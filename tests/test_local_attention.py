@@ -149,16 +149,7 @@ MESH_SCRIPT = """
     out = attention_ops.attention('splash', q, k, v, seg, rate=0.0, deterministic=True,
                                   dropout_rng=None, dtype=jnp.float32, window=10)
     return jnp.sum(out * cot * seg[..., None, None]), out
-  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-  one = step(q, k, v)
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), sharding.MESH_AXES)
-  with sharding.activation_rules(mesh, sharding.logical_axis_rules('fsdp_tensor')):
-    many = step(q, k, v)
-    shard_mapped = 'shard_map' in str(jax.make_jaxpr(loss)(q, k, v))
-  diff = max(float(jnp.max(jnp.abs((a - b_)))) for a, b_ in
-             zip(jax.tree.leaves(one), jax.tree.leaves(many)))
-  print(json.dumps({'diff': diff, 'shard_mapped': shard_mapped}))
-"""
+""" + test_tpu_attention.MESH_CHECK
 
 
 @pytest.mark.slow

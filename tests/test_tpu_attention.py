@@ -295,6 +295,20 @@ def run_script(source: str, *env_items) -> dict:
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# The check of a mesh script: its `loss` of q, k, v on one device and on 8, split as the train
+# step splits them.
+MESH_CHECK = """
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  one = step(q, k, v)
+  # The train step's mesh (axes of the Auto type, as sharding.create_mesh makes them).
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), sharding.MESH_AXES)
+  with sharding.activation_rules(mesh, sharding.logical_axis_rules('fsdp_tensor')):
+    many = step(q, k, v)
+    shard_mapped = 'shard_map' in str(jax.make_jaxpr(loss)(q, k, v))
+  diff = max(float(jnp.max(jnp.abs(a - b_))) for a, b_ in
+             zip(jax.tree.leaves(one), jax.tree.leaves(many)))
+  print(json.dumps({'diff': diff, 'shard_mapped': shard_mapped}))
+"""
 MESH_SCRIPT = """
   import json
   import jax, jax.numpy as jnp
@@ -309,17 +323,7 @@ MESH_SCRIPT = """
     out = attention_ops.attention('tpu', q, k, v, seg, rate=0.1, deterministic=False,
                                   dropout_rng=jax.random.key(7), dtype=jnp.float32)
     return jnp.sum(out * cot), out
-  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-  one = step(q, k, v)
-  # The train step's mesh (axes of the Auto type, as sharding.create_mesh makes them).
-  mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), sharding.MESH_AXES)
-  with sharding.activation_rules(mesh, sharding.logical_axis_rules('fsdp_tensor')):
-    many = step(q, k, v)
-    shard_mapped = 'shard_map' in str(jax.make_jaxpr(loss)(q, k, v))
-  diff = max(float(jnp.max(jnp.abs(a - b_))) for a, b_ in
-             zip(jax.tree.leaves(one), jax.tree.leaves(many)))
-  print(json.dumps({'diff': diff, 'shard_mapped': shard_mapped}))
-"""
+""" + MESH_CHECK
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ CONFIGS = {'base': 'configs/base.py', 'large': 'configs/large.py',
            **{f'electra-{size}': f'configs/electra.py:size={size}'
               for size in ('small', 'base', 'large')},
            **{f'spanbert-{size}': f'configs/spanbert.py:size={size}' for size in ('base', 'large')},
-           # DeBERTa-v3's encoder by MLM and by its replaced-token detection (generator in the step).
+           # DeBERTa-v3's encoder by MLM and by its RTD (the generator in the step).
            **{f'deberta-{size}': f'configs/deberta.py:size={size}' for size in ('base', 'large')},
            **{f'deberta-rtd-{size}': f'configs/deberta.py:size={size},objective=rtd'
               for size in ('base', 'large')},

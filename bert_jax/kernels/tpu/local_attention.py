@@ -48,12 +48,11 @@ def attention(query, key, value, segment_ids, *, window: int, interpret: bool = 
   window: keys each side a query sees (0: the whole row). Returns [batch, length, heads,
   head_dim] in query's dtype.
   """
-  batch, length, heads, depth = query.shape
+  _, length, heads, depth = query.shape
   kernel = _kernel(length, heads, window, interpret)
   to_heads = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731 [batch, heads, length, head_dim]
   scaled = query * jnp.asarray(depth ** -0.5, query.dtype)
   segments = segment_ids.astype(jnp.int32)
   out = jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=splash.SegmentIds(q=s, kv=s)))(
       to_heads(scaled), to_heads(key), to_heads(value), segments)
-  del batch
   return to_heads(out).astype(query.dtype)

@@ -55,6 +55,7 @@ def test_random_batch_masks_distinct_positions_inside_the_row():
   assert positions.min() >= 1 and positions.max() <= 22
 
 
+@pytest.mark.slow
 def test_benchmark_of_electra_trains_on_its_random_batches():
   # ELECTRA writes its generator's samples back at the masked positions: a repeated position
   # summed two ids into one outside the vocabulary, and the loss was NaN.

@@ -102,6 +102,7 @@ def test_the_generator_is_deberta_half_as_deep_and_as_wide(built):
   assert 'bert/embeddings/word_embeddings_delta' in flat
 
 
+@pytest.mark.slow  # test_electra.py's gdes test keeps the rule in the fast tier.
 def test_each_loss_stays_off_the_other_models_embeddings(built):
   _, model, params, batch = built
 

@@ -35,7 +35,8 @@ def reference(q, k, v, segments, window):
 
 
 @pytest.mark.parametrize('rows', [PADDED, PACKED], ids=['padded', 'packed'])
-@pytest.mark.parametrize('window', [0, 1, 20, 64])
+@pytest.mark.parametrize('window', [20, *(pytest.param(w, marks=pytest.mark.slow)
+                                         for w in (0, 1, 64))])
 def test_kernels_equal_the_masked_xla_attention_and_its_gradients(rows, window):
   q, k, v, cotangent = (jax.random.normal(key, (BATCH, LENGTH, HEADS, HEAD_DIM))
                         for key in jax.random.split(jax.random.key(window), 4))
@@ -79,6 +80,7 @@ def modern_config(**model):
   return config
 
 
+@pytest.mark.slow
 def test_the_modern_encoder_computes_the_same_function_with_the_kernels():
   """Logits and every parameter's gradient of a pretraining model equal the XLA path's, on a
   padded row and on a packed one (positions restarting in each sequence)."""

@@ -170,6 +170,7 @@ def test_a_scanned_stack_imports_and_exports_as_transformers(hf_models, variant,
   assert max_diff(run_hf(reloaded.eval()), run_hf(model)) == 0.0
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_stacks_agree_in_outputs_and_gradients(hf_models):
   from bert_jax.interop import param_tree  # pylint: disable=g-import-not-at-top
   _, directory = hf_models['geglu_no_bias']

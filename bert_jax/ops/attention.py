@@ -158,26 +158,31 @@ def tpu_attention(query, key, value, segment_ids, keys, *, rate: float, causal: 
   """
   attend = functools.partial(_tpu().attention, rate=rate, causal=causal,
                              interpret=not _compiles_for_tpu())
-  heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
-  spec = jax.sharding.PartitionSpec
-  keys_spec = None if keys is None else spec(heads[0], heads[2], None)
-  return per_device.on_each_device(
-      attend, (query, key, value, segment_ids, keys), (heads, heads, heads, spec(heads[0], None),
-                                                      keys_spec),
-      heads, whole={'rows': heads[1], 'heads': heads[3]}, setting="attention_impl='tpu'")
+  return _on_rows_and_heads(attend, query, key, value, segment_ids, keys, "attention_impl='tpu'")
 
 
 def local_attention(query, key, value, segment_ids, *, window: int):
   """JAX's splash attention over segments and a window of `window` keys each side (interpreted
   when the step does not compile for TPUs); on a mesh of several devices each runs it on its
   rows and heads, under shard_map. Shapes as tpu_attention's."""
-  attend = functools.partial(_local().attention, window=window,
-                             interpret=not _compiles_for_tpu())
+  interpret = not _compiles_for_tpu()
+  attend = lambda q, k, v, s, _: _local().attention(  # noqa: E731 (no dropout keys)
+      q, k, v, s, window=window, interpret=interpret)
+  return _on_rows_and_heads(attend, query, key, value, segment_ids, None,
+                            "attention_impl='splash'")
+
+
+def _on_rows_and_heads(attend, query, key, value, segment_ids, keys, setting: str):
+  """attend(query, key, value, segment_ids, keys) of the TPU kernels, on a mesh of several
+  devices each device on its rows and heads under shard_map (rows and heads whole); keys
+  [batch, heads, 1] or None."""
   heads = nn.logical_to_mesh_axes(('batch', 'length', 'heads', 'kv'))
   spec = jax.sharding.PartitionSpec
+  keys_spec = None if keys is None else spec(heads[0], heads[2], None)
   return per_device.on_each_device(
-      attend, (query, key, value, segment_ids), (heads, heads, heads, spec(heads[0], None)),
-      heads, whole={'rows': heads[1], 'heads': heads[3]}, setting="attention_impl='splash'")
+      attend, (query, key, value, segment_ids, keys), (heads, heads, heads, spec(heads[0], None),
+                                                      keys_spec),
+      heads, whole={'rows': heads[1], 'heads': heads[3]}, setting=setting)
 
 
 def dot_product_attention(query, key, value, bias, dropout_rng, dropout_rate, deterministic,

@@ -24,13 +24,19 @@ _PAD, _UNK = '<pad>', '<unk>'
 # ALBERT's spm_train settings, less its user-defined punctuation pieces (transformers' ALBERT
 # tokenizer splits those differently from SentencePiece) and with a soft vocab limit, so a small
 # corpus yields a smaller vocab rather than an error.
-_TRAINER_SETTINGS = dict(
+TRAINER_SETTINGS = dict(
     model_type='unigram', pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
     control_symbols=','.join(_CONTROL_SYMBOLS), character_coverage=0.99995,
     normalization_rule_name='nmt_nfkc', input_sentence_size=10_000_000,
     shuffle_input_sentence=True, hard_vocab_limit=False)
-# What the trained model depends on besides the corpus, its size and casing: the cache key.
-TRAINING_SETTINGS = ','.join(f'{k}={v}' for k, v in sorted(_TRAINER_SETTINGS.items()))
+
+
+def settings_key(settings: dict) -> str:
+  """What a trained model depends on besides the corpus, its size and casing: the cache key."""
+  return ','.join(f'{k}={v}' for k, v in sorted(settings.items()))
+
+
+TRAINING_SETTINGS = settings_key(TRAINER_SETTINGS)
 # ALBERT's create_pretraining_data._is_start_piece: these single characters begin a word.
 _START_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
 _WORD_START = '▁'
@@ -201,7 +207,7 @@ def load(model_file: str, lowercase: bool) -> SentencePieceTokenizer:
 def train(documents: list[list[str]], vocab_size: int, lowercase: bool,
           output_dir: str) -> SentencePieceTokenizer:
   """Trains a unigram model on the prepared sentences, writes output_dir/spiece.model, loads it."""
-  return train_model(SentencePieceTokenizer, _TRAINER_SETTINGS, documents, vocab_size,
+  return train_model(SentencePieceTokenizer, TRAINER_SETTINGS, documents, vocab_size,
                      lowercase, output_dir)
 
 

@@ -20,11 +20,11 @@ MODEL_NAME = 'sentencepiece.bpe.model'
 _FAIRSEQ_FIRST = ('<s>', '<pad>', '</s>', '<unk>')
 _MODEL_FIRST = ['<unk>', '<s>', '</s>']  # SentencePiece's default ids, XLM-R's model's.
 _MASK = '<mask>'
-_TRAINER_SETTINGS = dict(
-    model_type='unigram', unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=0.99995,
-    normalization_rule_name='nmt_nfkc', input_sentence_size=10_000_000,
-    shuffle_input_sentence=True, hard_vocab_limit=False)
-TRAINING_SETTINGS = ','.join(f'{k}={v}' for k, v in sorted(_TRAINER_SETTINGS.items()))
+# spm.py's settings with SentencePiece's default ids and no control symbols (<pad> and <mask>
+# are fairseq's, outside the model).
+_TRAINER_SETTINGS = {**{k: v for k, v in spm.TRAINER_SETTINGS.items() if k != 'control_symbols'},
+                     'unk_id': 0, 'bos_id': 1, 'eos_id': 2, 'pad_id': -1}
+TRAINING_SETTINGS = spm.settings_key(_TRAINER_SETTINGS)
 
 
 class FairseqSentencePieceTokenizer(spm.SentencePieceTokenizer):

@@ -115,6 +115,23 @@ def test_the_relative_index_is_transformers(variant):
 
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
+@pytest.mark.parametrize('from_key', [False, True])
+def test_scores_by_distance_equal_the_gathered_table(variant, from_key):
+  """The relative scores against a row per distance, shifted into place, are those against the
+  whole table gathered by the relative index (transformers' way), for rows with fewer
+  distances than table rows and rows that reach the log buckets and the clipping."""
+  cfg = models.get('deberta').config_from(our_config(variant))
+  rng = np.random.default_rng(1)
+  rows = rng.normal(size=(2 * deberta.span(cfg), 3, 4)).astype(np.float32)
+  for length in (1, 4, 13):
+    content = rng.normal(size=(2, length, 3, 4)).astype(np.float32)
+    index = deberta.relative_index(cfg, length)
+    expected = np.einsum('bihd,ijhd->bhij', content, rows[index.T if from_key else index])
+    np.testing.assert_allclose(deberta.relative_scores(cfg, content, rows, from_key), expected,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('variant', list(VARIANTS))
 @pytest.mark.parametrize('scan_layers', [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_import_gives_transformers_mlm_logits(hf_models, variant, scan_layers):
   model, directory = hf_models[variant]
@@ -171,9 +188,12 @@ def test_flops_are_the_matmuls_the_model_runs():
   jaxpr = jax.make_jaxpr(lambda q: encoder.apply(
       {'params': q['bert']}, batch['input_ids'], batch['segment_ids'], batch['input_mask']))
   family = models.get('deberta').flops(config.model, s)
-  # One sequence: the table's projection, once per batch, is beside the per-sequence count.
-  assert dot_flops(jaxpr(params).jaxpr) == family + deberta.table_projection_flops(config.model)
   h, f, n, k = 42, 50, 3, 5
+  # transformers' count scores the 2 k table rows; ours scores 2 s - 1, one per distance.
+  more_rows = n * 2 * 2 * s * (2 * s - 1 - 2 * k) * h
+  # One sequence: the table's projection, once per batch, is beside the per-sequence count.
+  assert (dot_flops(jaxpr(params).jaxpr)
+          == family + more_rows + deberta.table_projection_flops(config.model))
   assert family == n * (s * (8 * h * h + 4 * h * f) + 4 * s * s * h + 2 * 2 * s * (2 * k) * h)
   assert deberta.table_projection_flops(config.model) == n * 2 * 2 * (2 * k) * h * h
 

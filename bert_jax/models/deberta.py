@@ -80,16 +80,44 @@ def log_buckets(relative: np.ndarray, buckets: int, max_position: int) -> np.nda
   return np.where(absolute <= mid, relative, log_position * sign).astype(np.int32)
 
 
-def relative_index(cfg, length: int) -> np.ndarray:
-  """[length, length] int32: the row of the relative table that query i reads for key j."""
-  positions = np.arange(length)
-  relative = positions[:, None] - positions[None, :]
+def table_row(cfg, relative: np.ndarray) -> np.ndarray:
+  """int32: the row of the relative table (2 x span rows) for each distance query - key."""
   max_position = (cfg.relative_positions if cfg.relative_positions > 0
                   else cfg.max_position_embeddings)
   if cfg.relative_buckets > 0 and max_position > 0:
     relative = log_buckets(relative, cfg.relative_buckets, max_position)
   k = span(cfg)
   return np.clip(relative + k, 0, 2 * k - 1).astype(np.int32)
+
+
+def relative_index(cfg, length: int) -> np.ndarray:
+  """[length, length] int32: the row of the relative table that query i reads for key j."""
+  positions = np.arange(length)
+  return table_row(cfg, positions[:, None] - positions[None, :])
+
+
+def shift_into_place(scores):
+  """[..., n, 2n - 1] scores of each row i against distances n - 1 down to -(n - 1) ->
+  [..., n, n] whose [i, j] is row i's score at distance i - j. Row i's scores start n - 1 - i
+  columns in, so read as one flat run the rows step 2n - 2 apart (Transformer-XL's relative
+  shift): slices and reshapes only, whose gradients are pads and reshapes."""
+  *lead, n, columns = scores.shape
+  if n == 1:  # One distance: nothing to shift (the rows would step 0 apart).
+    return scores
+  flat = scores.reshape(*lead, n * columns)[..., n - 1:n - 1 + n * (columns - 1)]
+  return flat.reshape(*lead, n, columns - 1)[..., :n]
+
+
+def relative_scores(cfg, content, rows, from_key: bool = False):
+  """[batch, H, n, n]: each token's content [batch, n, H, kv] scored against the projected
+  relative table [2 span, H, kv]; [i, j] reads the row of distance i - j (c2p), or with
+  `from_key` that of j - i (p2c, [key, query] until swapped). Scored against one table row per
+  distance, then shifted into place: scoring the whole table and gathering, as transformers
+  does, has a scatter into [batch, H, n, 2 span] for gradient where the shift has a copy."""
+  n = content.shape[1]
+  distance = n - 1 - np.arange(2 * n - 1)  # The rows shift_into_place reads, in its order.
+  rows = jnp.take(rows, table_row(cfg, -distance if from_key else distance), axis=0)
+  return shift_into_place(jnp.einsum('bqhd,rhd->bhqr', content, rows))
 
 
 class DisentangledSelfAttention(nn.Module):
@@ -114,18 +142,15 @@ class DisentangledSelfAttention(nn.Module):
     factor = 1 + len(kinds)
     if kinds:
       table = nn.Dropout(cfg.hidden_dropout_rate)(relative, deterministic=deterministic)
-      index = relative_index(cfg, x.shape[1])  # [query, key]
       scale = 1.0 / np.sqrt(cfg.head_dim * factor)
       scores = 0.0
       if 'c2p' in kinds:
         pos_key = (key_dense if cfg.share_relative_key else dense('pos_key'))(table)  # [2s, H, kv]
-        full = jnp.einsum('bqhd,rhd->bhqr', query, pos_key)
-        scores = scores + jnp.take_along_axis(full, index[None, None], axis=-1)
+        scores = scores + relative_scores(cfg, query, pos_key)
       if 'p2c' in kinds:
         pos_query = (query_dense if cfg.share_relative_key else dense('pos_query'))(table)
-        full = jnp.einsum('bkhd,rhd->bhkr', key, pos_query)
         scores = scores + jnp.swapaxes(
-            jnp.take_along_axis(full, index.T[None, None], axis=-1), -1, -2)
+            relative_scores(cfg, key, pos_query, from_key=True), -1, -2)
       bias = bias.astype(jnp.float32) + (scores * scale).astype(jnp.float32)  # [b, H, q, k]
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
@@ -362,8 +387,9 @@ def without_mask_decoder(params: dict, model) -> dict:
 def encoder_flops(model, length: int) -> float:
   """Forward FLOPs of one sequence of `length` tokens: BERT's encoder without the pooler, plus
   per layer and relative term the scores of every token against the 2 x span table rows
-  (2 x length x 2 span x H). The table's projection by each layer's denses runs once per batch,
-  not per sequence, and is left out (table_projection_flops)."""
+  (2 x length x 2 span x H), as transformers computes them (relative_scores scores 2 x length
+  - 1 rows). The table's projection by each layer's denses runs once per batch, not per
+  sequence, and is left out (table_projection_flops)."""
   h = model.hidden_size
   extra = len(relative_kinds(model)) * 2 * length * (2 * span(model)) * h
   return bert.encoder_flops(model, length) - 2 * h * h + model.num_layers * extra

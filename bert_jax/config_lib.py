@@ -478,9 +478,6 @@ def _check_deberta(config) -> None:
                     "'absolute' (v1)")
   if model.get('causal', False):
     problems.append('causal=True: DeBERTa is bidirectional')
-  if decoder and model.scan_layers:
-    problems.append('enhanced_mask_decoder=True with scan_layers=True: the decoder runs the last '
-                    'layer again, which a scanned stack does not expose; set scan_layers=False')
   names = _objectives().parse(config.objectives)
   if decoder and ('mlm' not in names or 'rtd' in names):
     problems.append(f'enhanced_mask_decoder=True with objectives={config.objectives!r}: the '

@@ -202,8 +202,6 @@ def test_flops_are_the_matmuls_the_model_runs():
     ({'relative_attention': 'c2x'}, "relative_attention='c2x'"),
     ({'positions': 'rotary'}, "positions='rotary'"),
     ({'attention_impl': 'cudnn'}, "attention_impl='cudnn'"),
-    ({'enhanced_mask_decoder': True},
-     r'enhanced_mask_decoder=True with scan_layers=True: .*set scan_layers=False'),
 ])
 def test_bad_settings_are_refused_before_anything_is_built(change, message):
   config = our_config()
@@ -255,6 +253,34 @@ def test_the_mask_decoder_reruns_the_last_layer_with_absolute_positions(position
   moved['bert']['embeddings']['position_embeddings'] = table + np.random.default_rng(0).normal(
       size=table.shape).astype(np.float32)
   assert max_diff(model.apply({'params': moved}, batch)['mlm_logits'], logits) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_scanned_stack_runs_the_mask_decoder_as_the_unrolled_one():
+  """Scanned layers: the decoder reads the stack's last input and reruns its last slice; MLM
+  logits and every parameter's gradient equal the unrolled stack's, dropout off."""
+  from bert_jax.interop import param_tree  # pylint: disable=g-import-not-at-top
+  unrolled, model, params, batch = mask_decoder_model()
+  scanned = our_config('v3', scan_layers=True)
+  scanned.model.enhanced_mask_decoder = True
+  config_lib.validate(scanned)
+  stacked = param_tree.unflatten(param_tree.stack_layers(param_tree.flatten(params), 3))
+
+  def loss(p, config):
+    return steps.build_model(config).apply({'params': p}, batch)['mlm_logits'].sum()
+
+  logits = model.apply({'params': params}, batch)['mlm_logits']
+  logits_scanned = steps.build_model(scanned).apply({'params': stacked}, batch)['mlm_logits']
+  assert max_diff(logits_scanned, logits) < 1e-5
+  grads = param_tree.flatten(jax.grad(loss)(params, unrolled))
+  grads_scanned = param_tree.unstack_layers(param_tree.flatten(jax.grad(loss)(stacked, scanned)))
+  assert set(grads_scanned) == set(grads)
+  for key, grad in grads.items():
+    np.testing.assert_allclose(grads_scanned[key], grad, rtol=1e-4, atol=1e-5, err_msg=key)
+  # The scanned model initialises the same tree, stacked.
+  init = steps.build_model(scanned).init(jax.random.PRNGKey(0), batch)['params']
+  assert (jax.tree.map(np.shape, flax.linen.meta.unbox(init))
+          == jax.tree.map(np.shape, stacked))
 
 
 def test_the_mask_decoder_is_deberta_s_and_feeds_mlm_only():
@@ -346,7 +372,7 @@ def test_a_run_with_the_mask_decoder_fine_tunes_and_exports_without_it(tmp_path)
       'objectives': 'mlm', 'model.positions': 'none', 'model.relative_attention': 'c2p|p2c',
       'model.relative_buckets': 8, 'model.share_relative_key': True,
       'model.relative_norm': True, 'model.enhanced_mask_decoder': True,
-      'model.scan_layers': False, 'train.num_steps': 2, 'train.warmup_steps': 1,
+      'model.scan_layers': True, 'train.num_steps': 2, 'train.warmup_steps': 1,
       'train.log_every': 1, 'train.eval_every': 2, 'train.checkpoint_every': 2})
   source = tmp_path / 'pretrain'
   pretrain.train_and_evaluate(pretraining, str(source))

@@ -16,7 +16,7 @@ transformers' DebertaV2 checkpoints map by a table (interop/hf_families.py). The
 (the pooled output is the first token's state); the MLM head is `predictions`, HF's legacy
 `cls.predictions`. Not here: the convolution beside the first layer (HF conv_kernel_size).
 
-model.enhanced_mask_decoder (unrolled layers, MLM): DeBERTa's enhanced mask decoder (section
+model.enhanced_mask_decoder (MLM): DeBERTa's enhanced mask decoder (section
 3.3; microsoft/DeBERTa's EnhancedMaskDecoder). The MLM head reads, instead of the last layer's
 output, the last layer run twice more on the states below it with its queries (and residual)
 first those states + the absolute position embeddings (`bert/embeddings/position_embeddings`,
@@ -33,6 +33,7 @@ import dataclasses
 
 from flax import traverse_util
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -187,12 +188,16 @@ class DebertaLayer(nn.Module):
 
 
 class ScannedDebertaLayer(DebertaLayer):
-  """DebertaLayer with nn.scan's (carry, output) signature; emits its output when asked."""
+  """DebertaLayer with nn.scan's (carry, output) signature; emits its output when asked. With
+  keep_below the carry is (states, the states below them): after the stack, the last layer's
+  input, which the enhanced mask decoder reads."""
   emit: bool = False
+  keep_below: bool = False
 
   def __call__(self, x, bias, relative, deterministic):
-    x = super().__call__(x, bias, relative, deterministic)
-    return x, (x if self.emit else None)
+    below = x[0] if self.keep_below else x
+    out = super().__call__(below, bias, relative, deterministic)
+    return (out, below) if self.keep_below else out, (out if self.emit else None)
 
 
 class DebertaEncoder(nn.Module):
@@ -204,7 +209,7 @@ class DebertaEncoder(nn.Module):
   @nn.compact
   def __call__(self, x, bias, deterministic, decoder_positions=None):
     # decoder_positions [batch, length, embed]: the enhanced mask decoder's absolute positions;
-    # with them (unrolled layers only) the result is (last layer's output, the decoder's).
+    # with them the result is (last layer's output, the decoder's).
     cfg = self.config
     relative = None
     if relative_kinds(cfg):
@@ -224,9 +229,19 @@ class DebertaEncoder(nn.Module):
           layer_cls, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
           in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
           unroll=cfg.scan_unroll, metadata_params={nn.PARTITION_NAME: 'layers'})
-      x, outputs = stack(cfg, emit=self.return_all_layers, name='layer')(
-          x, bias, relative, deterministic)
-      return outputs if self.return_all_layers else x
+      decoder = decoder_positions is not None
+      carry, outputs = stack(cfg, emit=self.return_all_layers, keep_below=decoder,
+                             name='layer')((x, x) if decoder else x, bias, relative,
+                                           deterministic)
+      if not decoder:
+        return outputs if self.return_all_layers else carry
+      (x, below), stacked = carry, self.variables['params']['layer']
+      # The decoder's passes run the last layer, its parameters the stack's last slice.
+      last = jax.tree.map(lambda p: p[-1], nn.meta.unbox(stacked))
+      rngs = {} if deterministic else {'dropout': self.make_rng('dropout')}
+      layer = lambda states, query: DebertaLayer(cfg).apply(  # pylint: disable=g-long-lambda
+          {'params': last}, states, bias, relative, deterministic, query, rngs=rngs)
+      return x, self.mask_decoder(layer, below, decoder_positions)
     layer_cls = DebertaLayer
     if cfg.remat_policy != 'none':
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(4,))
@@ -239,13 +254,19 @@ class DebertaEncoder(nn.Module):
       return jnp.stack(outputs)
     if decoder_positions is None:
       return x
-    # The enhanced mask decoder (microsoft/DeBERTa's EnhancedMaskDecoder): the last layer again,
-    # twice, on the layer below's states, its queries first those states + the absolute
-    # positions, then its own output.
+    return x, self.mask_decoder(
+        lambda states, query: layer(states, bias, relative, deterministic, query), below,
+        decoder_positions)
+
+  @staticmethod
+  def mask_decoder(layer, below, decoder_positions):
+    """The enhanced mask decoder (microsoft/DeBERTa's EnhancedMaskDecoder): the last layer
+    (`layer(states, query)`) again, twice, on the layer below's states, its queries first those
+    states + the absolute positions, then its own output."""
     query = decoder_positions.astype(below.dtype) + below
     for _ in range(MASK_DECODER_PASSES):
-      query = layer(below, bias, relative, deterministic, query)
-    return x, query
+      query = layer(below, query)
+    return query
 
 
 class DebertaEmbeddings(nn.Module):

@@ -432,10 +432,6 @@ def _check_modern(config) -> None:
     if model.attention_dropout_rate > 0:
       problems.append(f"attention_impl='splash' with attention_dropout_rate="
                       f'{model.attention_dropout_rate}: the kernels have no dropout; set it to 0')
-    if model.scan_layers:
-      problems.append("attention_impl='splash' with scan_layers=True: each layer's kernel is "
-                      'built for its window, which a scanned layer does not know; set '
-                      'scan_layers=False')
   for key in ('layer_norm_impl', 'ffn_impl'):
     if model.get(key, 'xla') != 'xla':
       problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "

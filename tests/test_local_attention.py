@@ -74,16 +74,18 @@ def modern_config(**model):
   config.data.update(corpus='builtin', max_seq_length=LENGTH, max_predictions_per_seq=40)
   config.model.update(
       name='modernbert', num_layers=3, hidden_size=48, num_heads=3, intermediate_size=64,
-      vocab_size=97, type_vocab_size=1, scan_layers=False, norm='layer_norm', use_bias=False,
+      vocab_size=97, type_vocab_size=1, norm='layer_norm', use_bias=False,
       feed_forward='geglu', positions='rotary', rope_theta=1000.0, local_rope_theta=50.0,
-      local_window=16, global_every=3, attention_dropout_rate=0.0, **model)
+      local_window=16, global_every=3, attention_dropout_rate=0.0,
+      **{'scan_layers': False, **model})
   return config
 
 
 @pytest.mark.slow
 def test_the_modern_encoder_computes_the_same_function_with_the_kernels():
   """Logits and every parameter's gradient of a pretraining model equal the XLA path's, on a
-  padded row and on a packed one (positions restarting in each sequence)."""
+  padded row and on a packed one (positions restarting in each sequence), its layers unrolled
+  and scanned (each scanned layer runs its own kind's kernels)."""
   from bert_jax.interop import param_tree  # pylint: disable=g-import-not-at-top
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
@@ -99,17 +101,25 @@ def test_the_modern_encoder_computes_the_same_function_with_the_kernels():
            'masked_lm_positions': rng.integers(0, 200, (BATCH, 40)).astype(np.int32)}
   packed = {**batch, 'position_ids': position_ids, 'pair_ids': pair_ids}
   xla_config, splash_config = modern_config(), modern_config(attention_impl='splash')
-  config_lib.validate(splash_config)
-  xla, splash = steps.build_model(xla_config), steps.build_model(splash_config)
+  scanned_config = modern_config(attention_impl='splash', scan_layers=True)
+  for config in (splash_config, scanned_config):
+    config_lib.validate(config)
+  xla, splash, scanned = (steps.build_model(c)
+                          for c in (xla_config, splash_config, scanned_config))
   params = nn.meta.unbox(xla.init(jax.random.key(1), batch)['params'])
+  stacked = param_tree.unflatten(param_tree.stack_layers(param_tree.flatten(params), 3))
   for rows in (batch, packed):
     def loss(model, p, rows=rows):
       return model.apply({'params': p}, rows)['mlm_logits']
-    np.testing.assert_allclose(loss(splash, params), loss(xla, params), atol=1e-5)
-    ours = param_tree.flatten(jax.grad(lambda p: loss(splash, p).sum())(params))
     theirs = param_tree.flatten(jax.grad(lambda p: loss(xla, p).sum())(params))
+    np.testing.assert_allclose(loss(splash, params), loss(xla, params), atol=1e-5)
+    np.testing.assert_allclose(loss(scanned, stacked), loss(xla, params), atol=1e-5)
+    ours = param_tree.flatten(jax.grad(lambda p: loss(splash, p).sum())(params))
+    ours_scanned = param_tree.unstack_layers(param_tree.flatten(
+        jax.grad(lambda p: loss(scanned, p).sum())(stacked)))
     for key, grad in theirs.items():
       np.testing.assert_allclose(ours[key], grad, rtol=1e-4, atol=1e-5, err_msg=key)
+      np.testing.assert_allclose(ours_scanned[key], grad, rtol=1e-4, atol=1e-5, err_msg=key)
 
 
 @pytest.mark.parametrize('model, message', [
@@ -117,7 +127,6 @@ def test_the_modern_encoder_computes_the_same_function_with_the_kernels():
       'use_bias': True, 'feed_forward': 'gelu', 'rope_theta': 10_000.0,
       'local_rope_theta': 10_000.0, 'type_vocab_size': 2},
      "attention_impl='splash' with config.model.name='bert'"),
-    ({'scan_layers': True}, "attention_impl='splash' with scan_layers=True"),
     ({'attention_dropout_rate': 0.1}, "attention_impl='splash' with attention_dropout_rate=0.1"),
 ])
 def test_config_refuses_what_the_kernels_cannot_do(model, message):

@@ -92,10 +92,11 @@ class ModernAttention(nn.Module):
   window: int = 0  # Keys each side a query sees with attention_impl='splash' (0: the whole row).
 
   @nn.compact
-  def __call__(self, x, bias, rotation, deterministic):
+  def __call__(self, x, bias, rotation, deterministic, is_global=None):
     # x: [batch, length, embed]; bias: [batch, 1, 1 or length, length] additive, or with
     # attention_impl='splash' the segment ids [batch, length]; rotation: (cos, sin) [batch or 1,
-    # length, kv] or None.
+    # length, kv] or None; is_global: in a scanned stack, a traced bool that picks the splash
+    # kernels' window (the whole row, or local_window // 2 each side) in place of `window`.
     cfg = self.config
     qkv = layers.DenseGeneral((3, cfg.num_heads, cfg.head_dim), ('embed', None, 'heads', 'kv'),
                               use_bias=cfg.use_bias, dtype=cfg.dtype,
@@ -107,10 +108,16 @@ class ModernAttention(nn.Module):
     dropout_rng = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       dropout_rng = self.make_rng('dropout')
-    context = attention_ops.attention(
-        cfg.attention_impl, query, key, value, bias, rate=cfg.attention_dropout_rate,
-        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype,
-        window=self.window)
+    attend = lambda window: lambda q, k, v, b: attention_ops.attention(  # pylint: disable=g-long-lambda
+        cfg.attention_impl, q, k, v, b, rate=cfg.attention_dropout_rate,
+        deterministic=deterministic, dropout_rng=dropout_rng, dtype=cfg.dtype, window=window)
+    if is_global is not None and attention_ops.takes_segment_ids(
+        cfg.attention_impl, x.shape[1], cfg.head_dim):
+      # A kernel is built for its window: both layer kinds' are compiled, the layer runs its own.
+      context = jax.lax.cond(is_global, attend(0), attend(cfg.local_window // 2),
+                             query, key, value, bias)
+    else:
+      context = attend(self.window)(query, key, value, bias)
     return layers.DenseGeneral(cfg.hidden_size, ('heads', 'kv', 'embed'), axis=(-2, -1),
                                use_bias=cfg.use_bias, dtype=cfg.dtype,
                                param_dtype=cfg.param_dtype, kernel_init=cfg.init,
@@ -147,8 +154,9 @@ class ModernLayer(nn.Module):
   layer_index: int = 0
 
   @nn.compact
-  def __call__(self, x, bias, rotation, deterministic, first=None):
-    # first: in a scanned stack, a traced bool (every layer has attn_norm, the first skips it).
+  def __call__(self, x, bias, rotation, deterministic, first=None, is_global_layer=None):
+    # first, is_global_layer: in a scanned stack, traced bools (every layer has attn_norm, the
+    # first skips it; the attention kernels' window follows the layer's kind).
     cfg = self.config
     drop = lambda y: nn.Dropout(cfg.hidden_dropout_rate)(y, deterministic=deterministic)  # noqa: E731
     if first is None:
@@ -156,7 +164,8 @@ class ModernLayer(nn.Module):
     else:
       h = jnp.where(first, x, _norm(cfg, 'attn_norm')(x))
     window = 0 if is_global(cfg, self.layer_index) else cfg.local_window // 2
-    x = x + drop(ModernAttention(cfg, window, name='attention')(h, bias, rotation, deterministic))
+    x = x + drop(ModernAttention(cfg, window, name='attention')(h, bias, rotation, deterministic,
+                                                               is_global_layer))
     x = x + drop(ModernFeedForward(cfg, name='mlp')(_norm(cfg, 'mlp_norm')(x)))
     return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
 
@@ -172,7 +181,7 @@ class ScannedModernLayer(ModernLayer):
     rotation = (None if rotations['global'] is None
                 else jax.tree.map(pick, rotations['global'], rotations['local']))
     x = super().__call__(x, pick(biases['global'], biases['local']), rotation, deterministic,
-                         first)
+                         first, is_global_layer)
     return x, (x if self.emit else None)
 
 

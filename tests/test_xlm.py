@@ -475,7 +475,8 @@ def valid_xlm(**data):
     (lambda c: c.data.update(parallel='en-en:a.tsv'), 'pairs en with itself'),
     (lambda c: c.data.update(corpus='/data/wiki.txt'), "corpus='/data/wiki.txt' has no "
      "'\\{lang\\}'"),
-    (lambda c: c.data.update(prepared='/data/prepared'), "prepared='/data/prepared'.*in memory"),
+    (lambda c: c.data.update(prepared='/data/prepared', parallel='en-fr:a.tsv'),
+     "parallel='en-fr:a.tsv' with data.prepared='/data/prepared'.*read in memory"),
     (lambda c: setattr(c, 'objectives', 'mlm,nsp'), "objectives='mlm,nsp'.*'mlm'"),
     (lambda c: c.data.update(language_alpha=0.0), r'language_alpha=0.0: must be a finite number '
      r'in \(0, 1\]'),

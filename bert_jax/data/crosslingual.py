@@ -3,7 +3,9 @@
 Pure numpy functions of (tokens, rng, settings) beside data/pretraining.py's, read in memory by
 data/pipeline.py's stream (build_examples is its `build`). A corpus holds each language's
 documents (data.corpus with '{lang}') and parallel sentence pairs (data.parallel); one vocab,
-trained on all of it, is shared by every language.
+trained on all of it, is shared by every language. At scale the MLM rows stream from a prepared
+corpus a language instead (data/prepare.py's prepare_languages, data/streaming.py's
+LanguageDocuments and LanguageOrder); translation pairs are read in memory only.
 - MLM rows: each language's documents make the rows a monolingual run makes (data.rows: segments
   or FULL-SENTENCES), never across languages; every token carries its language's id. With
   data.language_alpha < 1 each language's rows are resampled to q_i = p_i^alpha / sum_j p_j^alpha
@@ -109,17 +111,21 @@ def check_config(config) -> None:
     problems.append(f'model.num_languages={count} but data.languages names {len(languages)} '
                     f'({", ".join(languages)}); language ids index the table: set '
                     f'num_languages={len(languages)} (or 0: no language embeddings)')
-  if data.prepared:
-    problems.append(f'data.prepared={data.prepared!r}: cross-lingual rows are read in memory '
-                    "from data.corpus and data.parallel; set data.prepared=''")
+  if data.prepared and parallel:
+    problems.append(f'data.parallel={data.parallel!r} with data.prepared={data.prepared!r}: '
+                    'translation pairs are read in memory; set parallel=\'\' to stream the '
+                    "prepared languages' MLM rows, or prepared='' to read both in memory")
+  if data.prepared and data.packing:
+    problems.append(f'data.packing=True with data.prepared={data.prepared!r}: a streamed '
+                    'cross-lingual row is one instance of one language; set packing=False')
   names = objectives.parse(config.objectives)
   if names != ('mlm',):
     problems.append(f"objectives={config.objectives!r}: cross-lingual rows train 'mlm' (MLM and "
                     "TLM rows); set config.objectives='mlm'")
-  if data.corpus and LANGUAGE_FIELD not in data.corpus:
+  if data.corpus and LANGUAGE_FIELD not in data.corpus and not data.prepared:
     problems.append(f'corpus={data.corpus!r} has no {LANGUAGE_FIELD!r}: with data.languages it '
                     "names each language's files, e.g. 'wiki.{lang}.txt'")
-  if not data.corpus and not parallel:
+  if not data.corpus and not parallel and not data.prepared:
     problems.append("corpus='' and parallel='': give monolingual text (data.corpus with "
                     "'{lang}'), parallel text (data.parallel) or both")
   # [CLS] a [SEP] [SEP] b [SEP]: a translation pair needs a token of each sentence.

@@ -7,6 +7,9 @@ Sources (`config.data.corpus`, comma separated, in order): text files and globs 
 `corpus.read_corpus` reads them (`data.corpus_format`; .xz/.gz ok), 'builtin', and
 `tfds:NAME[:SPLIT]` (each example's 'text' is a document; needs tensorflow_datasets).
 
+With `config.data.languages` (`{lang}` in data.corpus naming each language's files) every
+language is prepared into DIR/{lang} with one vocab shared by all of them (prepare_languages).
+
 The tokenizer is `data.tokenizer`'s (wordpiece, bpe or sentencepiece); its vocab is
 `data.vocab_file`, else the one DIR keeps (vocab.txt; vocab.json + merges.txt; spiece.model),
 trained on the first `--vocab_sample_mb` MB of the corpus (and kept there, so a rerun reuses it).
@@ -46,6 +49,7 @@ import time
 
 from absl import logging
 from array_record.python import array_record_module
+import ml_collections
 import numpy as np
 
 from bert_jax.data import chunk_encoder
@@ -54,6 +58,8 @@ from bert_jax.data import records
 from bert_jax.data import tokenizer as tokenizer_lib
 
 PLAN_FILENAME = 'plan.json'
+# A cross-lingual corpus's directory: its languages (a prepared corpus each, in DIR/{lang}).
+LANGUAGES_FILENAME = 'languages.json'
 PLAN_VERSION = 1
 SIDECAR_PATTERN = 'documents-{index:05d}.json'
 BAD_INPUT_KINDS = ('empty_files', 'whitespace_only_lines', 'non_utf8_lines',
@@ -455,8 +461,11 @@ def _read_json(path: str):
 
 def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float = 64,
             vocab_sample_mb: float = 200) -> records.Metadata:
-  """Prepares `config.data.corpus` into `output_dir` (resuming a run there); returns its metadata."""
+  """Prepares `config.data.corpus` into `output_dir` (resuming a run there); returns its metadata
+  (with config.data.languages, prepare_languages: the last language's)."""
   data = config.data
+  if data.get('languages', ''):
+    return prepare_languages(config, output_dir, workers, shard_mb, vocab_sample_mb)[-1]
   if data.corpus_format not in corpus.CORPUS_FORMATS:
     raise PrepareError(f'config.data.corpus_format={data.corpus_format!r} is not one of '
                        f'{", ".join(corpus.CORPUS_FORMATS)}.')
@@ -493,6 +502,62 @@ def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float
                output_dir, metadata.num_documents, metadata.num_sentences, metadata.num_tokens,
                len(metadata.shards), {k: v for k, v in metadata.bad_input.items() if v})
   return metadata
+
+
+def prepare_languages(config, output_dir: str, workers: int | None = None, shard_mb: float = 64,
+                      vocab_sample_mb: float = 200) -> list[records.Metadata]:
+  """A cross-lingual corpus (config.data.languages; data.corpus names each language's files with
+  '{lang}'): one vocab shared by the languages (data.vocab_file, else the one output_dir keeps,
+  else trained on vocab_sample_mb MB drawn evenly from the languages' first documents), kept in
+  output_dir, then each language prepared with it into output_dir/{lang}; LANGUAGES_FILENAME
+  lists them. Returns each language's metadata."""
+  from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
+  data = config.data
+  try:
+    languages = crosslingual.parse_languages(data.languages)
+  except ValueError as e:
+    raise PrepareError(str(e)) from e
+  if crosslingual.LANGUAGE_FIELD not in data.corpus:
+    raise PrepareError(f'config.data.corpus={data.corpus!r} has no '
+                       f'{crosslingual.LANGUAGE_FIELD!r}: with config.data.languages it names '
+                       "each language's files, e.g. 'wiki.{lang}.txt'.")
+  if data.get('parallel', ''):
+    raise PrepareError(f'config.data.parallel={data.parallel!r}: translation pairs are read in '
+                       "memory, not prepared; prepare the monolingual text with parallel=''.")
+  output_dir = os.path.abspath(os.path.expanduser(output_dir))
+  os.makedirs(output_dir, exist_ok=True)
+  language_config = ml_collections.ConfigDict(config.to_dict())
+  language_config.data.update(languages='', parallel='')
+  corpora = {code: data.corpus.replace(crosslingual.LANGUAGE_FIELD, code) for code in languages}
+  if not data.vocab_file:
+    kind = data.get('tokenizer', 'wordpiece')
+    trained = tokenizer_lib.kept_vocab(kind, output_dir)
+    if not trained:
+      sample = [document for code in languages for document in _sample_documents(
+          make_plan(corpora[code], shard_mb), data.corpus_format,
+          vocab_sample_mb * _MB / len(languages), data.max_documents)]
+      logging.info('Training a %d-token %s vocab shared by %s on %d documents.',
+                   data.tokenizer_vocab_size, kind, ', '.join(languages), len(sample))
+      tokenizer_lib.keep(tokenizer_lib.load_or_train_tokenizer(
+          '', sample, data.tokenizer_vocab_size, data.lowercase, output_dir,
+          data.get('tokenizer_cache_dir', ''), kind), output_dir)
+      trained = tokenizer_lib.kept_vocab(kind, output_dir)
+    language_config.data.vocab_file = trained
+  out = []
+  for code in languages:
+    language_config.data.corpus = corpora[code]
+    out.append(prepare(language_config, os.path.join(output_dir, code), workers, shard_mb,
+                       vocab_sample_mb))
+  _write_json(os.path.join(output_dir, LANGUAGES_FILENAME),
+              {'languages': list(languages), 'vocab_sha256': out[0].vocab_sha256})
+  return out
+
+
+def read_languages(directory: str) -> list[str]:
+  """The languages a cross-lingual prepared corpus holds (prepare_languages), in id order; []
+  for a corpus of one language."""
+  found = _read_json(os.path.join(os.path.expanduser(directory), LANGUAGES_FILENAME))
+  return list(found['languages']) if found else []
 
 
 def _load_vocab(config, output_dir: str, units: list[dict], vocab_sample_mb: float):

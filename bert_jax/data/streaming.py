@@ -11,6 +11,10 @@
      dynamic: a fresh mask every time a document comes round; static: `dupe_factor` fixed masks)
   -> optional worker processes (Grain mp_prefetch).
 
+A cross-lingual corpus (a prepared corpus a language) streams through LanguageDocuments: each
+epoch draws the languages to their smoothed shares in runs of one language (LanguageOrder), and
+every row is one language's, with position_ids and language_ids.
+
 The iterator's state (Grain's get_state) is a small JSON dict saved in each checkpoint, so a
 resumed run sees exactly the batches an uninterrupted run would have.
 """
@@ -123,6 +127,72 @@ class SubsetDocuments:
     return self.store[self.ids[int(index)]]
 
 
+class LanguageDocuments:
+  """Several languages' documents as one collection (a cross-lingual prepared corpus, one store
+  a language): language 0's documents from index 0, then language 1's, ...; language_of(i) is
+  document i's language id."""
+
+  def __init__(self, parts, tokens_per_document=None):
+    # tokens_per_document: each language's mean document length (its share of an epoch's
+    # tokens sets how many of its documents the epoch draws); None: all equal.
+    self.parts = list(parts)
+    self.counts = [len(part) for part in self.parts]
+    self.tokens_per_document = list(tokens_per_document or [1.0] * len(self.parts))
+    self._ends = np.cumsum(self.counts)
+
+  def __len__(self) -> int:
+    return int(self._ends[-1]) if len(self._ends) else 0
+
+  def language_of(self, index: int) -> int:
+    return int(np.searchsorted(self._ends, int(index), side='right'))
+
+  def __getitem__(self, index: int):
+    language = self.language_of(index)
+    return self.parts[language][int(index) - int(self._ends[language] - self.counts[language])]
+
+
+# A cross-lingual epoch's order is runs of this many documents of one language per input shard.
+LANGUAGE_RUN = 16
+
+
+class LanguageOrder:
+  """Stream index -> (epoch, document id) over LanguageDocuments: every epoch, each language's
+  documents drawn to its share of the epoch's tokens smoothed by `alpha` (XLM's q_i = p_i^alpha
+  / sum_j p_j^alpha, p_i its share of the corpus's tokens; a language over its share draws a
+  fresh subset each epoch, one under it all its documents and then some again), in runs of
+  `run` documents of one language shuffled together, so that FULL-SENTENCES rows, which end
+  where a run does, keep to one language. With alpha 1 an epoch is a permutation in runs."""
+
+  def __init__(self, documents: LanguageDocuments, alpha: float, seed: int, run: int):
+    from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
+    counts = np.asarray(documents.counts, np.int64)
+    tokens = counts * np.asarray(documents.tokens_per_document, np.float64)
+    shares = crosslingual.language_shares(tokens.tolist(), alpha)
+    mean = np.divide(tokens, counts, out=np.ones_like(tokens), where=counts > 0)
+    self.wanted = np.where(counts > 0, np.round(shares * tokens.sum() / mean), 0).astype(np.int64)
+    self.counts, self.seed, self.run = counts, seed, run
+    self.length = max(int(self.wanted.sum()), 1)
+    self._epoch, self._order = None, None
+
+  def epoch_order(self, epoch: int) -> np.ndarray:
+    """[length] document ids of one epoch."""
+    rng = np.random.default_rng([self.seed, _ORDER_STREAM, epoch])
+    runs, start = [], 0
+    for count, wanted in zip(self.counts.tolist(), self.wanted.tolist()):
+      if count:
+        draws = -(-wanted // count)  # Permutations enough to cover the language's share.
+        ids = start + np.concatenate([rng.permutation(count) for _ in range(draws)])[:wanted]
+        runs += [ids[k:k + self.run] for k in range(0, wanted, self.run)]
+      start += count
+    return np.concatenate([runs[k] for k in rng.permutation(len(runs))])
+
+  def __call__(self, index: int) -> tuple[int, int]:
+    epoch, within = divmod(int(index), self.length)
+    if epoch != self._epoch:
+      self._order, self._epoch = self.epoch_order(epoch), epoch
+    return epoch, int(self._order[within])
+
+
 def split_ids(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, ...]:
   """(train ids, held-out ids) of the documents; the held-out ones never train."""
   order = np.random.default_rng([seed, _SPLIT_STREAM]).permutation(num_documents)
@@ -133,10 +203,10 @@ def split_ids(num_documents: int, eval_fraction: float, seed: int) -> tuple[np.n
 
 
 def document_order(num_documents: int, seed: int, process_index: int = 0,
-                   process_count: int = 1) -> grain.MapDataset:
-  """(epoch, document id) forever, reshuffled every epoch; this process's every
-  process_count-th."""
-  ds = grain.MapDataset.range(2**62).map(EpochPermutation(num_documents, seed))
+                   process_count: int = 1, order=None) -> grain.MapDataset:
+  """(epoch, document id) forever, reshuffled every epoch (or as `order` maps a stream index);
+  this process's every process_count-th."""
+  ds = grain.MapDataset.range(2**62).map(order or EpochPermutation(num_documents, seed))
   return ds[process_index::process_count]
 
 
@@ -219,12 +289,26 @@ class _BatchIterator(grain.DatasetIterator):
   def _take(self) -> None:
     self._pending[0][4] += 1
 
+  def _language(self, key) -> int:
+    """The language of the document a (generation, doc id) key names (0 without languages)."""
+    language_of = getattr(self._documents, 'language_of', None)
+    return language_of(key[1]) if language_of else 0
+
   def __next__(self):
     rows = self._next_rows()
     generation, doc_id = rows[0][0][1]
     rng = np.random.default_rng([self._seed, _MASK_STREAM, generation, doc_id, self._batches])
     self._batches += 1
-    return batching.make_batch(rows, rng, self._settings, self._seed)
+    batch = batching.make_batch(rows, rng, self._settings, self._seed)
+    if hasattr(self._documents, 'language_of'):
+      # Cross-lingual rows (data/crosslingual.py's keys): positions from 0, each token its row's
+      # language (padding 0); a row is one instance of one language.
+      mask = batch['input_mask']  # [b, length]
+      languages = np.array([self._language(row[0][1]) for row in rows], np.int32)  # [b]
+      batch['position_ids'] = np.where(mask > 0, np.arange(mask.shape[1])[None], 0).astype(
+          np.int32)
+      batch['language_ids'] = (mask * languages[:, None]).astype(np.int32)
+    return batch
 
   def _next_rows(self) -> list[list]:
     """A batch of rows: one instance each, or with packing first-fit: each instance goes to the
@@ -262,7 +346,9 @@ class _BatchIterator(grain.DatasetIterator):
     row = pretraining.FullSentenceRow(s.max_seq_length, s.special.sep)
     while True:
       piece, key, index = self._peek()
-      if not row.add(piece, starts_document=index == 0):
+      # A cross-lingual row ends where its language does.
+      other_language = first is not None and self._language(key) != self._language(first[0])
+      if other_language or not row.add(piece, starts_document=index == 0):
         rows.append([(row.instance(), *first)])
         if len(rows) == s.batch_size:
           return rows
@@ -322,7 +408,10 @@ class TrainStream:
   """
 
   def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
-               process_index: int = 0, process_count: int = 1, shards: int = 0):
+               process_index: int = 0, process_count: int = 1, shards: int = 0,
+               language_alpha: float = 1.0):
+    # documents: a store's (SubsetDocuments), or LanguageDocuments: each epoch then draws the
+    # languages smoothed by language_alpha, in runs of one language (LanguageOrder).
     self.shards = shards or process_count
     self.shard_ids, rows = shard_block(self.shards, process_index, process_count,
                                        settings.batch_size)
@@ -334,7 +423,9 @@ class TrainStream:
         flags.FLAGS.mark_as_parsed()
     self._datasets = []
     for shard in self.shard_ids:
-      order = document_order(len(documents), seed, shard, self.shards)
+      languages = (LanguageOrder(documents, language_alpha, seed, LANGUAGE_RUN * self.shards)
+                   if isinstance(documents, LanguageDocuments) else None)
+      order = document_order(len(documents), seed, shard, self.shards, languages)
       dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents,
                                    shard_settings, seed)
       if workers > 0:
@@ -392,6 +483,23 @@ def eval_batches(documents, settings: StreamSettings, num_batches: int, seed: in
   iterator = iter(PretrainingBatches(order.to_iter_dataset(read_options()), documents, settings,
                                      seed + 1))
   return [next(iterator) for _ in range(num_batches)]
+
+
+def check_languages(directory: str, languages: tuple[str, ...]) -> list[str]:
+  """The languages of a prepared corpus, which must be config.data.languages (in order: a
+  language's id is its index); ValueError naming both and how to prepare it otherwise."""
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  found = prepare.read_languages(directory)
+  if list(found) != list(languages):
+    hint = ('prepare it with them: python -m bert_jax.data.prepare --config=... '
+            f"--config.data.languages={','.join(languages)} --config.data.corpus='...{{lang}}...' "
+            f'--output={directory}' if languages else
+            f"set --config.data.languages={','.join(found)}")
+    raise ValueError(
+        f'config.data.prepared={directory!r} holds '
+        f'{"the languages " + ",".join(found) if found else "one corpus, no languages"}, but '
+        f'config.data.languages={",".join(languages)!r}; {hint}.')
+  return list(found)
 
 
 def prepared_tokenizer(metadata: records.Metadata, directory: str, config):

@@ -139,20 +139,35 @@ def keep_vocab(tokenizer, workdir: str) -> None:
 def prepare_streaming(config, with_eval: bool = True):
   """A prepared corpus -> (this process's Grain train stream, eval batches or None, tokenizer)."""
   directory = os.path.expanduser(config.data.prepared)
+  languages = crosslingual.parse_languages(config.data.languages)
   try:
-    metadata = records.read_metadata(directory)
+    # A cross-lingual corpus: a prepared corpus a language (DIR/{lang}), one vocab.
+    directories = [os.path.join(directory, code)
+                   for code in streaming.check_languages(directory, languages)] or [directory]
+    metadatas = [records.read_metadata(d) for d in directories]
     # Without data.vocab_file, the vocab the corpus was prepared with.
-    tokenizer = streaming.prepared_tokenizer(metadata, directory, config)
+    tokenizer = streaming.prepared_tokenizer(metadatas[0], directories[0], config)
+    for d, metadata in zip(directories[1:], metadatas[1:]):
+      streaming.check_prepared(metadata, d, tokenizer, config)
   except (ValueError, OSError) as e:
     raise config_lib.ConfigError(str(e)) from e
-  store = streaming.DocumentStore(directory, metadata)
-  train_ids, eval_ids = streaming.split_ids(len(store), config.data.eval_fraction, config.seed)
+  stores = [streaming.DocumentStore(d, m) for d, m in zip(directories, metadatas)]
+  splits = [streaming.split_ids(len(store), config.data.eval_fraction, config.seed)
+            for store in stores]
+  train_docs, eval_docs = (
+      [streaming.SubsetDocuments(store, ids[part]) for store, ids in zip(stores, splits)]
+      for part in (0, 1))
+  if languages:
+    lengths = [m.num_tokens / max(m.num_documents, 1) for m in metadatas]
+    train_docs = streaming.LanguageDocuments(train_docs, lengths)
+    eval_docs = streaming.LanguageDocuments(eval_docs, lengths)
+  else:
+    train_docs, eval_docs = train_docs[0], eval_docs[0]
   count, index = jax.process_count(), jax.process_index()
   settings = stream_settings(config, tokenizer, config.train.batch_size // count)
   try:
-    stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
-                                   config.seed, config.data.workers, index, count,
-                                   config.data.input_shards)
+    stream = streaming.TrainStream(train_docs, settings, config.seed, config.data.workers, index,
+                                   count, config.data.input_shards, config.data.language_alpha)
     for later in phases(config)[1:]:  # Found now, not when the phase starts.
       streaming.shard_block(stream.shards, index, count, later.config.train.batch_size // count)
   except ValueError as e:
@@ -160,14 +175,15 @@ def prepare_streaming(config, with_eval: bool = True):
   if not with_eval:
     return stream, None, tokenizer
   held_out = streaming.eval_batches(
-      streaming.SubsetDocuments(store, eval_ids),
+      eval_docs,
       eval_masking(dataclasses.replace(settings, batch_size=config.train.batch_size), config),
       config.train.eval_batches, config.seed)
-  logging.info('Prepared corpus %s: %d documents (%d train, %d held out), %d sentences, %d tokens; '
-               'vocab %d; process %d of %d streams its share of the training documents%s.',
-               directory, len(store), len(train_ids), len(eval_ids), metadata.num_sentences,
-               metadata.num_tokens, tokenizer.vocab_size, index + 1, count,
-               ', packed' if config.data.packing else '')
+  logging.info('Prepared corpus %s%s: %d documents (%d train, %d held out), %d sentences, %d '
+               'tokens; vocab %d; process %d of %d streams its share of the training '
+               'documents%s.', directory, f' ({", ".join(languages)})' if languages else '',
+               sum(map(len, stores)), len(train_docs), len(eval_docs),
+               sum(m.num_sentences for m in metadatas), sum(m.num_tokens for m in metadatas),
+               tokenizer.vocab_size, index + 1, count, ', packed' if config.data.packing else '')
   return stream, held_out, tokenizer
 
 

@@ -234,6 +234,40 @@ def test_prepare_data_gives_batches_with_position_and_language_ids(tmp_path):
   assert set(np.unique(examples['language_ids'][examples['input_mask'] > 0])) == {0, 1}
 
 
+def xlm_clm(tmp_path):
+  """XLM's causal LM: the recipe with objectives='clm', causal attention, no translation pairs."""
+  return tiny_xlm(tmp_path, **{'objectives': 'clm', 'model.causal': True, 'data.parallel': ''})
+
+
+def test_xlm_s_causal_lm_reads_unmasked_rows_with_their_language_ids(tmp_path):
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  config = xlm_clm(tmp_path)
+  config_lib.validate(config)
+  stream, held_out, tokenizer = pretrain.prepare_data(config, str(tmp_path / 'run'))
+  examples = stream.epoch_examples(0)
+  real = examples['input_mask'] > 0
+  assert not (examples['input_ids'][real] == tokenizer.special.mask).any()  # Nothing masked.
+  assert set(np.unique(examples['language_ids'][real])) == {0, 1}
+  for row in range(len(real)):  # Monolingual rows: one language, positions from 0.
+    n = int(real[row].sum())
+    assert len(set(examples['language_ids'][row, :n].tolist())) == 1
+    np.testing.assert_array_equal(examples['position_ids'][row, :n], np.arange(n))
+  assert set(steps.dummy_batch(8, 32, 5, objectives=('clm',), languages=True)) <= set(held_out[0])
+
+
+@pytest.mark.slow
+def test_xlm_s_causal_lm_lowers_the_held_out_loss(tmp_path):
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  config = xlm_clm(tmp_path)
+  config.train.update(num_steps=100, eval_every=50, checkpoint_every=100)
+  workdir = tmp_path / 'run'
+  pretrain.train_and_evaluate(config, str(workdir))
+  records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  evals = [r['clm_loss'] for r in records if r['split'] == 'eval']
+  print(f'XLM CLM, 100 steps: held-out CLM loss {evals[0]:.3f} -> {evals[-1]:.3f}')
+  assert evals[-1] < evals[0] - 1.0
+
+
 @pytest.mark.slow
 def test_pretraining_the_xlm_recipe_lowers_the_held_out_loss(tmp_path):
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
@@ -478,6 +512,8 @@ def valid_xlm(**data):
     (lambda c: c.data.update(prepared='/data/prepared', parallel='en-fr:a.tsv'),
      "parallel='en-fr:a.tsv' with data.prepared='/data/prepared'.*read in memory"),
     (lambda c: setattr(c, 'objectives', 'mlm,nsp'), "objectives='mlm,nsp'.*'mlm'"),
+    (lambda c: c.update(objectives='clm') or c.model.update(causal=True) or c.data.update(
+        parallel='en-fr:a.tsv'), "objectives='clm' with parallel='en-fr:a.tsv'.*TLM"),
     (lambda c: c.data.update(language_alpha=0.0), r'language_alpha=0.0: must be a finite number '
      r'in \(0, 1\]'),
     (lambda c: c.model.update(num_languages=-1), 'num_languages=-1: must be an integer >= 0'),

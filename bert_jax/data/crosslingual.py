@@ -10,7 +10,8 @@ LanguageDocuments and LanguageOrder); translation pairs are read in memory only.
   or FULL-SENTENCES), never across languages; every token carries its language's id. With
   data.language_alpha < 1 each language's rows are resampled to q_i = p_i^alpha / sum_j p_j^alpha
   of the pass (p_i: its share of the rows), the smoothing XLM (0.5) and XLM-R (0.3) sample
-  languages with, so that small languages are seen more often.
+  languages with, so that small languages are seen more often. Under XLM's causal LM
+  (objectives='clm') the same rows come unmasked.
 - Translation-LM rows (translation_features, XLM's TLM): a sentence and its translation in one
   row, laid out as the tokenizer lays out a pair (`[CLS] A [SEP] B [SEP]`, `<s> A </s></s> B
   </s>`), positions restarting at the second sentence's part and each part carrying its
@@ -119,9 +120,13 @@ def check_config(config) -> None:
     problems.append(f'data.packing=True with data.prepared={data.prepared!r}: a streamed '
                     'cross-lingual row is one instance of one language; set packing=False')
   names = objectives.parse(config.objectives)
-  if names != ('mlm',):
+  if names not in (('mlm',), ('clm',)):
     problems.append(f"objectives={config.objectives!r}: cross-lingual rows train 'mlm' (MLM and "
-                    "TLM rows); set config.objectives='mlm'")
+                    "TLM rows) or 'clm' (XLM's causal LM, with model.causal=True); set "
+                    "config.objectives='mlm'")
+  if names == ('clm',) and parallel:
+    problems.append(f"objectives='clm' with parallel={data.parallel!r}: translation rows are "
+                    "masked LM's (TLM); set parallel='' for XLM's causal LM, or objectives='mlm'")
   if data.corpus and LANGUAGE_FIELD not in data.corpus and not data.prepared:
     problems.append(f'corpus={data.corpus!r} has no {LANGUAGE_FIELD!r}: with data.languages it '
                     "names each language's files, e.g. 'wiki.{lang}.txt'")

@@ -482,7 +482,8 @@ def prepare(config, output_dir: str, workers: int | None = None, shard_mb: float
   plan_config = {'tokenizer': kind, 'lowercase': bool(data.lowercase),
                  'corpus_format': data.corpus_format, 'max_documents': int(data.max_documents)}
   _check_plan_config(output_dir, plan_config, '')  # Before a vocab may be trained in vain.
-  tokenizer = _load_vocab(config, output_dir, units, vocab_sample_mb)
+  tokenizer = _load_vocab(config, output_dir, lambda: _sample_documents(
+      units, data.corpus_format, vocab_sample_mb * _MB, data.max_documents))
   vocab_file = os.path.abspath(tokenizer.vocab_file)
   plan_config = {'vocab_sha256': tokenizer.vocab_hash(), **plan_config}
   _check_plan_config(output_dir, plan_config, vocab_file)
@@ -529,20 +530,12 @@ def prepare_languages(config, output_dir: str, workers: int | None = None, shard
   language_config = ml_collections.ConfigDict(config.to_dict())
   language_config.data.update(languages='', parallel='')
   corpora = {code: data.corpus.replace(crosslingual.LANGUAGE_FIELD, code) for code in languages}
-  if not data.vocab_file:
-    kind = data.get('tokenizer', 'wordpiece')
-    trained = tokenizer_lib.kept_vocab(kind, output_dir)
-    if not trained:
-      sample = [document for code in languages for document in _sample_documents(
+  # Each language's first documents, an equal share of the sample each.
+  tokenizer = _load_vocab(config, output_dir, lambda: [
+      document for code in languages for document in _sample_documents(
           make_plan(corpora[code], shard_mb), data.corpus_format,
-          vocab_sample_mb * _MB / len(languages), data.max_documents)]
-      logging.info('Training a %d-token %s vocab shared by %s on %d documents.',
-                   data.tokenizer_vocab_size, kind, ', '.join(languages), len(sample))
-      tokenizer_lib.keep(tokenizer_lib.load_or_train_tokenizer(
-          '', sample, data.tokenizer_vocab_size, data.lowercase, output_dir,
-          data.get('tokenizer_cache_dir', ''), kind), output_dir)
-      trained = tokenizer_lib.kept_vocab(kind, output_dir)
-    language_config.data.vocab_file = trained
+          vocab_sample_mb * _MB / len(languages), data.max_documents)])
+  language_config.data.vocab_file = os.path.abspath(tokenizer.vocab_file)
   out = []
   for code in languages:
     language_config.data.corpus = corpora[code]
@@ -560,9 +553,9 @@ def read_languages(directory: str) -> list[str]:
   return list(found['languages']) if found else []
 
 
-def _load_vocab(config, output_dir: str, units: list[dict], vocab_sample_mb: float):
-  """data.vocab_file, else the vocab output_dir keeps, else one trained on the corpus's first
-  MBs."""
+def _load_vocab(config, output_dir: str, draw_sample):
+  """data.vocab_file, else the vocab output_dir keeps, else one trained on `draw_sample()`'s
+  documents (the corpus's first MBs), kept in output_dir."""
   data = config.data
   kind = data.get('tokenizer', 'wordpiece')
   try:
@@ -574,8 +567,7 @@ def _load_vocab(config, output_dir: str, units: list[dict], vocab_sample_mb: flo
   if trained:  # HF's trainer is not deterministic: a rerun must reuse it.
     logging.info('Using the vocab trained by an earlier run: %s', trained)
     return tokenizer_lib.load_tokenizer(kind, trained, data.lowercase)
-  sample = _sample_documents(units, data.corpus_format, vocab_sample_mb * _MB,
-                             data.max_documents)
+  sample = draw_sample()
   logging.info('Training a %d-token %s vocab on %d documents (%.1f MB) of the corpus.',
                data.tokenizer_vocab_size, kind, len(sample),
                sum(len(s) for d in sample for s in d) / _MB)

@@ -255,6 +255,8 @@ class _BatchIterator(grain.DatasetIterator):
   def __init__(self, parent, documents, settings, seed):
     super().__init__(parent)
     self._documents, self._settings, self._seed = documents, settings, seed
+    # A cross-lingual collection's document -> language id (LanguageDocuments), else None.
+    self._language_of = getattr(documents, 'language_of', None)
     # Pending documents: [parent state before it, stream position, its instances, next unused].
     self._pending = collections.deque()
     self._position = 0  # Stream position of the next document pulled from the parent.
@@ -289,22 +291,17 @@ class _BatchIterator(grain.DatasetIterator):
   def _take(self) -> None:
     self._pending[0][4] += 1
 
-  def _language(self, key) -> int:
-    """The language of the document a (generation, doc id) key names (0 without languages)."""
-    language_of = getattr(self._documents, 'language_of', None)
-    return language_of(key[1]) if language_of else 0
-
   def __next__(self):
     rows = self._next_rows()
     generation, doc_id = rows[0][0][1]
     rng = np.random.default_rng([self._seed, _MASK_STREAM, generation, doc_id, self._batches])
     self._batches += 1
     batch = batching.make_batch(rows, rng, self._settings, self._seed)
-    if hasattr(self._documents, 'language_of'):
+    if self._language_of:
       # Cross-lingual rows (data/crosslingual.py's keys): positions from 0, each token its row's
       # language (padding 0); a row is one instance of one language.
       mask = batch['input_mask']  # [b, length]
-      languages = np.array([self._language(row[0][1]) for row in rows], np.int32)  # [b]
+      languages = np.array([self._language_of(row[0][1][1]) for row in rows], np.int32)  # [b]
       batch['position_ids'] = np.where(mask > 0, np.arange(mask.shape[1])[None], 0).astype(
           np.int32)
       batch['language_ids'] = (mask * languages[:, None]).astype(np.int32)
@@ -347,7 +344,8 @@ class _BatchIterator(grain.DatasetIterator):
     while True:
       piece, key, index = self._peek()
       # A cross-lingual row ends where its language does.
-      other_language = first is not None and self._language(key) != self._language(first[0])
+      other_language = (self._language_of and first is not None
+                        and self._language_of(key[1]) != self._language_of(first[0][1]))
       if other_language or not row.add(piece, starts_document=index == 0):
         rows.append([(row.instance(), *first)])
         if len(rows) == s.batch_size:

@@ -92,12 +92,8 @@ def test_streamed_rows_keep_to_one_language_and_carry_its_ids(prepared, rows, tm
   assert tokenizer.special.pad == 1
 
 
-class Docs(list):
-  """A language's documents, as a store's view (only their number matters to the order)."""
-
-
 def test_each_epoch_draws_the_languages_to_their_smoothed_shares():
-  documents = streaming.LanguageDocuments([Docs(range(900)), Docs(range(100))], [10.0, 10.0])
+  documents = streaming.LanguageDocuments([range(900), range(100)], [10.0, 10.0])
   order = streaming.LanguageOrder(documents, alpha=0.3, seed=0, run=16)
   q = np.array([0.9, 0.1]) ** 0.3 / (0.9 ** 0.3 + 0.1 ** 0.3)
   np.testing.assert_array_equal(order.wanted, np.round(q * 1000))
@@ -114,7 +110,7 @@ def test_each_epoch_draws_the_languages_to_their_smoothed_shares():
   assert order.epoch_order(0).tolist() != order.epoch_order(1).tolist()
   # A language's share of the tokens, not of the documents: longer documents, fewer drawn.
   longer = streaming.LanguageOrder(
-      streaming.LanguageDocuments([Docs(range(900)), Docs(range(100))], [10.0, 40.0]),
+      streaming.LanguageDocuments([range(900), range(100)], [10.0, 40.0]),
       alpha=1.0, seed=0, run=16)
   assert longer.wanted.tolist() == [900, 100]
   flat = streaming.LanguageOrder(documents, alpha=1.0, seed=0, run=16)

@@ -1,9 +1,12 @@
 """Fine-tuning (paper section 4): the settings every task shares; configs/glue.py, squad.py,
 ner.py and swag.py start from here and set the task.
 
-Arguments (comma separated), in every task config: init, seeds, lr, epochs, batch, seq, vocab;
-each task file adds its own (e.g. `configs/glue.py:task=mrpc,seeds=5,lr=3e-5`).
-Everything else: `--config.KEY=VALUE`.
+Arguments (comma separated), in every task config: init, seeds, lr, lrs, epochs, batch, seq,
+vocab; each task file adds its own (e.g. `configs/glue.py:task=mrpc,seeds=5,lr=3e-5`).
+`lrs=5e-5/4e-5/3e-5/2e-5` (rates separated by '/', as commas separate arguments; `lrs=paper` is
+that grid) fine-tunes every seed at each rate and selects the rate with the best median dev
+score, the paper's protocol (bert_jax/train/lr_grid.py). Everything else: `--config.KEY=VALUE`
+(`--config.train.learning_rates=5e-5,4e-5`).
 """
 
 import os
@@ -12,10 +15,22 @@ import ml_collections
 
 from configs import base
 
+# The paper's grid of fine-tuning learning rates (Devlin et al. 2018, section 4: the best on
+# dev among these), largest first.
+PAPER_LEARNING_RATES = '5e-5,4e-5,3e-5,2e-5'
+
+
+def _set_learning_rates(config, value: str) -> None:
+  """`lrs=`: the grid's rates separated by '/' (commas separate arguments), or 'paper'."""
+  config.train.learning_rates = (PAPER_LEARNING_RATES if value == 'paper'
+                                 else value.replace('/', ','))
+
+
 ARGUMENTS = {
     'init': 'init_from',
     'seeds': 'seeds',
     'lr': 'train.learning_rate',
+    'lrs': _set_learning_rates,
     'epochs': 'train.num_epochs',
     'batch': 'train.batch_size',
     'seq': 'data.max_seq_length',
@@ -88,7 +103,12 @@ def get_config(arg=None):
   train.batch_size = 32  # Sequences per step (the paper: 16 or 32).
   train.eval_batch_size = 0  # Rows per eval step (0: batch_size).
   train.num_epochs = 3.0  # Passes over the training rows (the paper: 2 to 4).
-  train.learning_rate = 2e-5  # Peak (the paper picks 5e-5, 4e-5, 3e-5 or 2e-5 on dev).
+  train.learning_rate = 2e-5  # Peak, when learning_rates is empty.
+  # The grid of peak rates, comma separated ('5e-5,4e-5,3e-5,2e-5': the paper's, which picks
+  # the best on dev): every seed fine-tunes at each rate (WORKDIR/lr_<rate>/seed_<s>/) and
+  # results.json reports the rate with the best median dev score of the task's main metric.
+  # '': no grid, learning_rate alone (WORKDIR/seed_<s>/).
+  train.learning_rates = ''
   train.warmup_proportion = 0.1  # Share of the steps with linear warmup, then linear decay to 0.
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
   # ELECTRA's layer-wise learning-rate decay: the update of a parameter d steps below the task

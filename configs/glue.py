@@ -1,7 +1,8 @@
-"""GLUE fine-tuning: `configs/glue.py:task=mrpc[,init=hf:DIR,seeds=5,lr=3e-5,...]`.
+"""GLUE fine-tuning: `configs/glue.py:task=mrpc[,init=hf:DIR,seeds=5,lrs=paper,...]`.
 
 Arguments: task (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli, stsb), source (files | tfds), and
-the shared ones of configs/finetune.py (init, seeds, lr, epochs, batch, seq, vocab). The task's
+the shared ones of configs/finetune.py (init, seeds, lr, lrs, epochs, batch, seq, vocab;
+`lrs=paper` selects the rate on dev among the paper's 5e-5, 4e-5, 3e-5 and 2e-5). The task's
 folder defaults to $BERT_JAX_DATA/glue/<GLUE folder name>; set --config.task.data_dir otherwise.
 """
 

@@ -4,6 +4,7 @@ the feature-based mode, loading a real encoder, and errors before compilation.""
 import json
 import os
 import signal
+from unittest import mock
 
 import jax
 import numpy as np
@@ -104,6 +105,37 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
 
 
 @pytest.mark.slow
+def test_a_learning_rate_grid_reports_the_rate_with_the_best_dev_median(tmp_path, vocab_file):
+  # 5e-3 learns the cue word by the second epoch; 1e-5 leaves the model at chance.
+  config = sst2_config(tmp_path, vocab_file, num_epochs=3.0, learning_rates='1e-5,5e-3')
+  config.seeds = 2
+  config.task.write_predictions = False
+  workdir = tmp_path / 'run'
+  results = finetune.run(config, str(workdir))
+  assert (results['learning_rates'], results['learning_rate']) == ([1e-5, 5e-3], 5e-3)
+  assert results['selection'] == {'split': 'dev', 'metric': 'accuracy', 'rule': mock.ANY}
+  slow, fast = results['by_rate']['1e-05'], results['by_rate']['0.005']
+  assert fast['median'] > slow['median'] + 20, (fast['scores'], slow['scores'])
+  # The top-level per-seed scores and medians are the selected rate's.
+  assert [r['accuracy'] for r in results['per_seed']['dev']] == fast['scores']
+  assert results['selected']['median'] == fast['median'] == np.median(fast['scores'])
+  assert (fast['min'], fast['max']) == (min(fast['scores']), max(fast['scores']))
+  for rate in ('lr_1e-05', 'lr_0.005'):
+    assert sorted(os.listdir(workdir / rate)) == ['seed_0', 'seed_1']
+  # Convergence: an eval per epoch, and the dev loss's change over the last one.
+  for curve, change in zip(fast['curves'], fast['dev_loss_change_per_seed']):
+    assert [point['epoch'] for point in curve] == [1.0, 2.0, 3.0]
+    assert change == pytest.approx(curve[2]['loss'] - curve[1]['loss'])
+    assert change < 0  # Still learning.
+  # The floor: the majority training label, scored on dev.
+  labels = [label for _, label in sentiment_rows(256, 0)]
+  majority = max((0, 1), key=labels.count)
+  dev = [label for _, label in sentiment_rows(64, 1)]
+  assert results['baseline']['metrics']['dev']['accuracy'] == pytest.approx(
+      100 * dev.count(majority) / len(dev))
+
+
+@pytest.mark.slow
 def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
   config = sst2_config(tmp_path, vocab_file, num_epochs=1.0)
   workdir = str(tmp_path / 'run')
@@ -139,7 +171,7 @@ def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monke
 
   def write_then_stop(self, step, split, values):
     write(self, step, split, values)
-    if split == 'train' and step == 12:
+    if split == 'train' and step == 20:  # After epoch 1's eval (16 steps an epoch).
       raise Interrupt()
   monkeypatch.setattr(metrics_lib.MetricWriter, 'write', write_then_stop)
   workdir = str(tmp_path / 'interrupted')
@@ -148,6 +180,9 @@ def test_interrupted_seed_resumes_to_the_same_result(tmp_path, vocab_file, monke
   monkeypatch.setattr(metrics_lib.MetricWriter, 'write', write)
   resumed = finetune.run(config, workdir)
   assert resumed['per_seed'] == reference['per_seed']
+  # Epoch 1's eval, before the interruption, comes back with the checkpoint.
+  assert resumed['by_rate'] == reference['by_rate']
+  assert [[p['epoch'] for p in c] for c in resumed['by_rate']['0.005']['curves']] == [[1.0, 2.0]]
   steps = [r['step'] for r in read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
            if r['split'] == 'train']
   assert steps == sorted(set(steps)), 'records after the checkpoint were not replaced'
@@ -333,6 +368,10 @@ def test_bad_inputs_fail_before_compiling(tmp_path, vocab_file, monkeypatch):
   config.model.name = 'albert'
   with pytest.raises(config_lib.ConfigError, match="ALBERT's layers share one set"):
     finetune.run(config, str(tmp_path / 'g'))
+  config = sst2_config(tmp_path, vocab_file, learning_rates='5e-5,0')
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"config.train.learning_rates='5e-5,0': '0' is not a valid"):
+    finetune.run(config, str(tmp_path / 'h'))
   # Pretraining-only switches (a scanned DeBERTa with the decoder crashed building the model).
   for key, value in (('enhanced_mask_decoder', True), ('embedding_sharing', 'gdes')):
     config = sst2_config(tmp_path, vocab_file)

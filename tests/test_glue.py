@@ -365,3 +365,41 @@ def test_shared_stsb_and_qnli_dev_counts(bert_tokenizer):
   assert len(qnli) == 5_463
   assert collections.Counter(e.label for e in qnli) == {'entailment': 2_702,
                                                         'not_entailment': 2_761}
+
+
+# ---- The majority-class baseline: what a model that ignores its input scores. ----
+
+
+def test_majority_baseline_of_a_two_thirds_positive_pair_task():
+  # Always "paraphrase" on a dev set of 2/3 paraphrases: precision 2/3, recall 1, F1 0.8.
+  metrics = glue.majority_baseline(glue.TASKS['mrpc'], [1, 1, 0, 1, 0], [1, 0, 1])
+  assert metrics == pytest.approx({'f1': 80.0, 'accuracy': 100 * 2 / 3})
+
+
+def test_majority_baseline_takes_the_training_majority_not_the_devs():
+  # Train is mostly negative, dev mostly positive: the baseline answers 0 and scores F1 0.
+  metrics = glue.majority_baseline(glue.TASKS['qqp'], [0, 0, 1], [1, 1, 1, 0])
+  assert metrics == {'f1': 0.0, 'accuracy': 25.0}
+
+
+def test_majority_baseline_ties_go_to_the_lower_class_and_three_classes_count():
+  assert glue.majority_baseline(glue.TASKS['sst2'], [1, 0], [0, 0, 1]) == pytest.approx(
+      {'accuracy': 100 * 2 / 3})
+  # MNLI's label order: contradiction, entailment, neutral.
+  assert glue.majority_baseline(glue.TASKS['mnli'], [2, 2, 1, 0], [2, 1, 1, 0]) == {
+      'accuracy': 25.0}
+
+
+def test_a_constant_has_no_correlation_and_no_mcc():
+  assert glue.majority_baseline(glue.TASKS['stsb'], [0.5, 3.2, 4.8], [1.0, 2.0]) == {
+      'spearman': 0.0, 'pearson': 0.0}
+  assert glue.majority_baseline(glue.TASKS['cola'], [1, 1, 0], [1, 0, 0]) == {'mcc': 0.0}
+
+
+def test_a_glue_task_scores_the_baseline_of_its_train_rows_on_a_split(tmp_path):
+  task = glue.GlueTask('mrpc', data_dir=str(tmp_path))
+  train = base.EncodedSplit({'input_ids': np.zeros((4, 3)), 'label': np.array([1, 1, 1, 0])})
+  dev = base.EncodedSplit({'input_ids': np.zeros((3, 3)), 'label': np.array([0, 1, 1])})
+  assert task.baseline(train, dev) == pytest.approx({'f1': 80.0, 'accuracy': 100 * 2 / 3})
+  assert task.baseline_kind == 'majority class of the training rows'
+  assert 'reported as 0' in glue.GlueTask('stsb', data_dir=str(tmp_path)).baseline_kind

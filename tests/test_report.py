@@ -24,9 +24,10 @@ def test_table_puts_our_median_and_seeds_beside_the_paper(tmp_path, capsys):
                       [{'precision': 89.6, 'recall': 90.3, 'f1': 90.0}], feature_layers=4)
   report.main([mrpc, ner])
   lines = capsys.readouterr().out.splitlines()
-  assert ('| mrpc | mrpc | dev | f1 | 85.30 | 3: 85.3, 87.0, 83.9 |  | GLUE test | 88.9 | 89.3 |'
+  assert ('| mrpc | mrpc | dev | f1 | 85.30 | 3: 85.3, 87.0, 83.9 |  | GLUE test | 88.9 | 89.3 |  '
+          '|  |' in lines)
+  assert ('| mrpc | mrpc | dev | accuracy | 77.70 | 3: 77.7, 81.4, 76.5 | 86.7 |  |  |  |  |  |'
           in lines)
-  assert '| mrpc | mrpc | dev | accuracy | 77.70 | 3: 77.7, 81.4, 76.5 | 86.7 |  |  |  |' in lines
   # Feature-based NER is set against the paper's feature-based dev F1, not fine-tuning's test F1.
   assert any(line.startswith('| ner | conll2003 (feature-based) | dev | f1 | 90.00')
              and '96.1' in line
@@ -52,5 +53,19 @@ def test_swag_accuracy_stands_beside_the_paper_s_dev_accuracy(tmp_path, capsys):
   swag = write_results(tmp_path / 'swag', 'swag', [{'accuracy': 70.2}, {'accuracy': 71.5},
                                                    {'accuracy': 69.9}])
   report.main([swag])
-  assert ('| swag | swag | dev | accuracy | 70.20 | 3: 70.2, 71.5, 69.9 |  | dev | 81.6 | 86.6 |'
-          in capsys.readouterr().out.splitlines())
+  assert ('| swag | swag | dev | accuracy | 70.20 | 3: 70.2, 71.5, 69.9 |  | dev | 81.6 | 86.6 |  '
+          '|  |' in capsys.readouterr().out.splitlines())
+
+
+def test_the_selected_learning_rate_and_the_majority_baseline_stand_beside_our_score(tmp_path,
+                                                                                     capsys):
+  mrpc = write_results(tmp_path / 'mrpc', 'mrpc', [{'f1': 81.2}, {'f1': 82.0}, {'f1': 81.5}])
+  results = json.loads((tmp_path / 'mrpc' / 'results.json').read_text())
+  results.update(learning_rate=3e-5, learning_rates=[5e-5, 4e-5, 3e-5, 2e-5], grid=True,
+                 baseline={'kind': 'majority class of the training rows',
+                           'metrics': {'dev': {'f1': 81.2}}})
+  (tmp_path / 'mrpc' / 'results.json').write_text(json.dumps(results))
+  report.main([mrpc])
+  assert any(line.startswith('| mrpc | mrpc | dev | f1 | 81.50 |')
+             and line.endswith('| 3e-05 (best of 4) | 81.2 |')
+             for line in capsys.readouterr().out.splitlines())

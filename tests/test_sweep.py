@@ -41,6 +41,9 @@ def tiny(sweep, tasks=None, steps=1, cache=''):
   sweep.pretrain.model = {'vocab_size': 30522}
   sweep.pretrain.train = {'eval_batches': 2, 'batch_size': 8, 'compilation_cache_dir': cache}
   sweep.finetune.seeds = 1
+  # One rate of the grid: the runs and their folders are the grid's, at a CPU test's cost
+  # (test_finetune trains a grid of two).
+  sweep.finetune.learning_rates = '5e-5'
   if tasks:
     sweep.finetune.tasks = tasks
   sweep.finetune.task_overrides = {}
@@ -133,6 +136,33 @@ def test_unknown_task_and_arm_field_are_refused(tmp_path):
     spec.plan(sweep, str(tmp_path))
   with pytest.raises(spec.SweepError, match=r"Arm 'x'.*unknown field.*overides"):
     spec.plan(_arm(table5(), 'x', overides={}), str(tmp_path))
+
+
+def test_every_fine_tuning_run_selects_its_rate_from_the_sweeps_grid(tmp_path):
+  _data_root()
+  plan = spec.plan(table5(), str(tmp_path))
+  finetunes = [job for job in plan.jobs if job.kind == 'finetune']
+  assert finetunes and all(job.overrides['train.learning_rates'] == '5e-05,4e-05,3e-05,2e-05'
+                           for job in finetunes)
+  assert plan.summary['learning_rates'] == [5e-5, 4e-5, 3e-5, 2e-5]
+  sweep = table5()
+  sweep.finetune.learning_rates = ''  # The overrides' one rate, as before the grid.
+  plan = spec.plan(sweep, str(tmp_path))
+  assert not any('train.learning_rates' in job.overrides for job in plan.jobs)
+  assert plan.summary['learning_rates'] == []
+
+
+def test_a_bad_learning_rate_grid_is_refused_naming_where_it_is(tmp_path):
+  _data_root()
+  sweep = table5()
+  sweep.finetune.learning_rates = '5e-5,fast'
+  with pytest.raises(spec.SweepError,
+                     match=r"sweep.finetune.learning_rates='5e-5,fast': 'fast' is not a number"):
+    spec.plan(sweep, str(tmp_path))
+  sweep = _arm(table5(), 'z_bad', label='bad', finetune={'train': {'learning_rates': '-1e-5'}})
+  with pytest.raises(spec.SweepError, match=r"Arm 'z_bad', task 'sst2': config.train."
+                                            r"learning_rates='-1e-5': '-1e-5' is not a valid"):
+    spec.plan(sweep, str(tmp_path))
 
 
 def test_arms_must_share_the_held_out_documents(tmp_path):

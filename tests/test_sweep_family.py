@@ -129,3 +129,5 @@ def test_electra_small_and_bert_small_share_the_papers_small_shape_at_equal_flop
   for job in finetunes:
     train = run_config(job).train
     assert (train.learning_rate, train.layerwise_lr_decay, train.weight_decay) == (3e-4, 0.8, 0.0)
+    # ELECTRA's own grid around its Table 7 rate, not BERT's 5e-5 to 2e-5.
+    assert train.learning_rates == '0.0001,0.0002,0.0003'

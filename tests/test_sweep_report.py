@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from bert_jax.sweep import report
+from bert_jax.sweep import results
+from bert_jax.train import lr_grid
 from bert_jax.train import metrics as metrics_lib
 from configs import tiny
 
@@ -65,6 +67,28 @@ def write_finetune(directory, task: str, scores: list[float]):
       'task': task, 'main_metric': 'accuracy', 'seeds': list(range(len(scores))),
       'median': {'dev': {k: statistics.median(r[k] for r in per_seed) for k in per_seed[0]}},
       'per_seed': {'dev': per_seed}}))
+
+
+def write_grid_finetune(directory, task: str, per_rate: dict, baseline: float,
+                        losses=(0.70, 0.52, 0.50)):
+  """results.json as finetune.run writes it with a learning-rate grid ({rate: each seed's
+  accuracy}): every rate's summary (lr_grid.summarize), the selected rate's seeds on top, and
+  the majority-class baseline."""
+  directory.mkdir(parents=True, exist_ok=True)
+  def seed(index, accuracy):
+    curve = [{'epoch': i + 1.0, 'step': i + 1, 'accuracy': accuracy, 'loss': loss}
+             for i, loss in enumerate(losses)]
+    return {'seed': index, 'metrics': {'dev': {'accuracy': accuracy}}, 'curve': {'dev': curve}}
+  seeds = {rate: [seed(i, a) for i, a in enumerate(scores)] for rate, scores in per_rate.items()}
+  protocol = lr_grid.summarize(seeds, 'dev', 'accuracy', grid=True)
+  chosen = seeds[protocol['learning_rate']]
+  (directory / 'results.json').write_text(json.dumps({
+      'task': task, 'main_metric': 'accuracy', 'seeds': [r['seed'] for r in chosen],
+      'median': lr_grid.medians(chosen), 'per_seed': {'dev': [r['metrics']['dev'] for r in chosen]},
+      **protocol,
+      'baseline': {'kind': 'majority class of the training rows',
+                   'metrics': {'dev': {'accuracy': baseline}}}}))
+  return protocol
 
 
 def make_sweep(root, steps=(), skip=()):
@@ -154,6 +178,77 @@ def test_unfinished_finetuning_run_counts_its_finished_seeds(tmp_path):
   assert cells(report.main_rows(sweep), 'No pretraining')['sst2 accuracy'] == '-'
   assert report.missing_runs(sweep) == [
       f'fine-tuning `random` on sst2 (finetune/random/sst2): unfinished, 1 of {SEEDS} seeds done']
+
+
+def test_an_arm_not_above_the_majority_baseline_is_marked_and_the_baseline_has_a_row(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/mlm/mrpc', 'finetune/mlm_nsp/mrpc'})
+  # MLM only answers the majority class at every rate; MLM + NSP beats it.
+  write_grid_finetune(tmp_path / 'finetune/mlm/mrpc', 'mrpc',
+                      {5e-5: [68.4, 68.4, 68.4], 2e-5: [68.4, 68.4, 68.4]}, baseline=68.4)
+  write_grid_finetune(tmp_path / 'finetune/mlm_nsp/mrpc', 'mrpc',
+                      {5e-5: [80.0, 82.0, 81.0], 2e-5: [70.0, 71.0, 72.0]}, baseline=68.4)
+  sweep = report.load(str(tmp_path))
+  table = report.main_rows(sweep)
+  assert cells(table, 'MLM only')['mrpc accuracy'] == f'68.4 [68.4–68.4] {report.AT_BASELINE}'
+  assert cells(table, 'MLM + NSP (BERT)')['mrpc accuracy'] == '81.0 [80.0–82.0]'
+  baseline = cells(table, report.BASELINE_LABEL)
+  assert (baseline['mrpc accuracy'], baseline['sst2 accuracy']) == ('68.4', '-')
+  text = report.markdown(sweep)
+  assert 'mrpc: majority class of the training rows' in text
+  assert f'{report.AT_BASELINE}: a median not above that baseline' in text
+  assert 'The no-pretraining row: No pretraining (the base' in text
+
+
+def test_a_sweep_without_a_random_init_arm_says_it_has_no_no_pretraining_row(tmp_path):
+  make_sweep(tmp_path)
+  sweep = report.load(str(tmp_path))
+  spec = {**sweep.spec, 'arms': [a for a in sweep.arms if a['pretrain_run']]}
+  text = report.baseline_text(results.Sweep(spec, sweep.pretrain, sweep.finetune))
+  assert "no arm from random initialisation (init='random'), so no no-pretraining row" in text
+
+
+def test_the_learning_rate_table_gives_the_rate_chosen_on_dev_and_each_rates_median(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/mlm/mrpc'})
+  write_grid_finetune(tmp_path / 'finetune/mlm/mrpc', 'mrpc',
+                      {5e-5: [70.0, 95.0, 71.0], 3e-5: [80.0, 82.0, 78.0]}, baseline=68.4)
+  sweep = report.load(str(tmp_path))
+  run = sweep.final('mlm', 'mrpc')
+  assert (run.learning_rate, run.scores) == (3e-5, (80.0, 82.0, 78.0))
+  row = cells(report.rate_rows(sweep), 'MLM only')
+  assert row['mrpc'] == '3e-05 (5e-05: 71.0, 3e-05: 80.0)'
+  assert row['sst2'] == '-'  # A run from before the grid records no rate.
+  assert cells(report.main_rows(sweep), 'MLM only')['mrpc accuracy'] == '80.0 [78.0–82.0]'
+  assert '## Fine-tuning learning rate' in report.markdown(sweep)
+
+
+def test_the_convergence_table_gives_the_last_dev_loss_and_its_last_epoch_change(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/mlm/mrpc'})
+  write_grid_finetune(tmp_path / 'finetune/mlm/mrpc', 'mrpc', {5e-5: [80.0, 81.0, 82.0]},
+                      baseline=68.4, losses=(0.70, 0.52, 0.43))
+  sweep = report.load(str(tmp_path))
+  assert cells(report.convergence_rows(sweep), 'MLM only')['mrpc'] == '0.430 (-0.090)'
+  assert '## Fine-tuning convergence' in report.markdown(sweep)
+
+
+def test_tables_of_the_protocol_are_left_out_for_runs_from_before_it(tmp_path):
+  make_sweep(tmp_path)
+  sweep = report.load(str(tmp_path))
+  assert report.rate_rows(sweep)[1] == [] and report.convergence_rows(sweep)[1] == []
+  assert report.BASELINE_LABEL not in [row[0] for row in report.main_rows(sweep)[1]]
+
+
+def test_unfinished_grid_run_counts_the_finished_seeds_of_every_rate(tmp_path):
+  make_sweep(tmp_path, skip={'finetune/random/sst2'})
+  spec = json.loads((tmp_path / 'sweep.json').read_text())
+  spec['learning_rates'] = [5e-5, 3e-5]
+  (tmp_path / 'sweep.json').write_text(json.dumps(spec))
+  for rate, done in (('lr_5e-05', 3), ('lr_3e-05', 1)):
+    for seed in range(done):
+      (tmp_path / f'finetune/random/sst2/{rate}/seed_{seed}').mkdir(parents=True)
+      (tmp_path / f'finetune/random/sst2/{rate}/seed_{seed}/results.json').write_text('{}')
+  assert report.missing_runs(report.load(str(tmp_path))) == [
+      'fine-tuning `random` on sst2 (finetune/random/sst2): unfinished, 4 of '
+      f'{2 * SEEDS} (seeds x learning rates) seeds done']
 
 
 def test_a_complete_sweep_lists_no_missing_runs(tmp_path):

@@ -119,6 +119,14 @@ def score_cell(run: results.FinetuneRun | None, seeds: int) -> str:
   return text
 
 
+# Marks a score that is not above its task's baseline (a model that ignores its input).
+AT_BASELINE = '†'
+
+
+def _rate(rate) -> str:
+  return NONE if rate is None else f'{rate:g}'
+
+
 def _metric(sweep: results.Sweep, task: str) -> str:
   return next((r.metric for r in sweep.finetune if r.task == task and r.metric), '')
 
@@ -135,12 +143,87 @@ def main_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   for arm in sweep.arms:
     row = [_escape(arm.get('label', arm['name'])),
            _escape(arm.get('pretrain_run') or 'none (random init)')]
-    row += [score_cell(sweep.final(arm['name'], task), seeds) for task in sweep.tasks]
+    for task in sweep.tasks:
+      run = sweep.final(arm['name'], task)
+      cell = score_cell(run, seeds)
+      row.append(cell + f' {AT_BASELINE}' if run and run.above_baseline is False else cell)
     row.append(_cell(sweep.average(arm['name']), '.1f'))
     paper = arm.get('paper') or {}
     row += [_cell(paper.get(column), '.1f') for column in paper_columns]
     rows.append(row)
+  baselines = [getattr(sweep.baseline(task), 'baseline', None) for task in sweep.tasks]
+  if any(b is not None for b in baselines):
+    average = None if None in baselines else sum(baselines) / len(baselines)
+    rows.append([BASELINE_LABEL, 'none (input ignored)'] + [_cell(b, '.1f') for b in baselines]
+                + [_cell(average, '.1f')] + [NONE] * len(paper_columns))
   return header, rows
+
+
+BASELINE_LABEL = 'Baseline: majority class (or constant)'
+
+
+def no_pretraining_arms(sweep: results.Sweep) -> list[str]:
+  """The labels of the arms fine-tuned from random initialisation: the no-pretraining rows."""
+  return [arm.get('label', arm['name']) for arm in sweep.arms if not arm.get('pretrain_run')]
+
+
+def baseline_text(sweep: results.Sweep) -> str:
+  """The downstream table's sentences on its floors: the baseline row, the marked cells, the
+  no-pretraining row."""
+  kinds = {task: sweep.baseline(task).baseline_kind for task in sweep.tasks
+           if sweep.baseline(task) is not None}
+  text = ''
+  if kinds:
+    text += (' The baseline row: what a model that ignores its input scores on the same split ('
+             + '; '.join(f'{task}: {kind}' for task, kind in kinds.items())
+             + f'). {AT_BASELINE}: a median not above that baseline.')
+  arms = no_pretraining_arms(sweep)
+  if arms:
+    text += (f' The no-pretraining row: {", ".join(arms)} (the base\'s shape from random '
+             'initialisation, fine-tuned alike).')
+  else:
+    text += (' The sweep has no arm from random initialisation (init=\'random\'), so no '
+             'no-pretraining row.')
+  return text
+
+
+def rate_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
+  """(header, rows) of the fine-tuning learning rates: per arm and task, the rate selected on
+  dev and, with a grid, each rate's median over seeds; empty rows when no run records its rate
+  (runs from before the grid)."""
+  header = ['arm'] + [_escape(task) for task in sweep.tasks]
+  runs = [[sweep.final(arm['name'], task) for task in sweep.tasks] for arm in sweep.arms]
+  if not any(run is not None and run.learning_rate is not None for row in runs for run in row):
+    return header, []
+
+  def cell(run):
+    if run is None or run.learning_rate is None:
+      return NONE
+    text = _rate(run.learning_rate)
+    if len(run.rate_medians) > 1:
+      text += ' (' + ', '.join(f'{_rate(rate)}: {_cell(median, ".1f")}'
+                               for rate, median in run.rate_medians) + ')'
+    return text
+  return header, [[_escape(arm.get('label', arm['name']))] + [cell(run) for run in row]
+                  for arm, row in zip(sweep.arms, runs)]
+
+
+def convergence_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
+  """(header, rows) of whether fine-tuning converged: per arm and task at the selected rate,
+  the last dev loss and its change over the last epoch (medians over seeds); empty rows when no
+  run records them."""
+  header = ['arm'] + [_escape(task) for task in sweep.tasks]
+  runs = [[sweep.final(arm['name'], task) for task in sweep.tasks] for arm in sweep.arms]
+  if not any(run is not None and run.dev_loss is not None for row in runs for run in row):
+    return header, []
+
+  def cell(run):
+    if run is None or run.dev_loss is None:
+      return NONE
+    change = NONE if run.dev_loss_change is None else f'{run.dev_loss_change:+.3f}'
+    return f'{run.dev_loss:.3f} ({change})'
+  return header, [[_escape(arm.get('label', arm['name']))] + [cell(run) for run in row]
+                  for arm, row in zip(sweep.arms, runs)]
 
 
 def _splits(sweep: results.Sweep) -> str:
@@ -186,8 +269,12 @@ def missing_runs(sweep: results.Sweep) -> list[str]:
     if run.status == results.MISSING:
       lines.append(f'{name} ({run.workdir}): missing')
     elif run.status == results.UNFINISHED:
-      lines.append(f'{name} ({run.workdir}): unfinished, {run.seeds_done} of '
-                   f'{sweep.spec.get("seeds", "?")} seeds done')
+      rates = len(sweep.spec.get('learning_rates') or [])
+      total = sweep.spec.get('seeds', '?')
+      if rates and isinstance(total, int):
+        total = f'{total * rates} (seeds x learning rates)'
+      lines.append(f'{name} ({run.workdir}): unfinished, {run.seeds_done} of {total} '
+                   'seeds done')
   return lines
 
 
@@ -204,9 +291,12 @@ def markdown(sweep: results.Sweep) -> str:
   if spec.get('description'):
     out += [spec['description'].strip(), '']
   seeds = spec.get('seeds', 1)
+  rates = spec.get('learning_rates') or []
   out += [f'Sweep `{spec.get("name", "")}` ({spec.get("sweep_file", NONE)}); pretraining base '
           f'config {spec.get("base", NONE)}; fine-tuning on {", ".join(sweep.tasks) or NONE}, '
-          f'{seeds} seed(s) each.', '']
+          f'{seeds} seed(s) each'
+          + (f' at each learning rate of {", ".join(map(_rate, rates))}, the rate with the '
+             'best median on dev reported' if rates else '') + '.', '']
 
   shared = shared_overrides(sweep)
   out += ['## Pretraining budgets', '', table(*budget_rows(sweep)), '',
@@ -228,9 +318,25 @@ def markdown(sweep: results.Sweep) -> str:
   paper = spec.get('paper', {})
   out += ['## Downstream', '', table(header, rows), '',
           f"Each task's main metric on its {_splits(sweep)} split (0-100): the median over "
-          'seeds, [min–max] across them, and the seed count where fewer finished. Average: '
-          'the mean of the task medians, given when every task has one.'
+          'seeds, [min–max] across them, and the seed count where fewer finished'
+          + (', at the learning rate selected on that split (below)'
+             if spec.get('learning_rates') else '')
+          + '. Average: the mean of the task medians, given when every task has one.'
+          + baseline_text(sweep)
           + (f' Paper columns: {paper["source"]}.' if paper.get('source') else ''), '']
+
+  header, rows = rate_rows(sweep)
+  if rows:
+    out += ['## Fine-tuning learning rate', '', table(header, rows), '',
+            'The learning rate each arm and task is reported at: the one whose median over '
+            'seeds is best on dev, and in brackets the median at each rate tried.', '']
+  header, rows = convergence_rows(sweep)
+  if rows:
+    out += ['## Fine-tuning convergence', '', table(header, rows), '',
+            'At the selected learning rate, medians over seeds: the dev loss after the last '
+            'epoch and, in brackets, its change over that epoch (negative: still falling; - '
+            'with one evaluation per run). A loss still falling fast says more epochs would '
+            'change the score; a rising one, overfitting.', '']
 
   header, rows = step_rows(sweep)
   if rows:

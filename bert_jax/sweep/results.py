@@ -15,6 +15,7 @@ import statistics
 import ml_collections
 
 from bert_jax import plot
+from bert_jax.train import lr_grid
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import pretrain
 
@@ -62,12 +63,28 @@ class FinetuneRun:
   status: str  # MISSING, UNFINISHED or FINISHED.
   split: str | None = None  # 'dev' when the run has one, else its first split.
   metric: str | None = None  # The task's main metric.
-  scores: tuple = ()  # One per seed, in seed order.
-  seeds_done: int = 0  # Seeds an unfinished run has finished.
+  scores: tuple = ()  # One per seed, in seed order, at the selected learning rate.
+  seeds_done: int = 0  # Seeds an unfinished run has finished (at every rate of its grid).
+  learning_rate: float | None = None  # The rate selected on `split` (the only one without a grid).
+  rate_medians: tuple = ()  # ((rate, median of the seeds), ...) in the grid's order.
+  # Convergence at the selected rate, medians over the seeds: the last eval's loss on `split`
+  # and its change since the eval before (the last epoch's; None with one eval per run).
+  dev_loss: float | None = None
+  dev_loss_change: float | None = None
+  baseline: float | None = None  # The main metric of results.json's baseline on `split`.
+  baseline_kind: str = ''  # What that baseline predicts.
 
   @property
   def median(self) -> float | None:
     return statistics.median(self.scores) if self.scores else None
+
+  @property
+  def above_baseline(self) -> bool | None:
+    """Whether the median beats the baseline (None when either is unknown); a NaN median, a
+    correlation of constant predictions, does not."""
+    if self.median is None or self.baseline is None:
+      return None
+    return bool(self.median > self.baseline)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +116,11 @@ class Sweep:
   def stepped(self) -> list:
     """The fine-tuning runs from intermediate pretraining checkpoints."""
     return [r for r in self.finetune if r.step is not None]
+
+  def baseline(self, task: str) -> FinetuneRun | None:
+    """A finished run of `task` that carries the task's baseline (every run of a task scores it
+    on the same data), or None."""
+    return next((r for r in self.finetune if r.task == task and r.baseline is not None), None)
 
 
 def load(workdir: str) -> Sweep:
@@ -205,9 +227,7 @@ def load_finetune(workdir: str, run: dict) -> FinetuneRun:
   if not os.path.isfile(results_path):
     if not os.path.isdir(run_dir):
       return FinetuneRun(status=MISSING, **common)
-    seeds_done = sum(os.path.isfile(os.path.join(run_dir, d, 'results.json'))
-                     for d in os.listdir(run_dir) if d.startswith('seed_'))
-    return FinetuneRun(status=UNFINISHED, seeds_done=seeds_done, **common)
+    return FinetuneRun(status=UNFINISHED, seeds_done=_seeds_done(run_dir), **common)
   with open(results_path, encoding='utf-8') as f:
     results = json.load(f)
   split = 'dev' if 'dev' in results['per_seed'] else next(iter(results['per_seed']))
@@ -215,5 +235,25 @@ def load_finetune(workdir: str, run: dict) -> FinetuneRun:
   # Task metrics are percentages already (bert_jax/tasks/base.py), the paper's scale.
   metric = results.get('main_metric') or next(iter(per_seed[0]))
   scores = tuple(float(r[metric]) for r in per_seed)
-  return FinetuneRun(status=FINISHED, split=split, metric=metric, scores=scores,
-                     seeds_done=len(scores), **common)
+  # Runs from before the learning-rate grid have none of what follows but learning_rate.
+  by_rate = results.get('by_rate') or {}
+  selected = results.get('selected') or {}
+  baseline = results.get('baseline') or {}
+  return FinetuneRun(
+      status=FINISHED, split=split, metric=metric, scores=scores, seeds_done=len(scores),
+      learning_rate=results.get('learning_rate'),
+      rate_medians=tuple((r['learning_rate'], r['median']) for r in by_rate.values()),
+      dev_loss=selected.get('dev_loss'), dev_loss_change=selected.get('dev_loss_change'),
+      baseline=baseline.get('metrics', {}).get(split, {}).get(metric),
+      baseline_kind=baseline.get('kind', ''), **common)
+
+
+def _seeds_done(run_dir: str) -> int:
+  """Seeds with results.json in a fine-tuning workdir: seed_<s>/, or lr_<rate>/seed_<s>/ of
+  each rate of a grid."""
+  def finished_seeds(directory):
+    return sum(os.path.isfile(os.path.join(directory, d, 'results.json'))
+               for d in os.listdir(directory) if d.startswith('seed_'))
+  rate_dirs = [os.path.join(run_dir, d) for d in os.listdir(run_dir)
+               if d.startswith(lr_grid.DIRECTORY_PREFIX)]
+  return finished_seeds(run_dir) + sum(finished_seeds(d) for d in rate_dirs if os.path.isdir(d))

@@ -34,7 +34,10 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
               tasks: comma separated ('sst2,mrpc,stsb'); seeds: per task; overrides: nested,
               every fine-tuning run; task_overrides: {task: overrides}; at_steps: pretraining
               steps to fine-tune from as well as the last (WORKDIR@STEP), for accuracy against
-              steps ('' for the last only).
+              steps ('' for the last only); learning_rates: the grid every fine-tuning run
+              selects its rate from on dev, comma separated (its train.learning_rates; the
+              shipped sweeps: the paper's 5e-5,4e-5,3e-5,2e-5, sweeps/common.py), '' or absent
+              for the overrides' one train.learning_rate.
   paper       {source: where the paper's numbers come from, columns: their names}.
   notes       Lines the report prints under its tables.
 
@@ -56,6 +59,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax import config_lib
+from bert_jax.train import lr_grid
 
 # What decides the held-out documents (and their count): every pretraining run of a sweep must
 # agree on these, or the arms are not scored on the same data.
@@ -271,6 +275,16 @@ def _at_steps(sweep) -> list[int]:
                      'e.g. \'1000,2000\'.') from None
 
 
+def learning_rates(sweep) -> tuple[float, ...]:
+  """sweep.finetune.learning_rates, parsed: the grid each fine-tuning run selects from; ()
+  without one."""
+  try:
+    return lr_grid.parse(sweep.finetune.get('learning_rates', '') or '',
+                         'sweep.finetune.learning_rates')
+  except config_lib.ConfigError as e:
+    raise SweepError(str(e)) from None
+
+
 def _tasks(sweep) -> list[str]:
   tasks = [t.strip() for t in str(sweep.finetune.get('tasks', '')).split(',') if t.strip()]
   if len(set(tasks)) != len(tasks):
@@ -295,7 +309,10 @@ def finetune_config(sweep, arm, arm_name: str, task: str, pretrained, init_from:
   where = f'Arm {arm_name!r}, task {task!r}'
   spec = task_config(sweep, task)
   config = load_config(spec, where)
-  flat = {**_flatten(sweep.finetune.get('overrides')),
+  rates = learning_rates(sweep)
+  # The sweep's grid, unless the overrides (of the sweep, a task or the arm) set one.
+  flat = {**({'train.learning_rates': lr_grid.text(rates)} if rates else {}),
+          **_flatten(sweep.finetune.get('overrides')),
           **_flatten((sweep.finetune.get('task_overrides') or {}).get(task)),
           **_flatten(arm.get('finetune'))}
   flat['seeds'] = int(sweep.finetune.get('seeds', 1))
@@ -317,6 +334,7 @@ def finetune_config(sweep, arm, arm_name: str, task: str, pretrained, init_from:
   apply_overrides(check, shape, where)
   try:
     config_lib.validate_finetune(check)
+    lr_grid.grid(check.train)
   except config_lib.ConfigError as e:
     raise SweepError(f'{where}: {e}') from e
   return spec, flat
@@ -448,6 +466,7 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
     raise SweepError(f'sweep.finetune.seeds={sweep.finetune.seeds}: must be >= 1.')
   arms = _arm_items(sweep)
   tasks = _tasks(sweep)
+  rates = learning_rates(sweep)
   at_steps = _at_steps(sweep)
   runs, run_of_arm, keys = {}, {}, {}
   matched = _equal_flops_steps(sweep, arms, workdir)
@@ -512,6 +531,7 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
       'name': sweep.name, 'title': sweep.get('title', sweep.name),
       'description': sweep.get('description', ''), 'sweep_file': sweep_file,
       'base': sweep.base, 'tasks': tasks, 'seeds': int(sweep.finetune.get('seeds', 1)),
+      'learning_rates': list(rates),
       'notes': list(sweep.get('notes') or []) + notes,
       'paper': {'source': paper.get('source', ''), 'columns': list(paper.get('columns') or [])},
       'pretrain_runs': summary_runs, 'arms': summary_arms, 'finetune_runs': finetune_runs,

@@ -76,3 +76,13 @@ class Task:
   def write_predictions(self, split_name: str, predictions: Any, directory: str) -> list[str]:
     """Writes the predictions in the task's submission format; returns the paths written."""
     raise NotImplementedError
+
+  # What baseline() scores: a model that ignores its input (its words in results.json).
+  baseline_kind = ''
+
+  def baseline(self, train: EncodedSplit, split: EncodedSplit) -> dict[str, float] | None:
+    """The metrics on `split` of a model that ignores its input and answers what `train` makes
+    most likely (GLUE: the majority class), the floor a fine-tuned model must rise above; None
+    where the task defines none (SQuAD, NER)."""
+    del train, split
+    return None

@@ -325,6 +325,20 @@ def compute_metrics(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray)
   return {name: 100.0 * float(functions[name](predictions, labels)) for name in spec.metrics}
 
 
+def majority_baseline(spec: TaskSpec, train_labels, eval_labels) -> dict[str, float]:
+  """The task's metrics (percent) of always answering the most frequent training label (ties:
+  the lower class index), scored on `eval_labels`: MRPC's dev is 68% paraphrases, so answering
+  "paraphrase" scores F1 81.2. Regression (STS-B): a constant prediction, whose Pearson and
+  Spearman correlations are undefined (a constant has no variance); reported as 0."""
+  if spec.labels is None:
+    return {name: 0.0 for name in spec.metrics}
+  counts = np.bincount(np.asarray(train_labels, np.int64).reshape(-1),
+                       minlength=len(spec.labels))
+  majority = int(np.argmax(counts))
+  labels = np.asarray(eval_labels).reshape(-1)
+  return compute_metrics(spec, np.full(labels.shape, majority), labels)
+
+
 class GlueTask(base.Task):
   """A GLUE task read from its GLUE folder (train.tsv, dev.tsv, test.tsv) or from TFDS."""
 
@@ -437,6 +451,16 @@ class GlueTask(base.Task):
       predictions = {name: predictions[end - count:end]
                      for (name, count), end in zip(split.meta.parts, ends)}
     return metrics, predictions
+
+  @property
+  def baseline_kind(self) -> str:
+    if self.spec.labels is None:
+      return 'constant prediction (its correlations are undefined: reported as 0)'
+    return 'majority class of the training rows'
+
+  def baseline(self, train: base.EncodedSplit, split: base.EncodedSplit) -> dict[str, float]:
+    """majority_baseline of the training rows' labels, on `split`."""
+    return majority_baseline(self.spec, train.features['label'], split.features['label'])
 
   def write_predictions(self, split_name: str, predictions: Union[list, dict[str, list]],
                         directory: str) -> list[str]:

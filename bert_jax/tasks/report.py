@@ -1,7 +1,9 @@
 """Fine-tuning results beside the paper's: `python -m bert_jax.tasks.report WORKDIR [WORKDIR ...]`.
 
 Prints one markdown row per (task, split, metric) of each workdir's results.json: our median over
-seeds (and each seed), then the paper's BERT-Base and BERT-Large numbers where PAPER.md has them.
+seeds (and each seed), then the paper's BERT-Base and BERT-Large numbers where PAPER.md has them,
+the learning rate the scores are at (with a grid: the one selected on dev, and of how many), and
+the task's baseline (GLUE: the majority class of the training rows; STS-B's constant: 0).
 The paper's GLUE and NER numbers are test-set scores; ours are dev scores unless a test set was
 scored, so the comparison is indicative, as the column says. SQuAD v1.1's and SWAG's are dev.
 """
@@ -60,15 +62,26 @@ def rows(results: dict) -> list[list[str]]:
         paper_split, base, large, dev = 'dev, feature-based', PAPER_FEATURE_BASED_DEV, None, None
       name = task + (' (feature-based)' if feature_based else '') + (
           f' (+ BiLSTM x{results["lstm_layers"]})' if results.get('lstm_layers', 0) else '')
+      baseline = results.get('baseline', {}).get('metrics', {}).get(split, {}).get(metric)
       out.append([name, split, metric, f'{median:.2f}', f'{len(results["per_seed"][split])}: '
-                  f'{seeds}', _number(dev), paper_split, _number(base), _number(large)])
+                  f'{seeds}', _number(dev), paper_split, _number(base), _number(large),
+                  _learning_rate(results), _number(baseline)])
   return out
+
+
+def _learning_rate(results: dict) -> str:
+  """'3e-05', or with a grid '3e-05 (best of 4)'; '' where results.json does not say."""
+  rate = results.get('learning_rate')
+  if rate is None:
+    return ''
+  tried = len(results.get('learning_rates') or [])
+  return f'{rate:g}' + (f' (best of {tried})' if results.get('grid') and tried > 1 else '')
 
 
 def table(runs: list[tuple[str, dict]]) -> str:
   """A markdown table of every (run name, results.json) given."""
   header = ['run', 'task', 'split', 'metric', 'ours (median)', 'seeds', 'paper Base dev',
-            'paper split', 'paper Base', 'paper Large']
+            'paper split', 'paper Base', 'paper Large', 'learning rate', 'baseline']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for name, results in runs:
     lines += ['| ' + ' | '.join([name] + row) + ' |' for row in rows(results)]

@@ -1,11 +1,14 @@
 """Fine-tuning and evaluation: a task's features -> BERT + head -> the task's official metrics.
 
-One command fine-tunes `config.seeds` seeds in turn (config.seed, config.seed + 1, ...). Seed s
-lives in WORKDIR/seed_<s>/ with its own checkpoints/ (orbax, resumable), metrics.jsonl,
-results.json and predictions; WORKDIR/results.json holds every seed's metrics per eval split and
-their median. A rerun of the same command skips finished seeds and resumes an unfinished one.
-The machinery is pretraining's: the same mesh and sharding presets, sharded state creation,
-checkpoints and metric writer.
+One command fine-tunes `config.seeds` seeds in turn (config.seed, config.seed + 1, ...) at each
+learning rate of config.train.learning_rates (the paper's protocol, lr_grid.py), one rate after
+another in this process; an empty grid is the one config.train.learning_rate. Seed s lives in
+WORKDIR/seed_<s>/ (with a grid: WORKDIR/lr_<rate>/seed_<s>/) with its own checkpoints/ (orbax,
+resumable), metrics.jsonl, results.json (its metrics and an eval per epoch) and predictions.
+WORKDIR/results.json holds the selected rate's seeds (metrics per eval split and their median),
+every rate's scores and convergence, and the task's majority-class baseline. A rerun of the same
+command skips finished seeds and resumes an unfinished one. The machinery is pretraining's: the
+same mesh and sharding presets, sharded state creation, checkpoints and metric writer.
 """
 
 import functools
@@ -24,6 +27,7 @@ from absl import logging
 
 from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax.train import guard
+from bert_jax.train import lr_grid
 from bert_jax import config_lib
 from bert_jax.models import deberta
 from bert_jax.models import heads
@@ -271,6 +275,8 @@ def run(config, workdir: str) -> dict:
   """
   workdir = guard.check_workdir(workdir, 'finetune')
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
+  rates = lr_grid.rates(config.train)  # ConfigError on a bad grid, before any file is read.
+  grid = bool(lr_grid.grid(config.train))
   config_lib.apply_xla_flags(config)
   tokenizer = load_tokenizer(config)
   config_lib.validate_runtime_finetune(config, tokenizer.vocab_size)
@@ -300,34 +306,64 @@ def run(config, workdir: str) -> dict:
           f'config.train.{name}={value} is not divisible by the {sharding.batch_divisor(mesh)} '
           'devices the batch is split over (mesh data x fsdp).')
   model = build_model(config, task)
-  tx, schedule = create_optimizer(config.train, num_steps, config.task.feature_layers > 0,
-                                  config.model.num_layers)
+  # The rate is a constant of the optimizer's schedule: each rate has its own (and compiles
+  # its own steps); all are built here so that a problem shows before anything is written.
+  optimizers = {rate: create_optimizer(lr_grid.with_rate(config.train, rate), num_steps,
+                                       config.task.feature_layers > 0, config.model.num_layers)
+                for rate in rates}
   rules = sharding.logical_axis_rules(config.mesh.preset)
   preemption = guard.Preemption()
+  per_rate = {}
   with preemption.handling(), guard.claim(workdir) as claim:
     encoder_params, head_params = load_source_params(config, model)
-    runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params, head_params)
+    runner = SeedRun(config, task, model, optimizers[rates[0]][0], mesh, rules, encoder_params,
+                     head_params)
     checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(runner.abstract_state))
     claim.commit()
     if jax.process_index() == 0:
       config_lib.write_config(config, workdir)
-    with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
-      per_seed = []
-      for offset in range(config.seeds):
-        seed = config.seed + offset
-        result = _run_seed(config, runner, train, evals, test, seed, num_steps, steps_per_epoch,
-                           schedule, os.path.join(workdir, f'seed_{seed}'), preemption)
-        if result is None:
-          return {}
-        per_seed.append(result)
-  results = summarize_seeds(task, config, per_seed, train, num_steps)
+    for rate in rates:
+      tx, schedule = optimizers[rate]
+      if runner.tx is not tx:  # Built outside activation_rules, as the first.
+        runner = SeedRun(config, task, model, tx, mesh, rules, encoder_params, head_params)
+      rate_dir = os.path.join(workdir, lr_grid.directory(rate)) if grid else workdir
+      per_rate[rate] = []
+      with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
+        for offset in range(config.seeds):
+          seed = config.seed + offset
+          result = _run_seed(config, runner, train, evals, test, seed, num_steps,
+                             steps_per_epoch, schedule, os.path.join(rate_dir, f'seed_{seed}'),
+                             preemption)
+          if result is None:
+            return {}
+          per_rate[rate].append(result)
+  split = lr_grid.selection_split(evals)
+  protocol = lr_grid.summarize(per_rate, split, task.main_metric, grid)
+  results = {**summarize_seeds(task, config, per_rate[protocol['learning_rate']], train,
+                               num_steps),
+             **protocol, 'baseline': task_baseline(task, train, evals)}
   if jax.process_index() == 0:
     with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
       json.dump(results, f, indent=2)
-    for split, medians in results['median'].items():
-      logging.info('%s %s, median of %d seed(s): %s', task.name, split, len(per_seed),
+    for rate, summary in results['by_rate'].items():
+      change = summary['dev_loss_change']
+      logging.info('%s %s at lr %s: %s median %.2f [%.2f-%.2f]; dev loss change over the last '
+                   'epoch %s', task.name, split, rate, task.main_metric, summary['median'],
+                   summary['min'], summary['max'], '-' if change is None else f'{change:+.4f}')
+    for split_name, medians in results['median'].items():
+      logging.info('%s %s at the selected lr %s, median of %d seed(s): %s', task.name,
+                   split_name, lr_grid.label(results['learning_rate']), len(results['seeds']),
                    ', '.join(f'{k} {v:.2f}' for k, v in medians.items()))
   return results
+
+
+def task_baseline(task: base.Task, train: base.EncodedSplit, evals: dict) -> dict:
+  """results.json's baseline: what a model that ignores its input scores on each eval split
+  (tasks/base.Task.baseline), and what that model is; {} where the task defines none."""
+  metrics = {name: task.baseline(train, split) for name, split in evals.items()}
+  if any(m is None for m in metrics.values()):
+    return {}
+  return {'kind': task.baseline_kind, 'metrics': metrics}
 
 
 def load_tokenizer(config):
@@ -372,8 +408,12 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   state = runner.fresh_state(seed)
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, runner.state_shardings))
   layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
+  # {eval split: an eval record per epoch}: the convergence evidence, kept in each checkpoint
+  # so that a resumed seed still has the epochs before it.
+  curve = {}
   if restored is not None:
     state, saved = restored
+    curve = saved.get('curve', {})
     changed = guard.layout_changes(saved.get('layout'), layout)
     if changed:
       raise config_lib.ConfigError(
@@ -392,8 +432,12 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       outputs = runner.predict(state.params, split, _eval_batch(config))
       metrics, predictions = task.score(name, split, outputs)
       out[name] = (metrics, predictions)
-      writer.write(step, 'eval', {'epoch': epoch, 'eval_split': name, **metrics,
-                                  'loss': _eval_loss(task.head, outputs, split)})
+      loss = _eval_loss(task.head, outputs, split)
+      writer.write(step, 'eval', {'epoch': epoch, 'eval_split': name, **metrics, 'loss': loss})
+      # A resumed seed evaluates its last step again: that record replaces the saved one.
+      curve[name] = [p for p in curve.get(name, []) if p['step'] < step] + [
+          {'epoch': epoch, 'step': step, **metrics,
+           'loss': loss if _has_targets(task.head, split) else None}]
       logging.info('seed %d step %d eval %s: %s', seed, step, name,
                    ', '.join(f'{k} {v:.2f}' for k, v in metrics.items()))
     return out
@@ -429,7 +473,8 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           if not np.isfinite(loss):
             raise guard.NonFiniteLossError(
                 f'Seed {seed}: the loss was {loss} by step {step}; '
-                f'{checkpointer.describe_latest()}. Lower config.train.learning_rate.')
+                f'{checkpointer.describe_latest()}. Lower config.train.learning_rate (with a '
+                'grid: train.learning_rates).')
           seq_per_s = timed_steps * batch_size / train_seconds if train_seconds else 0.0
           writer.write(step, 'train', {'loss': loss, 'learning_rate': float(schedule(step - 1)),
                                        'seq_per_s': seq_per_s})
@@ -443,8 +488,10 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           if not state_finite(state.params, state.opt_state):
             raise guard.NonFiniteLossError(
                 f'Seed {seed}: the parameters or the optimizer state became NaN or inf by step '
-                f'{step}; {checkpointer.describe_latest()}. Lower config.train.learning_rate.')
-          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1, 'layout': layout})
+                f'{step}; {checkpointer.describe_latest()}. Lower config.train.learning_rate '
+                '(with a grid: train.learning_rates).')
+          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1, 'layout': layout,
+                                          'curve': curve})
         if preempted:
           logging.warning('Preempted: seed %d stopped after step %d of %d with its checkpoint '
                           'saved in %s; rerun the same command to resume.', seed, step,
@@ -460,7 +507,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
     last_eval = evaluate(step, step / steps_per_epoch)
   result = {'seed': seed, 'metrics': {name: m for name, (m, _) in last_eval.items()},
             'train_seconds': train_seconds, 'train_seq_per_s':
-            timed_steps * batch_size / train_seconds if train_seconds else 0.0}
+            timed_steps * batch_size / train_seconds if train_seconds else 0.0, 'curve': curve}
   if jax.process_index() == 0 and config.task.write_predictions:
     for name, (_, predictions) in last_eval.items():
       task.write_predictions(name, predictions, os.path.join(seed_dir, 'predictions'))
@@ -474,28 +521,31 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   return result
 
 
+def _has_targets(head: str, split: base.EncodedSplit) -> bool:
+  """Whether the split holds the head's training targets (SQuAD's dev holds answers instead)."""
+  return all(k in split.features for k in TARGET_KEYS[head])
+
+
 def _eval_loss(head: str, outputs, split: base.EncodedSplit) -> float:
   """The training loss on an eval split (0.0 where the split has no targets, e.g. SQuAD dev)."""
-  if not all(k in split.features for k in TARGET_KEYS[head]):
+  if not _has_targets(head, split):
     return 0.0
   targets = {k: split.features[k] for k in TARGET_KEYS[head]}
   return float(task_loss(head, jax.tree.map(jnp.asarray, outputs), targets))
 
 
 def summarize_seeds(task, config, per_seed: list[dict], train, num_steps: int) -> dict:
-  """results.json: each seed's metrics per split, their median, and the run's settings."""
+  """results.json's run fields: each seed's metrics per split (at the selected learning rate,
+  which lr_grid.summarize's fields give), their median, and the run's settings."""
   splits = per_seed[0]['metrics'].keys()
-  median = {split: {k: float(np.median([r['metrics'][split][k] for r in per_seed]))
-                    for k in per_seed[0]['metrics'][split]} for split in splits}
   return {
-      'task': task.name, 'main_metric': task.main_metric, 'median': median,
+      'task': task.name, 'main_metric': task.main_metric, 'median': lr_grid.medians(per_seed),
       'seeds': [r['seed'] for r in per_seed],
       'per_seed': {split: [r['metrics'][split] for r in per_seed] for split in splits},
       'train_seconds': [r['train_seconds'] for r in per_seed],
       'train_seq_per_s': [r['train_seq_per_s'] for r in per_seed],
       'init_from': config.init_from, 'train_rows': train.num_rows, 'num_steps': num_steps,
       'epochs': config.train.num_epochs, 'batch_size': config.train.batch_size,
-      'learning_rate': config.train.learning_rate,
       'max_seq_length': config.data.max_seq_length,
       'feature_layers': config.task.feature_layers,
       # 0: no BiLSTM between the encoder and the head; units count only where layers > 0.

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import micro_config
+from benchmarks import electra_reference
 from configs import base
 from configs import electra as electra_configs
 from bert_jax import config_lib
@@ -205,7 +206,17 @@ def test_disc_weight_scales_the_rtd_term(built):
                              rtol=1e-6)
 
 
-def test_auc_from_histograms_is_the_pairwise_auc_pooled_over_batches():
+def rtd_stats(logits, labels, mask):
+  """rtd.losses' stats of discriminator logits and labels [batch, length] (a dummy generator)."""
+  batch_size = logits.shape[0]
+  outputs = {'rtd_gen_logits': jnp.zeros((batch_size, 1, 5)), 'rtd_labels': jnp.asarray(labels),
+             'rtd_disc_logits': jnp.asarray(logits), 'rtd_disc_weight': jnp.float32(50)}
+  batch = {'masked_lm_ids': np.zeros((batch_size, 1), np.int32),
+           'masked_lm_weights': np.ones((batch_size, 1), np.float32), 'input_mask': mask}
+  return jax.device_get(rtd.losses(outputs, batch))
+
+
+def test_auc_from_histograms_is_the_pairwise_auc_of_the_binned_scores_pooled_over_batches():
   rng = np.random.default_rng(0)
   stats = []
   scores = {'replaced': [], 'original': []}
@@ -213,16 +224,11 @@ def test_auc_from_histograms_is_the_pairwise_auc_pooled_over_batches():
     labels = (rng.random((4, 9)) < 0.3).astype(np.float32)
     logits = (rng.normal(size=(4, 9)) * 3 + 2 * labels).astype(np.float32)
     mask = (rng.random((4, 9)) < 0.8).astype(np.int32)
-    outputs = {'rtd_gen_logits': jnp.zeros((4, 1, 5)), 'rtd_labels': jnp.asarray(labels),
-               'rtd_disc_logits': jnp.asarray(logits), 'rtd_disc_weight': jnp.float32(50)}
-    batch = {'masked_lm_ids': np.zeros((4, 1), np.int32),
-             'masked_lm_weights': np.ones((4, 1), np.float32), 'input_mask': mask}
-    stats.append(jax.device_get(rtd.losses(outputs, batch)))
+    stats.append(rtd_stats(logits, labels, mask))
     scores['replaced'] += list(logits[(labels > 0) & (mask > 0)])
     scores['original'] += list(logits[(labels == 0) & (mask > 0)])
   pooled = jax.tree.map(np.add, *stats)
-  # The pairwise AUC with scores binned as the histograms bin them (0.2 wide).
-  binned = {k: np.floor((np.asarray(v) + rtd.AUC_RANGE) / 0.2) for k, v in scores.items()}
+  binned = {k: np.asarray(rtd.auc_bins(np.asarray(v))) for k, v in scores.items()}
   pairs = binned['replaced'][:, None] - binned['original'][None, :]
   exact = ((pairs > 0).sum() + 0.5 * (pairs == 0).sum()) / pairs.size
   # Two histogram leaves (not a stat a bin), read by the train loop's summary.
@@ -230,6 +236,42 @@ def test_auc_from_histograms_is_the_pairwise_auc_pooled_over_batches():
   auc = objectives.summarize([rtd.OBJECTIVE], pooled)['rtd_disc_auc']
   np.testing.assert_allclose(auc, exact, rtol=1e-6)
   assert 0.6 < auc < 1.0
+
+
+def test_auc_bins_are_monotone_and_open_at_both_ends():
+  logits = np.array([-1e4, -64.5, -3.0, -1e-3, 0.0, 1e-3, 0.1, 3.0, 64.5, 1e4], np.float32)
+  bins = np.asarray(rtd.auc_bins(logits))
+  assert (np.diff(bins) >= 0).all()
+  assert bins[0] == bins[1] == 0 and bins[-1] == bins[-2] == rtd.AUC_BINS - 1
+  assert len(set(bins[2:8])) == 6  # 1e-3 apart near 0 still lands in distinct bins.
+
+
+@pytest.mark.parametrize('center,spread,shift', [
+    (-1.8, 0.05, 0.3),   # A weak discriminator near the prior's log-odds (13% replaced).
+    (-1.8, 0.05, 1.0),
+    (0.0, 0.05, 0.6),
+    (3.0, 0.05, 0.3),
+    (-1.0, 0.5, 1.0),
+    (0.0, 5.0, 1.5),     # A strong one, logits far apart.
+])
+def test_auc_reads_the_exact_auc_of_weakly_spread_logits(center, spread, shift):
+  # The issue's case: logits that spread 0.05 read near 0.5 from 0.2-wide bins.
+  rng = np.random.default_rng(7)
+  labels = (rng.random((16, 2048)) < 0.15).astype(np.float32)
+  logits = (center + spread * (rng.normal(size=labels.shape) + shift * labels)).astype(np.float32)
+  mask = (rng.random(labels.shape) < 0.9).astype(np.int32)
+  auc = objectives.summarize([rtd.OBJECTIVE], rtd_stats(logits, labels, mask))['rtd_disc_auc']
+  real = mask > 0
+  exact = electra_reference.exact_auc(logits[real].astype(np.float64), labels[real])
+  assert 0.55 < exact < 0.99
+  assert abs(auc - exact) < 1e-3, (auc, exact)
+
+
+def test_a_constant_discriminator_reads_an_auc_of_one_half():
+  labels = (np.random.default_rng(0).random((4, 64)) < 0.15).astype(np.float32)
+  logits = np.full(labels.shape, -1.87, np.float32)
+  stats = rtd_stats(logits, labels, np.ones(labels.shape, np.int32))
+  assert objectives.summarize([rtd.OBJECTIVE], stats)['rtd_disc_auc'] == 0.5
 
 
 def test_rtd_flops_count_the_generator_its_head_and_the_discriminator_head():

@@ -78,7 +78,7 @@ def main(argv):
   except checkpoint.CheckpointError as e:
     logging.error('Checkpoint error: %s', e)
     sys.exit(f'Checkpoint error: {e}')
-  except pretrain.NonFiniteLossError as e:
+  except (pretrain.NonFiniteLossError, pretrain.RunHealthError) as e:
     logging.error('Stopped: %s', e)
     sys.exit(f'Stopped: {e}')
   finally:

@@ -241,6 +241,10 @@ def get_config(arg=None):
   train.adam_mu_dtype = 'float32'
   train.max_grad_norm = 1.0  # Global-norm clipping.
   train.max_nonfinite_skips = 0  # NaN/inf steps skipped before stopping (0: stop at the first).
+  # Run-health alarms (bert_jax/train/health.py) are always logged and written to metrics.jsonl;
+  # these stop the run (comma separated, 'all', '' for none): discriminator_at_prior,
+  # mlm_at_unigram, generator_at_unigram, loss_diverging, loss_spike, nonfinite_steps.
+  train.stop_on_alarms = ''
   train.log_every = 100  # Steps between train log lines / metrics.jsonl records.
   train.eval_every = 10_000  # Steps between evaluations (and at the end).
   train.eval_batches = 20  # Held-out batches per evaluation.

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from bert_jax.sweep import plots
 from bert_jax.sweep import report
 from bert_jax.sweep import results
 from bert_jax.train import lr_grid
@@ -380,3 +381,38 @@ def test_tables_need_no_matplotlib():
   code = ('import sys; from bert_jax.sweep import report; '
           "assert 'matplotlib' not in sys.modules")
   subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_an_arm_pretrained_by_an_alarmed_run_is_marked_and_its_average_withheld(tmp_path):
+  make_sweep(tmp_path)
+  path = tmp_path / 'pretrain' / 'mlm' / 'metrics.jsonl'
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  for record in records:
+    if record['split'] == 'eval' and record['step'] >= 30:
+      record['alarms'] = ['mlm_at_unigram']
+    if record['split'] == 'train' and record['step'] == 20:
+      record['alarms'] = ['loss_spike']
+  path.write_text(''.join(json.dumps(r) + '\n' for r in records))
+  sweep = report.load(str(tmp_path))
+  assert sweep.pretrain['mlm'].alarms == (('loss_spike', 20, 20, 1), ('mlm_at_unigram', 30, 40, 2))
+  table = report.main_rows(sweep)
+  alarmed = cells(table, 'MLM only')
+  assert alarmed['pretraining'] == f'mlm {report.ALARMED} loss_spike, mlm_at_unigram'
+  assert alarmed['average'] == report.WITHHELD
+  scores = scores_of('mlm', 'sst2')  # The scores stay as measured.
+  assert alarmed['sst2 accuracy'].startswith(f'{statistics.median(scores):.1f} [')
+  healthy = cells(table, 'MLM + NSP (BERT)')
+  assert healthy['pretraining'] == 'mlm_nsp' and healthy['average'] != report.WITHHELD
+  assert cells(report.budget_rows(sweep), f'mlm {report.ALARMED}')['steps'] == '40'
+  assert cells(report.health_rows(sweep), 'mlm')['alarm'] == 'loss_spike'
+  text = report.markdown(sweep)
+  assert '## Run health' in text and 'draw no conclusion' in text
+  assert set(plots.score_of(sweep)[1]) == {'mlm_nsp', 'random'}  # Off the compute plot.
+
+
+def test_a_sweep_without_alarms_says_so(tmp_path):
+  make_sweep(tmp_path)
+  sweep = report.load(str(tmp_path))
+  assert report.health_rows(sweep)[1] == []
+  assert 'No run raised an alarm' in report.markdown(sweep)
+  assert report.ALARMED not in report.table(*report.main_rows(sweep))

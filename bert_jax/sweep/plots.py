@@ -88,15 +88,18 @@ def downstream(sweep: results.Sweep, path: str) -> None:
 
 def score_of(sweep: results.Sweep) -> tuple[str, dict[str, float]]:
   """(what, arm name -> score) for the compute plot: the average over tasks where every arm
-  with scores has one, else the first task's median (never the two mixed)."""
-  averages = {arm['name']: sweep.average(arm['name']) for arm in sweep.arms}
-  scored = [arm['name'] for arm in sweep.arms
+  with scores has one, else the first task's median (never the two mixed). Arms pretrained by
+  a run that raised a run-health alarm are left out: a degenerate run is not a point on the
+  recipe's curve."""
+  arms = [arm for arm in sweep.arms if not sweep.alarmed(arm['name'])]
+  averages = {arm['name']: sweep.average(arm['name']) for arm in arms}
+  scored = [arm['name'] for arm in arms
             if any(r.scores for r in sweep.finetune if r.arm == arm['name'] and r.step is None)]
   if scored and all(averages[name] is not None for name in scored):
     return 'average score over tasks', {name: averages[name] for name in scored}
   task = sweep.tasks[0] if sweep.tasks else ''
   medians = {arm['name']: getattr(sweep.final(arm['name'], task), 'median', None)
-             for arm in sweep.arms}
+             for arm in arms}
   return f'{task} median', {name: value for name, value in medians.items() if value is not None}
 
 

@@ -91,7 +91,8 @@ def budget_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
     steps = NONE if run.steps is None else str(run.steps)
     if run.steps is not None and run.num_steps is not None and run.steps < run.num_steps:
       steps = f'{run.steps}/{run.num_steps}'
-    row = [_escape(run.name), _code(run.config), _code(_assignments(own)), steps,
+    name = _escape(run.name) + (f' {ALARMED}' if run.alarms else '')
+    row = [name, _code(run.config), _code(_assignments(own)), steps,
            _count(run.tokens),
            _cell(None if run.flops is None else run.flops / 1e15, '.4g'),
            _cell(run.train_loss, '.3f')]
@@ -121,6 +122,9 @@ def score_cell(run: results.FinetuneRun | None, seeds: int) -> str:
 
 # Marks a score that is not above its task's baseline (a model that ignores its input).
 AT_BASELINE = '†'
+# Marks a pretraining run that raised a run-health alarm, and the arms pretrained by it.
+ALARMED = '⚠'
+WITHHELD = f'withheld ({ALARMED})'
 
 
 def _rate(rate) -> str:
@@ -141,13 +145,16 @@ def main_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   seeds = sweep.spec.get('seeds', 1)
   rows = []
   for arm in sweep.arms:
+    alarmed = sweep.alarmed(arm['name'])
     row = [_escape(arm.get('label', arm['name'])),
-           _escape(arm.get('pretrain_run') or 'none (random init)')]
+           _escape(arm.get('pretrain_run') or 'none (random init)')
+           + (f' {ALARMED} ' + ', '.join(a[0] for a in alarmed.alarms) if alarmed else '')]
     for task in sweep.tasks:
       run = sweep.final(arm['name'], task)
       cell = score_cell(run, seeds)
       row.append(cell + f' {AT_BASELINE}' if run and run.above_baseline is False else cell)
-    row.append(_cell(sweep.average(arm['name']), '.1f'))
+    # An alarmed arm's scores stay as measured; its summary is not set beside the others'.
+    row.append(WITHHELD if alarmed else _cell(sweep.average(arm['name']), '.1f'))
     paper = arm.get('paper') or {}
     row += [_cell(paper.get(column), '.1f') for column in paper_columns]
     rows.append(row)
@@ -224,6 +231,15 @@ def convergence_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
     return f'{run.dev_loss:.3f} ({change})'
   return header, [[_escape(arm.get('label', arm['name']))] + [cell(run) for run in row]
                   for arm, row in zip(sweep.arms, runs)]
+
+
+def health_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
+  """(header, rows) of the run-health alarms: one row per alarm of each pretraining run that
+  raised any; no rows when none did."""
+  header = ['run', 'alarm', 'first raised at step', 'last', 'times']
+  rows = [[_escape(run.name), name, str(first), str(last), str(count)]
+          for run in sweep.pretrain.values() for name, first, last, count in run.alarms]
+  return header, rows
 
 
 def _splits(sweep: results.Sweep) -> str:
@@ -313,6 +329,18 @@ def markdown(sweep: results.Sweep) -> str:
           + (" Other objectives: the last eval record's accuracy of NSP or SOP, the ELECTRA "
              "discriminator's AUC and accuracy over every token, SpanBERT's boundary loss."
              if _has_other_objectives(sweep) else ''), '']
+
+  header, rows = health_rows(sweep)
+  if rows:
+    out += ['## Run health', '', table(header, rows), '',
+            f'{ALARMED}: a pretraining run that raised a run-health alarm (bert_jax/train/'
+            'health.py; the log and metrics.jsonl say what was measured): a discriminator at '
+            'chance, a language model stuck at the unigram prediction, a diverging or spiking '
+            'loss, skipped non-finite steps. Its arms are marked below and their average '
+            'withheld: a degenerate run says nothing about its recipe, so draw no conclusion '
+            'from it before a rerun.', '']
+  else:
+    out += ['## Run health', '', 'No run raised an alarm (bert_jax/train/health.py).', '']
 
   header, rows = main_rows(sweep)
   paper = spec.get('paper', {})

@@ -47,6 +47,9 @@ class PretrainRun:
   eval_curve: tuple = ()  # ((step, <lm_kind>_loss), ...) of the eval records.
   # The last eval record's HELD_OUT_METRICS that the run has: ((key, value), ...).
   held_out: tuple = ()
+  # Run-health alarms its records raised (bert_jax/train/health.py), in the order first raised:
+  # ((name, first step, last step, times raised), ...).
+  alarms: tuple = ()
 
   @property
   def perplexity(self) -> float | None:
@@ -117,6 +120,12 @@ class Sweep:
     """The fine-tuning runs from intermediate pretraining checkpoints."""
     return [r for r in self.finetune if r.step is not None]
 
+  def alarmed(self, arm: str) -> PretrainRun | None:
+    """The arm's pretraining run when it raised a run-health alarm, else None."""
+    name = next((a.get('pretrain_run') for a in self.arms if a['name'] == arm), None)
+    run = self.pretrain.get(name) if name else None
+    return run if run is not None and run.alarms else None
+
   def baseline(self, task: str) -> FinetuneRun | None:
     """A finished run of `task` that carries the task's baseline (every run of a task scores it
     on the same data), or None."""
@@ -186,6 +195,16 @@ HELD_OUT_METRICS = (('nsp_accuracy', 'NSP accuracy'), ('sop_accuracy', 'SOP accu
                     ('sbo_loss', 'SBO loss'))
 
 
+def alarms_of(records: list[dict]) -> tuple:
+  """((alarm, first step, last step, times raised), ...) of a run's metrics records."""
+  seen = {}
+  for record in records:
+    for alarm in record.get('alarms') or ():
+      first, _, count = seen.get(alarm, (record['step'], None, 0))
+      seen[alarm] = (first, record['step'], count + 1)
+  return tuple((alarm, *steps) for alarm, steps in seen.items())
+
+
 def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
   """One pretraining run of sweep.json's pretrain_runs."""
   run_dir = os.path.join(workdir, run['workdir'])
@@ -215,7 +234,7 @@ def load_pretrain(workdir: str, name: str, run: dict) -> PretrainRun:
       train_curve=tuple((r['step'], r[key]) for r in train if key in r),
       eval_curve=tuple((r['step'], r[key]) for r in evals if key in r),
       held_out=tuple((k, evals[-1][k]) for k, _ in HELD_OUT_METRICS if evals and k in evals[-1]),
-      **common)
+      alarms=alarms_of(records), **common)
 
 
 def load_finetune(workdir: str, run: dict) -> FinetuneRun:

@@ -157,6 +157,8 @@ def read_record(workdir: str, step: int, split: str) -> dict | None:
 
 
 def _plain(value):
+  if isinstance(value, (list, tuple)):  # e.g. a record's alarm names.
+    return [_plain(v) for v in value]
   return value if isinstance(value, (str, int, bool)) else float(value)
 
 

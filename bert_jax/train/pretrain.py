@@ -18,6 +18,7 @@ from absl import logging
 
 from bert_jax.train import checkpoint as checkpoint_lib
 from bert_jax.train import guard
+from bert_jax.train import health
 from bert_jax import config_lib
 from bert_jax.interop import init_from
 from bert_jax.train import metrics as metrics_lib
@@ -37,6 +38,7 @@ from bert_jax.tools import files
 
 
 NonFiniteLossError = guard.NonFiniteLossError
+RunHealthError = health.RunHealthError
 
 # The logging interval's running sums of the step's stats: one dispatch a step, however many
 # leaves the objectives report (ELECTRA's AUC histograms are two of them).
@@ -225,6 +227,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """
   workdir = guard.check_workdir(workdir, 'pretrain')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
+  health.parse_stop(config.train.stop_on_alarms)
   config_lib.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.for_pretraining(config)
@@ -384,6 +387,10 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(merged))
     to_global = None  # Set per phase: each process holds only its rows.
 
+  # What a model that learned nothing scores on the held-out set, beside every evaluation.
+  unigram = health.unigram_loss(held_out, config.model.vocab_size)
+  stop_on = health.parse_stop(config.train.stop_on_alarms)
+
   def evaluate(step):
     totals = None
     for batch in held_out:
@@ -392,15 +399,39 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     values = steps.summarize(model, totals)
     if 'mlm_loss' in values:
       values['mlm_baseline_accuracy'] = baseline
+    if unigram is not None and ('mlm_loss' in values or 'rtd_gen_loss' in values):
+      values['unigram_loss'] = unigram
+    if 'rtd_replaced_fraction' in values:
+      values['rtd_disc_prior_loss'] = health.binary_entropy(values['rtd_replaced_fraction'])
+    eval_history.append({**values, 'step': step})
+    alarms = health.eval_alarms(eval_history, config.train.warmup_steps)
+    if alarms:
+      values['alarms'] = [a.name for a in alarms]
     writer.write(step, 'eval', values)
     parts = metrics_lib.objective_parts(values)
     parts = [p[:-1] + f'; most-frequent-token baseline {baseline:.3f})' if p.startswith('mlm ')
              else p for p in parts]
     logging.info('eval step %d | loss %.4f | %s', step, values['loss'], ' | '.join(parts))
+    raise_alarms(alarms)
     return values
+
+  def raise_alarms(alarms):
+    """Logs each alarm; stops the run on one that train.stop_on_alarms names."""
+    for alarm in alarms:
+      logging.warning('ALARM %s at step %d: %s.', alarm.name, alarm.step, alarm.message)
+    stopping = [a for a in alarms if a.name in stop_on]
+    if stopping:
+      writer.close()
+      raise health.RunHealthError(
+          f'Stopped at step {stopping[0].step} by the alarm {stopping[0].name} '
+          f'(config.train.stop_on_alarms={config.train.stop_on_alarms!r}): '
+          f'{stopping[0].message}; {checkpointer.describe_latest()}.')
 
   peak_flops = config.train.peak_flops or metrics_lib.measure_peak_flops()
   writer = metrics_lib.MetricWriter(workdir, start_step)
+  # The evaluations before a resume count toward an alarm's two in a row.
+  eval_history = _eval_records(workdir) if start_step else []
+  previous_train = None  # (step, loss) of the last train interval: the spike alarm's reference.
   num_steps = config.train.num_steps
   last_eval = {}
   if start_step == 0:
@@ -493,9 +524,15 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
                       seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
         if max_skips:
           values['nonfinite_skips'] = skipped
+        alarms = health.train_alarms(step, values['loss'], previous_train, bad,
+                                     config.train.warmup_steps)
+        if alarms:
+          values['alarms'] = [a.name for a in alarms]
+        previous_train = (step, values['loss'])
         writer.write(step, 'train', values)
         eta = (num_steps - step) * batch_size / seq_per_s if seq_per_s else 0.0
         metrics_lib.log_train_line(step, num_steps, values, eta)
+        raise_alarms(alarms)
         accumulated, finite_flags, timed_steps = None, [], 0
         interval_start, excluded = time.perf_counter(), 0.0
       pause_start = time.perf_counter()
@@ -529,6 +566,15 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     if config.train.get('plots', True):
       write_plots(workdir)
   return last_eval
+
+
+def _eval_records(workdir: str) -> list[dict]:
+  """metrics.jsonl's eval records (a resumed run's writer has kept those up to its step)."""
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not files.exists(path):
+    return []
+  with files.open(path, encoding='utf-8') as f:
+    return [r for r in map(json.loads, f) if r['split'] == 'eval']
 
 
 def log_summary(workdir: str, last_eval: dict) -> None:

@@ -194,43 +194,37 @@ def baseline_text(sweep: results.Sweep) -> str:
   return text
 
 
-def rate_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
-  """(header, rows) of the fine-tuning learning rates: per arm and task, the rate selected on
-  dev and, with a grid, each rate's median over seeds; empty rows when no run records its rate
-  (runs from before the grid)."""
+def _arm_task_rows(sweep: results.Sweep, field: str, cell) -> tuple[list[str], list[list[str]]]:
+  """(header, rows): per arm a row of cell(run) per task (NONE where the run lacks `field`);
+  empty rows when no run has `field` (runs from before the fine-tuning protocol)."""
   header = ['arm'] + [_escape(task) for task in sweep.tasks]
   runs = [[sweep.final(arm['name'], task) for task in sweep.tasks] for arm in sweep.arms]
-  if not any(run is not None and run.learning_rate is not None for row in runs for run in row):
+  if not any(getattr(run, field, None) is not None for row in runs for run in row):
     return header, []
+  return header, [[_escape(arm.get('label', arm['name']))]
+                  + [NONE if getattr(run, field, None) is None else cell(run) for run in row]
+                  for arm, row in zip(sweep.arms, runs)]
 
+
+def rate_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
+  """(header, rows) of the fine-tuning learning rates: per arm and task, the rate selected on
+  dev and, with a grid, each rate's median over seeds."""
   def cell(run):
-    if run is None or run.learning_rate is None:
-      return NONE
     text = _rate(run.learning_rate)
     if len(run.rate_medians) > 1:
       text += ' (' + ', '.join(f'{_rate(rate)}: {_cell(median, ".1f")}'
                                for rate, median in run.rate_medians) + ')'
     return text
-  return header, [[_escape(arm.get('label', arm['name']))] + [cell(run) for run in row]
-                  for arm, row in zip(sweep.arms, runs)]
+  return _arm_task_rows(sweep, 'learning_rate', cell)
 
 
 def convergence_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   """(header, rows) of whether fine-tuning converged: per arm and task at the selected rate,
-  the last dev loss and its change over the last epoch (medians over seeds); empty rows when no
-  run records them."""
-  header = ['arm'] + [_escape(task) for task in sweep.tasks]
-  runs = [[sweep.final(arm['name'], task) for task in sweep.tasks] for arm in sweep.arms]
-  if not any(run is not None and run.dev_loss is not None for row in runs for run in row):
-    return header, []
-
+  the last dev loss and its change over the last epoch (medians over seeds)."""
   def cell(run):
-    if run is None or run.dev_loss is None:
-      return NONE
     change = NONE if run.dev_loss_change is None else f'{run.dev_loss_change:+.3f}'
     return f'{run.dev_loss:.3f} ({change})'
-  return header, [[_escape(arm.get('label', arm['name']))] + [cell(run) for run in row]
-                  for arm, row in zip(sweep.arms, runs)]
+  return _arm_task_rows(sweep, 'dev_loss', cell)
 
 
 def health_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:

@@ -54,11 +54,12 @@ ANY_SIGN = Range(lambda x: True, '')
 MESH_AXIS = Range(lambda x: x == -1 or x >= 1, '>= 1, or -1 (the devices the other axes leave)')
 # numpy's seeded generators take non-negative seeds; JAX's keys take them below 2**63.
 SEED = Range(lambda x: 0 <= x < 2**63, 'in [0, 2**63)')
+INIT_SEED = Range(lambda x: x == -1 or 0 <= x < 2**63, 'in [0, 2**63), or -1 (config.seed)')
 
 # Every numeric key of configs/base.py and configs/finetune.py (and the task configs that start
 # from it) and its valid values. A key missing here fails tests/test_config.py.
 RANGES = {
-    'seed': SEED, 'seeds': POSITIVE,
+    'seed': SEED, 'init_seed': INIT_SEED, 'seeds': POSITIVE,
     'model.vocab_size': POSITIVE, 'model.hidden_size': POSITIVE, 'model.num_layers': POSITIVE,
     'model.num_heads': POSITIVE, 'model.intermediate_size': POSITIVE,
     'model.max_position_embeddings': POSITIVE, 'model.type_vocab_size': POSITIVE,

@@ -112,7 +112,7 @@ class BertConfig:
   # XLM's language embeddings (models/xlm.py): rows of the table added to each token's embedding
   # by its language id; 0: none (XLM-R, and every other family).
   num_languages: int = 0
-  seed: int = 0  # The run's seed (config.seed); seeds cuDNN's in-kernel attention dropout.
+  seed: int = 0  # The run's init seed (config.init_seed or seed); seeds cuDNN's attention dropout.
 
   @classmethod
   def from_config(cls, config) -> 'BertConfig':
@@ -121,7 +121,8 @@ class BertConfig:
     fields.pop('name', None)
     fields['dtype'] = DTYPES[fields['dtype']]
     fields['param_dtype'] = DTYPES[fields['param_dtype']]
-    return cls(seed=config.get('seed', 0), **fields)
+    seed = config.get('init_seed', -1)  # -1: config.seed (configs/base.py).
+    return cls(seed=config.get('seed', 0) if seed < 0 else seed, **fields)
 
   @property
   def head_dim(self) -> int:

@@ -228,7 +228,9 @@ def train_state_shardings(config, model, tx, mesh, rules):
 
 def create_train_state(config, model, tx, mesh, rules):
   """The pretraining state, materialised sharded: (state, state_shardings)."""
-  return state_lib.create(state_initializer(config, model, tx), config.seed, mesh, rules)
+  seed = config.get('init_seed', -1)  # -1: config.seed (configs/base.py).
+  return state_lib.create(state_initializer(config, model, tx),
+                          config.seed if seed < 0 else seed, mesh, rules)
 
 
 # Model sizes whose multiples a mesh axis may need, and the config key that sets each.

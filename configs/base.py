@@ -39,7 +39,7 @@ def get_config(arg=None):
   config.seed = 0  # Seeds parameters, dropout, the data order and the held-out split.
   # Seeds the parameters and dropout alone when >= 0 (the data stay config.seed's): two runs that
   # differ only here train on the same batches, the spread that initialisation alone gives
-  # (benchmarks/equivalence.py's yardstick). -1: config.seed.
+  # (bert_jax/tools/equivalence.py's yardstick). -1: config.seed.
   config.init_seed = -1
   # Start from these weights (fresh optimizer, step 0): 'hf:DIR', 'tf:PREFIX' or a bert_jax
   # workdir. The model's shape and, unless data.vocab_file is set, the vocab come from it.

@@ -136,3 +136,11 @@ def _config_file(tmp_path, config) -> str:
   path.write_text('import json\nimport ml_collections\n\n\ndef get_config():\n'
                   f'  return ml_collections.ConfigDict(json.loads({config.to_json()!r}))\n')
   return str(path)
+
+
+def test_a_config_the_runs_refuse_is_a_one_line_error_before_training(tmp_path):
+  config = micro_config(tmp_path, **{'model.num_heads': 3})  # 32 wide: not divisible.
+  with pytest.raises(SystemExit, match=r'Invalid config: .*num_heads'):
+    equivalence.main(['equivalence', f'--config={_config_file(tmp_path, config)}',
+                      f'--workdir={tmp_path / "eq"}'])
+  assert not os.path.exists(tmp_path / 'eq' / 'fast' / 'metrics.jsonl')

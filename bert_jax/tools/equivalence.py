@@ -218,7 +218,11 @@ def main(argv=None) -> int:
       with_overrides(values.config, overrides)
   except ValueError as e:
     raise SystemExit(f'Invalid path: {e}') from None
-  runs = run(values.config, values.workdir, paths)
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  try:
+    runs = run(values.config, values.workdir, paths)
+  except config_lib.ConfigError as e:
+    raise SystemExit(f'Invalid config: {e}') from None
   verdict = judge(runs, values.factor)
   print(table(runs, verdict))
   with open(os.path.join(values.workdir, 'equivalence.json'), 'w', encoding='utf-8') as f:

@@ -235,7 +235,10 @@ def get_config(arg=None):
   train.phase2_batch_size = 0  # Sequences per phase-2 step (0: train.batch_size).
   train.optimizer = 'adamw'  # 'adamw' (the paper's) or 'lamb' (You et al., large batches).
   train.learning_rate = 1e-4  # Peak learning rate.
-  train.warmup_steps = 10_000  # Linear warmup, then linear decay to 0 at num_steps.
+  # Linear warmup, then linear decay to 0 at num_steps. The paper fixes the warmup in steps
+  # (10,000 of 1M, appendix A.2); `steps=N` keeps its share instead (1%: 30 steps at steps=3000),
+  # unless `warmup=` is given (`steps=N,warmup=10000` keeps the paper's steps).
+  train.warmup_steps = 10_000
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
   train.adam_b1 = 0.9  # Adam moments (LAMB uses the same three).
   train.adam_b2 = 0.999

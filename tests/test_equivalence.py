@@ -30,7 +30,8 @@ def test_the_yardstick_is_the_references_largest_gap_after_step_zero():
   assert verdict['yardstick'] == pytest.approx({'loss': 0.2, 'mlm_accuracy': 0.01})
   gaps = verdict['paths'][FAST]['gaps']
   assert gaps['loss']['largest_gap'] == pytest.approx(0.1) and gaps['loss']['at_step'] == 10
-  assert gaps['loss']['tolerance'] == pytest.approx(0.2 + equivalence.RELATIVE_FLOOR * 6.0)
+  assert gaps['loss']['tolerance'] == pytest.approx(
+      equivalence.TOLERANCE_FACTOR * 0.2 + equivalence.RELATIVE_FLOOR * 6.0)
   assert verdict['paths'][FAST]['equivalent'] is True
   # Not training outcomes: not judged.
   assert set(gaps) == {'loss', 'mlm_accuracy'}

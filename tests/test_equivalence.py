@@ -145,3 +145,17 @@ def test_a_config_the_runs_refuse_is_a_one_line_error_before_training(tmp_path):
     equivalence.main(['equivalence', f'--config={_config_file(tmp_path, config)}',
                       f'--workdir={tmp_path / "eq"}'])
   assert not os.path.exists(tmp_path / 'eq' / 'fast' / 'metrics.jsonl')
+
+
+def test_notrain_judges_the_evaluations_the_workdir_holds(tmp_path, capsys):
+  runs = curves(**{REF: [(0, 9.0, 0.0), (10, 6.0, 0.10)], SEED: [(0, 8.0, 0.0), (10, 6.1, 0.10)],
+                   FAST: [(0, 9.0, 0.0), (10, 6.05, 0.10)]})
+  for name, evals in runs.items():
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'metrics.jsonl').write_text(
+        ''.join(json.dumps(r) + '\n' for r in evals.values()))
+  config = micro_config(tmp_path)
+  assert equivalence.main(['equivalence', f'--config={_config_file(tmp_path, config)}',
+                           f'--workdir={tmp_path}', '--notrain']) == 0
+  assert '| fast | all | | | | | equivalent |' in capsys.readouterr().out
+  assert not os.path.exists(tmp_path / FAST / 'eval_results.json')  # Nothing trained.

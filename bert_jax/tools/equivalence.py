@@ -20,7 +20,9 @@ gap, its step, the tolerance and the verdict; WORKDIR/equivalence.json keeps it 
 status 0 when every path is equivalent, 1 otherwise.
 
 Other paths: `--path=NAME:KEY=VALUE,KEY=VALUE` (config keys, as --config.KEY=VALUE), e.g.
-`--path=xla_bf16:model.dtype=bfloat16,model.attention_impl=xla`. docs/equivalence.md says what
+`--path=xla_bf16:model.dtype=bfloat16,model.attention_impl=xla`. `--notrain` judges the runs
+WORKDIR/<path> holds, however far they got, training nothing: paths trained side by side (each
+`python -m bert_jax.main` with the path's settings) or cut short. docs/equivalence.md says what
 was measured.
 """
 
@@ -111,14 +113,16 @@ def read_evals(workdir: str) -> dict[int, dict]:
   return evals
 
 
-def run(config, workdir: str, paths: dict[str, dict]) -> dict[str, dict[int, dict]]:
+def run(config, workdir: str, paths: dict[str, dict],
+        train: bool = True) -> dict[str, dict[int, dict]]:
   """Trains `config` with each path's overrides in WORKDIR/<path> (a finished path is read, not
-  trained again); {path: {step: eval record}}."""
+  trained again; with `train` False none is trained: the evaluations each has so far, as of runs
+  trained elsewhere, side by side or cut short); {path: {step: eval record}}."""
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   runs = {}
   for name, overrides in paths.items():
     path_dir = os.path.join(workdir, name)
-    if not os.path.isfile(os.path.join(path_dir, 'eval_results.json')):
+    if train and not os.path.isfile(os.path.join(path_dir, 'eval_results.json')):
       pretrain.train_and_evaluate(with_overrides(config, overrides), path_dir)
     runs[name] = read_evals(path_dir)
   return runs
@@ -210,6 +214,9 @@ def main(argv=None) -> int:
   flags.DEFINE_multi_string('path', [], 'NAME:KEY=VALUE,... (repeatable).', flag_values=values)
   flags.DEFINE_float('factor', TOLERANCE_FACTOR, 'Tolerance: this x the yardstick.',
                      flag_values=values)
+  flags.DEFINE_bool('train', True, 'False: judge the evaluations WORKDIR/<path> hold (runs '
+                    'trained elsewhere, e.g. side by side on one GPU), training nothing.',
+                    flag_values=values)
   values(sys.argv if argv is None else argv)
   if values.config is None or not values.workdir:
     raise SystemExit('usage: python -m bert_jax.equivalence --config=FILE[:ARGS] '
@@ -223,7 +230,7 @@ def main(argv=None) -> int:
     raise SystemExit(f'Invalid path: {e}') from None
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
   try:
-    runs = run(values.config, values.workdir, paths)
+    runs = run(values.config, values.workdir, paths, values.train)
   except config_lib.ConfigError as e:
     raise SystemExit(f'Invalid config: {e}') from None
   verdict = judge(runs, values.factor)

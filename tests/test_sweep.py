@@ -458,3 +458,43 @@ def test_report_of_a_directory_that_is_not_a_sweep_exits_with_one_line(tmp_path)
                           check=False)
   assert result.returncode == 1
   assert 'sweep.json does not exist' in result.stderr and 'Traceback' not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_two_rate_two_seed_sweep_reports_the_chosen_rate_the_floors_and_the_marks(
+    tmp_path, compile_cache):
+  from bert_jax.sweep import report  # pylint: disable=g-import-not-at-top
+  sweep = tiny(table5(), 'mrpc', cache=compile_cache)
+  keep_arms(sweep, ['mlm', 'random'])
+  sweep.finetune.seeds = 2
+  sweep.finetune.learning_rates = '5e-5,3e-5'
+  # 64 rows: MRPC's majority class, paraphrase (68%), is theirs too (16 rows can say otherwise).
+  sweep.finetune.overrides.task.max_train_examples = 64
+  workdir = str(tmp_path)
+  _run(sweep, workdir)
+  for arm in ('mlm', 'random'):
+    for rate in ('lr_5e-05', 'lr_3e-05'):
+      assert sorted(os.listdir(tmp_path / 'finetune' / arm / 'mrpc' / rate)) == [
+          'seed_0', 'seed_1']
+  loaded = report.load(workdir)
+  run = loaded.final('mlm', 'mrpc')
+  assert run.learning_rate in (5e-5, 3e-5) and len(run.scores) == 2
+  assert [rate for rate, _ in run.rate_medians] == [5e-5, 3e-5]
+  header, rows = report.main_rows(loaded)
+  labels = [row[0] for row in rows]
+  assert labels[-1] == report.BASELINE_LABEL
+  baseline = run.baseline  # MRPC dev's majority class, from the first 16 training rows.
+  assert baseline is not None and run.baseline_kind == 'majority class of the training rows'
+  column = header.index(f'mrpc {run.metric}')
+  assert rows[0][0] == 'No NSP' and rows[0][column].startswith(
+      f'{run.median:.1f} [{min(run.scores):.1f}–{max(run.scores):.1f}]')
+  assert rows[-1][column] == f'{baseline:.1f}'
+  for row in rows[:-1]:  # Marked exactly where the median is not above the floor.
+    arm = next(a['name'] for a in loaded.arms if a.get('label') == row[0])
+    below = loaded.final(arm, 'mrpc').median <= baseline
+    assert row[column].endswith(report.AT_BASELINE) == below, (row, baseline)
+  # Eight steps of fine-tuning do not lift the untrained encoder above the majority class.
+  assert rows[1][0] == 'No pretraining' and rows[1][column].endswith(report.AT_BASELINE), rows
+  text = report.markdown(loaded)
+  assert '## Fine-tuning learning rate' in text and '## Fine-tuning convergence' in text
+  assert 'The no-pretraining row: No pretraining' in text

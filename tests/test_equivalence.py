@@ -67,7 +67,7 @@ def test_paths_are_the_config_its_float32_xla_form_and_that_from_another_init():
   assert paths[SEED] == {**paths[REF], 'init_seed': config.seed + 1}
   reference = equivalence.with_overrides(config, paths[REF])
   assert (reference.model.attention_impl, config.model.attention_impl) == ('xla', 'tpu')
-  with pytest.raises(ValueError, match="'model.dtipe' is not a config key"):
+  with pytest.raises(ValueError, match="unknown config key 'model.dtipe'"):
     equivalence.with_overrides(config, {'model.dtipe': 'float32'})
 
 

@@ -85,32 +85,22 @@ def paths_for(config, extra: dict | None = None) -> dict[str, dict]:
           SEED_PATH: {**REFERENCE, 'init_seed': other}, **(extra or {})}
 
 
-def with_overrides(config, overrides: dict):
-  """A copy of `config` with {'section.key': value} set; a ValueError names an unknown key."""
+def with_overrides(config, overrides: dict, where: str = 'equivalence path'):
+  """A copy of `config` with {'section.key': value} set as a sweep sets them (types kept); a
+  ValueError names an unknown key and the closest known one."""
+  from bert_jax.sweep import spec  # pylint: disable=g-import-not-at-top
   config = copy.deepcopy(config)
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for parent in parents:
-      node = node[parent]
-    if leaf not in node:
-      raise ValueError(f'{key!r} is not a config key.')
-    node[leaf] = value
+  spec.apply_overrides(config, overrides, where)
   return config
 
 
 def read_evals(workdir: str) -> dict[int, dict]:
   """{step: eval record} of a run's metrics.jsonl (the last record of a step wins)."""
+  from bert_jax import plot  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.isfile(path):
     return {}
-  evals = {}
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      record = json.loads(line)
-      if record.get('split') == 'eval':
-        evals[int(record['step'])] = record
-  return evals
+  return {int(r['step']): r for r in plot.read_records(path) if r.get('split') == 'eval'}
 
 
 def run(config, workdir: str, paths: dict[str, dict],
@@ -225,7 +215,7 @@ def main(argv=None) -> int:
     extra = dict(parse_path(p) for p in values.path)
     paths = paths_for(values.config, extra)
     for name, overrides in paths.items():
-      with_overrides(values.config, overrides)
+      with_overrides(values.config, overrides, f'--path {name}')
   except ValueError as e:
     raise SystemExit(f'Invalid path: {e}') from None
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top

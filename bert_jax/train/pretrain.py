@@ -227,7 +227,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """
   workdir = guard.check_workdir(workdir, 'pretrain')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
-  health.parse_stop(config.train.stop_on_alarms)
+  stop_on = health.parse_stop(config.train.stop_on_alarms)
   config_lib.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.for_pretraining(config)
@@ -245,7 +245,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
                  describe_batch(config))
     with sharding.activation_rules(mesh, rules):
       return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
-                    claim, preemption)
+                    claim, preemption, stop_on)
 
 
 def describe_batch(config) -> str:
@@ -304,7 +304,7 @@ def _nonfinite_steps(flags, first_step: int) -> list[int]:
 
 
 def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
-           preemption) -> dict:
+           preemption, stop_on: tuple[str, ...]) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
   vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
@@ -389,7 +389,6 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
   # What a model that learned nothing scores on the held-out set, beside every evaluation.
   unigram = health.unigram_loss(held_out, config.model.vocab_size)
-  stop_on = health.parse_stop(config.train.stop_on_alarms)
 
   def evaluate(step):
     totals = None
@@ -579,8 +578,7 @@ def _eval_records(workdir: str) -> list[dict]:
 
 def log_summary(workdir: str, last_eval: dict) -> None:
   """One line: how far eval MLM loss fell and how accuracy compares with the baseline."""
-  with files.open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    evals = [r for r in map(json.loads, f) if r['split'] == 'eval']
+  evals = _eval_records(workdir)
   if not evals or not last_eval or 'mlm_loss' not in last_eval:
     return
   first = evals[0]['mlm_loss']

@@ -4,7 +4,8 @@ Arguments (comma separated, `configs/base.py:layers=6,nsp=False,mask_rate=0.3`):
   layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, warmup, corpus, vocab.
 (`nsp=False` drops 'nsp' from config.objectives: single segments, MLM only.)
 Arguments carry what depends on them (`apply_pretraining_arguments`): `steps` without `warmup`
-keeps the warmup's share of the steps (here 1%, 10k of 1M; at least one step), and `mask_rate`
+keeps the warmup's share of the steps (here 1%, 10k of 1M; at least one step), `warmup=paper`
+keeps the config's own warmup in steps (the paper's 10k; refused if longer than the run), and `mask_rate`
 or `seq` raise data.max_predictions_per_seq (and, with `mask_rate`, the phase-2 one) in
 proportion, rounded up (the paper's 20 at seq 128 and rate 0.15 become 40 at rate 0.3).
 Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`; such an override is
@@ -13,6 +14,7 @@ taken as given, and derives nothing.
 
 import math
 
+from absl import logging
 import ml_collections
 
 # Arguments accepted after the colon, and the config key each one sets.
@@ -237,7 +239,7 @@ def get_config(arg=None):
   train.learning_rate = 1e-4  # Peak learning rate.
   # Linear warmup, then linear decay to 0 at num_steps. The paper fixes the warmup in steps
   # (10,000 of 1M, appendix A.2); `steps=N` keeps its share instead (1%: 30 steps at steps=3000),
-  # unless `warmup=` is given (`steps=N,warmup=10000` keeps the paper's steps).
+  # unless `warmup=` is given (`steps=N,warmup=paper` keeps the paper's 10,000 steps).
   train.warmup_steps = 10_000
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
   train.adam_b1 = 0.9  # Adam moments (LAMB uses the same three).
@@ -309,7 +311,7 @@ def apply_pretraining_arguments(config, arg) -> None:
   """Applies ARGUMENTS to a pretraining config, then scales what depends on them.
 
   The config's own values are the reference: `steps=N` without `warmup` sets the warmup to the
-  same share of N (at least 1 step); `mask_rate` and `seq` raise max_predictions_per_seq to the
+  same share of N (at least 1 step), and `warmup=paper` keeps the config's own warmup steps; `mask_rate` and `seq` raise max_predictions_per_seq to the
   config's value times (seq / its seq) x (rate / its rate), rounded up, and never lower it.
   """
   data, train = config.data, config.train
@@ -317,9 +319,18 @@ def apply_pretraining_arguments(config, arg) -> None:
   seq, rate = data.max_seq_length, config.masking.rate
   predictions, phase2_predictions = (data.max_predictions_per_seq,
                                      data.phase2_max_predictions_per_seq)
-  given = apply_arguments(config, arg)
+  arg, paper_warmup = _take_paper_warmup(arg)
+  given = apply_arguments(config, arg) | ({'warmup'} if paper_warmup else set())
   if 'steps' in given and 'warmup' not in given:
     train.warmup_steps = max(1, round(warmup * train.num_steps / steps))
+    logging.info(
+        'Config: steps=%d keeps the warmup at %.3g%% of the steps: %d (this config: %d of %d). '
+        'warmup=paper keeps %d steps; warmup=N sets it.', train.num_steps,
+        100 * warmup / steps, train.warmup_steps, warmup, steps, warmup)
+  elif 'steps' in given:
+    logging.info('Config: steps=%d with warmup %d steps (%s; this config: %d of %d).',
+                 train.num_steps, train.warmup_steps,
+                 'the config\'s own, warmup=paper' if paper_warmup else 'as given', warmup, steps)
   if 'mask_rate' in given or 'seq' in given:
     data.max_predictions_per_seq = scaled_predictions(
         predictions, data.max_seq_length / seq, config.masking.rate / rate,
@@ -328,6 +339,18 @@ def apply_pretraining_arguments(config, arg) -> None:
     data.phase2_max_predictions_per_seq = scaled_predictions(
         phase2_predictions, 1.0, config.masking.rate / rate,
         data.phase2_max_seq_length * config.masking.rate)
+  if data.max_predictions_per_seq != predictions:
+    logging.info('Config: seq=%d, mask_rate=%g raise max_predictions_per_seq %d -> %d.',
+                 data.max_seq_length, config.masking.rate, predictions,
+                 data.max_predictions_per_seq)
+
+
+def _take_paper_warmup(arg) -> tuple[str, bool]:
+  """(`arg` without a `warmup=paper` item, whether it had one): that value keeps the config's
+  own warmup in steps, which `steps=N` would otherwise scale."""
+  items = [item for item in (arg or '').split(',')
+           if item.replace(' ', '') != 'warmup=paper']
+  return ','.join(items), len(items) != len((arg or '').split(','))
 
 
 def scaled_predictions(predictions: int, seq_ratio: float, rate_ratio: float,

@@ -4,7 +4,8 @@ Arguments (comma separated): `size=small|base|large` (default small), then confi
 (`configs/electra.py:size=base,steps=10000`). The paper fixes the warmup in steps (10,000 at
 every size); `steps` without `warmup` keeps the warmup's share of the steps instead (1%: 30
 steps at steps=3000, short enough that a small model's discriminator can die at its peak rate;
-the run-health alarm `discriminator_at_prior` says so), and `warmup=N` sets it.
+the run-health alarm `discriminator_at_prior` says so); `warmup=paper` keeps the 10,000 steps
+and `warmup=N` sets it. The log's first lines say which warmup a run got.
 The model is 'electra' (the discriminator: E-wide embeddings projected to H when E != H, BERT's
 layers), the objective 'rtd' (the generator, 1/4 of H for small and large, 1/3 for base, with
 its heads and feed-forward scaled alike, shares the embeddings; loss = its MLM loss + 50 x the

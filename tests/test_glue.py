@@ -403,3 +403,23 @@ def test_a_glue_task_scores_the_baseline_of_its_train_rows_on_a_split(tmp_path):
   assert task.baseline(train, dev) == pytest.approx({'f1': 80.0, 'accuracy': 100 * 2 / 3})
   assert task.baseline_kind == 'majority class of the training rows'
   assert 'reported as 0' in glue.GlueTask('stsb', data_dir=str(tmp_path)).baseline_kind
+
+
+def test_a_cut_training_file_keeps_the_whole_files_majority_for_the_baseline(tmp_path,
+                                                                            tokenizer):
+  # The first two rows say "not paraphrase" (0), the file as a whole "paraphrase" (1).
+  rows = [('0', 'a b', 'c d'), ('0', 'e f', 'g h')] + [('1', 'i j', 'k l')] * 3
+  with open(tmp_path / 'train.tsv', 'w') as f:
+    f.write('Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n')
+    for i, (label, a, b) in enumerate(rows):
+      f.write(f'{label}\t{i}\t{i}\t{a}\t{b}\n')
+  dev = base.EncodedSplit({'input_ids': np.zeros((3, 3)), 'label': np.array([0, 1, 1])})
+  cut = glue.GlueTask('mrpc', data_dir=str(tmp_path), max_train_examples=2)
+  train = cut.train_split(tokenizer, 16)
+  assert list(train.features['label']) == [0, 0]  # Trained on the first two rows only...
+  assert cut.baseline(train, dev) == pytest.approx({'f1': 80.0, 'accuracy': 100 * 2 / 3})
+  assert cut.baseline_kind == ('majority class of the whole training file (5 rows; the run '
+                               'trained on its first 2)')
+  whole = glue.GlueTask('mrpc', data_dir=str(tmp_path))
+  assert whole.baseline(whole.train_split(tokenizer, 16), dev) == cut.baseline(train, dev)
+  assert whole.baseline_kind == 'majority class of the training rows'

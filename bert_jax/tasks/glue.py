@@ -357,6 +357,7 @@ class GlueTask(base.Task):
     self.data_dir = os.path.expanduser(data_dir)
     self.source = source
     self.max_train_examples = max_train_examples
+    self._file_labels = None  # The whole train file's labels, once max_train_examples cut it.
 
   def _expected_files(self):
     names = ['train.tsv'] + [f for _, f in self.spec.eval_files]
@@ -387,7 +388,10 @@ class GlueTask(base.Task):
 
   def train_split(self, tokenizer, max_seq_length: int) -> base.EncodedSplit:
     examples = self._examples('train', 'train.tsv')
-    if self.max_train_examples > 0:
+    if 0 < self.max_train_examples < len(examples):
+      # The baseline's majority comes from the whole file: MRPC's first 16 rows are mostly
+      # "not paraphrase", its file and dev set 68% paraphrases.
+      self._file_labels = [e.label for e in examples]
       examples = examples[:self.max_train_examples]
     return self._encode(examples, tokenizer, max_seq_length)
 
@@ -456,11 +460,18 @@ class GlueTask(base.Task):
   def baseline_kind(self) -> str:
     if self.spec.labels is None:
       return 'constant prediction (its correlations are undefined: reported as 0)'
+    if self._file_labels is not None:
+      return (f'majority class of the whole training file ({len(self._file_labels)} rows; the '
+              f'run trained on its first {self.max_train_examples})')
     return 'majority class of the training rows'
 
   def baseline(self, train: base.EncodedSplit, split: base.EncodedSplit) -> dict[str, float]:
-    """majority_baseline of the training rows' labels, on `split`."""
-    return majority_baseline(self.spec, train.features['label'], split.features['label'])
+    """majority_baseline of the training file's labels (all of them, also where
+    max_train_examples cut the rows trained on), on `split`."""
+    labels = train.features['label']
+    if self._file_labels is not None and self.spec.labels is not None:
+      labels = [self.spec.labels.index(label) for label in self._file_labels]
+    return majority_baseline(self.spec, labels, split.features['label'])
 
   def write_predictions(self, split_name: str, predictions: Union[list, dict[str, list]],
                         directory: str) -> list[str]:

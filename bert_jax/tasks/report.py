@@ -3,7 +3,7 @@
 Prints one markdown row per (task, split, metric) of each workdir's results.json: our median over
 seeds (and each seed), then the paper's BERT-Base and BERT-Large numbers where PAPER.md has them,
 the learning rate the scores are at (with a grid: the one selected on dev, and of how many), and
-the task's baseline (GLUE: the majority class of the training rows; STS-B's constant: 0).
+the task's baseline (GLUE: the majority class of the training file; STS-B's constant: 0).
 The paper's GLUE and NER numbers are test-set scores; ours are dev scores unless a test set was
 scored, so the comparison is indicative, as the column says. SQuAD v1.1's and SWAG's are dev.
 """

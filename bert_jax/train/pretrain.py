@@ -243,6 +243,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
     logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
                  describe_batch(config))
+    logging.info('%s', describe_schedule(config))
     with sharding.activation_rules(mesh, rules):
       return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
                     claim, preemption, stop_on)
@@ -253,6 +254,16 @@ def describe_batch(config) -> str:
   sequences of an optimizer step, which throughput and MFU count."""
   rows, steps = config.train.batch_size, config.train.grad_accum_steps
   return f'batch {rows}' + (f' ({steps} micro-batches of {rows // steps})' if steps > 1 else '')
+
+
+def describe_schedule(config) -> str:
+  """'Schedule: 3000 steps, warmup 30 (1% of them) to a peak lr of 0.0005, then linear decay to
+  0.': what the run's optimizer does, said once at the start (the papers fix the warmup in
+  steps; configs' `steps=N` keeps its share unless `warmup=` is given)."""
+  train = config.train
+  share = 100 * train.warmup_steps / max(train.num_steps, 1)
+  return (f'Schedule: {train.num_steps} steps, warmup {train.warmup_steps} ({share:.3g}% of '
+          f'them) to a peak lr of {train.learning_rate:g}, then linear decay to 0.')
 
 
 # What decides which examples make each batch: a resume with another value would repeat or skip

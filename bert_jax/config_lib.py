@@ -6,7 +6,9 @@ import os
 import re
 from typing import Callable, NamedTuple
 
+from bert_jax import models
 from bert_jax import ops
+from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
 from configs import base
 
 VALID_CHOICES = {
@@ -121,10 +123,6 @@ RANGES = {
 
 # Keys that no longer exist, and what replaced them.
 RENAMED = {'data.nsp': "now config.objectives: 'mlm,nsp' for NSP, 'mlm' without"}
-
-
-class ConfigError(ValueError):
-  """A config value that cannot work."""
 
 
 def flatten(config, prefix='') -> dict:
@@ -384,11 +382,6 @@ def _check_model_shape(model) -> None:
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
 
 
-# The modern encoder's switches (configs/base.py) and BERT's values of them.
-MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
-                   'positions': 'absolute', 'local_window': 0}
-
-
 def _segmentless_xla_problems(config, kernels: tuple = ()) -> list[str]:
   """What the modern encoder and DeBERTa both refuse: an attention other than 'xla' or
   `kernels` (their windows and relative terms are attention biases) and sentence objectives (no
@@ -419,13 +412,13 @@ def _check_modern(config) -> None:
   if name != 'modernbert':
     # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
     allowed = {'positions': 'none'} if name == 'deberta' else {}
-    changed = [f'{k}={model.get(k, v)!r}' for k, v in MODERN_DEFAULTS.items()
+    changed = [f'{k}={model.get(k, v)!r}' for k, v in models.MODERN_DEFAULTS.items()
                if model.get(k, v) not in (v, allowed.get(k, v))]
     if changed:
       raise ConfigError(
           f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
           "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
-          f'{name} takes {", ".join(f"{k}={v!r}" for k, v in MODERN_DEFAULTS.items())}.')
+          f'{name} takes {", ".join(f"{k}={v!r}" for k, v in models.MODERN_DEFAULTS.items())}.')
     return
   # Negative windows and thetas, and global_every < 1, are RANGES'.
   problems = _segmentless_xla_problems(config, kernels=('splash',))
@@ -725,9 +718,9 @@ def validate_finetune(config) -> None:
                         f'only, and fine-tuning from its workdir builds the encoder without it; '
                         f'set {off!r}.')
   if config.train.layerwise_lr_decay and config.model.get('name', 'bert') == 'albert':
-    from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
+    from bert_jax.models import albert  # pylint: disable=g-import-not-at-top
     raise ConfigError(f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} '
-                      + optim.SHARED_LAYERS_REFUSAL)
+                      + albert.SHARED_LAYERS_REFUSAL)
   _check_model_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:

@@ -27,6 +27,7 @@ import re
 import numpy as np
 
 from bert_jax import objectives
+from bert_jax.core.errors import ConfigError
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import masking
 from bert_jax.data import pipeline
@@ -90,7 +91,6 @@ def parse_parallel(text: str, languages: tuple[str, ...]) -> list[tuple[int, int
 def check_config(config) -> None:
   """The cross-lingual data keys fit each other, config.model.num_languages and the run:
   ConfigError naming the value and what is valid, before anything is read or built."""
-  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
   data, count = config.data, config.model.get('num_languages', 0)
   try:
     languages = parse_languages(data.get('languages', ''))
@@ -106,7 +106,7 @@ def check_config(config) -> None:
       return
     parallel = parse_parallel(data.parallel, languages)
   except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from e
+    raise ConfigError(str(e)) from e
   problems = []
   if count and count != len(languages):
     problems.append(f'model.num_languages={count} but data.languages names {len(languages)} '
@@ -138,7 +138,7 @@ def check_config(config) -> None:
     problems.append(f'max_seq_length={data.max_seq_length} leaves a translation pair no room '
                     'for both sentences; use at least 6')
   if problems:
-    raise config_lib.ConfigError('config.data.languages='
+    raise ConfigError('config.data.languages='
                                  f'{data.languages!r}: ' + '; '.join(problems) + '.')
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 
 from bert_jax import objectives
+from bert_jax.core.errors import ConfigError
 from bert_jax.data import masking
 
 # Draws at finding a document other than the current one, as the original.
@@ -108,9 +109,8 @@ def check_rows(config) -> None:
   pairs, packing or fixed masks."""
   if config.data.rows != 'full_sentences':
     return
-  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
   if objectives.sentence_pairs(config):
-    raise config_lib.ConfigError(
+    raise ConfigError(
         f"config.data.rows='full_sentences' fills rows with sentences across documents, but "
         f'config.objectives={config.objectives!r} trains on sentence pairs; use '
         "objectives without a pair objective (RoBERTa: 'mlm'), or data.rows='segments'.")
@@ -118,7 +118,7 @@ def check_rows(config) -> None:
                    ('dupe_factor', 'its rows change with each epoch\'s document order, so no '
                     'mask can stay fixed')):
     if config.data[key]:
-      raise config_lib.ConfigError(
+      raise ConfigError(
           f"config.data.{key}={config.data[key]!r} with config.data.rows='full_sentences': "
           f'{why}; set config.data.{key} to {type(config.data[key])()!r}.')
 

@@ -14,14 +14,15 @@ import os
 
 import numpy as np
 
-from bert_jax import config_lib
+from bert_jax.core.errors import ConfigError
+from bert_jax.data import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
 METADATA_FILENAME = 'metadata.json'
 SHARD_PATTERN = 'documents-{index:05d}.array_record'
 
 
-class PreparedCorpusError(config_lib.ConfigError):
+class PreparedCorpusError(ConfigError):
   """A prepared corpus (config.data.prepared) whose metadata or shards are missing, truncated or
   corrupt. A ConfigError, so a run stops with one line naming the file, whether the fault shows
   when the corpus is opened or at a read mid-run."""
@@ -131,7 +132,7 @@ def _metadata_problem(metadata: Metadata) -> str:
   """What makes metadata unreadable for streaming ('' when nothing)."""
   if metadata.token_dtype not in ('uint16', 'int32'):
     return f"token_dtype {metadata.token_dtype!r} is not 'uint16' or 'int32'"
-  kinds = config_lib.VALID_CHOICES['data.tokenizer']
+  kinds = tokenizer_lib.KINDS
   if metadata.tokenizer not in kinds:
     return f'tokenizer {metadata.tokenizer!r} is not one of {", ".join(kinds)}'
   if not isinstance(metadata.shards, list):

@@ -16,27 +16,16 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax import config_lib
+from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import param_tree
 from bert_jax.tools import files
 from bert_jax.train import checkpoint
 
-# config.model keys that describe the architecture (taken from the source checkpoint).
-BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
-                          'num_heads', 'intermediate_size', 'max_position_embeddings',
-                          'type_vocab_size', 'layer_norm_eps', 'causal')
-# The modern encoder's switches (configs/base.py), with BERT's values of them.
-MODERN_DEFAULTS = {**config_lib.MODERN_DEFAULTS, 'rope_theta': 10_000.0,
-                   'local_rope_theta': 10_000.0, 'global_every': 1,
-                   # DeBERTa's.
-                   'relative_attention': '', 'relative_buckets': 0, 'relative_positions': 0,
-                   'share_relative_key': False, 'relative_norm': False,
-                   # XLM's.
-                   'num_languages': 0}
-ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(MODERN_DEFAULTS)
+ARCHITECTURE_KEYS = models.BERT_ARCHITECTURE_KEYS + tuple(models.SWITCH_DEFAULTS)
 # Values of the keys that workdirs written before the key existed lack (and HF BERT configs).
-_WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0, **MODERN_DEFAULTS}
+_WORKDIR_DEFAULTS = {'causal': False, 'name': 'bert', 'embedding_size': 0,
+                     **models.SWITCH_DEFAULTS}
 
 
 def _unrolled_if_modern(architecture: dict) -> dict:
@@ -134,7 +123,7 @@ def source_architecture(spec: str) -> dict:
     model = _config_json(path)['model']
     return _unrolled_if_modern(
         {k: model[k] if k in model else _WORKDIR_DEFAULTS[k] for k in ARCHITECTURE_KEYS})
-  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
     has_config = os.path.isfile(os.path.join(path, 'config.json'))
     hf_config = _config_json(path) if has_config else None
@@ -148,7 +137,7 @@ def source_architecture(spec: str) -> dict:
   if hf_config is None:
     raise InitFromError(f'config.init_from={spec!r}: no config.json next to the weights.')
   try:
-    overrides = convert.hf_config_to_model_overrides(hf_config)
+    overrides = hf.hf_config_to_model_overrides(hf_config)
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
   overrides = {**{k: v for k, v in _WORKDIR_DEFAULTS.items() if k != 'causal'}, **overrides}
@@ -199,8 +188,8 @@ def source_lowercase(spec: str, tokenizer: str) -> bool:
   kind, path = parse(spec)
   if kind == 'workdir':
     return bool(_config_json(path).get('data', {}).get('lowercase', True))
-  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
-  stated = set(convert.tokenizer_casing(path).values()) if kind == 'hf' else set()
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  stated = set(hf.tokenizer_casing(path).values()) if kind == 'hf' else set()
   return stated.pop() if len(stated) == 1 else _FAMILY_CASING[tokenizer]
 
 
@@ -236,9 +225,9 @@ def source_gelu(spec: str) -> str:
     return _config_json(path)['model'].get('gelu', 'erf')
   if kind == 'tf':
     return 'erf'
-  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   try:
-    return convert.hf_config_to_model_overrides(_config_json(path)).get('gelu', 'erf')
+    return hf.hf_config_to_model_overrides(_config_json(path)).get('gelu', 'erf')
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
 
@@ -267,9 +256,9 @@ def adopt_source(config) -> None:
   adopt_tokenizer(config)
   kind, path = parse(config.init_from)
   if kind == 'hf':
-    from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
     try:
-      convert.check_tokenizer_casing(path, config.data.lowercase)
+      hf.check_tokenizer_casing(path, config.data.lowercase)
     except ValueError as e:
       raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   if not config.data.vocab_file:
@@ -289,19 +278,19 @@ def load_params(config, fresh_params):
   kind, path = parse(config.init_from)
   if kind == 'workdir':
     return _load_workdir_params(path, parse_step(config.init_from), fresh_params)
-  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   try:
     if kind == 'hf':
-      state_dict, hf_config = convert.load_hf_state_dict(path)
+      state_dict, hf_config = hf.load_hf_state_dict(path)
     else:
       from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
       state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
-  params, report = convert.import_hf(state_dict, config, hf_config=hf_config,
+  params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
                                      resize_vocab=config.init_resize_vocab, seed=config.seed)
   logging.info('init_from %s: %s', config.init_from, report.summary())
-  return convert.merge_missing(params, jax.device_get(fresh_params), config)
+  return hf.merge_missing(params, jax.device_get(fresh_params), config)
 
 
 def import_for_finetuning(config) -> tuple[dict, dict]:

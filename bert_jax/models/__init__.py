@@ -17,6 +17,22 @@ from bert_jax import registry
 # The encoders shipped in this package (each registers itself on import).
 BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
 
+# config.model keys that describe the architecture (taken from the source checkpoint).
+BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
+                          'num_heads', 'intermediate_size', 'max_position_embeddings',
+                          'type_vocab_size', 'layer_norm_eps', 'causal')
+# The modern encoder's switches (configs/base.py) and BERT's values of them.
+MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
+                   'positions': 'absolute', 'local_window': 0}
+# Every family's architecture switches beyond BERT's keys, with BERT's values of them.
+SWITCH_DEFAULTS = {**MODERN_DEFAULTS, 'rope_theta': 10_000.0,
+                   'local_rope_theta': 10_000.0, 'global_every': 1,
+                   # DeBERTa's.
+                   'relative_attention': '', 'relative_buckets': 0, 'relative_positions': 0,
+                   'share_relative_key': False, 'relative_norm': False,
+                   # XLM's.
+                   'num_languages': 0}
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:

@@ -16,6 +16,10 @@ from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
 
+# Why layer-wise learning-rate decay (train/optim.py) refuses ALBERT, after
+# 'config.train.layerwise_lr_decay[=value]'.
+SHARED_LAYERS_REFUSAL = ("needs each layer's own parameters, and ALBERT's layers share one set "
+                         "('bert/encoder/shared_layer'): set it to 0 for model.name='albert'.")
 
 class AlbertEncoder(nn.Module):
   """E -> H projection, then one BertLayer's parameters applied num_layers times.

@@ -87,10 +87,6 @@ class Objective:
   # optimizer gives them no update and keeps no state for them (train/optim.py), and an export
   # leaves them out.
   frozen: tuple[str, ...] = ()
-  # (run's ConfigDict, fresh parameters as host arrays) -> the parameters a run starts from when
-  # no checkpoint of its own exists (distill: the teacher's weights and the student made from
-  # them); None: the fresh init (or config.init_from).
-  init_params: Callable[[Any, Any], Any] | None = None
   # (model config, encoder, batch, deterministic) -> (the batch the encoder reads, {output name:
   # array}): run by the pretraining model before the encoder, e.g. ELECTRA's generator replacing
   # the masked tokens (its modules are the model's children, as a head's). None: the encoder

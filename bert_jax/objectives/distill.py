@@ -38,7 +38,6 @@ import ml_collections
 
 from bert_jax import models
 from bert_jax import objectives
-from bert_jax.interop import init_from
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
 
@@ -46,7 +45,7 @@ from bert_jax.objectives import mlm
 TEACHER = 'teacher'
 # config.distill.teacher_model keys: the teacher's architecture, adopted from its checkpoint.
 # Teachers are BERT-family encoders: the modern encoder's switches keep BERT's values.
-TEACHER_MODEL_KEYS = (*init_from.BERT_ARCHITECTURE_KEYS, 'gelu')
+TEACHER_MODEL_KEYS = (*models.BERT_ARCHITECTURE_KEYS, 'gelu')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +65,7 @@ def teacher_run_config(config) -> ml_collections.ConfigDict:
   run = ml_collections.ConfigDict(config.to_dict())
   for key in TEACHER_MODEL_KEYS:
     run.model[key] = config.distill.teacher_model[key]
-  run.model.update(init_from.MODERN_DEFAULTS)
+  run.model.update(models.SWITCH_DEFAULTS)
   return run
 
 
@@ -187,11 +186,6 @@ def unconfigured(*args, **kwargs):
                    'it from config.distill.')
 
 
-def init_params(config, fresh):
-  from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
-  return teacher.initial_params(config, fresh)
-
-
 def configure(config) -> objectives.Objective:
   """The objective with config.distill's settings bound."""
   settings = settings_of(config)
@@ -214,4 +208,4 @@ class _Bound:
 OBJECTIVE = objectives.register(objectives.Objective(
     name='distill', batch_spec=batch_spec, head=unconfigured, losses=unconfigured,
     loss=unconfigured, metrics=unconfigured, flops=unconfigured, counts=counts,
-    masks_inputs=True, configure=configure, frozen=(TEACHER,), init_params=init_params))
+    masks_inputs=True, configure=configure, frozen=(TEACHER,)))

@@ -3,7 +3,7 @@ key, its value and what would work instead."""
 
 import jax
 
-from bert_jax.config_lib import ConfigError
+from bert_jax.core.errors import ConfigError
 from bert_jax.ops import attention
 from bert_jax.ops import ffn
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax.models import albert
+
 # Leaves that get no weight decay, as in the original BERT ("LayerNorm", "layer_norm", "bias").
 NO_DECAY_LEAVES = ('bias', 'scale', 'output_bias')
 
@@ -37,9 +39,6 @@ def weight_decay_mask(params):
 # that sit above the last layer (ModernBERT's final norm); the rest sit below the first.
 ENCODER_SCOPE = 'bert'
 ABOVE_LAYERS = ('final_norm',)
-# Why layer-wise decay refuses ALBERT, after 'config.train.layerwise_lr_decay[=value]'.
-SHARED_LAYERS_REFUSAL = ("needs each layer's own parameters, and ALBERT's layers share one set "
-                         "('bert/encoder/shared_layer'): set it to 0 for model.name='albert'.")
 
 
 def layer_depth(path: tuple, num_layers: int):
@@ -58,7 +57,7 @@ def layer_depth(path: tuple, num_layers: int):
   if name.startswith('layer_') and name[len('layer_'):].isdigit():
     return int(name[len('layer_'):]) + 1
   if name == 'shared_layer':
-    raise ValueError('config.train.layerwise_lr_decay ' + SHARED_LAYERS_REFUSAL)
+    raise ValueError('config.train.layerwise_lr_decay ' + albert.SHARED_LAYERS_REFUSAL)
   return num_layers + 1 if name in ABOVE_LAYERS else 0
 
 

@@ -21,6 +21,7 @@ from bert_jax.train import guard
 from bert_jax.train import health
 from bert_jax import config_lib
 from bert_jax.interop import init_from
+from bert_jax.interop import teacher
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import optim
 from bert_jax import objectives
@@ -358,15 +359,14 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       except init_from.InitFromError as e:
         raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
-  else:
-    starts = [o.init_params for o in objectives.of_config(config) if o.init_params]
-    if starts:  # A distillation teacher and the student made from it.
-      with jax.set_mesh(None):
-        try:
-          params = starts[0](config, state.params)
-        except init_from.InitFromError as e:
-          raise config_lib.ConfigError(str(e)) from e
-      state = state.replace(params=jax.device_put(params, state_shardings.params))
+  elif any(teacher.TEACHER in o.frozen for o in objectives.of_config(config)):
+    # A distillation teacher and the student made from it.
+    with jax.set_mesh(None):
+      try:
+        params = teacher.initial_params(config, state.params)
+      except init_from.InitFromError as e:
+        raise config_lib.ConfigError(str(e)) from e
+    state = state.replace(params=jax.device_put(params, state_shardings.params))
   start_step = int(state.step)
   claim.commit()  # Every check passed: from here on the run writes its files.
   if jax.process_index() == 0:

@@ -76,7 +76,7 @@ def predictions(seq: int, rate: float = 0.15) -> int:
 
 def model_config(model: str):
   """The config of a shape's MODEL: its recipe as CONFIGS names it."""
-  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
   path, _, arg = CONFIGS[model].partition(':')
   return cli.load_config_file(path, arg or None)
 

@@ -210,7 +210,7 @@ def check_xla_options(config) -> None:
 
 def write_config(config, workdir: str) -> None:
   """workdir/config.json: the run's whole config."""
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   with files.open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
 
@@ -563,7 +563,7 @@ def _check_data(config) -> None:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
   if data.prepared:
-    from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+    from bert_jax.core import files  # pylint: disable=g-import-not-at-top
     if files.is_url(data.prepared):
       # Grain and ArrayRecord read local files by random access, shard by shard.
       raise ConfigError(f'config.data.prepared={data.prepared!r}: a prepared corpus is read from '
@@ -838,7 +838,7 @@ def apply_compilation_cache(config) -> str:
   directory = value
   if '://' not in value:
     directory = os.path.abspath(os.path.expanduser(value))
-    from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+    from bert_jax.core import checkpoint  # pylint: disable=g-import-not-at-top
     try:
       os.makedirs(directory, exist_ok=True)
       checkpoint.write_probe(directory)

@@ -12,8 +12,8 @@ from ml_collections import config_flags
 # Config files import `configs.base`: make the repository root importable from anywhere.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.core import chips  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.core import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/tiny.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; resumes when it has checkpoints.')
@@ -54,7 +54,7 @@ def main(argv):
     count, index = os.environ.get('JAX_NUM_PROCESSES'), os.environ.get('JAX_PROCESS_ID')
     jax.distributed.initialize(num_processes=int(count) if count else None,
                                process_id=int(index) if index else None)
-  from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import checkpoint  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.tasks import base as tasks_base  # pylint: disable=g-import-not-at-top
   config = _CONFIG.value

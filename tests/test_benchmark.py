@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import harness
 from bert_jax.tools import benchmark
-from bert_jax.tools import chips
+from bert_jax.core import chips
 from bert_jax.tools import gpu_clocks
 from bert_jax.train import metrics
 from configs import tiny

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bert_jax.tools import chips
+from bert_jax.core import chips
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each command's other required flags.
@@ -73,7 +73,7 @@ def _without_tpu_settings():
 
 @needs_libtpu_without_tpu
 def test_libtpu_is_quiet_on_a_machine_without_a_tpu():
-  result = run('-c', 'from bert_jax.tools import chips; chips.quiet_absent_tpu(); import jax; '
+  result = run('-c', 'from bert_jax.core import chips; chips.quiet_absent_tpu(); import jax; '
                'print(jax.devices()[0].platform)', env=_without_tpu_settings())
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() in ('cpu', 'gpu')
@@ -85,7 +85,7 @@ def test_compile_only_still_describes_tpu_topologies_quietly():
   # As bert_jax.aot starts; other processes may hold libtpu.
   code = ('import os; os.environ["JAX_PLATFORMS"] = "cpu"\n'
           'os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"\n'
-          'from bert_jax.tools import chips; chips.quiet_absent_tpu(compile_only=True)\n'
+          'from bert_jax.core import chips; chips.quiet_absent_tpu(compile_only=True)\n'
           'from jax.experimental import topologies\n'
           'd = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x4", '
           'chip_config_name="megacore", num_slices=1)\n'
@@ -98,7 +98,7 @@ def test_compile_only_still_describes_tpu_topologies_quietly():
 
 def test_a_config_file_with_arguments_passes_the_file_check():
   code = ('from absl import flags; from ml_collections import config_flags\n'
-          'from bert_jax.tools import cli\n'
+          'from bert_jax.core import cli\n'
           'config_flags.DEFINE_config_file("config")\n'
           'flags.FLAGS(["x", "--config=configs/tiny.py:steps=2,nsp=False"])\n'
           'cli.check_config_loads(flags.FLAGS["config"]); print("loaded")\n')

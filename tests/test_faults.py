@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax import config_lib
 from bert_jax.train import pretrain
@@ -332,7 +332,7 @@ import os, resource, signal, sys
 sys.path.insert(0, {repo!r})
 import jax
 import jax.numpy as jnp
-from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Writes past the limit fail with EFBIG instead.
 checkpointer = checkpoint_lib.Checkpointer({directory!r}, every=1, keep=5)

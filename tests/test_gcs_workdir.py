@@ -115,7 +115,7 @@ def emulator():
          'GOOGLE_CLOUD_PROJECT': 'bert-jax-test'}
   for key, value in env.items():
     patch.setenv(key, value)
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   from etils.epath import gpath  # pylint: disable=g-import-not-at-top
   # Both cache a backend chosen by the environment: an earlier test's choice (TensorFlow's gfile,
   # where TensorFlow is installed) would send gs:// to the real Cloud Storage.
@@ -132,7 +132,7 @@ def emulator():
 
 
 def test_files_write_read_list_and_rename_objects(emulator):
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   root = f'gs://{BUCKET}/files'
   files.write_text(f'{root}/a/config.json', '{"x": 1}')
   with files.open(f'{root}/a/metrics.jsonl', 'w') as f:
@@ -184,7 +184,7 @@ def test_a_second_run_on_a_gs_workdir_is_refused_naming_the_first(emulator):
 
 
 def test_metrics_on_gs_keep_the_records_up_to_the_resumed_checkpoint(emulator):
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   from bert_jax.train import metrics  # pylint: disable=g-import-not-at-top
   workdir = f'gs://{BUCKET}/metrics'
   writer = metrics.MetricWriter(workdir)
@@ -230,7 +230,7 @@ def without_timing(records):
 
 
 def read_metrics(workdir):
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   return [json.loads(line) for line in files.read_text(f'{workdir}/metrics.jsonl').splitlines()]
 
 
@@ -264,7 +264,7 @@ def runs(emulator, tmp_path_factory):
 @pytest.mark.slow
 def test_a_gs_run_stopped_and_resumed_ends_as_an_uninterrupted_local_run(runs):
   from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
   local, remote = runs
   assert without_timing(read_metrics(remote)) == without_timing(read_metrics(local))
   assert_trees_equal(init_from.workdir_params(remote, 12), init_from.workdir_params(local, 12))
@@ -313,8 +313,8 @@ LONG = {'train.num_steps': 60, 'train.log_every': 5, 'train.eval_every': 30,
 
 @pytest.mark.slow
 def test_sigkill_of_a_gs_run_then_the_same_command_ends_as_a_local_run(emulator, tmp_path):
-  from bert_jax.tools import files  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import checkpoint  # pylint: disable=g-import-not-at-top
   env = {**os.environ, **emulator}
   cache, local = str(tmp_path / 'vocab'), str(tmp_path / 'local')
   subprocess.run(command(local, cache, **LONG), cwd=REPO, env=env, check=True,

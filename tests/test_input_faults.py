@@ -198,7 +198,7 @@ def test_a_bad_read_mid_run_stops_it_with_no_checkpoint_after_it(prepared, tmp_p
   """A read that fails after some steps (a disk fault: the reader's own RuntimeError) ends the
   run with the shard named; every checkpoint on disk was saved before that read."""
   import grain  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   saved, saved_before_failure = [], []
   real_save = checkpoint_lib.Checkpointer.save
 

@@ -830,8 +830,8 @@ if __name__ == '__main__':
   # Config files import `configs.base`: make the repository root importable from anywhere.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   from absl import app  # pylint: disable=g-import-not-at-top
-  from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top
-  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()  # Before JAX starts (workers inherit it).
   _define_flags()
   app.run(main, flags_parser=cli.flags_parser(__name__))

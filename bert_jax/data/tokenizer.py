@@ -23,7 +23,7 @@ from tokenizers import pre_tokenizers
 from tokenizers import trainers
 
 from bert_jax.data.pretraining import SpecialIds
-from bert_jax.tools import files
+from bert_jax.core import files
 
 KINDS = ('wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq')
 # BERT's special tokens; a trained vocab lists them first, so [PAD] is id 0.

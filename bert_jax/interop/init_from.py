@@ -19,8 +19,8 @@ from absl import logging
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import param_tree
-from bert_jax.tools import files
-from bert_jax.train import checkpoint
+from bert_jax.core import files
+from bert_jax.core import checkpoint
 
 ARCHITECTURE_KEYS = models.BERT_ARCHITECTURE_KEYS + tuple(models.SWITCH_DEFAULTS)
 # Values of the keys that workdirs written before the key existed lack (and HF BERT configs).

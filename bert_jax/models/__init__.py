@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from bert_jax import registry
+from bert_jax.core import registry
 
 # The encoders shipped in this package (each registers itself on import).
 BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import registry
+from bert_jax.core import registry
 
 # The objectives shipped in this package (each registers itself on import).
 BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd', 'sbo')

@@ -77,6 +77,6 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()
   app.run(main)

@@ -109,7 +109,7 @@ class Plan:
 
 def load_file(path: str):
   """The ConfigDict of a sweep file (`get_config()`)."""
-  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
   return cli.load_config_file(path)
 
 
@@ -120,7 +120,7 @@ def _flatten(overrides) -> dict:
 
 def load_config(spec: str, where: str):
   """get_config(arg) of 'path[:arg]'; SweepError naming `where` when it does not load."""
-  from bert_jax.tools import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
   path, _, arg = spec.partition(':')
   try:
     return cli.load_config_file(path, arg or None)

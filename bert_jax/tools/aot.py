@@ -57,11 +57,11 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from bert_jax.tools import chips
-from bert_jax.tools import cli
+from bert_jax.core import chips
+from bert_jax.core import cli
 from bert_jax.tools import kernel_costs
 from bert_jax.tools import step_parts
-from bert_jax.tools.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
+from bert_jax.core.chips import TPU_SPECS, TpuSpec  # noqa: F401  (re-exported)
 
 # Config files import `configs.base`: make the repository root importable from anywhere.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

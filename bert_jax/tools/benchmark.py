@@ -24,8 +24,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax.tools import chips
-from bert_jax.tools import cli
+from bert_jax.core import chips
+from bert_jax.core import cli
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 

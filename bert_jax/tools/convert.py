@@ -19,8 +19,8 @@ import orbax.checkpoint as ocp
 
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.tools import files
-from bert_jax.train.checkpoint import latest_step
+from bert_jax.core import files
+from bert_jax.core.checkpoint import latest_step
 from bert_jax.interop import hf_families
 from bert_jax.interop.hf import (
     TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
@@ -158,7 +158,7 @@ def main(argv=None) -> None:
 def run_command():
   # `configs` lives at the repository root: make it importable from anywhere, as main.py does.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-  from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()  # Before JAX starts.
   main()
 

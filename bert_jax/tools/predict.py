@@ -213,7 +213,7 @@ def _workdir_source(spec: str, workdir: str, step: int | None):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import checkpoint  # pylint: disable=g-import-not-at-top
   config_path = os.path.join(workdir, 'config.json')
   if not os.path.isfile(config_path):
     hf_hint = (' It has a transformers model file: pass hf:' + workdir + '.'
@@ -505,7 +505,7 @@ def main(argv) -> None:
 
 
 def run_command() -> None:
-  from bert_jax.tools import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()  # Before JAX starts.
   define_flags()
   app.run(main, flags_parser=parse_flags)

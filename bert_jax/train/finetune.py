@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax.train import lr_grid
 from bert_jax import config_lib

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from bert_jax import config_lib
-from bert_jax.tools import files
+from bert_jax.core import files
 from bert_jax.train import object_lock
 
 LOCK_NAME = '.lock'

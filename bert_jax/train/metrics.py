@@ -22,8 +22,8 @@ from absl import logging
 
 from bert_jax import models
 from bert_jax import objectives
-from bert_jax.tools import chips
-from bert_jax.tools import files
+from bert_jax.core import chips
+from bert_jax.core import files
 
 UPLOAD_EVERY_S = 30.0  # gs://: the most often metrics.jsonl and TensorBoard are rewritten.
 

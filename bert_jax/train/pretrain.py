@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bert_jax.train import checkpoint as checkpoint_lib
+from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import guard
 from bert_jax.train import health
 from bert_jax import config_lib
@@ -35,7 +35,7 @@ from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
-from bert_jax.tools import files
+from bert_jax.core import files
 
 
 NonFiniteLossError = guard.NonFiniteLossError

@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from bert_jax.tools import files
+from bert_jax.core import files
 
 INTEGRITY_KEY = 'integrity'
 # What orbax writes last into a step on Cloud Storage (atomicity_types.COMMIT_SUCCESS_FILE).

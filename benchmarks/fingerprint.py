@@ -14,10 +14,12 @@ as `python -m bert_jax.main` jits it, as StableHLO text without debug locations 
 a function between files changes nothing, while changing what it computes does). Lowering only:
 nothing compiles, a family takes a second or two on CPU. `--losses` adds the tiny quickstart
 (`configs/tiny.py:steps=60`, the built-in corpus; about 30 s on 2 CPU cores), whose losses at
-steps 0, 20, 40 and 60 must match to the last digit. `--family=NAME` (repeatable) picks families.
+steps 0, 20, 40 and 60 must match to the last digit. Without `--family=NAME` (repeatable: those
+families only) it first prints a sha256 of each shipped config's flattened keys and values.
 """
 
 import argparse
+import glob
 import hashlib
 import importlib.util
 import json
@@ -56,6 +58,8 @@ FAMILY_OVERRIDES = {
     'albert': {'model.embedding_size': 32},
     'bert_tpu_kernel_bf16': {'model.attention_impl': 'tpu', 'model.dtype': 'bfloat16'},
 }
+# Shipped config files without a get_config (helpers) are skipped.
+CONFIG_FILES = 'configs/*.py'
 QUICKSTART = ['--config=configs/tiny.py:steps=60', '--config.train.log_every=20']
 
 
@@ -111,6 +115,24 @@ def lowered_text(config) -> str:
     return train_step.lower(state, batch).as_text(debug_info=False)
 
 
+def config_digests() -> list[str]:
+  """'config FILE sha256' of each shipped config (no arguments), flattened and sorted: a move of
+  a key's declaration must leave every config's keys and values as they were."""
+  from bert_jax.core import schema  # pylint: disable=g-import-not-at-top
+  lines = []
+  for path in sorted(glob.glob(os.path.join(REPO, CONFIG_FILES))):
+    loaded = importlib.util.spec_from_file_location('fingerprint_config', path)
+    source = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(source)
+    if not hasattr(source, 'get_config'):
+      continue
+    flat = sorted(schema.flatten(source.get_config()).items())
+    text = '\n'.join(f'{key}={value!r}' for key, value in flat)
+    lines.append(f'config {os.path.relpath(path, REPO)} '
+                 f'{hashlib.sha256(text.encode()).hexdigest()}')
+  return lines
+
+
 def quickstart_losses() -> list[str]:
   """'step N split loss' of the tiny quickstart's records, every digit kept."""
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -130,6 +152,9 @@ def main(argv=None) -> int:
   parser.add_argument('--losses', action='store_true',
                       help="also run the tiny quickstart and print its losses")
   args = parser.parse_args(argv)
+  if not args.family:
+    for line in config_digests():
+      print(line, flush=True)
   for name in args.family or FAMILIES:
     digest = hashlib.sha256(lowered_text(family_config(name)).encode()).hexdigest()
     print(f'{name} {digest}', flush=True)

@@ -1,14 +1,18 @@
 """Config checks that run before anything compiles; each error names key, value and what is valid."""
 
-import difflib
 import math
 import os
 import re
-from typing import Callable, NamedTuple
 
 from bert_jax import models
+from bert_jax.models import checks as model_checks
 from bert_jax import ops
+from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
+# Re-exported: the ranges' names, as config_lib.POSITIVE etc.
+from bert_jax.core.schema import (  # noqa: F401  pylint: disable=unused-import
+    ANY_SIGN, BELOW_ONE, INIT_SEED, MESH_AXIS, NON_NEGATIVE, OPEN_SHARE, POSITIVE, PROBABILITY,
+    SEED, Range, flatten)
 from configs import base
 
 VALID_CHOICES = {
@@ -39,25 +43,6 @@ VALID_CHOICES = {
 }
 
 
-class Range(NamedTuple):
-  """The valid values of a numeric key, beyond being a finite number: `test` and its wording."""
-  test: Callable[[float], bool]
-  text: str  # Completes 'must be a finite number ...' (an integer for integer keys).
-
-
-POSITIVE = Range(lambda x: x > 0, '> 0')
-NON_NEGATIVE = Range(lambda x: x >= 0, '>= 0')
-PROBABILITY = Range(lambda x: 0 <= x <= 1, 'in [0, 1]')
-# A rate of 1 drops every unit (dropout), keeps no running average (Adam's betas), or leaves
-# nothing else to train or evaluate on (shares of data or steps).
-BELOW_ONE = Range(lambda x: 0 <= x < 1, 'in [0, 1)')
-OPEN_SHARE = Range(lambda x: 0 < x < 1, 'in (0, 1)')
-ANY_SIGN = Range(lambda x: True, '')
-MESH_AXIS = Range(lambda x: x == -1 or x >= 1, '>= 1, or -1 (the devices the other axes leave)')
-# numpy's seeded generators take non-negative seeds; JAX's keys take them below 2**63.
-SEED = Range(lambda x: 0 <= x < 2**63, 'in [0, 2**63)')
-INIT_SEED = Range(lambda x: x == -1 or 0 <= x < 2**63, 'in [0, 2**63), or -1 (config.seed)')
-
 # Every numeric key of configs/base.py and configs/finetune.py (and the task configs that start
 # from it) and its valid values. A key missing here fails tests/test_config.py.
 RANGES = {
@@ -72,7 +57,6 @@ RANGES = {
     'model.generator_layer_fraction': POSITIVE,
     'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
     'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
-    'model.relative_buckets': NON_NEGATIVE, 'model.relative_positions': NON_NEGATIVE,
     'model.num_languages': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
@@ -118,23 +102,13 @@ RANGES = {
     'distill.teacher_model.max_position_embeddings': POSITIVE,
     'distill.teacher_model.type_vocab_size': POSITIVE,
     'distill.teacher_model.layer_norm_eps': POSITIVE,
+    # The family units' own keys (models/<family>/config.py).
+    **{key: valid for unit in models.KEY_UNITS.values() for key, valid in unit.RANGES.items()},
 }
 
 
 # Keys that no longer exist, and what replaced them.
 RENAMED = {'data.nsp': "now config.objectives: 'mlm,nsp' for NSP, 'mlm' without"}
-
-
-def flatten(config, prefix='') -> dict:
-  """{'model.hidden_size': 768, ...} for a (nested) ConfigDict."""
-  out = {}
-  for key, value in config.items():
-    name = f'{prefix}{key}'
-    if hasattr(value, 'items'):
-      out.update(flatten(value, name + '.'))
-    else:
-      out[name] = value
-  return out
 
 
 def validate(config) -> None:
@@ -149,7 +123,7 @@ def validate(config) -> None:
   _check_model_shape(config.model)
   _check_electra(config)
   _check_modern(config)
-  _check_deberta(config)
+  _check_families(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_languages(config)
   _check_data(config)
@@ -268,20 +242,10 @@ def _check_init_from(config) -> None:
 
 
 def _check_ranges(flat, choices) -> None:
-  """Choices, then RANGES, of the flattened config's keys; every number must be finite."""
-  for key, valid in choices.items():
-    if key in flat and flat[key] not in valid:
-      raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {valid}.')
-  for key, value in flat.items():
-    if key not in RANGES:
-      continue
-    valid = RANGES[key]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    finite = number and (isinstance(value, int) or math.isfinite(value))
-    if not (finite and valid.test(value)):
-      kind = 'an integer' if isinstance(value, int) else 'a finite number'
-      raise ConfigError(f'config.{key}={value!r}: must be {kind}'
-                        + (f' {valid.text}.' if valid.text else '.'))
+  """Choices, then RANGES (and those of a family unit registered since), of the flattened
+  config's keys; every number must be finite."""
+  units = {key: valid for unit in models.KEY_UNITS.values() for key, valid in unit.RANGES.items()}
+  schema.check_ranges(flat, choices, {**RANGES, **units})
 
 
 def _check_schedule(train) -> None:
@@ -295,20 +259,7 @@ def _check_schedule(train) -> None:
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:
-  known = flatten(reference)
-  unknown = sorted(set(flat) - set(known))
-  if unknown:
-    hints = []
-    for key in unknown:
-      close = difflib.get_close_matches(key, known, n=1)
-      if key in RENAMED:
-        hints.append(f'config.{key} ({RENAMED[key]})')
-        continue
-      hints.append(f'config.{key}' + (f' (did you mean config.{close[0]}?)' if close else ''))
-    raise ConfigError(f'Unknown config keys: {", ".join(hints)}.')
-  missing = sorted(set(known) - set(flat))
-  if missing:
-    raise ConfigError(f'Config lacks keys: {", ".join(missing)}; start from {reference_file}.')
+  schema.check_known_keys(flat, reference, reference_file, RENAMED)
 
 
 def row_lengths(config) -> list[int]:
@@ -382,22 +333,6 @@ def _check_model_shape(model) -> None:
         f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
 
 
-def _segmentless_xla_problems(config, kernels: tuple = ()) -> list[str]:
-  """What the modern encoder and DeBERTa both refuse: an attention other than 'xla' or
-  `kernels` (their windows and relative terms are attention biases) and sentence objectives (no
-  segments)."""
-  problems = []
-  if config.model.attention_impl not in ('xla', *kernels):
-    problems.append(f'attention_impl={config.model.attention_impl!r}: its attention takes a bias '
-                    "the kernels do not; set attention_impl=" + ' or '.join(
-                        repr(k) for k in ('xla', *kernels)))
-  sentence = [n for n in _objectives().parse(config.objectives) if n in ('nsp', 'sop')]
-  if sentence:
-    problems.append(f'objectives {config.objectives!r}: it has no segment embeddings for '
-                    f"{', '.join(sentence)}; use 'mlm' or 'rtd'")
-  return problems
-
-
 def _check_modern(config) -> None:
   """The modern encoder's switches are model.name='modernbert''s only, as is the splash attention
   of its windows; that family is bidirectional, XLA- or splash-attended, without segments (no
@@ -421,7 +356,8 @@ def _check_modern(config) -> None:
           f'{name} takes {", ".join(f"{k}={v!r}" for k, v in models.MODERN_DEFAULTS.items())}.')
     return
   # Negative windows and thetas, and global_every < 1, are RANGES'.
-  problems = _segmentless_xla_problems(config, kernels=('splash',))
+  problems = model_checks.segmentless_xla_problems(
+      config, _objectives().parse(config.objectives), kernels=('splash',))
   if model.attention_impl == 'splash':
     if model.attention_dropout_rate > 0:
       problems.append(f"attention_impl='splash' with attention_dropout_rate="
@@ -440,40 +376,12 @@ def _check_modern(config) -> None:
     raise ConfigError("config.model.name='modernbert': " + '; '.join(problems) + '.')
 
 
-def _check_deberta(config) -> None:
-  """Disentangled attention is model.name='deberta''s: 'c2p', 'p2c' or both, through the 'xla'
-  attention; DeBERTa has no segments (no NSP or SOP) and no rotary positions."""
-  model = config.model
-  name = model.get('name', 'bert')
-  terms = [t.strip() for t in str(model.get('relative_attention', '')).split('|') if t.strip()]
-  decoder = bool(model.get('enhanced_mask_decoder', False))
-  if name != 'deberta':
-    if terms:
-      raise ConfigError(
-          f'config.model.relative_attention={model.relative_attention!r} with config.model.name='
-          f"{name!r}: disentangled attention is DeBERTa's (model.name='deberta'); {name} takes "
-          "relative_attention=''.")
-    if decoder:
-      raise ConfigError(
-          f"config.model.enhanced_mask_decoder=True with config.model.name={name!r}: the "
-          "enhanced mask decoder is DeBERTa's (model.name='deberta'); set it False.")
-    return
-  problems = _segmentless_xla_problems(config)
-  unknown = [t for t in terms if t not in ('c2p', 'p2c')]
-  if unknown:
-    problems.append(f'relative_attention={model.relative_attention!r}: the terms are \'c2p\' '
-                    "and 'p2c', joined by '|' (DeBERTa: 'c2p|p2c'; '' for none)")
-  if model.positions == 'rotary':
-    problems.append("positions='rotary': DeBERTa's positions are relative; use 'none' (v3) or "
-                    "'absolute' (v1)")
-  if model.get('causal', False):
-    problems.append('causal=True: DeBERTa is bidirectional')
+def _check_families(config) -> None:
+  """Each family unit's check of its own keys (models.KEY_UNITS): a family refuses its keys
+  under another family's name and checks them under its own."""
   names = _objectives().parse(config.objectives)
-  if decoder and ('mlm' not in names or 'rtd' in names):
-    problems.append(f'enhanced_mask_decoder=True with objectives={config.objectives!r}: the '
-                    "decoder feeds the MLM head; use 'mlm' (not 'rtd', whose generator has none)")
-  if problems:
-    raise ConfigError("config.model.name='deberta': " + '; '.join(problems) + '.')
+  for unit in models.KEY_UNITS.values():
+    unit.check(config, names)
 
 
 def _check_languages(config) -> None:

@@ -17,6 +17,8 @@ import math
 from absl import logging
 import ml_collections
 
+from bert_jax import models
+
 # Arguments accepted after the colon, and the config key each one sets.
 ARGUMENTS = {
     'layers': 'model.num_layers',
@@ -70,9 +72,6 @@ def get_config(arg=None):
   # generator's MLM alone trains the tables; the discriminator reads them without a gradient
   # plus deltas of its own, which start at zero, and has its own LayerNorm).
   model.embedding_sharing = 'shared'
-  # DeBERTa (model.name='deberta', unrolled layers, the 'mlm' objective): the enhanced mask
-  # decoder, absolute positions added before the MLM head (He et al., 2021, section 3.3).
-  model.enhanced_mask_decoder = False
   model.num_layers = 12  # L.
   model.num_heads = 12  # A; must divide hidden_size.
   model.intermediate_size = 3072  # Feed-forward width, 4H.
@@ -137,16 +136,9 @@ def get_config(arg=None):
   model.local_rope_theta = 10_000.0
   model.local_window = 0
   model.global_every = 1
-  # DeBERTa's disentangled attention (model.name='deberta'; '' elsewhere): relative_attention
-  # 'c2p|p2c' (content-to-position and position-to-content terms), relative_buckets (v3: 256
-  # log buckets; 0: exact distances), relative_positions (the distances kept; 0: the position
-  # rows), share_relative_key (the layer's query and key denses project the position table, v3)
-  # and relative_norm (a LayerNorm on the table, v3). positions='none' adds no absolute ones (v3).
-  model.relative_attention = ''
-  model.relative_buckets = 0
-  model.relative_positions = 0
-  model.share_relative_key = False
-  model.relative_norm = False
+  # The family units' own keys, off (DeBERTa's disentangled attention and enhanced mask
+  # decoder: bert_jax/models/deberta/config.py says what each means).
+  model.update(models.unit_defaults())
   # XLM's language embeddings (model.name='xlm'; 0 elsewhere): rows of a table of learned
   # embeddings, one per language of data.languages, added to each token's by its language id.
   # 0: none (XLM-R).

@@ -28,3 +28,11 @@ def test_every_family_config_is_small():
     config = fingerprint.family_config(name)
     assert config.model.num_layers == 2 and config.model.hidden_size == 64, name
     assert config.train.grad_accum_steps <= 2, name
+
+
+def test_every_shipped_config_has_a_digest_of_its_keys_and_values():
+  lines = fingerprint.config_digests()
+  files = [line.split()[1] for line in lines]
+  assert 'configs/base.py' in files and 'configs/deberta.py' in files and 'configs/tiny.py' in files
+  assert all(len(line.split()[2]) == 64 for line in lines)
+  assert len(set(line.split()[2] for line in lines)) == len(lines)  # No two configs alike.

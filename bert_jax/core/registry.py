@@ -1,7 +1,8 @@
 """A registry of named things (encoder families, objectives): register, look up, list.
 
 A name in `builtin` is imported from `package`.<name> the first time it is asked for (the module
-registers itself on import), so nothing is loaded that a run does not name.
+registers itself on import; a folder unit's model.py does), so nothing is loaded that a run does
+not name.
 """
 
 import importlib
@@ -28,7 +29,11 @@ class Registry:
   def get(self, name: str):
     """The item called `name`; ValueError naming the valid ones otherwise."""
     if name not in self._items and name in self.builtin:
-      importlib.import_module(f'{self.package}.{name}')
+      module = importlib.import_module(f'{self.package}.{name}')
+      if name not in self._items and hasattr(module, '__path__'):
+        # A unit that is a folder (models/deberta/) registers from its model.py; its package
+        # stays light, for configs and validation.
+        importlib.import_module(f'{self.package}.{name}.model')
     if name not in self._items:
       raise ValueError(f'Unknown {self.kind} {name!r}; valid {self.kind}s are '
                        f'{", ".join(self.available())}.')

@@ -234,9 +234,8 @@ def _config_problems(hf_config, config, resize_vocab):
              # The modern encoder's (a ModernBERT config's overrides have them).
              'norm', 'use_bias', 'feed_forward', 'positions', 'rope_theta', 'local_rope_theta',
              'local_window', 'global_every',
-             # DeBERTa's.
-             'relative_attention', 'relative_buckets', 'relative_positions',
-             'share_relative_key', 'relative_norm',
+             # The family units' (DeBERTa's: models/deberta/config.py).
+             *(key for unit in models.KEY_UNITS.values() for key in unit.ARCHITECTURE),
              # XLM-R's (none).
              'num_languages']
   if not resize_vocab:

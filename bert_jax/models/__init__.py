@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bert_jax.core import registry
+from bert_jax.models.deberta import config as deberta_keys
 
 # The encoders shipped in this package (each registers itself on import).
 BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
@@ -24,12 +25,23 @@ BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size',
 # The modern encoder's switches (configs/base.py) and BERT's values of them.
 MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
                    'positions': 'absolute', 'local_window': 0}
-# Every family's architecture switches beyond BERT's keys, with BERT's values of them.
+
+
+# The families whose own config.model keys are declared in their folder (models/<name>/config.py:
+# the keys with defaults, ranges and meanings, and their check), loaded without jax.
+KEY_UNITS = {'deberta': deberta_keys}
+
+
+def unit_defaults() -> dict:
+  """{key: default} of every family unit's config.model keys (configs/base.py carries them)."""
+  return {key: value for unit in KEY_UNITS.values() for key, value in unit.DEFAULTS.items()}
+
+
+# Every family's architecture switches beyond BERT's keys, with BERT's values of them (a source
+# checkpoint's config.json lacks the keys of families other than its own).
 SWITCH_DEFAULTS = {**MODERN_DEFAULTS, 'rope_theta': 10_000.0,
                    'local_rope_theta': 10_000.0, 'global_every': 1,
-                   # DeBERTa's.
-                   'relative_attention': '', 'relative_buckets': 0, 'relative_positions': 0,
-                   'share_relative_key': False, 'relative_norm': False,
+                   **{key: deberta_keys.DEFAULTS[key] for key in deberta_keys.ARCHITECTURE},
                    # XLM's.
                    'num_languages': 0}
 
@@ -56,6 +68,11 @@ class Family:
   # config (electra.generator_config) and run on the embeddings the encoder's `generator_embed`
   # gives; None: the family trains no generator.
   generator: Callable[..., Any] | None = None
+  # The family's encoder config class when it has keys of its own (models/<name>/: BERT's
+  # fields and its unit's), and the check of those keys, which config_lib runs on every config
+  # (KEY_UNITS); None: BERT's keys only.
+  config: type | None = None
+  check: Callable[[Any, list], None] | None = None
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)

@@ -55,9 +55,6 @@ class BertConfig:
   generator_layer_fraction: float = 1.0
   disc_weight: float = 50.0
   embedding_sharing: str = 'shared'
-  # DeBERTa's enhanced mask decoder (models/deberta.py): the MLM head reads the last layer run
-  # twice more with absolute positions added to its queries.
-  enhanced_mask_decoder: bool = False
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
   # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
   position_offset: int = 0
@@ -103,12 +100,6 @@ class BertConfig:
   local_rope_theta: float = 10_000.0
   local_window: int = 0
   global_every: int = 1
-  # DeBERTa's (models/deberta.py; configs/base.py says what each means).
-  relative_attention: str = ''
-  relative_buckets: int = 0
-  relative_positions: int = 0
-  share_relative_key: bool = False
-  relative_norm: bool = False
   # XLM's language embeddings (models/xlm.py): rows of the table added to each token's embedding
   # by its language id; 0: none (XLM-R, and every other family).
   num_languages: int = 0
@@ -116,9 +107,10 @@ class BertConfig:
 
   @classmethod
   def from_config(cls, config) -> 'BertConfig':
-    """Builds from a full ConfigDict (reads config.model and config.seed)."""
-    fields = dict(config.model)
-    fields.pop('name', None)
+    """Builds from a full ConfigDict (reads config.seed and the keys of config.model that are
+    this class's fields: a family's own keys are its config class's, models/<family>/)."""
+    own = {f.name for f in dataclasses.fields(cls)}
+    fields = {k: v for k, v in config.model.items() if k in own}
     fields['dtype'] = DTYPES[fields['dtype']]
     fields['param_dtype'] = DTYPES[fields['param_dtype']]
     seed = config.get('init_seed', -1)  # -1: config.seed (configs/base.py).

@@ -39,6 +39,7 @@ import numpy as np
 
 from bert_jax import models
 from bert_jax.models import bert
+from bert_jax.models.deberta import config as deberta_config
 from bert_jax.models import layers
 from bert_jax.models import sharing
 from bert_jax.ops import attention as attention_ops
@@ -48,11 +49,15 @@ RELATIVE_KINDS = ('c2p', 'p2c')
 MASK_DECODER_PASSES = 2
 
 
-def config_from(config) -> bert.BertConfig:
+@dataclasses.dataclass(frozen=True)
+class DebertaConfig(deberta_config.DebertaKeys, bert.BertConfig):
+  """BERT's encoder config and DeBERTa's keys (config.py)."""
+
+
+def config_from(config) -> DebertaConfig:
   """The run's ConfigDict -> the encoder's config (no segment table, no pooler: the released
   DeBERTa models have neither)."""
-  return dataclasses.replace(bert.BertConfig.from_config(config), token_types=False,
-                             pooler=False)
+  return dataclasses.replace(DebertaConfig.from_config(config), token_types=False, pooler=False)
 
 
 def relative_kinds(cfg) -> tuple[str, ...]:
@@ -124,7 +129,7 @@ def relative_scores(cfg, content, rows, from_key: bool = False):
 class DisentangledSelfAttention(nn.Module):
   """Content-to-content, content-to-position and position-to-content attention; returns
   [batch, length, heads, kv]."""
-  config: bert.BertConfig
+  config: DebertaConfig
 
   @nn.compact
   def __call__(self, x, bias, relative, deterministic, query_states=None):
@@ -165,7 +170,7 @@ class DisentangledSelfAttention(nn.Module):
 
 class DebertaAttention(nn.Module):
   """`self` (disentangled) then `output` (dense, dropout, residual, LayerNorm), as BERT's."""
-  config: bert.BertConfig
+  config: DebertaConfig
 
   @nn.compact
   def __call__(self, x, bias, relative, deterministic, query_states=None):
@@ -178,7 +183,7 @@ class DebertaAttention(nn.Module):
 
 class DebertaLayer(nn.Module):
   """One post-LN layer: disentangled attention, then BERT's feed-forward."""
-  config: bert.BertConfig
+  config: DebertaConfig
 
   @nn.compact
   def __call__(self, x, bias, relative, deterministic, query_states=None):
@@ -203,7 +208,7 @@ class ScannedDebertaLayer(DebertaLayer):
 class DebertaEncoder(nn.Module):
   """The relative table, then num_layers DebertaLayers (scanned or unrolled); returns the last
   layer's output, or with return_all_layers every layer's stacked."""
-  config: bert.BertConfig
+  config: DebertaConfig
   return_all_layers: bool = False
 
   @nn.compact
@@ -272,7 +277,7 @@ class DebertaEncoder(nn.Module):
 class DebertaEmbeddings(nn.Module):
   """Word (+ learned positions with positions='absolute') embeddings, LayerNorm, padding
   zeroed, dropout: [batch, length, embed]."""
-  config: bert.BertConfig
+  config: DebertaConfig
 
   def setup(self):
     cfg = self.config
@@ -326,7 +331,7 @@ class DebertaModel(nn.Module):
   (or each packed pair's, at cls_positions); the registry's encoder signature. With 'rtd'
   (DeBERTa-v3's replaced-token detection) it is the discriminator: `generator_embed` and
   `generator_attend` are the embeddings its generator reads and its tied output."""
-  config: bert.BertConfig
+  config: DebertaConfig
   return_all_layers: bool = False
 
   def setup(self):
@@ -374,7 +379,7 @@ class DebertaGenerator(nn.Module):
   """DeBERTa-v3's generator: DeBERTa's layers (with the relative table of its own) at the
   generator's depth on the embeddings the discriminator's `generator_embed` gives; as wide as
   the discriminator (v3's), so no projection. config is electra.generator_config's."""
-  config: bert.BertConfig
+  config: DebertaConfig
 
   @nn.compact
   def __call__(self, embedded, input_mask, deterministic, pair_ids=None):
@@ -425,4 +430,5 @@ def table_projection_flops(model) -> float:
 
 FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
                                        encoder=DebertaModel, flops=encoder_flops,
-                                       generator=DebertaGenerator))
+                                       generator=DebertaGenerator, config=DebertaConfig,
+                                       check=deberta_config.check))

@@ -1,0 +1,110 @@
+"""A family with config keys of its own, declared from this file alone: a unit of keys
+(defaults, ranges, check) and an encoder that reads its key, registered with no edit under
+bert_jax/. Every config then carries the key, validation checks its range and refuses it under
+another family, and the family trains."""
+
+import dataclasses
+import json
+import os
+import types
+
+import pytest
+
+from bert_jax import config_lib
+from bert_jax import models
+from bert_jax.core import schema
+from bert_jax.core.errors import ConfigError
+from bert_jax.models import bert
+from bert_jax.train import pretrain
+from conftest import micro_config
+from configs import base
+
+NAME = 'scaled_bert'
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledKeys:
+  output_scale: float = schema.field(1.0, range=schema.POSITIVE,
+                                     doc='Multiplies the encoder\'s sequence output.')
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledConfig(ScaledKeys, bert.BertConfig):
+  pass
+
+
+class ScaledBert(bert.BertModel):
+  """BERT whose sequence output is scaled by model.output_scale."""
+
+  def __call__(self, *args, **kwargs):
+    sequence, pooled = super().__call__(*args, **kwargs)
+    return sequence * self.config.output_scale, pooled
+
+
+def check(config, objective_names):
+  del objective_names
+  scale = config.model.get('output_scale', 1.0)
+  if config.model.get('name', 'bert') != NAME and scale != 1.0:
+    raise ConfigError(f'config.model.output_scale={scale} with config.model.name='
+                      f"{config.model.name!r}: it is {NAME}'s; set it to 1.0.")
+
+
+FIELDS = dataclasses.fields(ScaledKeys)
+UNIT = types.SimpleNamespace(DEFAULTS=schema.defaults(FIELDS),
+                             RANGES=schema.ranges(FIELDS, 'model.'),
+                             ARCHITECTURE=schema.architecture(FIELDS), check=check)
+
+
+@pytest.fixture
+def scaled_family(monkeypatch):
+  monkeypatch.setitem(models.KEY_UNITS, NAME, UNIT)
+  family = models.register(models.Family(
+      name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
+      flops=bert.encoder_flops, config=ScaledConfig, check=check))
+  yield family
+  models.REGISTRY.unregister(NAME)
+
+
+def test_every_config_carries_the_units_key_and_validation_checks_it(scaled_family):
+  config = base.get_config('corpus=builtin')
+  assert config.model.output_scale == 1.0
+  config_lib.validate(config)
+  config.model.output_scale = -1.0
+  with pytest.raises(ConfigError, match=r'config.model.output_scale=-1.0: must be a finite '
+                     r'number > 0.'):
+    config_lib.validate(config)
+  config.model.output_scale = 2.0  # Under 'bert': the unit's check names it.
+  with pytest.raises(ConfigError, match=r"output_scale=2.0 with config.model.name='bert'"):
+    config_lib.validate(config)
+  config.model.name = NAME
+  config_lib.validate(config)
+  encoder_config = scaled_family.config_from(config)
+  assert isinstance(encoder_config, ScaledConfig) and encoder_config.output_scale == 2.0
+
+
+def test_without_the_unit_its_key_is_unknown():
+  config = base.get_config('corpus=builtin')
+  assert 'output_scale' not in config.model
+  config.model.output_scale = 2.0
+  with pytest.raises(ConfigError, match=r'Unknown config keys: config.model.output_scale'):
+    config_lib.validate(config)
+
+
+@pytest.mark.slow
+def test_the_family_trains_and_its_key_reaches_the_encoder(scaled_family, tmp_path):
+  del scaled_family
+  losses = {}
+  for scale in (1.0, 4.0):
+    workdir = str(tmp_path / f'scale_{scale}')
+    config = micro_config(tmp_path, **{'model.name': NAME, 'model.output_scale': scale,
+                                       'train.num_steps': 3, 'train.warmup_steps': 1, 'train.log_every': 3,
+                                       'train.eval_every': 3, 'train.checkpoint_every': 0})
+    pretrain.train_and_evaluate(config, workdir)
+    with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+      assert json.load(f)['model']['output_scale'] == scale
+    with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+      records = [json.loads(line) for line in f]
+    assert [r['step'] for r in records if r['split'] == 'train'] == [3]
+    losses[scale] = [r['loss'] for r in records if r['split'] == 'eval']
+  # Step 0's evaluation already differs: the encoder read the key.
+  assert losses[1.0][0] != losses[4.0][0]

@@ -8,16 +8,21 @@ rows have none, as its one shared layer is one set of parameters in both trees.
 """
 
 import dataclasses
-import re
-from collections.abc import Callable
 
+from bert_jax.models import hf_layout
+from bert_jax.models.deberta import hf as deberta_hf
+# Re-exported: the shared half of the layouts (models/hf_layout.py).
+from bert_jax.models.hf_layout import (  # noqa: F401  pylint: disable=unused-import
+    HF_GELU, Layout, UnsupportedConfigError)
 
-class UnsupportedConfigError(ValueError):
-  """An HF config uses a feature our model does not implement."""
+_layer_rows = hf_layout.layer_rows
+_common_problems = hf_layout.common_problems
+_shape_overrides = hf_layout.shape_overrides
+_shape_fields = hf_layout.shape_fields
+_buffers = hf_layout.buffers
+_NAMES = hf_layout.NAMES
+DEBERTA = deberta_hf.LAYOUT
 
-
-# HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
-HF_GELU = {'gelu': 'erf', 'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh'}
 
 BERT_TABLE = (
     ('bert/embeddings/word_embeddings', 'bert.embeddings.word_embeddings.weight', 'none'),
@@ -137,19 +142,6 @@ ALBERT_TABLE = tuple(
 # table, no pooler; the MLM head is vocab_transform, vocab_layer_norm and vocab_projector (tied to
 # the word embeddings, with the output bias).
 _DISTIL_LAYER = 'distilbert.transformer.layer.{n}.'
-_OUR_LAYER = 'bert/encoder/layer_{n}/'
-
-
-def _layer_rows(hf_layer: str, modules) -> tuple[tuple[str, str, str], ...]:
-  """Rows of BERT's layer under another family's names: each (our module under
-  bert/encoder/layer_{n}/, its HF module under `hf_layer`, the kernel's transform, the bias's)
-  gives a kernel (a LayerNorm's scale) row and a bias row."""
-  return tuple(
-      (_OUR_LAYER + ours + leaf, hf_layer + theirs + hf_leaf, transform)
-      for ours, theirs, kernel, bias in modules
-      for leaf, hf_leaf, transform in (
-          ('scale' if 'LayerNorm' in ours else 'kernel', 'weight', kernel),
-          ('bias', 'bias', bias)))
 
 
 DISTILBERT_TABLE = (
@@ -239,132 +231,9 @@ MODERNBERT_TABLE = (
     ('bert/embeddings/word_embeddings', 'decoder.weight', 'tied'),
 )
 
-# DeBERTa-v2/v3 (DebertaV2ForMaskedLM, legacy head): BERT's layer names with *_proj denses,
-# the position projections when not shared, the relative table and its LayerNorm; no segments,
-# no pooler; absolute positions only with position_biased_input.
-_DEBERTA_LAYER = 'deberta.encoder.layer.{n}.'
-DEBERTA_TABLE = (
-    ('bert/embeddings/word_embeddings', 'deberta.embeddings.word_embeddings.weight', 'none'),
-    ('bert/embeddings/position_embeddings', 'deberta.embeddings.position_embeddings.weight',
-     'none'),
-    ('bert/embeddings/LayerNorm/scale', 'deberta.embeddings.LayerNorm.weight', 'none'),
-    ('bert/embeddings/LayerNorm/bias', 'deberta.embeddings.LayerNorm.bias', 'none'),
-) + _layer_rows(_DEBERTA_LAYER, (
-        ('attention/self/query/', 'attention.self.query_proj.', 'transpose_split_out', 'split'),
-        ('attention/self/key/', 'attention.self.key_proj.', 'transpose_split_out', 'split'),
-        ('attention/self/value/', 'attention.self.value_proj.', 'transpose_split_out', 'split'),
-        ('attention/self/pos_key/', 'attention.self.pos_key_proj.', 'transpose_split_out',
-         'split'),
-        ('attention/self/pos_query/', 'attention.self.pos_query_proj.', 'transpose_split_out',
-         'split'),
-        ('attention/output/dense/', 'attention.output.dense.', 'transpose_split_in', 'none'),
-        ('attention/output/LayerNorm/', 'attention.output.LayerNorm.', 'none', 'none'),
-        ('intermediate/dense/', 'intermediate.dense.', 'transpose', 'none'),
-        ('output/dense/', 'output.dense.', 'transpose', 'none'),
-        ('output/LayerNorm/', 'output.LayerNorm.', 'none', 'none'))
-) + (
-    ('bert/encoder/rel_embeddings', 'deberta.encoder.rel_embeddings.weight', 'none'),
-    ('bert/encoder/rel_LayerNorm/scale', 'deberta.encoder.LayerNorm.weight', 'none'),
-    ('bert/encoder/rel_LayerNorm/bias', 'deberta.encoder.LayerNorm.bias', 'none'),
-    ('predictions/transform_dense/kernel', 'cls.predictions.transform.dense.weight', 'transpose'),
-    ('predictions/transform_dense/bias', 'cls.predictions.transform.dense.bias', 'none'),
-    ('predictions/transform_LayerNorm/scale', 'cls.predictions.transform.LayerNorm.weight',
-     'none'),
-    ('predictions/transform_LayerNorm/bias', 'cls.predictions.transform.LayerNorm.bias', 'none'),
-    ('predictions/output_bias', 'cls.predictions.bias', 'none'),
-    ('bert/embeddings/word_embeddings', 'cls.predictions.decoder.weight', 'tied'),
-    ('predictions/output_bias', 'cls.predictions.decoder.bias', 'tied'),
-)
-
 # Tied copies read on import (checked equal) but not written: transformers 5 loads
 # ElectraForMaskedLM's decoder from the embeddings and reports a saved copy as unexpected.
 NOT_EXPORTED = frozenset({'generator_lm_head.weight'})
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """How one family's parameters lie in transformers' state dicts and config.json."""
-  family: str  # Our models registry name.
-  model_type: str  # config.json's model_type.
-  display: str  # The family's name in messages.
-  prefix: str  # Backbone key prefix of the head models.
-  base_class: str  # The backbone alone: keys without the prefix, no heads.
-  # (transformers class, key prefix of a head only it has), most heads first: the first whose
-  # prefix a checkpoint's keys show names its layout.
-  head_classes: tuple[tuple[str, str], ...]
-  table: tuple[tuple[str, str, str], ...]
-  heads: dict[str, str]  # Our head subtree -> the objective it belongs to.
-  ignored: re.Pattern  # Buffers older transformers saved; they carry nothing to import.
-  # Head models that drop the pooler (RobertaForMaskedLM, AlbertForMaskedLM) may lack
-  # `bert/pooler`, which a fresh init then fills.
-  optional_pooler: bool
-  to_overrides: Callable[[dict], dict]  # config.json -> config.model values.
-  to_hf_config: Callable[..., dict]  # Our full config -> config.json.
-  # Our full config -> whether the class it exports to holds the pooler.
-  exports_pooler: Callable[..., bool]
-  tokenizer: str  # config.data.tokenizer of the family's vocab: 'wordpiece', 'bpe', ...
-  # (our fine-tuning path, HF key, transform) of the head of <family>ForSequenceClassification
-  # (and of <family>ForMultipleChoice where it is a Linear on the pooler).
-  classifier: tuple[tuple[str, str, str], ...] = ()
-
-  def group(self, path: str) -> str:
-    """'backbone', 'pooler' (optional here) or the objective whose head holds `path`."""
-    if path.startswith('bert/pooler/') and self.optional_pooler:
-      return 'pooler'
-    if path.startswith('bert/'):
-      return 'backbone'
-    return self.heads[path.split('/')[0]]
-
-  @property
-  def head_key_prefixes(self) -> tuple[str, ...]:
-    """The first segment of every head key ('cls.', 'lm_head.', ...)."""
-    return tuple(sorted({key.split('.')[0] + '.' for _, key, _ in self.table
-                         if not key.startswith(self.prefix)}))
-
-
-def _common_problems(hf_config: dict, gelus) -> list[str]:
-  """What none of our encoders implements."""
-  problems = []
-  act = hf_config.get('hidden_act', 'gelu')
-  if act not in gelus:
-    # 'relu' or others would change every activation.
-    problems.append(f'hidden_act={act!r}; our model implements {sorted(gelus)}')
-  if hf_config.get('position_embedding_type', 'absolute') != 'absolute':
-    problems.append(f'position_embedding_type={hf_config["position_embedding_type"]!r}; '
-                    'our model has learned absolute positions only')
-  if hf_config.get('add_cross_attention'):
-    problems.append('add_cross_attention=true; our model has no cross-attention')
-  if hf_config.get('hidden_size', 768) % hf_config.get('num_attention_heads', 12):
-    problems.append('hidden_size is not a multiple of num_attention_heads')
-  return problems
-
-
-_NAMES = {'vocab_size': 'vocab_size', 'hidden_size': 'hidden_size',
-          'num_hidden_layers': 'num_layers', 'num_attention_heads': 'num_heads',
-          'intermediate_size': 'intermediate_size',
-          'max_position_embeddings': 'max_position_embeddings',
-          'type_vocab_size': 'type_vocab_size', 'layer_norm_eps': 'layer_norm_eps',
-          'initializer_range': 'initializer_range',
-          'hidden_dropout_prob': 'hidden_dropout_rate',
-          'attention_probs_dropout_prob': 'attention_dropout_rate'}
-
-
-def _shape_overrides(hf_config: dict) -> dict:
-  return {ours: hf_config[hf] for hf, ours in _NAMES.items() if hf in hf_config}
-
-
-def _shape_fields(m) -> dict:
-  """config.json fields every family writes alike."""
-  return {
-      'vocab_size': m.vocab_size, 'hidden_size': m.hidden_size,
-      'num_hidden_layers': m.num_layers, 'num_attention_heads': m.num_heads,
-      'intermediate_size': m.intermediate_size,
-      'hidden_dropout_prob': m.hidden_dropout_rate,
-      'attention_probs_dropout_prob': m.attention_dropout_rate,
-      'max_position_embeddings': m.max_position_embeddings,
-      'type_vocab_size': m.type_vocab_size, 'initializer_range': m.initializer_range,
-      'layer_norm_eps': m.layer_norm_eps, 'tie_word_embeddings': True,
-  }
 
 
 def _objective_names(config) -> tuple[str, ...]:
@@ -678,69 +547,6 @@ def modernbert_hf_config(config) -> dict:
   }
 
 
-def _deberta_terms(value) -> tuple[str, list[str]]:
-  """pos_att_type (a list, or 'p2c|c2p') -> (our 'c2p|p2c', the names we do not know)."""
-  named = value if isinstance(value, (list, tuple)) else str(value or '').split('|')
-  named = {str(t).strip().lower() for t in named if str(t).strip()}
-  return '|'.join(t for t in ('c2p', 'p2c') if t in named), sorted(named - {'c2p', 'p2c'})
-
-
-def deberta_overrides(hf_config: dict) -> dict:
-  """HF DebertaV2Config dict -> our config.model values (model.name 'deberta')."""
-  problems = _common_problems({k: v for k, v in hf_config.items()
-                               if k != 'position_embedding_type'}, HF_GELU)
-  if hf_config.get('conv_kernel_size', 0) > 0:
-    problems.append(f'conv_kernel_size={hf_config["conv_kernel_size"]}; our DeBERTa has no '
-                    'convolution beside the first layer')
-  if hf_config.get('type_vocab_size', 0) > 0:
-    problems.append(f'type_vocab_size={hf_config["type_vocab_size"]}; our DeBERTa has no '
-                    'segment embeddings (the released models have none)')
-  hidden = hf_config.get('hidden_size', 1536)
-  if hf_config.get('embedding_size', hidden) != hidden:
-    problems.append('embedding_size differs from hidden_size; our DeBERTa has no embed_proj')
-  head = hf_config.get('attention_head_size')
-  if head and head * hf_config.get('num_attention_heads', 24) != hidden:
-    problems.append(f'attention_head_size={head}; ours is hidden_size / num_attention_heads')
-  if not hf_config.get('legacy', True):
-    problems.append("legacy=false; our MLM head is the legacy one (cls.predictions)")
-  norms = {t.strip() for t in str(hf_config.get('norm_rel_ebd', 'none')).lower().split('|')}
-  if norms - {'none', 'layer_norm', ''}:
-    problems.append(f'norm_rel_ebd={hf_config["norm_rel_ebd"]!r}; ours is layer_norm or none')
-  terms, unknown = _deberta_terms(hf_config.get('pos_att_type'))
-  if unknown:
-    problems.append(f'pos_att_type {unknown}; ours are c2p and p2c')
-  if problems:
-    raise UnsupportedConfigError('Unsupported HF DeBERTa config: ' + '; '.join(problems) + '.')
-  overrides = _shape_overrides(hf_config)
-  overrides.pop('type_vocab_size', None)
-  relative = bool(hf_config.get('relative_attention', False))
-  return {'name': 'deberta', **overrides, 'gelu': HF_GELU[hf_config.get('hidden_act', 'gelu')],
-          'positions': 'absolute' if hf_config.get('position_biased_input', True) else 'none',
-          'relative_attention': terms if relative else '',
-          'relative_buckets': max(hf_config.get('position_buckets', -1), 0),
-          'relative_positions': max(hf_config.get('max_relative_positions', -1), 0),
-          'share_relative_key': bool(hf_config.get('share_att_key', False)),
-          'relative_norm': 'layer_norm' in norms}
-
-
-def deberta_hf_config(config) -> dict:
-  """Our full config -> an HF DebertaV2Config dict for DebertaV2ForMaskedLM."""
-  m = config.model
-  terms = [t for t in ('c2p', 'p2c') if t in str(m.relative_attention).split('|')]
-  fields = _shape_fields(m)
-  fields['type_vocab_size'] = 0
-  return {
-      'architectures': ['DebertaV2ForMaskedLM'], 'model_type': 'deberta-v2', **fields,
-      'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new', 'pad_token_id': 0,
-      'relative_attention': bool(terms), 'pos_att_type': terms,
-      'position_buckets': m.relative_buckets or -1,
-      'max_relative_positions': m.relative_positions or -1,
-      'share_att_key': bool(m.share_relative_key),
-      'norm_rel_ebd': 'layer_norm' if m.relative_norm else 'none',
-      'position_biased_input': m.positions == 'absolute', 'legacy': True, 'conv_kernel_size': 0,
-  }
-
-
 # BertForSequenceClassification and AlbertForSequenceClassification: a Linear on the pooled
 # [CLS], as our classification head; their *ForMultipleChoice, the same Linear to one score.
 _LINEAR_CLASSIFIER = (('classifier/kernel', 'classifier.weight', 'transpose'),
@@ -760,10 +566,6 @@ _DISTIL_CLASSIFIER = (('pre_classifier/kernel', 'pre_classifier.weight', 'transp
                       ('pre_classifier/bias', 'pre_classifier.bias', 'none'),
                       ('classifier/kernel', 'classifier.weight', 'transpose'),
                       ('classifier/bias', 'classifier.bias', 'none'))
-
-
-def _buffers(prefix: str) -> re.Pattern:
-  return re.compile(rf'^({re.escape(prefix)})?embeddings\.(position_ids|token_type_ids)$')
 
 
 BERT = Layout(
@@ -824,13 +626,6 @@ MODERNBERT = Layout(
     table=MODERNBERT_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('model.'),
     optional_pooler=False, to_overrides=modernbert_overrides,
     to_hf_config=modernbert_hf_config, exports_pooler=lambda config: False, tokenizer='bpe')
-
-DEBERTA = Layout(
-    family='deberta', model_type='deberta-v2', display='DeBERTa', prefix='deberta.',
-    base_class='DebertaV2Model', head_classes=(('DebertaV2ForMaskedLM', 'cls.'),),
-    table=DEBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('deberta.'),
-    optional_pooler=False, to_overrides=deberta_overrides, to_hf_config=deberta_hf_config,
-    exports_pooler=lambda config: False, tokenizer='sentencepiece')
 
 LAYOUTS = {layout.family: layout
            for layout in (BERT, ROBERTA, ALBERT, DISTILBERT, ELECTRA, MODERNBERT, DEBERTA,

@@ -12,7 +12,7 @@ model.relative_buckets > 0 (v3: 256) bucketed logarithmically beyond half the bu
 DeBERTa-v3 adds no absolute positions in the embeddings (model.positions='none'); v1 adds
 BERT's learned table ('absolute'). Everything else is BERT's layer, under the same names
 (`attention/self/query`, `attention/output/dense`, `intermediate`, `output`), so that
-transformers' DebertaV2 checkpoints map by a table (interop/hf_families.py). There is no pooler
+transformers' DebertaV2 checkpoints map by a table (hf.py). There is no pooler
 (the pooled output is the first token's state); the MLM head is `predictions`, HF's legacy
 `cls.predictions`. Not here: the convolution beside the first layer (HF conv_kernel_size).
 

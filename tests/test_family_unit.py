@@ -14,6 +14,7 @@ from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
+from bert_jax.interop import hf_families
 from bert_jax.models import bert
 from bert_jax.train import pretrain
 from conftest import micro_config
@@ -60,7 +61,8 @@ def scaled_family(monkeypatch):
   monkeypatch.setitem(models.KEY_UNITS, NAME, UNIT)
   family = models.register(models.Family(
       name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
-      flops=bert.encoder_flops, config=ScaledConfig, check=check))
+      flops=bert.encoder_flops, config=ScaledConfig, check=check,
+      hf=dataclasses.replace(hf_families.BERT, family=NAME)))
   yield family
   models.REGISTRY.unregister(NAME)
 
@@ -80,6 +82,7 @@ def test_every_config_carries_the_units_key_and_validation_checks_it(scaled_fami
   config_lib.validate(config)
   encoder_config = scaled_family.config_from(config)
   assert isinstance(encoder_config, ScaledConfig) and encoder_config.output_scale == 2.0
+  assert hf_families.for_config(config) is scaled_family.hf  # Its layout, from its registration.
 
 
 def test_without_the_unit_its_key_is_unknown():

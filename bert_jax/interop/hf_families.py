@@ -9,6 +9,7 @@ rows have none, as its one shared layer is one set of parameters in both trees.
 
 import dataclasses
 
+from bert_jax import models
 from bert_jax.models import hf_layout
 from bert_jax.models.deberta import hf as deberta_hf
 # Re-exported: the shared half of the layouts (models/hf_layout.py).
@@ -633,7 +634,10 @@ LAYOUTS = {layout.family: layout
 
 
 def for_family(name: str) -> Layout:
-  """The layout of our family `name`; UnsupportedConfigError for a family without one."""
+  """The layout of our family `name` (LAYOUTS', else its registration's Family.hf);
+  UnsupportedConfigError for a family without one."""
+  if name not in LAYOUTS and name in models.available() and models.get(name).hf is not None:
+    return models.get(name).hf
   if name not in LAYOUTS:
     raise UnsupportedConfigError(f'model.name={name!r} has no Hugging Face layout; the families '
                                  f'that map are {", ".join(LAYOUTS)}.')

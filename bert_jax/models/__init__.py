@@ -73,6 +73,9 @@ class Family:
   # (KEY_UNITS); None: BERT's keys only.
   config: type | None = None
   check: Callable[[Any, list], None] | None = None
+  # Its Hugging Face layout (models/hf_layout.Layout) when the family's folder holds one
+  # (models/deberta/hf.py); interop/hf_families.py has the others'.
+  hf: Any = None
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)

@@ -40,6 +40,7 @@ import numpy as np
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models.deberta import config as deberta_config
+from bert_jax.models.deberta import hf as deberta_hf
 from bert_jax.models import layers
 from bert_jax.models import sharing
 from bert_jax.ops import attention as attention_ops
@@ -431,4 +432,4 @@ def table_projection_flops(model) -> float:
 FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
                                        encoder=DebertaModel, flops=encoder_flops,
                                        generator=DebertaGenerator, config=DebertaConfig,
-                                       check=deberta_config.check))
+                                       check=deberta_config.check, hf=deberta_hf.LAYOUT))

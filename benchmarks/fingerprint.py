@@ -91,28 +91,14 @@ def family_config(name: str):
 
 
 def lowered_text(config) -> str:
-  """The pretraining train step as pretrain.py jits it, lowered for this machine's devices."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  """The pretraining train step as pretrain.py jits it (train/step.lower_pretraining_step, as
+  bert_jax.aot lowers it), for this machine's devices, as text without source locations."""
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
   config_lib.validate(config)
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  model, tx = steps.build_model(config), optim.for_pretraining(config)
-  mesh = sharding.create_mesh(config.mesh)
-  state_shardings = steps.train_state_shardings(config, model, tx, mesh, rules)
-  state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
-  batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
-                            config.data.max_predictions_per_seq,
-                            config.data.max_pairs_per_row if config.data.packing else 0,
-                            objectives=model.objectives,
-                            languages=bool(config.data.get('languages')))
-  train_step = steps.jit_pretraining_step(config, model, tx, state_shardings,
-                                          sharding.batch_sharding(mesh),
-                                          compiler_options=config_lib.xla_options(config))
-  with sharding.activation_rules(mesh, rules):
-    return train_step.lower(state, batch).as_text(debug_info=False)
+  lowered = steps.lower_pretraining_step(config, sharding.create_mesh(config.mesh))
+  return lowered.as_text(debug_info=False)
 
 
 def config_digests() -> list[str]:

@@ -3,6 +3,7 @@ and libtpu stays quiet on a machine without a TPU."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -30,6 +31,8 @@ def test_help_lists_flags_then_config_keys_with_defaults(help_flag):
   assert out.index('--workdir') < out.index('config keys of configs/base.py')
   assert "  train.warmup_steps = 10000 " in out
   assert "  model.hidden_size = 768 " in out and ' H.' in out
+  # A key a family unit declares (models/deberta/config.py) has its doc too.
+  assert re.search(r'  model.relative_buckets = 0 +Log buckets of the relative distances', out)
   assert 'configs/tiny.py' in out
 
 

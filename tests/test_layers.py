@@ -26,29 +26,28 @@ def test_imports_follow_the_layers_and_form_no_circle():
   assert 'Contracts: 2 kept, 0 broken.' in report, report
 
 
-def test_an_upward_import_that_is_gone_fails_its_ignore(tmp_path):
-  # The ratchet: an ignore that matches no import is an error, so the list only shrinks.
+def lint_planted(tmp_path, old: str, new: str) -> tuple[int, str]:
+  """lint() of .importlinter with its first `old` replaced by `new`."""
   with open(CONFIG, encoding='utf-8') as f:
     text = f.read()
-  planted = text.replace('ignore_imports =\n',
-                         'ignore_imports =\n    bert_jax.ops -> bert_jax.train\n', 1)
+  planted = text.replace(old, new, 1)
   assert planted != text
   path = tmp_path / 'planted.ini'
   path.write_text(planted, encoding='utf-8')
-  code, report = lint(str(path))
+  return lint(str(path))
+
+
+def test_an_upward_import_that_is_gone_fails_its_ignore(tmp_path):
+  # The ratchet: an ignore that matches no import is an error, so the list only shrinks.
+  code, report = lint_planted(tmp_path, 'ignore_imports =\n',
+                              'ignore_imports =\n    bert_jax.ops -> bert_jax.train\n')
   assert code != 0
   assert 'bert_jax.ops -> bert_jax.train' in report, report
 
 
 def test_the_contract_catches_an_import_from_a_higher_layer(tmp_path):
   # Swap two layers: every import of the lower by the upper now points up.
-  with open(CONFIG, encoding='utf-8') as f:
-    text = f.read()
-  planted = text.replace('    bert_jax.ops\n    bert_jax.kernels\n',
-                         '    bert_jax.kernels\n    bert_jax.ops\n', 1)
-  assert planted != text
-  path = tmp_path / 'swapped.ini'
-  path.write_text(planted, encoding='utf-8')
-  code, report = lint(str(path))
+  code, report = lint_planted(tmp_path, '    bert_jax.ops\n    bert_jax.kernels\n',
+                              '    bert_jax.kernels\n    bert_jax.ops\n')
   assert code != 0
   assert 'bert_jax.ops' in report and 'BROKEN' in report, report

@@ -16,6 +16,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax.core import schema
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = 'configs/base.py'
 HELP_FLAGS = ('--help', '-help', '--helpshort', '-helpshort', '-?')
@@ -100,6 +102,8 @@ def command_help(argv, module: str) -> str:
                  f'--config=FILE --help lists another file\'s):')
     comments = {**_comments(os.path.join(REPO, 'configs', 'base.py')),
                 **_comments(os.path.join(REPO, 'configs', 'finetune.py')), **_comments(path)}
+    # Keys a unit declares (models/deberta/config.py): their docs, after the files' comments.
+    comments.update({k: v for k, v in schema.DOCS.items() if not comments.get(k)})
     values = _flatten(config)
     order = list(dict.fromkeys([key for key in comments if key in values] + sorted(values)))
     for key, value in ((key, values[key]) for key in order):

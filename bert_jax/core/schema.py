@@ -42,6 +42,16 @@ def field(default, *, range: Range | None = None, choices: tuple | None = None, 
       'range': range, 'choices': choices, 'architecture': architecture, 'doc': doc})
 
 
+# 'model.relative_buckets' -> what it means: the docs of every unit's declared keys, which the
+# commands' --help prints beside each key (core/cli.py); filled by `declare`.
+DOCS: dict[str, str] = {}
+
+
+def declare(fields, prefix: str) -> None:
+  """Records the docs of a unit's `fields` (keys `prefix` + name) for --help."""
+  DOCS.update({prefix + f.name: f.metadata['doc'] for f in fields if f.metadata.get('doc')})
+
+
 def own_fields(cls, base=None) -> list[dataclasses.Field]:
   """The fields `cls` declares beyond those of `base` (a parent dataclass), in order."""
   inherited = {f.name for f in dataclasses.fields(base)} if base is not None else set()

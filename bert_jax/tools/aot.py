@@ -143,37 +143,17 @@ class HbmExhaustedError(RuntimeError):
 
 def compile_train_step(config, mesh):
   """(compiled train step, compile seconds), lowered as pretrain.py runs it."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  model = steps.build_model(config)
-  tx = optim.for_pretraining(config)
-  # Shapes only (the topology's devices cannot run anything); the shardings do not depend on
-  # the context (rules are explicit).
-  state_shardings = steps.train_state_shardings(config, model, tx, mesh, rules)
-  state = nn.meta.unbox(steps.abstract_train_state(config, model, tx))
-  batch = steps.dummy_batch(config.train.batch_size, config.data.max_seq_length,
-                            config.data.max_predictions_per_seq,
-                            config.data.max_pairs_per_row if config.data.packing else 0,
-                            objectives=model.objectives,
-                            languages=bool(config.data.get('languages')))
-  train_step = steps.jit_pretraining_step(config, model, tx, state_shardings,
-                                          sharding.batch_sharding(mesh),
-                                          compiler_options=config_lib.xla_options(config))
   logging.info('Compiling the %d-layer step (scan_layers=%s).', config.model.num_layers,
                config.model.scan_layers)
-  with sharding.activation_rules(mesh, rules):  # As pretrain.py traces it.
-    start = time.perf_counter()
-    lowered = train_step.lower(state, batch)
-    try:
-      compiled = lowered.compile()
-    except Exception as e:  # pylint: disable=broad-except
-      if 'RESOURCE_EXHAUSTED' not in str(e):
-        raise
-      raise HbmExhaustedError(str(e).splitlines()[0]) from e
+  start = time.perf_counter()
+  lowered = steps.lower_pretraining_step(config, mesh)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    raise HbmExhaustedError(str(e).splitlines()[0]) from e
   seconds = time.perf_counter() - start
   logging.info('Compiled in %.0f s.', seconds)
   return compiled, seconds

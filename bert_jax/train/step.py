@@ -261,3 +261,25 @@ def check_state_divides(config, model, tx, mesh, rules):
       f'{path} {tuple(shape)}: dimension {dim} ({size}{", " + keys[0] if keys else ""}) '
       f'over {axes} ({ways} ways); {fix}, or use a mesh whose {axes} size divides it '
       f'({len(problems)} parameter(s) affected).')
+
+
+def lower_pretraining_step(config, mesh):
+  """The pretraining train step lowered as pretrain.py jits and traces it, over `mesh` (shapes
+  only: the mesh's devices need not be able to run anything)."""
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
+  rules = sharding.logical_axis_rules(config.mesh.preset)
+  model = build_model(config)
+  tx = optim.for_pretraining(config)
+  # The shardings do not depend on the context (rules are explicit).
+  state_shardings = train_state_shardings(config, model, tx, mesh, rules)
+  state = nn.meta.unbox(abstract_train_state(config, model, tx))
+  batch = dummy_batch(config.train.batch_size, config.data.max_seq_length,
+                      config.data.max_predictions_per_seq,
+                      config.data.max_pairs_per_row if config.data.packing else 0,
+                      objectives=model.objectives, languages=bool(config.data.get('languages')))
+  train_step = jit_pretraining_step(config, model, tx, state_shardings,
+                                    sharding.batch_sharding(mesh),
+                                    compiler_options=config_lib.xla_options(config))
+  with sharding.activation_rules(mesh, rules):  # As pretrain.py traces it.
+    return train_step.lower(state, batch)

@@ -37,6 +37,7 @@ class DebertaKeys:
 
 
 FIELDS = dataclasses.fields(DebertaKeys)
+schema.declare(FIELDS, 'model.')
 DEFAULTS = schema.defaults(FIELDS)  # What every config carries: DeBERTa's switches off.
 RANGES = schema.ranges(FIELDS, 'model.')
 ARCHITECTURE = schema.architecture(FIELDS)  # Taken from a source checkpoint (init_from).

@@ -16,12 +16,6 @@ from bert_jax.models.deberta import hf as deberta_hf
 from bert_jax.models.hf_layout import (  # noqa: F401  pylint: disable=unused-import
     HF_GELU, Layout, UnsupportedConfigError)
 
-_layer_rows = hf_layout.layer_rows
-_common_problems = hf_layout.common_problems
-_shape_overrides = hf_layout.shape_overrides
-_shape_fields = hf_layout.shape_fields
-_buffers = hf_layout.buffers
-_NAMES = hf_layout.NAMES
 DEBERTA = deberta_hf.LAYOUT
 
 
@@ -151,7 +145,7 @@ DISTILBERT_TABLE = (
      'none'),
     ('bert/embeddings/LayerNorm/scale', 'distilbert.embeddings.LayerNorm.weight', 'none'),
     ('bert/embeddings/LayerNorm/bias', 'distilbert.embeddings.LayerNorm.bias', 'none'),
-) + _layer_rows(_DISTIL_LAYER, (
+) + hf_layout.layer_rows(_DISTIL_LAYER, (
         ('attention/self/query/', 'attention.q_lin.', 'transpose_split_out', 'split'),
         ('attention/self/key/', 'attention.k_lin.', 'transpose_split_out', 'split'),
         ('attention/self/value/', 'attention.v_lin.', 'transpose_split_out', 'split'),
@@ -244,10 +238,10 @@ def _objective_names(config) -> tuple[str, ...]:
 
 def bert_overrides(hf_config: dict) -> dict:
   """HF BertConfig dict -> our config.model values; UnsupportedConfigError on what we lack."""
-  problems = _common_problems(hf_config, HF_GELU)
+  problems = hf_layout.common_problems(hf_config, HF_GELU)
   if problems:
     raise UnsupportedConfigError('Unsupported HF BERT config: ' + '; '.join(problems) + '.')
-  overrides = _shape_overrides(hf_config)
+  overrides = hf_layout.shape_overrides(hf_config)
   overrides['gelu'] = HF_GELU[hf_config.get('hidden_act', 'gelu')]
   if hf_config.get('is_decoder'):  # A left-to-right LM (BertLMHeadModel): causal attention.
     overrides['causal'] = True
@@ -263,7 +257,7 @@ def bert_hf_config(config) -> dict:
       'architectures': ['BertLMHeadModel' if causal else
                         'BertForPreTraining' if 'nsp' in _objective_names(config)
                         else 'BertForMaskedLM'],
-      'model_type': 'bert', **_shape_fields(m),
+      'model_type': 'bert', **hf_layout.shape_fields(m),
       'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new', 'pad_token_id': 0,
       'position_embedding_type': 'absolute', 'is_decoder': causal,
   }
@@ -279,13 +273,13 @@ def roberta_overrides(hf_config: dict, name: str = 'roberta', display: str = 'Ro
   """HF RobertaConfig dict -> our config.model values (model.name 'roberta'; XLM-R's config, of
   the same fields, for 'xlm')."""
   # RobertaLMHead applies the exact GELU whatever hidden_act says; ours follows model.gelu.
-  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, display)
+  problems = hf_layout.common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, display)
   if hf_config.get('pad_token_id', 1) != 1:
     problems.append(f'pad_token_id={hf_config["pad_token_id"]}; our {display} numbers positions '
                     'as fairseq with padding_idx 1 (real tokens from row 2)')
   if problems:
     raise UnsupportedConfigError(f'Unsupported HF {display} config: ' + '; '.join(problems) + '.')
-  return {'name': name, **_shape_overrides(hf_config), 'gelu': 'erf'}
+  return {'name': name, **hf_layout.shape_overrides(hf_config), 'gelu': 'erf'}
 
 
 def roberta_hf_config(config, architecture: str = 'RobertaForMaskedLM',
@@ -299,7 +293,7 @@ def roberta_hf_config(config, architecture: str = 'RobertaForMaskedLM',
         "bidirectional and its lm_head applies the exact GELU; export needs gelu='erf', "
         'causal=False.')
   return {
-      'architectures': [architecture], 'model_type': model_type, **_shape_fields(m),
+      'architectures': [architecture], 'model_type': model_type, **hf_layout.shape_fields(m),
       'hidden_act': 'gelu', 'pad_token_id': 1, 'bos_token_id': 0, 'eos_token_id': 2,
       'position_embedding_type': 'absolute', 'is_decoder': False,
   }
@@ -324,14 +318,14 @@ def xlm_roberta_hf_config(config) -> dict:
 
 def albert_overrides(hf_config: dict) -> dict:
   """HF AlbertConfig dict -> our config.model values (model.name 'albert')."""
-  problems = _common_problems(hf_config, HF_GELU) + _not_causal(hf_config, 'ALBERT')
+  problems = hf_layout.common_problems(hf_config, HF_GELU) + _not_causal(hf_config, 'ALBERT')
   for key in ('num_hidden_groups', 'inner_group_num'):
     if hf_config.get(key, 1) != 1:
       problems.append(f'{key}={hf_config[key]}; our ALBERT shares one layer across all layers '
                       '(num_hidden_groups=1, inner_group_num=1)')
   if problems:
     raise UnsupportedConfigError('Unsupported HF ALBERT config: ' + '; '.join(problems) + '.')
-  return {'name': 'albert', **_shape_overrides(hf_config),
+  return {'name': 'albert', **hf_layout.shape_overrides(hf_config),
           'embedding_size': hf_config.get('embedding_size', 128),
           'gelu': HF_GELU[hf_config.get('hidden_act', 'gelu_new')]}
 
@@ -345,7 +339,7 @@ def albert_hf_config(config) -> dict:
   sop = 'sop' in _objective_names(config)
   return {
       'architectures': ['AlbertForPreTraining' if sop else 'AlbertForMaskedLM'],
-      'model_type': 'albert', **_shape_fields(m),
+      'model_type': 'albert', **hf_layout.shape_fields(m),
       'embedding_size': m.get('embedding_size', 0) or m.hidden_size,
       'num_hidden_groups': 1, 'inner_group_num': 1,
       'hidden_act': 'gelu' if m.gelu == 'erf' else 'gelu_new',
@@ -400,10 +394,10 @@ def electra_overrides(hf_config: dict) -> dict:
   """HF ElectraConfig dict -> our config.model values (model.name 'electra')."""
   # ElectraGeneratorPredictions and ElectraClassificationHead apply the exact GELU whatever
   # hidden_act says; ours follow model.gelu.
-  problems = _common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, 'ELECTRA')
+  problems = hf_layout.common_problems(hf_config, {'gelu': 'erf'}) + _not_causal(hf_config, 'ELECTRA')
   if problems:
     raise UnsupportedConfigError('Unsupported HF ELECTRA config: ' + '; '.join(problems) + '.')
-  overrides = _shape_overrides(hf_config)
+  overrides = hf_layout.shape_overrides(hf_config)
   embed = hf_config.get('embedding_size', 128)
   return {'name': 'electra', **overrides, 'gelu': 'erf',
           'embedding_size': 0 if embed == overrides.get('hidden_size', 256) else embed}
@@ -420,7 +414,7 @@ def electra_hf_config(config) -> dict:
   rtd = 'rtd' in _objective_names(config)
   return {
       'architectures': ['ElectraForPreTraining' if rtd else 'ElectraForMaskedLM'],
-      'model_type': 'electra', **_shape_fields(m),
+      'model_type': 'electra', **hf_layout.shape_fields(m),
       'embedding_size': m.get('embedding_size', 0) or m.hidden_size,
       'hidden_act': 'gelu', 'pad_token_id': 0, 'position_embedding_type': 'absolute',
       'is_decoder': False,
@@ -572,13 +566,13 @@ _DISTIL_CLASSIFIER = (('pre_classifier/kernel', 'pre_classifier.weight', 'transp
 BERT = Layout(
     family='bert', model_type='bert', display='BERT', prefix='bert.', base_class='BertModel',
     head_classes=(('BertForPreTraining', 'cls.'),), table=BERT_TABLE,
-    heads={'predictions': 'mlm', 'seq_relationship': 'nsp'}, ignored=_buffers('bert.'),
+    heads={'predictions': 'mlm', 'seq_relationship': 'nsp'}, ignored=hf_layout.buffers('bert.'),
     optional_pooler=False, to_overrides=bert_overrides, to_hf_config=bert_hf_config,
     exports_pooler=lambda config: True, tokenizer='wordpiece', classifier=_LINEAR_CLASSIFIER)
 ROBERTA = Layout(
     family='roberta', model_type='roberta', display='RoBERTa', prefix='roberta.',
     base_class='RobertaModel', head_classes=(('RobertaForMaskedLM', 'lm_head.'),),
-    table=ROBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('roberta.'),
+    table=ROBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=hf_layout.buffers('roberta.'),
     optional_pooler=True, to_overrides=roberta_overrides, to_hf_config=roberta_hf_config,
     exports_pooler=lambda config: False,  # RobertaForMaskedLM has no pooler.
     tokenizer='bpe', classifier=_ROBERTA_HEADS)
@@ -594,7 +588,7 @@ ALBERT = Layout(
     head_classes=(('AlbertForPreTraining', 'sop_classifier.'),
                   ('AlbertForMaskedLM', 'predictions.')),
     table=ALBERT_TABLE, heads={'predictions': 'mlm', 'sop_classifier': 'sop'},
-    ignored=_buffers('albert.'), optional_pooler=True, to_overrides=albert_overrides,
+    ignored=hf_layout.buffers('albert.'), optional_pooler=True, to_overrides=albert_overrides,
     to_hf_config=albert_hf_config,
     # AlbertForMaskedLM drops the pooler; AlbertForPreTraining's SOP head reads it.
     exports_pooler=lambda config: 'sop' in _objective_names(config), tokenizer='sentencepiece',
@@ -603,7 +597,7 @@ ALBERT = Layout(
 DISTILBERT = Layout(
     family='distilbert', model_type='distilbert', display='DistilBERT', prefix='distilbert.',
     base_class='DistilBertModel', head_classes=(('DistilBertForMaskedLM', 'vocab_'),),
-    table=DISTILBERT_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('distilbert.'),
+    table=DISTILBERT_TABLE, heads={'predictions': 'mlm'}, ignored=hf_layout.buffers('distilbert.'),
     optional_pooler=False, to_overrides=distilbert_overrides, to_hf_config=distilbert_hf_config,
     exports_pooler=lambda config: False, tokenizer='wordpiece', classifier=_DISTIL_CLASSIFIER)
 
@@ -614,7 +608,7 @@ ELECTRA = Layout(
     head_classes=(('ElectraForPreTraining', 'discriminator_predictions.'),
                   ('ElectraForMaskedLM', 'generator_predictions.')),
     table=ELECTRA_TABLE, heads={'predictions': 'mlm', 'discriminator_predictions': 'rtd'},
-    ignored=_buffers('electra.'), optional_pooler=True, to_overrides=electra_overrides,
+    ignored=hf_layout.buffers('electra.'), optional_pooler=True, to_overrides=electra_overrides,
     to_hf_config=electra_hf_config,
     exports_pooler=lambda config: False,  # ElectraModel has no pooler.
     # ElectraClassificationHead: dense, GELU, out_proj on [CLS]: our pooler (dense, GELU) and
@@ -624,7 +618,7 @@ ELECTRA = Layout(
 MODERNBERT = Layout(
     family='modernbert', model_type='modernbert', display='ModernBERT', prefix='model.',
     base_class='ModernBertModel', head_classes=(('ModernBertForMaskedLM', 'head.'),),
-    table=MODERNBERT_TABLE, heads={'predictions': 'mlm'}, ignored=_buffers('model.'),
+    table=MODERNBERT_TABLE, heads={'predictions': 'mlm'}, ignored=hf_layout.buffers('model.'),
     optional_pooler=False, to_overrides=modernbert_overrides,
     to_hf_config=modernbert_hf_config, exports_pooler=lambda config: False, tokenizer='bpe')
 

@@ -2,7 +2,7 @@
 
 Arguments (comma separated): `size=base|large` (default base), then configs/base.py's
 (`configs/modernbert.py:size=large,steps=10000`; `steps` without `warmup` keeps the warmup's
-share). The model is 'modernbert' (models/modernbert.py): pre-norm layers with LayerNorms
+share). The model is 'modernbert' (models/modernbert/): pre-norm layers with LayerNorms
 without biases, no biases anywhere else, GeGLU feed-forward, rotary positions (theta 160,000 in
 the global layers, 10,000 in the local ones), every third layer global and the others attending
 within 128 tokens; MLM only at a 30% masking rate; byte-level BPE rows of 1,024 tokens filled

@@ -1,5 +1,5 @@
 """Cross-lingual pretraining: XLM-R (Conneau et al., 2020) or XLM's MLM + TLM (Lample and Conneau,
-2019), both on the encoder 'xlm' (models/xlm.py: RoBERTa's, with optional language embeddings).
+2019), both on the encoder 'xlm' (models/xlm/: RoBERTa's, with optional language embeddings).
 
 Arguments (comma separated): `recipe=xlmr|xlm` (default xlmr), `size=base|large` (XLM-R's shapes,
 default base; recipe=xlm has its own), then configs/base.py's

@@ -7,7 +7,7 @@ for the same training FLOPs (`sweep.equal_flops`): the gated feed-forward is 204
 its three matrices cost what BERT's two of 3072 do. What each arm changes:
 
   bert          BERT's post-LN block (learned positions, biases, GELU feed-forward).
-  modern        models/modernbert.py: pre-LN without biases, GeGLU, rotary positions (theta
+  modern        models/modernbert/: pre-LN without biases, GeGLU, rotary positions (theta
                 160,000 global, 10,000 local), every third layer global and the others within
                 a 128-token window (64 each side).
   modern_r30    the same at ModernBERT's 30% masking rate: its recipe's block and masking.

@@ -10,8 +10,8 @@ import pytest
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
-from bert_jax.interop import hf_families
 from bert_jax.models import deberta
+from bert_jax.models import hf_layout
 from bert_jax.models import layers
 from bert_jax.train import step as steps
 from configs import base
@@ -309,7 +309,7 @@ def test_relative_attention_on_bert_is_refused():
 def test_an_hf_config_with_what_we_lack_is_refused():
   config = hf_config('v3').to_dict()
   config.update(conv_kernel_size=3, type_vocab_size=2)
-  with pytest.raises(hf_families.UnsupportedConfigError, match='conv_kernel_size=3.*type_vocab'):
+  with pytest.raises(hf_layout.UnsupportedConfigError, match='conv_kernel_size=3.*type_vocab'):
     hf.hf_config_to_model_overrides(config)
 
 

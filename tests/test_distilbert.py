@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bert_jax.interop import hf
-from bert_jax.interop import hf_families
 from bert_jax.models import heads
+from bert_jax.models import hf_layout
 from bert_jax.train import finetune
 from bert_jax.train import step as steps
 from configs import base
@@ -188,7 +188,7 @@ def test_fine_tuning_gives_transformers_multiple_choice_logits(tmp_path):
 
 
 def test_the_layout_is_found_by_model_type():
-  assert hf_families.for_hf_config({'model_type': 'distilbert'}).family == 'distilbert'
+  assert hf_layout.for_hf_config({'model_type': 'distilbert'}).family == 'distilbert'
 
 
 

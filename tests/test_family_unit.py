@@ -6,6 +6,8 @@ another family, and the family trains."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -14,13 +16,14 @@ from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
-from bert_jax.interop import hf_families
 from bert_jax.models import bert
+from bert_jax.models import hf_layout
 from bert_jax.train import pretrain
 from conftest import micro_config
 from configs import base
 
 NAME = 'scaled_bert'
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,7 @@ def scaled_family(monkeypatch):
   family = models.register(models.Family(
       name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
       flops=bert.encoder_flops, config=ScaledConfig, check=check,
-      hf=dataclasses.replace(hf_families.BERT, family=NAME)))
+      hf=dataclasses.replace(hf_layout.for_family('bert'), family=NAME)))
   yield family
   models.REGISTRY.unregister(NAME)
 
@@ -82,7 +85,7 @@ def test_every_config_carries_the_units_key_and_validation_checks_it(scaled_fami
   config_lib.validate(config)
   encoder_config = scaled_family.config_from(config)
   assert isinstance(encoder_config, ScaledConfig) and encoder_config.output_scale == 2.0
-  assert hf_families.for_config(config) is scaled_family.hf  # Its layout, from its registration.
+  assert hf_layout.for_config(config) is scaled_family.hf  # Its layout, from its registration.
 
 
 def test_without_the_unit_its_key_is_unknown():
@@ -111,3 +114,21 @@ def test_the_family_trains_and_its_key_reaches_the_encoder(scaled_family, tmp_pa
     losses[scale] = [r['loss'] for r in records if r['split'] == 'eval']
   # Step 0's evaluation already differs: the encoder read the key.
   assert losses[1.0][0] != losses[4.0][0]
+
+
+def test_every_builtin_family_registers_its_hf_layout_found_by_name_and_model_type():
+  for name in models.BUILTIN:
+    layout = hf_layout.for_family(name)
+    assert models.get(name).hf is layout and layout.family == name
+    assert hf_layout.for_hf_config({'model_type': layout.model_type}) is layout
+  with pytest.raises(hf_layout.UnsupportedConfigError, match="model_type='gpt2'; the model "
+                     "types that map onto our families are 'bert', 'roberta'"):
+    hf_layout.for_hf_config({'model_type': 'gpt2'})
+
+
+def test_the_hf_layouts_load_without_jax():
+  code = ('import sys; from bert_jax.models import hf_layout; '
+          'print(len(hf_layout.layouts()), sorted(m for m in ("jax", "flax") if m in sys.modules))')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+  assert result.stdout.split() == [str(len(models.BUILTIN)), '[]']

@@ -10,7 +10,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
-from bert_jax.interop import hf_families
+from bert_jax.models import hf_layout
 from bert_jax.train import step as steps
 from configs import base
 # The HF directory import and the difference every interop test takes.
@@ -245,14 +245,14 @@ def test_an_unsupported_layer_pattern_is_refused():
   config = hf_config('geglu_no_bias').to_dict()
   config['layer_types'] = ['sliding_attention', 'full_attention', 'full_attention',
                            'sliding_attention']
-  with pytest.raises(hf_families.UnsupportedConfigError, match='layer_types'):
+  with pytest.raises(hf_layout.UnsupportedConfigError, match='layer_types'):
     hf.hf_config_to_model_overrides(config)
 
 
 def test_export_refuses_what_transformers_cannot_hold(hf_models):
   config = our_config()
   config.model.norm = 'rms_norm'
-  with pytest.raises(hf_families.UnsupportedConfigError, match="norm='rms_norm'"):
+  with pytest.raises(hf_layout.UnsupportedConfigError, match="norm='rms_norm'"):
     hf.model_to_hf_config(config)
 
 

@@ -16,9 +16,9 @@ from bert_jax import models
 from bert_jax.data import crosslingual
 from bert_jax.data import pretraining
 from bert_jax.interop import hf
-from bert_jax.interop import hf_families
 from bert_jax.interop import init_from
 from bert_jax.interop import param_tree
+from bert_jax.models import hf_layout
 from bert_jax.train import step as steps
 from configs import base, xlm
 from conftest import MICRO  # pylint: disable=g-bad-import-order
@@ -475,7 +475,7 @@ def test_language_embeddings_add_each_token_s_language_row():
 
 def test_export_refuses_language_embeddings(tmp_path):
   config = our_config(num_languages=2)
-  with pytest.raises(hf_families.UnsupportedConfigError, match='num_languages=2.*no language'):
+  with pytest.raises(hf_layout.UnsupportedConfigError, match='num_languages=2.*no language'):
     hf.export_hf(hf.init_params(config), config, str(tmp_path))
 
 

@@ -42,3 +42,15 @@ class Registry:
   def available(self) -> list[str]:
     """Every name get() takes."""
     return sorted(set(self.builtin) | set(self._items))
+
+
+def lazy_attributes(module: str):
+  """A unit package's module `__getattr__`: a name the package does not define is `module`'s
+  (the unit's model.py), imported when first read, so that the package itself loads without jax.
+  The unit's files (config, hf, model) are AttributeErrors until imported, as `from package
+  import hf` asks the package first."""
+  def getattr_(name):
+    if name in ('config', 'hf', 'model') or name.startswith('__'):
+      raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)
+  return getattr_

@@ -3,7 +3,7 @@
 HF state dicts (BertForPreTraining / BertModel, RobertaForMaskedLM / RobertaModel,
 AlbertForPreTraining / AlbertForMaskedLM / AlbertModel) differ from our tree (docs/ARCHITECTURE.md,
 "Parameters") by a backbone prefix, `.weight` names, [out, in] Linear kernels and flat heads; every
-key maps by one row of its family's table (hf_families.py: BERT's is TABLE), and any key no row
+key maps by one row of its family's table (models/<name>/hf.py: BERT's is TABLE), and any key no row
 explains is an error, never a guess. config.model.name picks the family. The CLI and the Python
 entry points are in convert.py.
 """
@@ -24,21 +24,22 @@ import safetensors.numpy
 
 from bert_jax import models
 from bert_jax import objectives
-from bert_jax.interop import hf_families
 from bert_jax.interop import param_tree
+from bert_jax.models import hf_layout
 from bert_jax.models import layers
 from bert_jax.models import pretraining
+from bert_jax.models.bert import hf as bert_hf
 from bert_jax.train import step as steps
 
 # BERT's (our path, HF key, transform) rows. `{n}` is the layer; ours is the unscanned name, which
 # the scanned tree stacks along a leading axis as bert/encoder/layer/... Backbone keys are written
 # with the `bert.` prefix of BertForPreTraining; BertModel checkpoints have them without it.
-TABLE = hf_families.BERT_TABLE
+TABLE = bert_hf.TABLE
 # Buffers, not parameters: older transformers saved them; they carry nothing to import.
-IGNORED_KEYS = hf_families.BERT.ignored
+IGNORED_KEYS = bert_hf.LAYOUT.ignored
 # HF hidden_act -> our model.gelu ('erf' exact, 'tanh' approximation); export writes the first.
-HF_GELU = hf_families.HF_GELU
-UnsupportedConfigError = hf_families.UnsupportedConfigError
+HF_GELU = hf_layout.HF_GELU
+UnsupportedConfigError = hf_layout.UnsupportedConfigError
 # Leaves whose first axis is the vocab: resized together by resize_vocab.
 VOCAB_PATHS = ('bert/embeddings/word_embeddings', 'predictions/output_bias')
 # Original TF names kept by old pytorch_model.bin files; from_pretrained renames them too.
@@ -103,7 +104,7 @@ class Entry:
 
 
 def entries(num_layers: int, prefix: str | None = None,
-            layout: hf_families.Layout = hf_families.BERT) -> list[Entry]:
+            layout: hf_layout.Layout = bert_hf.LAYOUT) -> list[Entry]:
   """The layout's table (BERT's by default) expanded over layers, with backbone keys under
   `prefix` (default the head models' 'bert.'; '' for BertModel)."""
   prefix = layout.prefix if prefix is None else prefix
@@ -151,7 +152,7 @@ class ImportReport:
 def hf_config_to_model_overrides(hf_config: dict) -> dict:
   """HF config.json dict -> our config.model values, model.name among them for RoBERTa and
   ALBERT (a BERT config leaves the family as it is); UnsupportedConfigError on what we lack."""
-  return hf_families.for_hf_config(hf_config).to_overrides(hf_config)
+  return hf_layout.for_hf_config(hf_config).to_overrides(hf_config)
 
 
 def has_nsp(config) -> bool:
@@ -163,7 +164,7 @@ def model_to_hf_config(config) -> dict:
   """Our full config -> the HF config.json of its family's class (BERT: BertForPreTraining,
   BertForMaskedLM without NSP, BertLMHeadModel with causal attention; RobertaForMaskedLM;
   AlbertForPreTraining with SOP, else AlbertForMaskedLM)."""
-  return hf_families.for_config(config).to_hf_config(config)
+  return hf_layout.for_config(config).to_hf_config(config)
 
 
 def leaf_shapes(config) -> dict:
@@ -181,7 +182,7 @@ def leaf_shapes(config) -> dict:
   return {k: tuple(v.shape) for k, v in flat.items() if k.split('/')[0] not in frozen}
 
 
-def _detect_layout(keys, layout: hf_families.Layout = hf_families.BERT):
+def _detect_layout(keys, layout: hf_layout.Layout = bert_hf.LAYOUT):
   """(layout name, backbone prefix, has heads) from the key names."""
   prefix = layout.prefix
   prefixed = any(k.startswith(prefix) for k in keys)
@@ -224,7 +225,7 @@ def _config_problems(hf_config, config, resize_vocab):
     overrides = hf_config_to_model_overrides(hf_config)
   except UnsupportedConfigError as e:
     return [str(e)]
-  family = hf_families.for_hf_config(hf_config).family
+  family = hf_layout.for_hf_config(hf_config).family
   problems = []
   if family != config.model.get('name', 'bert'):
     problems.append(f'HF config model_type={hf_config.get("model_type", "bert")!r} is '
@@ -252,7 +253,7 @@ def _head_subtrees(shapes) -> list[str]:
 
 def _plan(state_dict, config, hf_config, resize_vocab, report):
   """Validates everything first; returns (entries to load, our leaf shapes, checkpoint vocab)."""
-  layout_of = hf_families.for_config(config)
+  layout_of = hf_layout.for_config(config)
   layout, prefix, heads = _detect_layout(state_dict, layout_of)
   report.layout = layout
   shapes = leaf_shapes(config)
@@ -383,7 +384,7 @@ def merge_missing(params, fresh_params, config=None):
   heads (anything beside the encoder's `bert/`), and for a family whose head models drop the
   pooler (config.model.name 'roberta', 'albert'; BERT without `config`) `bert/pooler`. Anything
   else missing is an error."""
-  layout = hf_families.BERT if config is None else hf_families.for_config(config)
+  layout = bert_hf.LAYOUT if config is None else hf_layout.for_config(config)
   fresh = param_tree.flatten(nn.meta.unbox(fresh_params))
   flat = param_tree.flatten(params)
   fillable = 'heads' + (' and bert/pooler' if layout.optional_pooler else '')
@@ -459,7 +460,7 @@ def _export_electra(flat, config, out_dir) -> list[str]:
   disc = {k: v for k, v in sharing.discriminator_params(flat).items() if k.startswith(keep)}
   # transformers has ElectraForPreTraining; for another family's discriminator (DeBERTa-v3's) no
   # class holds the RTD head, so the backbone is written as the family's base model.
-  layout = hf_families.for_config(config)
+  layout = hf_layout.for_config(config)
   keys = _export_flat(disc, config, discriminator,
                       {k: v for k, v in shapes.items()
                        if k.startswith(keep) and not sharing.is_discriminator_embedding(k)},
@@ -474,7 +475,7 @@ def _export_flat(flat, config, out_dir, shapes, pooler=True, architecture=None) 
   """export_hf on flattened parameters; `shapes` those the model has (leaf_shapes), the pooler
   optional where pooler=False (an ELECTRA generator has none); `architecture` the class
   config.json names instead of the layout's."""
-  layout = hf_families.for_config(config)
+  layout = hf_layout.for_config(config)
   hf_config = model_to_hf_config(config)
   if architecture:
     hf_config['architectures'] = [architecture]
@@ -490,7 +491,7 @@ def _export_flat(flat, config, out_dir, shapes, pooler=True, architecture=None) 
     raise CheckpointMismatchError('Parameters do not fit config.model', problems)
   table = [e for e in entries(config.model.num_layers, layout=layout) if e.path in flat
            and (e.group != 'pooler' or layout.exports_pooler(config))
-           and e.hf_key not in hf_families.NOT_EXPORTED]
+           and e.hf_key not in layout.not_exported]
   if architecture == layout.base_class:  # The backbone alone: no head's keys (a tied decoder).
     table = [e for e in table
              if not e.hf_key.startswith(tuple(prefix for _, prefix in layout.head_classes))]
@@ -569,7 +570,7 @@ def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length:
     f.write('\n')
 
 
-def split_classifier(state_dict: dict, layout: hf_families.Layout) -> tuple[dict, dict]:
+def split_classifier(state_dict: dict, layout: hf_layout.Layout) -> tuple[dict, dict]:
   """(the state dict less the keys of the family's sequence-classification head, those keys):
   import_hf reads the first (the backbone), import_classifier the second."""
   keys = {key for _, key, _ in layout.classifier}
@@ -577,7 +578,7 @@ def split_classifier(state_dict: dict, layout: hf_families.Layout) -> tuple[dict
           {k: v for k, v in state_dict.items() if k in keys})
 
 
-def import_classifier(head_state: dict, layout: hf_families.Layout) -> dict:
+def import_classifier(head_state: dict, layout: hf_layout.Layout) -> dict:
   """{our fine-tuning model's path ('classifier/kernel', RoBERTa's 'bert/pooler/...'): float32
   array} of the sequence-classification head keys in `head_state`."""
   flat = {}

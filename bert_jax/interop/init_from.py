@@ -167,12 +167,12 @@ def source_tokenizer(spec: str) -> tuple[str, str]:
     return data.get('tokenizer') or 'wordpiece', f'{os.path.join(path, "config.json")} data.tokenizer'
   if kind == 'tf':
     return 'wordpiece', 'an original BERT checkpoint'
-  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import hf_layout  # pylint: disable=g-import-not-at-top
   config_path = os.path.join(path, 'config.json')
   model_type = _config_json(path).get('model_type', 'bert')
   try:
-    layout = hf_families.for_hf_config({'model_type': model_type})
-  except hf_families.UnsupportedConfigError as e:
+    layout = hf_layout.for_hf_config({'model_type': model_type})
+  except hf_layout.UnsupportedConfigError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
   return layout.tokenizer, f'{config_path} model_type={model_type!r}'
 
@@ -299,20 +299,20 @@ def import_for_finetuning(config) -> tuple[dict, dict]:
   HF <family>ForSequenceClassification checkpoint, {} for others)."""
   kind, path = parse(config.init_from)
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import hf_layout  # pylint: disable=g-import-not-at-top
   try:
     if kind == 'hf':
       state_dict, hf_config = hf.load_hf_state_dict(path)
     else:
       from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
       state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
-    state_dict, head_state = hf.split_classifier(state_dict, hf_families.for_config(config))
+    state_dict, head_state = hf.split_classifier(state_dict, hf_layout.for_config(config))
     params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
                                   resize_vocab=config.init_resize_vocab, seed=config.seed)
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   logging.info('init_from %s: %s', config.init_from, report.summary())
-  return params, hf.import_classifier(head_state, hf_families.for_config(config))
+  return params, hf.import_classifier(head_state, hf_layout.for_config(config))
 
 
 def _load_workdir_params(workdir: str, step: int | None, fresh_params):

@@ -15,8 +15,9 @@ from typing import Any
 from bert_jax.core import registry
 from bert_jax.models.deberta import config as deberta_keys
 
-# The encoders shipped in this package (each registers itself on import).
-BUILTIN = ('albert', 'bert', 'roberta', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
+# The encoders shipped in this package (each registers itself on import), in the order the HF
+# layouts are tried (models/hf_layout.py: RoBERTa's prefix before XLM-R's, which shares it).
+BUILTIN = ('bert', 'roberta', 'albert', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
 
 # config.model keys that describe the architecture (taken from the source checkpoint).
 BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
@@ -73,8 +74,8 @@ class Family:
   # (KEY_UNITS); None: BERT's keys only.
   config: type | None = None
   check: Callable[[Any, list], None] | None = None
-  # Its Hugging Face layout (models/hf_layout.Layout) when the family's folder holds one
-  # (models/deberta/hf.py); interop/hf_families.py has the others'.
+  # Its Hugging Face layout (models/hf_layout.Layout, from the family's hf.py); None: the
+  # family does not map onto a transformers class.
   hf: Any = None
 
 

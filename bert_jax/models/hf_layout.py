@@ -1,14 +1,19 @@
 """What every family's Hugging Face layout is made of: the Layout record, the rows of BERT's
-layer under another family's names, and the config.json fields and problems all families share.
+layer under another family's names, the config.json fields and problems all families share, and
+the lookup of a family's layout (by our model.name, or by a config.json's model_type).
 
-Each family's own table and config conversion lives beside it (models/deberta/hf.py) or, for the
-families not yet in folders, in interop/hf_families.py; interop/hf.py's import and export are
-one engine over the layouts. No jax here.
+Each family's own table and config conversion lives in its folder (models/<name>/hf.py) and
+reaches the lookup through its registration (Family.hf); interop/hf.py's import and export are
+one engine over the layouts. No jax here: the built-in families' hf.py load without their
+encoders.
 """
 
 import dataclasses
+import importlib
 import re
 from collections.abc import Callable
+
+from bert_jax import models
 
 
 class UnsupportedConfigError(ValueError):
@@ -58,6 +63,8 @@ class Layout:
   # (our fine-tuning path, HF key, transform) of the head of <family>ForSequenceClassification
   # (and of <family>ForMultipleChoice where it is a Linear on the pooler).
   classifier: tuple[tuple[str, str, str], ...] = ()
+  # HF keys read on import (tied copies, checked equal) but not written on export.
+  not_exported: frozenset[str] = frozenset()
 
   def group(self, path: str) -> str:
     """'backbone', 'pooler' (optional here) or the objective whose head holds `path`."""
@@ -121,3 +128,50 @@ def shape_fields(m) -> dict:
 
 def buffers(prefix: str) -> re.Pattern:
   return re.compile(rf'^({re.escape(prefix)})?embeddings\.(position_ids|token_type_ids)$')
+
+
+def not_causal(hf_config: dict, display: str) -> list[str]:
+  """The problem of a decoder config (is_decoder) for a family that is bidirectional only."""
+  if hf_config.get('is_decoder'):
+    return [f'is_decoder=true; our {display} is bidirectional (causal LMs: model.name=\'bert\')']
+  return []
+
+
+def objective_names(config) -> set[str]:
+  """The objectives a (validated) run config trains, which pick the head class it exports to."""
+  return {name.strip() for name in str(config.objectives).split(',') if name.strip()}
+
+
+def layouts() -> list[Layout]:
+  """Every family's layout: the built-in families' (their hf.py, without the encoders), then
+  those of families registered from elsewhere (a test's) that carry one."""
+  found = [importlib.import_module(f'bert_jax.models.{name}.hf').LAYOUT
+           for name in models.BUILTIN]
+  extra = [models.get(name).hf for name in models.available() if name not in models.BUILTIN]
+  return found + [layout for layout in extra if layout is not None]
+
+
+def for_family(name: str) -> Layout:
+  """The layout of our family `name`; UnsupportedConfigError for a family without one."""
+  for layout in layouts():
+    if layout.family == name:
+      return layout
+  raise UnsupportedConfigError(
+      f'model.name={name!r} has no Hugging Face layout; the families that map are '
+      f'{", ".join(layout.family for layout in layouts())}.')
+
+
+def for_config(config) -> Layout:
+  """The layout of a run's config.model.name."""
+  return for_family(config.model.get('name', 'bert'))
+
+
+def for_hf_config(hf_config: dict) -> Layout:
+  """The layout of a config.json's model_type (no model_type: BERT, as old BERT configs)."""
+  model_type = hf_config.get('model_type', 'bert')
+  for layout in layouts():
+    if layout.model_type == model_type:
+      return layout
+  raise UnsupportedConfigError(
+      f'Unsupported HF config: model_type={model_type!r}; the model types that map onto our '
+      f'families are {", ".join(repr(l.model_type) for l in layouts())}.')

@@ -4,7 +4,7 @@ the corrupted row original or replaced.
 
 Clark et al. (2020); google-research/electra's run_pretraining.py. The objective's `corrupt`
 step runs before the encoder (models/pretraining.py): the generator (the family's
-Family.generator: models/electra.py's ElectraGenerator, models/deberta/model.py's DebertaGenerator;
+Family.generator: models/electra/'s ElectraGenerator, models/deberta/model.py's DebertaGenerator;
 `generator/`, at electra.generator_shape's size, on the embeddings model.embedding_sharing gives
 it) and its MLM head (`generator_predictions/`, MaskedLmHead at H_g: logits against the shared
 embeddings + its own bias) at the masked positions; a token sampled from each softmax

@@ -21,7 +21,7 @@ from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.core import files
 from bert_jax.core.checkpoint import latest_step
-from bert_jax.interop import hf_families
+from bert_jax.models import hf_layout
 from bert_jax.interop.hf import (
     TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
     UnsupportedConfigError, check_tokenizer_casing, entries, export_dirs, export_hf,
@@ -121,11 +121,11 @@ def _family_layout(state_dict, hf_config):
   """The family of a checkpoint: its config.json's model_type, else the backbone prefix its keys
   carry (BERT when they carry none)."""
   if hf_config is not None:
-    return hf_families.for_hf_config(hf_config)
-  for layout in hf_families.LAYOUTS.values():
+    return hf_layout.for_hf_config(hf_config)
+  for layout in hf_layout.layouts():
     if any(k.startswith(layout.prefix) for k in state_dict):
       return layout
-  return hf_families.BERT
+  return hf_layout.for_family('bert')
 
 
 def main(argv=None) -> None:

@@ -260,7 +260,7 @@ def _hf_source(spec: str, directory: str):
   """(config, params, tokenizer kind, vocab file, lowercase, None) of a transformers model
   directory; the family is config.json's model_type."""
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf_families  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import hf_layout  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
   from configs import base  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(directory):
@@ -274,7 +274,7 @@ def _hf_source(spec: str, directory: str):
     raise PredictError(f'--workdir={spec!r}: no config.json in {directory}.')
   config = base.get_config()
   try:
-    layout = hf_families.for_hf_config(hf_config)
+    layout = hf_layout.for_hf_config(hf_config)
     config.model.update(hf.hf_config_to_model_overrides(hf_config))
   except hf.UnsupportedConfigError as e:
     raise PredictError(f'--workdir={spec!r}: {e}') from e

@@ -5,11 +5,6 @@ The encoder's names are read through this package (`deberta.DebertaModel`) and l
 when first asked for, so that configs and validation import config.py without jax.
 """
 
-import importlib
+from bert_jax.core import registry
 
-
-def __getattr__(name):
-  if name in ('config', 'model') or name.startswith('__'):
-    # A submodule not imported yet (`from ... import config` asks here first), or a dunder.
-    raise AttributeError(name)
-  return getattr(importlib.import_module('bert_jax.models.deberta.model'), name)
+__getattr__ = registry.lazy_attributes('bert_jax.models.deberta.model')

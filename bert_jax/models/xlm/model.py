@@ -12,7 +12,9 @@ rows (data/crosslingual.py) bring position_ids that restart at their second sent
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import roberta
+from bert_jax.models.xlm import hf as xlm_hf
 
 FAMILY = models.register(models.Family(
     name='xlm', config_from=roberta.config_from, encoder=bert.BertModel,
-    flops=bert.encoder_flops, inputs=('language_ids',), position_offset=roberta.POSITION_OFFSET))
+    flops=bert.encoder_flops, inputs=('language_ids',), position_offset=roberta.POSITION_OFFSET,
+    hf=xlm_hf.LAYOUT))

@@ -24,6 +24,7 @@ from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
 from bert_jax.models import sharing
+from bert_jax.models.electra import hf as electra_hf
 from bert_jax.ops import attention as attention_ops
 
 # The reference's generator heads: one per 64 units of its width (get_generator_config).
@@ -200,4 +201,4 @@ def generator_flops(model, length: int) -> float:
 
 FAMILY = models.register(models.Family(name='electra', config_from=bert.BertConfig.from_config,
                                        encoder=ElectraModel, flops=encoder_flops,
-                                       generator=ElectraGenerator))
+                                       generator=ElectraGenerator, hf=electra_hf.LAYOUT))

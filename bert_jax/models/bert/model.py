@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from bert_jax import models
 from bert_jax.models import layers
+from bert_jax.models.bert import hf as bert_hf
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import ffn as ffn_ops
 from bert_jax.ops import norm as norm_ops
@@ -48,7 +49,7 @@ class BertConfig:
   layer_norm_eps: float = 1e-12
   # Width of the embedding tables, projected to hidden_size by ALBERT's encoder (0: hidden_size).
   embedding_size: int = 0
-  # ELECTRA's (models/electra.py, objectives/rtd.py; the other families ignore them): the
+  # ELECTRA's (models/electra/, objectives/rtd.py; the other families ignore them): the
   # generator's width and depth as fractions of the discriminator's, the weight of the
   # discriminator's loss, and how the two share the embedding tables ('shared' or 'gdes').
   generator_fraction: float = 0.25
@@ -90,7 +91,7 @@ class BertConfig:
   # the GELU; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
-  # The modern encoder's (models/modernbert.py; configs/base.py says what each means). The MLM
+  # The modern encoder's (models/modernbert/; configs/base.py says what each means). The MLM
   # head reads norm and use_bias; the other families refuse anything but these defaults.
   norm: str = 'layer_norm'
   use_bias: bool = True
@@ -100,7 +101,7 @@ class BertConfig:
   local_rope_theta: float = 10_000.0
   local_window: int = 0
   global_every: int = 1
-  # XLM's language embeddings (models/xlm.py): rows of the table added to each token's embedding
+  # XLM's language embeddings (models/xlm/): rows of the table added to each token's embedding
   # by its language id; 0: none (XLM-R, and every other family).
   num_languages: int = 0
   seed: int = 0  # The run's init seed (config.init_seed or seed); seeds cuDNN's attention dropout.
@@ -494,4 +495,5 @@ def encoder_flops(model, length: int) -> float:
 
 
 FAMILY = models.register(models.Family(name='bert', config_from=BertConfig.from_config,
-                                       encoder=BertModel, flops=encoder_flops))
+                                       encoder=BertModel, flops=encoder_flops,
+                                       hf=bert_hf.LAYOUT))

@@ -13,7 +13,7 @@ There are no segment embeddings and no pooler: the pooled output is the first to
 state. The MLM head is `predictions` (dense, GELU, norm, logits against the tied embeddings plus
 a bias), without biases in the dense and the norm when model.use_bias is False.
 
-Parameters, under `bert/` as every family's (interop/hf_families.py maps them to transformers'
+Parameters, under `bert/` as every family's (hf.py maps them to transformers'
 ModernBertForMaskedLM): embeddings/word_embeddings [vocab, embed] (and position_embeddings with
 positions='absolute'), embeddings/norm; encoder/layer_N/attn_norm (N > 0), attention/qkv
 [embed, 3, heads, kv], attention/output [heads, kv, embed], mlp_norm, mlp/wi [embed, 2, mlp]
@@ -35,6 +35,8 @@ import numpy as np
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
+from bert_jax.models.modernbert import config as modernbert_config
+from bert_jax.models.modernbert import hf as modernbert_hf
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import positions as positions_ops
 
@@ -45,10 +47,7 @@ def config_from(config) -> bert.BertConfig:
                              pooler=False)
 
 
-def is_global(cfg, index: int) -> bool:
-  """Whether layer `index` attends over the whole row: every layer without a local window, else
-  every global_every-th from the first (ModernBERT's layers 0, 3, 6, ...)."""
-  return cfg.local_window <= 0 or index % cfg.global_every == 0
+is_global = modernbert_config.is_global
 
 
 def _norm(cfg, name: str) -> nn.Module:
@@ -293,4 +292,5 @@ def encoder_flops(model, length: int) -> float:
 
 
 FAMILY = models.register(models.Family(name='modernbert', config_from=config_from,
-                                       encoder=ModernBertModel, flops=encoder_flops))
+                                       encoder=ModernBertModel, flops=encoder_flops,
+                                       hf=modernbert_hf.LAYOUT))

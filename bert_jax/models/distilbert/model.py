@@ -6,7 +6,7 @@ what BertModel does with other names: `embeddings.{word,position}_embeddings` an
 each layer's `attention.{q,k,v,out}_lin`, `sa_layer_norm` (after the attention's residual),
 `ffn.lin1`/`lin2` and `output_layer_norm` (after the feed-forward's); the MLM head
 `vocab_transform`, GELU, `vocab_layer_norm` and `vocab_projector` (tied, with a bias) is our
-`predictions`. Our tree is BERT's (interop/hf_families.py maps the names), less
+`predictions`. Our tree is BERT's (hf.py maps the names), less
 `bert/embeddings/token_type_embeddings` and `bert/pooler`; the pooled output is the [CLS] state,
 which fine-tuning reads through DistilBertForSequenceClassification's `pre_classifier` (Dense,
 ReLU) before its classifier.
@@ -16,6 +16,7 @@ import dataclasses
 
 from bert_jax import models
 from bert_jax.models import bert
+from bert_jax.models.distilbert import hf as distilbert_hf
 
 
 def config_from(config) -> bert.BertConfig:
@@ -32,4 +33,4 @@ def encoder_flops(model, length: int) -> float:
 
 FAMILY = models.register(models.Family(name='distilbert', config_from=config_from,
                                        encoder=bert.BertModel, flops=encoder_flops,
-                                       pre_classifier=True))
+                                       pre_classifier=True, hf=distilbert_hf.LAYOUT))

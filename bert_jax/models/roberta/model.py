@@ -11,6 +11,7 @@ import dataclasses
 
 from bert_jax import models
 from bert_jax.models import bert
+from bert_jax.models.roberta import hf as roberta_hf
 
 # fairseq's padding_idx (the <pad> id of RoBERTa's vocab) + 1: the first real token's row.
 POSITION_OFFSET = 2
@@ -23,4 +24,4 @@ def config_from(config) -> bert.BertConfig:
 
 FAMILY = models.register(models.Family(name='roberta', config_from=config_from,
                                        encoder=bert.BertModel, flops=bert.encoder_flops,
-                                       position_offset=POSITION_OFFSET))
+                                       position_offset=POSITION_OFFSET, hf=roberta_hf.LAYOUT))

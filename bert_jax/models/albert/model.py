@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
+from bert_jax.models.albert import hf as albert_hf
 
 # Why layer-wise learning-rate decay (train/optim.py) refuses ALBERT, after
 # 'config.train.layerwise_lr_decay[=value]'.
@@ -84,4 +85,5 @@ def encoder_flops(model, length: int) -> float:
 
 
 FAMILY = models.register(models.Family(name='albert', config_from=bert.BertConfig.from_config,
-                                       encoder=AlbertModel, flops=encoder_flops))
+                                       encoder=AlbertModel, flops=encoder_flops,
+                                       hf=albert_hf.LAYOUT))

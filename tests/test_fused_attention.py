@@ -18,7 +18,7 @@ from bert_jax.kernels.gpu import fused_attention
 from bert_jax.kernels.gpu import fused_norm
 from bert_jax.models import layers
 from bert_jax.models import bert as model_lib
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 from bert_jax.ops import attention as attention_ops
 from configs import tiny
 import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)

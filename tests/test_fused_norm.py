@@ -14,7 +14,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.gpu import fused_norm
 from bert_jax.models import bert as model_lib
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 from configs import tiny
 
 

@@ -12,7 +12,7 @@ import pytest
 from bert_jax.train import finetune
 from bert_jax.models import heads
 from bert_jax.models import bert as model_lib
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 
 BATCH, SEQ = 3, 7
 

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.models import layers
 from bert_jax.models import bert as model_lib
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import ffn as ffn_ops
 from bert_jax.ops import per_device

@@ -10,7 +10,7 @@ import pytest
 from array_record.python import array_record_module
 
 from bert_jax.models import bert as model_lib
-from bert_jax.models import pretraining as pretraining_model
+from bert_jax.objectives import pretraining as pretraining_model
 from bert_jax.data import batching
 from bert_jax.data import pretraining
 from bert_jax.data import records

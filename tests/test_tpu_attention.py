@@ -20,7 +20,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.tpu import fused_attention
 from bert_jax.models import layers
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import checks
 from bert_jax.tools import kernel_costs

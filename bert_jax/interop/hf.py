@@ -27,9 +27,8 @@ from bert_jax import objectives
 from bert_jax.interop import param_tree
 from bert_jax.models import hf_layout
 from bert_jax.models import layers
-from bert_jax.models import pretraining
 from bert_jax.models.bert import hf as bert_hf
-from bert_jax.train import step as steps
+from bert_jax.objectives import pretraining
 
 # BERT's (our path, HF key, transform) rows. `{n}` is the layer; ours is the unscanned name, which
 # the scanned tree stacks along a leading axis as bert/encoder/layer/... Backbone keys are written
@@ -175,7 +174,7 @@ def leaf_shapes(config) -> dict:
   names = objectives.configured(config)
   model = pretraining.PretrainingModel(cfg, names, name)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
-                          steps.dummy_batch(1, 2, 1, objectives=names))
+                          pretraining.dummy_batch(1, 2, 1, objectives=names))
   # A frozen scope (a distillation teacher) is not the model's: never imported or exported.
   frozen = objectives.frozen_scopes(config)
   flat = param_tree.flatten(nn.meta.unbox(shapes['params']))
@@ -372,9 +371,9 @@ def _resize_vocab(flat, config, seed, report):
 
 def init_params(config, seed: int = 0):
   """Fresh float32 numpy params of config's model (the same init as training)."""
-  model = steps.build_model(config)
+  model = pretraining.build(config)
   batch = {k: np.zeros(v.shape, v.dtype)
-           for k, v in steps.dummy_batch(1, 2, 1, objectives=model.objectives).items()}
+           for k, v in pretraining.dummy_batch(1, 2, 1, objectives=model.objectives).items()}
   variables = jax.jit(model.init)(jax.random.PRNGKey(seed), batch)
   return jax.tree.map(np.asarray, nn.meta.unbox(variables['params']))
 

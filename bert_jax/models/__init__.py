@@ -1,6 +1,6 @@
 """Encoders, by name: each family member is one module here that registers a Family.
 
-config.model.name picks the encoder; the pretraining model (models/pretraining.py) puts the
+config.model.name picks the encoder; the pretraining model (objectives/pretraining.py) puts the
 objectives' heads on it and the fine-tuning model (models/heads.py) a task head. A family's
 encoder takes (input_ids, segment_ids, input_mask, deterministic, position_ids, pair_ids,
 cls_positions), and by name the batch keys its Family lists in `inputs`; it returns (sequence

@@ -16,15 +16,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.models import layers
 from bert_jax import models
-from bert_jax.tasks import base
+from bert_jax.models import layers
+
+# The fine-tuning heads, each with the batch keys it trains on (a task's `head` names one).
+TARGETS = {'classification': ('label',), 'regression': ('label',),
+           'token': ('labels', 'label_weights'), 'span': ('start_positions', 'end_positions'),
+           'multiple_choice': ('label',)}
+HEADS = tuple(TARGETS)
 
 
 class BertForFineTuning(nn.Module):
   """BERT + one task head; returns {'logits'} or {'start_logits', 'end_logits'} in float32."""
   config: Any  # The encoder's frozen config (its family's config_from).
-  head: str  # One of tasks.base.HEADS.
+  head: str  # One of HEADS.
   num_outputs: int  # Classes (1: regression; 2: span start and end; multiple choice: choices).
   feature_layers: int = 0  # > 0: feature-based, frozen encoder, concat of the last N layers.
   feature_lstm_units: int = 384  # Feature-based: units per direction of each BiLSTM layer.
@@ -37,8 +42,8 @@ class BertForFineTuning(nn.Module):
   def __call__(self, input_ids, segment_ids, input_mask, deterministic=True):
     # input_ids, segment_ids, input_mask: [batch, length]; multiple choice [batch, choices, length]
     cfg = self.config
-    if self.head not in base.HEADS:
-      raise ValueError(f'head={self.head!r}; valid heads are {base.HEADS}.')
+    if self.head not in HEADS:
+      raise ValueError(f'head={self.head!r}; valid heads are {HEADS}.')
     if self.feature_layers:
       if self.lstm_layers:
         raise ValueError(f'lstm_layers={self.lstm_layers} with feature_layers='

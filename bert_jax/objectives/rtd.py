@@ -3,7 +3,7 @@ with tokens sampled from its MLM softmax, and the encoder (the discriminator) te
 the corrupted row original or replaced.
 
 Clark et al. (2020); google-research/electra's run_pretraining.py. The objective's `corrupt`
-step runs before the encoder (models/pretraining.py): the generator (the family's
+step runs before the encoder (objectives/pretraining.py): the generator (the family's
 Family.generator: models/electra/'s ElectraGenerator, models/deberta/model.py's DebertaGenerator;
 `generator/`, at electra.generator_shape's size, on the embeddings model.embedding_sharing gives
 it) and its MLM head (`generator_predictions/`, MaskedLmHead at H_g: logits against the shared

@@ -7,9 +7,14 @@ import flax.linen as nn
 import jax
 
 from bert_jax import ops
+from bert_jax.kernels import activations
 from bert_jax.ops import per_device
 
 IMPLS = ops.FFN_IMPLS
+# The tanh GELU the fused kernels compute, for the model's XLA path (models/layers.gelu).
+gelu_tanh = activations.gelu_tanh
+gelu_tanh_and_grad = activations.gelu_tanh_and_grad
+gelu_tanh_grad = activations.gelu_tanh_grad
 
 
 def _fused():

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-HEADS = ('classification', 'regression', 'token', 'span', 'multiple_choice')
+from bert_jax.models import heads
+
+HEADS = heads.HEADS  # The fine-tuning heads a task may name (models/heads.py).
 
 
 @dataclasses.dataclass

@@ -43,10 +43,6 @@ from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.tasks import base
 
 INPUT_KEYS = ('input_ids', 'segment_ids', 'input_mask')
-# Targets each head trains on (see tasks/base.py).
-TARGET_KEYS = {'classification': ('label',), 'regression': ('label',),
-               'token': ('labels', 'label_weights'), 'span': ('start_positions', 'end_positions'),
-               'multiple_choice': ('label',)}
 _SHUFFLE_STREAM = 5
 
 
@@ -424,7 +420,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   start_step = int(state.step)
   state_finite = jax.jit(guard.all_finite)
   writer = metrics_lib.MetricWriter(seed_dir, start_step)
-  train_inputs = {k: train.features[k] for k in INPUT_KEYS + TARGET_KEYS[task.head]}
+  train_inputs = {k: train.features[k] for k in INPUT_KEYS + heads.TARGETS[task.head]}
 
   def evaluate(step, epoch):
     out = {}
@@ -523,14 +519,14 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
 
 def _has_targets(head: str, split: base.EncodedSplit) -> bool:
   """Whether the split holds the head's training targets (SQuAD's dev holds answers instead)."""
-  return all(k in split.features for k in TARGET_KEYS[head])
+  return all(k in split.features for k in heads.TARGETS[head])
 
 
 def _eval_loss(head: str, outputs, split: base.EncodedSplit) -> float:
   """The training loss on an eval split (0.0 where the split has no targets, e.g. SQuAD dev)."""
   if not _has_targets(head, split):
     return 0.0
-  targets = {k: split.features[k] for k in TARGET_KEYS[head]}
+  targets = {k: split.features[k] for k in heads.TARGETS[head]}
   return float(task_loss(head, jax.tree.map(jnp.asarray, outputs), targets))
 
 

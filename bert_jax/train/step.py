@@ -15,7 +15,7 @@ import optax
 
 from bert_jax import objectives as objectives_lib
 from bert_jax import sharding
-from bert_jax.models import pretraining
+from bert_jax.objectives import pretraining
 from bert_jax.train import state as state_lib
 
 TrainState = state_lib.TrainState
@@ -129,13 +129,11 @@ def jit_train_step(loss_fn, tx, state_shardings, batch_shardings, skip_nonfinite
 
 # Pretraining.
 
-def build_model(config) -> pretraining.PretrainingModel:
-  """The pretraining model of a run's config (config.model.name, config.objectives)."""
-  return pretraining.build(config)
-
-
-def objectives_of(model: pretraining.PretrainingModel):
-  return tuple(objectives_lib.resolve(item) for item in model.objectives)
+# The pretraining model and its shape-only batches live with the objectives
+# (objectives/pretraining.py); the modes and tools reach them here.
+build_model = pretraining.build
+objectives_of = pretraining.objectives_of
+dummy_batch = pretraining.dummy_batch
 
 
 def batch_shape(config) -> objectives_lib.BatchShape:
@@ -144,19 +142,6 @@ def batch_shape(config) -> objectives_lib.BatchShape:
   return objectives_lib.BatchShape(config.data.max_seq_length,
                                    config.data.max_predictions_per_seq, pairs,
                                    languages=bool(config.data.get('languages')))
-
-
-def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
-                max_pairs_per_row: int = 0, objectives=('mlm', 'nsp'), languages: bool = False):
-  """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation.
-
-  max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair); languages:
-  cross-lingual rows (position and language ids).
-  """
-  shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row,
-                                    languages)
-  spec = objectives_lib.batch_spec([objectives_lib.resolve(n) for n in objectives], shape)
-  return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}
 
 
 def init_batch(model: pretraining.PretrainingModel, config):

@@ -32,8 +32,8 @@ from jax import lax
 import jax.experimental.pallas as pl
 import jax.numpy as jnp
 
+from bert_jax.kernels import activations
 from bert_jax.kernels.gpu import fused_norm
-from bert_jax.models import layers
 
 IMPLS = ('xla', 'pallas')
 _SMEM_BYTES = 227 * 1024  # Shared memory of one Hopper block.
@@ -266,7 +266,7 @@ def gelu_matmul(x, w1, b1, *, tiles: Tiles = TILES, sms: int | None = None, trac
         slot = i % 2
         plgpu.wait_smem_to_gmem(in_flight, wait_read_only=True)  # This slot's last stores left.
         bias = lax.broadcast_in_dim(b1_smem[wg, cols_slice], (_PIECE, _PIECE), (1,))
-        h, g = layers.gelu_tanh_and_grad(acc[rows_slice, cols_slice] + bias)
+        h, g = activations.gelu_tanh_and_grad(acc[rows_slice, cols_slice] + bias)
         out_smem[wg, slot, 0] = h.astype(out_smem.dtype)
         out_smem[wg, slot, 1] = g.astype(out_smem.dtype)
         plgpu.commit_smem()
@@ -349,7 +349,7 @@ def dgelu_matmul(dy, w2, g, *, tiles: Tiles = TILES, sms: int | None = None, tra
 def gelu_reference(x, w1, b1):
   """gelu_matmul's function the XLA way."""
   pre = jnp.dot(x, w1, preferred_element_type=jnp.float32) + b1.astype(jnp.float32)
-  return tuple(v.astype(x.dtype) for v in layers.gelu_tanh_and_grad(pre))
+  return tuple(v.astype(x.dtype) for v in activations.gelu_tanh_and_grad(pre))
 
 
 def dgelu_reference(dy, w2, g):
@@ -360,7 +360,7 @@ def dgelu_reference(dy, w2, g):
 
 def _model_way(x, w1, b1, w2):
   pre = x @ w1.astype(x.dtype) + b1.astype(x.dtype)
-  return layers.gelu_tanh(pre) @ w2.astype(x.dtype)
+  return activations.gelu_tanh(pre) @ w2.astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

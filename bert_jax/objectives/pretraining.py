@@ -1,4 +1,5 @@
-"""The pretraining model: an encoder from the models registry with its objectives' heads.
+"""The pretraining model: an encoder from the models registry with its objectives' heads, and
+the shape-only batches its init and lowering trace.
 
 Parameters: the encoder under its family's scope (`bert/`), each head under its own name
 (`predictions/`, `seq_relationship/`), as the original BERT's checkpoints lay them out. An
@@ -9,6 +10,7 @@ reads the batch it returns; its modules sit beside the heads (`generator/`, ...)
 from typing import Any
 
 import flax.linen as nn
+import jax
 
 from bert_jax import models
 from bert_jax import objectives as objectives_lib
@@ -50,3 +52,21 @@ def build(config) -> PretrainingModel:
   name = config.model.get('name', 'bert')
   return PretrainingModel(models.get(name).config_from(config),
                           objectives_lib.configured(config), name)
+
+
+def objectives_of(model: PretrainingModel):
+  """The model's Objectives (names resolved through the registry)."""
+  return tuple(objectives_lib.resolve(item) for item in model.objectives)
+
+
+def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
+                max_pairs_per_row: int = 0, objectives=('mlm', 'nsp'), languages: bool = False):
+  """Shape-only batch (as jax.ShapeDtypeStruct) for init, lowering and compilation.
+
+  max_pairs_per_row > 0: a packed batch (the packing keys, NSP labels per pair); languages:
+  cross-lingual rows (position and language ids).
+  """
+  shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row,
+                                    languages)
+  spec = objectives_lib.batch_spec([objectives_lib.resolve(n) for n in objectives], shape)
+  return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}

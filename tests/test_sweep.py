@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from bert_jax import models
 from bert_jax.sweep import runner
 from bert_jax.sweep import spec
 
@@ -216,6 +217,21 @@ def test_arms_with_the_same_pretraining_share_one_run(tmp_path):
   assert random.after == () and 'init_from' not in random.overrides
   assert random.overrides['model.num_layers'] == small.model.num_layers
   assert random.overrides['data.vocab_file'] == small.data.vocab_file
+
+
+def test_a_random_init_arm_fine_tunes_its_pretraining_run_s_whole_architecture(tmp_path):
+  # Every key init_from would adopt (models.ARCHITECTURE_KEYS), not the shape alone: here the
+  # pretraining run's LayerNorm eps, which the fine-tuning config would otherwise keep at 1e-12.
+  _data_root()
+  sweep = table5()
+  sweep.pretrain.model = {'layer_norm_eps': 1e-6}
+  random = next(job for job in spec.plan(sweep, str(tmp_path)).jobs
+                if job.name == 'finetune/random/mrpc')
+  assert random.overrides['model.layer_norm_eps'] == 1e-6
+  finetune = spec.load_config('configs/glue.py', 'test')
+  assert sorted(k for k in random.overrides if k.startswith('model.')
+                and k[len('model.'):] in models.ARCHITECTURE_KEYS) == sorted(
+                    f'model.{k}' for k in models.ARCHITECTURE_KEYS if k in finetune.model)
 
 
 def test_at_steps_keep_those_checkpoints_and_fine_tune_from_them(tmp_path):

@@ -229,15 +229,10 @@ def _config_problems(hf_config, config, resize_vocab):
   if family != config.model.get('name', 'bert'):
     problems.append(f'HF config model_type={hf_config.get("model_type", "bert")!r} is '
                     f'{family}\'s, but config.model.name={config.model.get("name", "bert")!r}')
-  checked = ['hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-             'max_position_embeddings', 'type_vocab_size', 'layer_norm_eps', 'embedding_size',
-             # The modern encoder's (a ModernBERT config's overrides have them).
-             'norm', 'use_bias', 'feed_forward', 'positions', 'rope_theta', 'local_rope_theta',
-             'local_window', 'global_every',
-             # The family units' (DeBERTa's: models/deberta/config.py).
-             *(key for unit in models.KEY_UNITS.values() for key in unit.ARCHITECTURE),
-             # XLM-R's (none).
-             'num_languages']
+  # The architecture (models.ARCHITECTURE_KEYS) but the family, compared above, and causal, which
+  # only a decoder's config states; the vocab size last, unless it is being resized.
+  checked = [key for key in models.ARCHITECTURE_KEYS
+             if key not in ('name', 'causal', 'vocab_size')]
   if not resize_vocab:
     checked.append('vocab_size')
   return problems + [

@@ -19,7 +19,8 @@ from bert_jax.models.deberta import config as deberta_keys
 # layouts are tried (models/hf_layout.py: RoBERTa's prefix before XLM-R's, which shares it).
 BUILTIN = ('bert', 'roberta', 'albert', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
 
-# config.model keys that describe the architecture (taken from the source checkpoint).
+# config.model keys that describe BERT's architecture (a distillation teacher's, which is BERT-
+# shaped); ARCHITECTURE_KEYS below adds every family's switches.
 BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
                           'num_heads', 'intermediate_size', 'max_position_embeddings',
                           'type_vocab_size', 'layer_norm_eps', 'causal')
@@ -42,9 +43,18 @@ def unit_defaults() -> dict:
 # checkpoint's config.json lacks the keys of families other than its own).
 SWITCH_DEFAULTS = {**MODERN_DEFAULTS, 'rope_theta': 10_000.0,
                    'local_rope_theta': 10_000.0, 'global_every': 1,
-                   **{key: deberta_keys.DEFAULTS[key] for key in deberta_keys.ARCHITECTURE},
+                   **{key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
+                      for key in unit.ARCHITECTURE},
                    # XLM's.
                    'num_languages': 0}
+
+# The architecture: the config.model keys a checkpoint fixes, derived once here for all who need
+# them: init_from adopts them from its source, an HF import checks them against config.json, a
+# sweep's randomly initialised fine-tuning copies them from its pretraining run.
+ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(SWITCH_DEFAULTS)
+# The values a source implies for the keys its config lacks (a workdir written before the key
+# existed, an HF config of another family); the shape keys every source states.
+SOURCE_DEFAULTS = {'name': 'bert', 'embedding_size': 0, 'causal': False, **SWITCH_DEFAULTS}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -458,6 +458,20 @@ def test_cli_exports_a_trained_workdir(tmp_path, capsys):
   convert.main(['inspect', f'--source=hf:{out}'])
   printed = capsys.readouterr().out
   assert 'layout: BertForPreTraining' in printed and 'imports cleanly' in printed
+  # A step whose saved bytes changed on disk (here its data position) is refused as a resume
+  # refuses it, before anything is written.
+  data_dir = workdir / 'checkpoints' / '2' / 'data'
+  [position] = [p for p in data_dir.rglob('*') if p.is_file() and 'metadata' in p.name]
+  position.write_text(position.read_text(encoding='utf-8').replace('"batch": ', '"batch": 1'),
+                      encoding='utf-8')
+  result = subprocess.run(
+      [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={workdir}',
+       f'--out={tmp_path / "damaged"}'], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0 and 'Exported' not in result.stdout
+  assert 'The checkpoint of step 2' in result.stderr, result.stderr[-2000:]
+  assert 'the data position differs from the one saved' in result.stderr
+  assert 'name one as --step=N' in result.stderr
+  assert not (tmp_path / 'damaged').exists()
 
 
 def write_sharded(directory, shard_names):

@@ -466,6 +466,46 @@ def test_a_changed_data_position_makes_its_step_unreadable(tmp_path, caplog):
   assert 'the data position differs from the one saved' in caplog.text
 
 
+def drop_integrity_record(step_dir):
+  """One flipped bit in the record's JSON key ('integrity' -> 'integritx'): the record is gone."""
+  [path] = [p for p in data_files(os.path.join(step_dir, 'data')) if 'metadata' in p]
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  assert '"integrity"' in text
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text.replace('"integrity"', '"integritx"'))
+
+
+def test_a_step_without_its_integrity_record_is_unreadable(tmp_path, caplog, monkeypatch):
+  monkeypatch.delenv(checkpoint_lib.UNVERIFIED_ENV, raising=False)
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  drop_integrity_record(os.path.join(directory, '2'))
+  with pytest.raises(checkpoint_lib.IntegrityError, match='no integrity record.*'
+                     + checkpoint_lib.UNVERIFIED_ENV + '=1'):
+    checkpoint_lib.read_step(directory, 2)
+  with caplog.at_level('WARNING'):
+    state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  # The intact step before it is restored; the one without a record is kept aside.
+  np.testing.assert_array_equal(state['w'], 1.0)
+  assert position == {'epoch': 0, 'batch': 1}
+  assert 'has no integrity record' in caplog.text
+  assert 'Restored the previous good checkpoint, step 1' in caplog.text
+  assert any(name.startswith('2.unreadable-') for name in os.listdir(directory))
+
+
+def test_a_step_without_a_record_is_read_unverified_when_asked(tmp_path, caplog, monkeypatch):
+  monkeypatch.setenv(checkpoint_lib.UNVERIFIED_ENV, '1')
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  drop_integrity_record(os.path.join(directory, '2'))
+  with caplog.at_level('WARNING'):
+    state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  np.testing.assert_array_equal(state['w'], 2.0)
+  assert position['batch'] == 2 and 'restored unverified' in caplog.text
+  np.testing.assert_array_equal(checkpoint_lib.read_step(directory, 2)[0]['w'], 2.0)
+
+
 @pytest.mark.slow
 def test_single_bit_flips_anywhere_in_the_newest_step_never_restore_damaged_values(tmp_path):
   rng = random.Random(0)

@@ -8,8 +8,10 @@ restored instead.
 Every checkpoint carries integrity data written at save: two position-weighted sums of each
 array's bits and a sha256 of the data position. Restore recomputes them, so a checkpoint whose
 bytes changed on disk (a flipped bit) is unreadable like a truncated one, and the previous good
-step is restored instead; the warning names the array that differs. read_step reads one named
-step of another run (init_from) with the same check and no fallback.
+step is restored instead; the warning names the array that differs. A step without its record
+(which every save writes: one damaged byte of the data's JSON removes it) is unreadable the same
+way, unless BERT_JAX_READ_UNVERIFIED=1 asks for it. read_step reads one named step of another
+run (init_from, export, predict) with the same check and no fallback.
 A save that fails (disk full, permissions) is an error that names the step and the newest good
 checkpoint; the good ones stay.
 A gs:// directory is written by orbax itself (tensorstore); there a step counts once orbax's
@@ -36,6 +38,9 @@ from absl import logging
 from bert_jax.core import files
 
 INTEGRITY_KEY = 'integrity'
+# Set to 1: a checkpoint without its integrity record is read (unverified, with a warning)
+# instead of being unreadable.
+UNVERIFIED_ENV = 'BERT_JAX_READ_UNVERIFIED'
 # What orbax writes last into a step on Cloud Storage (atomicity_types.COMMIT_SUCCESS_FILE).
 GCS_COMMIT_FILE = 'commit_success.txt'
 
@@ -101,11 +106,16 @@ def _array_name(path: str) -> str:
 
 
 def verify_integrity(state, position: dict) -> bool:
-  """Raises IntegrityError naming what differs from the record written at save; False when the
-  checkpoint has no record (written before records existed: restored unverified)."""
+  """Raises IntegrityError naming what differs from the record written at save, or when the
+  checkpoint has none (every save writes one); False for a checkpoint without a record when
+  BERT_JAX_READ_UNVERIFIED=1 asks to read it unverified."""
   record = position.get(INTEGRITY_KEY)
   if record is None:
-    return False
+    if os.environ.get(UNVERIFIED_ENV, '') == '1':
+      return False
+    raise IntegrityError(
+        'it has no integrity record (every save writes one: its data JSON was damaged, or it was '
+        f'written before records existed); set {UNVERIFIED_ENV}=1 to read it unverified')
   if not isinstance(record, dict) or _position_digest(position) != record.get('position_sha256'):
     raise IntegrityError('the data position differs from the one saved (its sha256)')
   saved = {_array_name(k): v for k, v in record.get('arrays', {}).items()}

@@ -345,10 +345,11 @@ def match_layer_layout(params, target):
   return tree['bert'] if bare else tree
 
 
-def workdir_params(workdir: str, step: int | None = None):
+def workdir_params(workdir: str, step: int | None = None, name_step: str = 'WORKDIR@STEP'):
   """The parameters (host numpy) of a bert_jax workdir's checkpoint of `step` (None: the newest),
   read with the integrity check of a resume. A step that is missing or unreadable is an error
-  naming the steps there are, never a silent load of another step."""
+  naming the steps there are and how the caller names another (`name_step`), never a silent
+  load of another step."""
   steps = checkpoint.checkpoint_steps(workdir)
   if not steps or (step is not None and step not in steps):
     raise InitFromError(_missing_step(workdir, step, steps) if steps else
@@ -361,7 +362,7 @@ def workdir_params(workdir: str, step: int | None = None):
     text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
     raise InitFromError(
         f'The checkpoint of step {step} in {workdir!r} cannot be read ({type(e).__name__}: '
-        f'{text}); the other steps there: {others} (name one as WORKDIR@STEP).') from e
+        f'{text}); the other steps there: {others} (name one as {name_step}).') from e
   logging.info('init_from: parameters of step %d of %s.', step, workdir)
   return jax.tree.map(np.asarray, state['params'])
 

@@ -15,13 +15,13 @@ import sys
 
 from absl import logging
 import ml_collections
-import orbax.checkpoint as ocp
 
 from bert_jax import models
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.core import files
 from bert_jax.core.checkpoint import latest_step
 from bert_jax.models import hf_layout
+from bert_jax.interop import init_from
 from bert_jax.interop.hf import (
     TABLE, CasingMismatchError, CheckpointMismatchError, ImportReport,
     UnsupportedConfigError, check_tokenizer_casing, entries, export_dirs, export_hf,
@@ -47,8 +47,8 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
   step = latest_step(workdir) if step is None else step
   if step is None:
     raise FileNotFoundError(f'No checkpoint in {os.path.join(workdir, "checkpoints")}.')
-  path = os.path.join(workdir, 'checkpoints', str(step), 'state')
-  params = ocp.StandardCheckpointer().restore(path)['params']
+  # Read as a resume reads: a step whose bytes changed on disk is refused, never exported.
+  params = init_from.workdir_params(workdir, step, name_step='--step=N')
   export_hf(params, config, out_dir)
   kind = config.data.get('tokenizer', 'wordpiece')
   # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.

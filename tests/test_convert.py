@@ -4,6 +4,7 @@ import csv
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -421,20 +422,33 @@ def write_corpus(path):
   return str(path)
 
 
-@pytest.mark.slow
-def test_cli_exports_a_trained_workdir(tmp_path, capsys):
+@pytest.fixture(scope='module')
+def tiny_run(tmp_path_factory):
+  """(config, workdir) of a two-step tiny pretraining run; tests copy it before changing it."""
   from configs import tiny  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('tiny_run')
   config = tiny.get_config()
-  for key, value in {**MICRO, 'data.tokenizer_cache_dir': str(tmp_path / 'cache'),
-                     'data.corpus': write_corpus(tmp_path / 'corpus.txt')}.items():
+  for key, value in {**MICRO, 'data.tokenizer_cache_dir': str(root / 'cache'),
+                     'data.corpus': write_corpus(root / 'corpus.txt')}.items():
     section, name = key.split('.')
     config[section][name] = value
+  pretrain.train_and_evaluate(config, str(root / 'run'))
+  return config, root / 'run'
+
+
+def export_cli(workdir, out, *flags):
+  return subprocess.run(
+      [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={workdir}', f'--out={out}',
+       *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_exports_a_trained_workdir(tiny_run, tmp_path, capsys):
+  config, trained_run = tiny_run
   workdir, out = tmp_path / 'run', tmp_path / 'hf'
-  pretrain.train_and_evaluate(config, str(workdir))
-  result = subprocess.run(
-      [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={workdir}', f'--out={out}'],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
+  shutil.copytree(trained_run, workdir)
+  result = export_cli(workdir, out)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Exported step 2' in result.stdout
   loaded, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
@@ -464,14 +478,44 @@ def test_cli_exports_a_trained_workdir(tmp_path, capsys):
   [position] = [p for p in data_dir.rglob('*') if p.is_file() and 'metadata' in p.name]
   position.write_text(position.read_text(encoding='utf-8').replace('"batch": ', '"batch": 1'),
                       encoding='utf-8')
-  result = subprocess.run(
-      [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={workdir}',
-       f'--out={tmp_path / "damaged"}'], cwd=REPO, capture_output=True, text=True, timeout=120)
+  result = export_cli(workdir, tmp_path / 'damaged')
   assert result.returncode != 0 and 'Exported' not in result.stdout
   assert 'The checkpoint of step 2' in result.stderr, result.stderr[-2000:]
   assert 'the data position differs from the one saved' in result.stderr
   assert 'name one as --step=N' in result.stderr
   assert not (tmp_path / 'damaged').exists()
+
+
+@pytest.mark.slow
+def test_export_writes_only_a_new_directory_or_its_own_earlier_export(tiny_run, tmp_path):
+  _, workdir = tiny_run
+  out = tmp_path / 'hf'
+  assert export_cli(workdir, out).returncode == 0
+  first = (out / 'model.safetensors').read_bytes()
+  again = export_cli(workdir, out)  # An earlier export of the same run: replaced.
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert (out / 'model.safetensors').read_bytes() == first
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['hf']  # No partial or previous left.
+  # Someone else's directory is refused untouched, unless told to overwrite it.
+  mine = tmp_path / 'mine'
+  mine.mkdir()
+  (mine / 'config.json').write_text('{"mine": true}', encoding='utf-8')
+  refused = export_cli(workdir, mine)
+  assert refused.returncode != 0 and 'already holds config.json' in refused.stderr
+  assert '--overwrite' in refused.stderr
+  assert sorted(p.name for p in mine.iterdir()) == ['config.json']
+  assert (mine / 'config.json').read_text(encoding='utf-8') == '{"mine": true}'
+  assert export_cli(workdir, mine, '--overwrite').returncode == 0
+  assert (mine / 'model.safetensors').read_bytes() == first
+  # The run's own workdir (or a folder inside it) is refused even with --overwrite: the run
+  # still resumes from what it holds.
+  before = sorted(p.name for p in workdir.iterdir())
+  config_json = (workdir / 'config.json').read_bytes()
+  for target in (workdir, workdir / 'hf'):
+    refused = export_cli(workdir, target, '--overwrite')
+    assert refused.returncode != 0 and "is the run's workdir" in refused.stderr
+  assert sorted(p.name for p in workdir.iterdir()) == before
+  assert (workdir / 'config.json').read_bytes() == config_json
 
 
 def write_sharded(directory, shard_names):

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 
 from absl import logging
@@ -38,10 +39,50 @@ __all__ = [
     'load_hf_state_dict', 'merge_missing', 'model_to_hf_config', 'tokenizer_casing', 'main']
 
 
-def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
+# Written into each export: whose run and step it holds, so that exporting the same run again
+# may replace it and nothing else is overwritten unasked.
+EXPORT_RECORD = 'bert_jax_export.json'
+
+
+def _check_out(out_dir: str, workdir: str, overwrite: bool) -> None:
+  """ValueError unless out_dir may receive the export: new or empty, an earlier export of the
+  same run, or (overwrite) any other directory; never the run's workdir or a folder around or
+  inside it."""
+  out = os.path.abspath(os.path.expanduser(out_dir))
+  if not files.is_url(workdir):
+    run = os.path.abspath(workdir)
+    if out == run or out.startswith(run + os.sep) or run.startswith(out + os.sep):
+      raise ValueError(f'--out={out_dir!r} is the run\'s workdir {workdir}, inside it or around '
+                       'it; the export would mix with the run\'s files. Export to another '
+                       'directory.')
+  if not os.path.exists(out):
+    return
+  if not os.path.isdir(out):
+    raise ValueError(f'--out={out_dir!r} is a file; give a directory (new, empty, or an earlier '
+                     'export of this run).')
+  names = sorted(os.listdir(out))
+  if not names or overwrite:
+    return
+  try:
+    with open(os.path.join(out, EXPORT_RECORD), encoding='utf-8') as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    record = {}
+  if isinstance(record, dict) and record.get('workdir') == workdir:
+    return
+  shown = ', '.join(names[:5]) + (f' and {len(names) - 5} more' if len(names) > 5 else '')
+  raise ValueError(f'--out={out_dir!r} already holds {shown}, and is no export of {workdir}; '
+                   'give a new or empty directory, or --overwrite to replace what it holds.')
+
+
+def export_workdir(workdir: str, out_dir: str, step: int | None = None,
+                   overwrite: bool = False) -> int:
   """Exports a training workdir's checkpoint (newest by default), config and vocab; returns step.
-  The workdir may be gs://; out_dir is local."""
+  The workdir may be gs://; out_dir is local. out_dir must be new, empty or an earlier export of
+  the same run unless `overwrite`; the export is written beside it and renamed into place, so a
+  failed export leaves out_dir as it was."""
   workdir = files.absolute(workdir)
+  _check_out(out_dir, workdir, overwrite)
   with files.open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     config = ml_collections.ConfigDict(json.load(f))
   step = latest_step(workdir) if step is None else step
@@ -49,6 +90,28 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
     raise FileNotFoundError(f'No checkpoint in {os.path.join(workdir, "checkpoints")}.')
   # Read as a resume reads: a step whose bytes changed on disk is refused, never exported.
   params = init_from.workdir_params(workdir, step, name_step='--step=N')
+  out = os.path.abspath(os.path.expanduser(out_dir))
+  partial = f'{out}.partial-{os.getpid()}'
+  shutil.rmtree(partial, ignore_errors=True)
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  try:
+    _write_export(params, config, workdir, partial)
+    with open(os.path.join(partial, EXPORT_RECORD), 'w', encoding='utf-8') as f:
+      json.dump({'workdir': workdir, 'step': step}, f)
+    if os.path.exists(out):
+      previous = f'{out}.previous-{os.getpid()}'
+      os.rename(out, previous)
+      os.rename(partial, out)
+      shutil.rmtree(previous)
+    else:
+      os.rename(partial, out)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
+  return step
+
+
+def _write_export(params, config, workdir: str, out_dir: str) -> None:
+  """The HF model directory (or ELECTRA's two) of `params` with the run's tokenizer files."""
   export_hf(params, config, out_dir)
   kind = config.data.get('tokenizer', 'wordpiece')
   # A trained vocab is kept in the workdir; a given one stays where config.data.vocab_file says.
@@ -65,7 +128,6 @@ def export_workdir(workdir: str, out_dir: str, step: int | None = None) -> int:
     logging.warning('No %s in %s and config.data.vocab_file=%r is not a file: the export has no '
                     'tokenizer files.', ' + '.join(tokenizer_lib.KEPT_FILES[kind]), workdir,
                     config.data.vocab_file)
-  return step
 
 
 def describe(source_dir: str) -> str:
@@ -138,13 +200,16 @@ def main(argv=None) -> None:
   export.add_argument('--workdir', required=True)
   export.add_argument('--out', required=True)
   export.add_argument('--step', type=int, default=None, help='Checkpoint step (default newest).')
+  export.add_argument('--overwrite', action='store_true',
+                      help='Replace what --out holds (by default only a new or empty directory, '
+                      'or an earlier export of the same run, is written).')
   inspect = commands.add_parser('inspect', help='show an HF checkpoint and how it maps')
   inspect.add_argument('--source', required=True, help='hf:DIR (or hf:FILE)')
   args = parser.parse_args(argv)
   logging.set_verbosity(logging.WARNING)
   try:
     if args.command == 'export':
-      step = export_workdir(args.workdir, args.out, args.step)
+      step = export_workdir(args.workdir, args.out, args.step, args.overwrite)
       print(f'Exported step {step} of {args.workdir} to {args.out}')
       return
     kind, _, source = args.source.partition(':')

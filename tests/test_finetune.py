@@ -143,7 +143,25 @@ def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
   def no_training(*args, **kwargs):
     raise AssertionError('a finished seed was trained again')
   monkeypatch.setattr(finetune, 'train_batches', no_training)
+  config.train.log_every = 3  # Bookkeeping: the finished seed is still this run's.
   assert finetune.run(config, workdir)['median'] == first['median']
+  # Another rate (or task, or data) is another experiment: its seed is not this one's.
+  results = os.path.join(workdir, 'seed_0', 'results.json')
+  with open(results, encoding='utf-8') as f:
+    finished = f.read()
+  rate = config.train.learning_rate
+  config.train.learning_rate = rate * 2
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    config_json = f.read()
+  with pytest.raises(config_lib.ConfigError, match=(
+      rf"Seed 0 in .*seed_0 was run with other settings: config.train.learning_rate="
+      rf"{rate * 2!r} \(the seed's: {rate!r}\)")):
+    finetune.run(config, workdir)
+  # Refused before anything is written: the run's record still describes its results.
+  with open(results, encoding='utf-8') as f:
+    assert f.read() == finished
+  with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+    assert f.read() == config_json
 
 
 class Interrupt(Exception):
@@ -212,8 +230,9 @@ def test_sigterm_saves_the_seed_and_the_rerun_ends_identically(tmp_path, vocab_f
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
   monkeypatch.setattr(finetune, 'train_batches', batches)
   rebatched = sst2_config(tmp_path, vocab_file, **RESUMABLE, batch_size=8)
-  with pytest.raises(config_lib.ConfigError, match=r'config\.train\.batch_size=8 \(the '
-                     r'checkpoint: 16\)'):
+  # Refused before the workdir is touched, naming the key (each seed's settings.json).
+  with pytest.raises(config_lib.ConfigError, match=r"config\.train\.batch_size=8 \(the "
+                     r"seed's: 16\)"):
     finetune.run(rebatched, workdir)
   resumed = finetune.run(config, workdir)
   assert resumed['per_seed'] == reference['per_seed']

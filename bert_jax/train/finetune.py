@@ -26,6 +26,8 @@ import optax
 from absl import logging
 
 from bert_jax.core import checkpoint as checkpoint_lib
+from bert_jax.core import files
+from bert_jax.core import schema
 from bert_jax.train import guard
 from bert_jax.train import lr_grid
 from bert_jax import config_lib
@@ -310,6 +312,7 @@ def run(config, workdir: str) -> dict:
   rules = sharding.logical_axis_rules(config.mesh.preset)
   preemption = guard.Preemption()
   per_rate = {}
+  check_seed_settings(config, workdir, rates, grid)
   with preemption.handling(), guard.claim(workdir) as claim:
     encoder_params, head_params = load_source_params(config, model)
     runner = SeedRun(config, task, model, optimizers[rates[0]][0], mesh, rules, encoder_params,
@@ -329,7 +332,7 @@ def run(config, workdir: str) -> dict:
           seed = config.seed + offset
           result = _run_seed(config, runner, train, evals, test, seed, num_steps,
                              steps_per_epoch, schedule, os.path.join(rate_dir, f'seed_{seed}'),
-                             preemption)
+                             preemption, seed_settings(config, rate))
           if result is None:
             return {}
           per_rate[rate].append(result)
@@ -387,16 +390,67 @@ DATA_LAYOUT_KEYS = ('task.kind', 'task.name', 'task.max_train_examples', 'train.
                     'data.max_seq_length')
 
 
+# Keys of a fine-tuning config that change no seed's result (how often it logs, evaluates or
+# saves, where compiled steps are cached, the rate grid, whose rate each seed records itself).
+_BOOKKEEPING_KEYS = frozenset({
+    'task.write_predictions', 'train.learning_rates', 'train.eval_batch_size', 'train.log_every',
+    'train.eval_every_epoch', 'train.checkpoint_every', 'train.keep_checkpoints',
+    'train.compilation_cache_dir'})
+
+
+SETTINGS_FILE = 'settings.json'  # In each seed's directory: what its files were run with.
+
+
+def seed_settings(config, rate: float) -> dict:
+  """{dotted key: value} of what decides a seed's result at learning rate `rate`: the source
+  (init_from), the task, the data, the model and the training settings, bookkeeping aside."""
+  flat = schema.flatten(config)
+  flat['train.learning_rate'] = rate
+  decides = lambda k: (k in ('init_from', 'init_resize_vocab')  # noqa: E731
+                       or k.startswith(('task.', 'data.', 'model.', 'train.')))
+  settings = {k: v for k, v in flat.items() if decides(k) and k not in _BOOKKEEPING_KEYS}
+  return json.loads(json.dumps(settings))  # As read back from the file: lists, not tuples.
+
+
+def check_seed_settings(config, workdir: str, rates, grid: bool) -> None:
+  """ConfigError, before anything is written, when a seed directory this run would reuse (its
+  results or checkpoints) was run with other settings, naming each key that differs; seeds
+  from before the record are not compared."""
+  for rate in rates:
+    settings = seed_settings(config, rate)
+    rate_dir = os.path.join(workdir, lr_grid.directory(rate)) if grid else workdir
+    for seed in range(config.seed, config.seed + config.seeds):
+      seed_dir = os.path.join(rate_dir, f'seed_{seed}')
+      try:
+        with open(os.path.join(seed_dir, SETTINGS_FILE), encoding='utf-8') as f:
+          saved = json.load(f)
+      except FileNotFoundError:
+        continue
+      except ValueError as e:
+        raise config_lib.ConfigError(
+            f'{os.path.join(seed_dir, SETTINGS_FILE)} is not JSON ({e}); the seed\'s files '
+            'cannot be matched to this run: give a new --workdir.') from e
+      changed = guard.layout_changes(saved, settings, 'the seed\'s')
+      if changed:
+        raise config_lib.ConfigError(
+            f'Seed {seed} in {seed_dir} was run with other settings: ' + '; '.join(changed)
+            + '. Its results and checkpoints belong to those: rerun with the saved values '
+            '(config.json), or give a new --workdir.')
+
+
 def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, steps_per_epoch,
-              schedule, seed_dir, preemption) -> dict | None:
-  """Trains and evaluates one seed (or reads its finished results); returns them, or None when
-  SIGTERM stopped it (its checkpoint saved)."""
+              schedule, seed_dir, preemption, settings: dict) -> dict | None:
+  """Trains and evaluates one seed (or reads its finished results, whose settings
+  check_seed_settings compared); returns them, or None when SIGTERM stopped it (its checkpoint
+  saved)."""
   results_path = os.path.join(seed_dir, 'results.json')
   if os.path.isfile(results_path):
     with open(results_path, encoding='utf-8') as f:
       logging.info('Seed %d is finished (%s); skipping it.', seed, results_path)
       return json.load(f)
   os.makedirs(seed_dir, exist_ok=True)
+  if jax.process_index() == 0:
+    files.write_text(os.path.join(seed_dir, SETTINGS_FILE), json.dumps(settings, indent=1))
   task, batch_size = runner.task, config.train.batch_size
   checkpointer = checkpoint_lib.Checkpointer(
       os.path.join(seed_dir, 'checkpoints'),

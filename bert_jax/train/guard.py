@@ -65,12 +65,12 @@ def data_layout(config, keys) -> dict:
   return layout
 
 
-def layout_changes(saved: dict | None, now: dict) -> list[str]:
+def layout_changes(saved: dict | None, now: dict, source: str = 'the checkpoint') -> list[str]:
   """'config.KEY=NOW (the checkpoint: SAVED)' for each value a resume would change (none when
-  the checkpoint has no layout)."""
+  the checkpoint has no layout); `source` names what holds SAVED."""
   if saved is None:
     return []
-  return [f'config.{k}={now.get(k)!r} (the checkpoint: {saved.get(k)!r})'
+  return [f'config.{k}={now.get(k)!r} ({source}: {saved.get(k)!r})'
           for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
 
 

@@ -1,4 +1,5 @@
-"""Encoders, by name: each family member is one module here that registers a Family.
+"""Encoders, by name: each family member is one folder here (models/<name>/) whose model.py
+registers a Family.
 
 config.model.name picks the encoder; the pretraining model (objectives/pretraining.py) puts the
 objectives' heads on it and the fine-tuning model (models/heads.py) a task head. A family's

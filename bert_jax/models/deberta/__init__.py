@@ -1,8 +1,9 @@
-"""DeBERTa (models registry name 'deberta'), one folder: its config keys and their check
-(config.py, no jax) and the encoder (model.py, which registers the family).
+"""DeBERTa, the models registry's 'deberta': one folder holding the encoder (model.py, which
+registers the family), its Hugging Face layout (hf.py) and its config.model keys with their check
+(config.py).
 
-The encoder's names are read through this package (`deberta.DebertaModel`) and load model.py
-when first asked for, so that configs and validation import config.py without jax.
+The package's names (`deberta.DebertaModel`) are model.py's, loaded when first read: the HF
+layout, configs and validation load without jax.
 """
 
 from bert_jax.core import registry

@@ -618,9 +618,12 @@ def validate_finetune(config) -> None:
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
   _check_names(config)
-  # Pretraining-only model switches: fine-tuning builds the encoder without them (a DeBERTa
-  # mask decoder's table is dropped, an rtd run's tables materialised, when loading a workdir).
-  for key, off in (('enhanced_mask_decoder', False), ('embedding_sharing', 'shared')):
+  # Pretraining-only model switches: fine-tuning builds the encoder without them (the family
+  # units' fields so marked, e.g. DeBERTa's mask decoder, whose table is dropped; rtd's sharing,
+  # whose tables are materialised, when loading a workdir).
+  switches = {key: unit.DEFAULTS[key] for unit in models.KEY_UNITS.values()
+              for key in unit.PRETRAINING_ONLY}
+  for key, off in (*switches.items(), ('embedding_sharing', 'shared')):
     if config.model.get(key, off) != off:
       raise ConfigError(f'config.model.{key}={config.model.get(key)!r}: it shapes pretraining '
                         f'only, and fine-tuning from its workdir builds the encoder without it; '

@@ -6,6 +6,7 @@ another family, and the family trains."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -132,3 +133,28 @@ def test_the_hf_layouts_load_without_jax():
   result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
                           check=True)
   assert result.stdout.split() == [str(len(models.BUILTIN)), '[]']
+
+
+# Code outside a family's folder and config file that may write the family's own keys, and why.
+KEY_EXCEPTIONS = {
+    'sweeps/modern_block.py': "the ablation of the recent encoders' blocks sets each arm's keys",
+}
+CODE_FOLDERS = ('bert_jax', 'configs', 'sweeps', 'benchmarks', 'experiments')
+
+
+def test_a_family_unit_s_keys_are_written_only_in_its_folder_and_its_config():
+  sources = {}
+  for folder in CODE_FOLDERS:
+    for root, _, names in os.walk(os.path.join(REPO, folder)):
+      for name in names:
+        if name.endswith('.py'):
+          path = os.path.join(root, name)
+          with open(path, encoding='utf-8') as f:
+            sources[os.path.relpath(path, REPO)] = f.read()
+  assert models.KEY_UNITS  # The walk below covers every family that declares keys.
+  for name, unit in models.KEY_UNITS.items():
+    allowed = (f'bert_jax/models/{name}/', f'configs/{name}.py', *KEY_EXCEPTIONS)
+    for key in unit.DEFAULTS:
+      found = sorted(path for path, text in sources.items() if re.search(rf'\b{key}\b', text))
+      assert any(path.startswith(f'bert_jax/models/{name}/') for path in found), (name, key)
+      assert [path for path in found if not path.startswith(allowed)] == [], (name, key)

@@ -35,14 +35,16 @@ INIT_SEED = Range(lambda x: x == -1 or 0 <= x < 2**63, 'in [0, 2**63), or -1 (co
 
 
 def field(default, *, range: Range | None = None, choices: tuple | None = None,  # pylint: disable=redefined-builtin
-          architecture: bool = False, doc: str = ''):
+          architecture: bool = False, pretraining_only: bool = False, doc: str = ''):
   """A unit's config key: its default, valid range or choices, whether it describes the
-  architecture (taken from a source checkpoint), and what it means."""
+  architecture (taken from a source checkpoint), whether only pretraining may set it (fine-tuning
+  builds the encoder without it: its default there), and what it means."""
   return dataclasses.field(default=default, metadata={
-      'range': range, 'choices': choices, 'architecture': architecture, 'doc': doc})
+      'range': range, 'choices': choices, 'architecture': architecture,
+      'pretraining_only': pretraining_only, 'doc': doc})
 
 
-# 'model.relative_buckets' -> what it means: the docs of every unit's declared keys, which the
+# 'model.<key>' -> what it means: the docs of every unit's declared keys, which the
 # commands' --help prints beside each key (core/cli.py); filled by `declare`.
 DOCS: dict[str, str] = {}
 
@@ -78,6 +80,11 @@ def choices(fields: list[dataclasses.Field], prefix: str) -> dict[str, tuple]:
 def architecture(fields: list[dataclasses.Field]) -> tuple[str, ...]:
   """The names of the fields that describe the architecture."""
   return tuple(f.name for f in fields if f.metadata.get('architecture'))
+
+
+def pretraining_only(fields: list[dataclasses.Field]) -> tuple[str, ...]:
+  """The names of the fields only pretraining may set."""
+  return tuple(f.name for f in fields if f.metadata.get('pretraining_only'))
 
 
 def flatten(config, prefix='') -> dict:

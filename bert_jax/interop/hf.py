@@ -416,14 +416,13 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   if 'rtd' in objectives.parse(config.objectives):
     return _export_electra(flat, config, out_dir)
   shapes = leaf_shapes(config)
-  if config.model.get('enhanced_mask_decoder', False):
-    from bert_jax.models import deberta  # pylint: disable=g-import-not-at-top
-    decoder_only = {'bert/' + p for p in deberta.mask_decoder_only(config.model)}
-    flat = {k: v for k, v in flat.items() if k not in decoder_only}
-    shapes = {k: v for k, v in shapes.items() if k not in decoder_only}
-    logging.warning('The MLM head was trained on the enhanced mask decoder, which transformers\' '
-                    'DebertaV2ForMaskedLM does not have: the backbone is exported exactly, but '
-                    'its MLM logits read the last layer.')
+  # What served pretraining only (DeBERTa's mask decoder's position table) no class holds.
+  dropped = models.pretraining_only_paths(config.model)
+  flat = {k: v for k, v in flat.items() if k not in dropped}
+  shapes = {k: v for k, v in shapes.items() if k not in dropped}
+  note = hf_layout.for_config(config).export_note(config)
+  if note:
+    logging.warning(note)
   return _export_flat(flat, config, out_dir, shapes)
 
 

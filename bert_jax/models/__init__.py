@@ -88,12 +88,25 @@ class Family:
   # Its Hugging Face layout (models/hf_layout.Layout, from the family's hf.py); None: the
   # family does not map onto a transformers class.
   hf: Any = None
+  # config.model (or a dict of it) -> the encoder's parameter paths (under its scope) that only
+  # pretraining reads (DeBERTa's mask decoder's position table): fine-tuning from a workdir and
+  # the HF export leave them out. None: every parameter is the encoder's.
+  pretraining_only: Callable[[Any], tuple[str, ...]] | None = None
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)
 register = REGISTRY.register
 get = REGISTRY.get
 available = REGISTRY.available
+
+
+def pretraining_only_paths(model) -> tuple[str, ...]:
+  """'scope/path' of each parameter of config.model's (or a dict's) encoder that only
+  pretraining reads (Family.pretraining_only)."""
+  family = get(model.get('name', 'bert'))
+  if family.pretraining_only is None:
+    return ()
+  return tuple(f'{family.scope}/{path}' for path in family.pretraining_only(model))
 
 
 def family_of(encoder) -> Family:

@@ -65,6 +65,9 @@ class Layout:
   classifier: tuple[tuple[str, str, str], ...] = ()
   # HF keys read on import (tied copies, checked equal) but not written on export.
   not_exported: frozenset[str] = frozenset()
+  # Our full config -> what the export cannot carry over and the user should know (DeBERTa's
+  # mask decoder), logged as a warning; None: nothing.
+  export_note: Callable[..., str | None] = lambda config: None
 
   def group(self, path: str) -> str:
     """'backbone', 'pooler' (optional here) or the objective whose head holds `path`."""

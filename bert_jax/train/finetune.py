@@ -31,10 +31,10 @@ from bert_jax.core import schema
 from bert_jax.train import guard
 from bert_jax.train import lr_grid
 from bert_jax import config_lib
-from bert_jax.models import deberta
 from bert_jax.models import heads
 from bert_jax.models import sharing
 from bert_jax.interop import init_from
+from bert_jax.interop import param_tree
 from bert_jax.train import metrics as metrics_lib
 from bert_jax import models
 from bert_jax.train import optim
@@ -213,10 +213,12 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
     # A replaced-token-detection run under gradient-disentangled sharing: its discriminator's
     # own tables.
     pretrain_params = sharing.discriminator_tree(pretrain_params)
-    # DeBERTa's enhanced mask decoder served the pretraining MLM head only; its own position
-    # table (positions='none') has no place in the fine-tuning encoder.
-    pretrain_params = deberta.without_mask_decoder(pretrain_params,
-                                                   init_from.workdir_model(path))
+    # What served pretraining only (DeBERTa's mask decoder's position table) has no place in
+    # the fine-tuning encoder.
+    dropped = models.pretraining_only_paths(init_from.workdir_model(path))
+    if dropped:
+      pretrain_params = param_tree.unflatten(
+          {k: v for k, v in param_tree.flatten(pretrain_params).items() if k not in dropped})
   else:
     # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
     # its heads are not used here.

@@ -17,7 +17,7 @@ from bert_jax.models import checks
 class DebertaKeys:
   """DeBERTa's keys of config.model, each with its default, range and meaning."""
   enhanced_mask_decoder: bool = schema.field(
-      False, doc="The enhanced mask decoder (unrolled layers, the 'mlm' objective): the MLM "
+      False, pretraining_only=True, doc="The enhanced mask decoder (unrolled layers, the 'mlm' objective): the MLM "
       'head reads the last layer run twice more with absolute positions added to its queries '
       '(He et al., 2021, section 3.3).')
   relative_attention: str = schema.field(
@@ -41,6 +41,18 @@ schema.declare(FIELDS, 'model.')
 DEFAULTS = schema.defaults(FIELDS)  # What every config carries: DeBERTa's switches off.
 RANGES = schema.ranges(FIELDS, 'model.')
 ARCHITECTURE = schema.architecture(FIELDS)  # Taken from a source checkpoint (init_from).
+PRETRAINING_ONLY = schema.pretraining_only(FIELDS)  # Refused in fine-tuning configs.
+
+
+def mask_decoder_only(model) -> tuple[str, ...]:
+  """Paths under `bert/` that only the enhanced mask decoder reads (config.model or a dict):
+  the position table it adds when positions='none'. Fine-tuning and HF export leave them out
+  (Family.pretraining_only)."""
+  get = model.get
+  if get('name') == 'deberta' and get('enhanced_mask_decoder', False) and get(
+      'positions', 'absolute') == 'none':
+    return ('embeddings/position_embeddings',)
+  return ()
 
 
 def check(config, objective_names: list[str]) -> None:

@@ -104,9 +104,18 @@ def deberta_hf_config(config) -> dict:
   }
 
 
+def export_note(config) -> str | None:
+  """The warning of an export whose MLM head was trained on the enhanced mask decoder."""
+  if not config.model.get('enhanced_mask_decoder', False):
+    return None
+  return ('The MLM head was trained on the enhanced mask decoder, which transformers\' '
+          'DebertaV2ForMaskedLM does not have: the backbone is exported exactly, but its MLM '
+          'logits read the last layer.')
+
+
 LAYOUT = Layout(
     family='deberta', model_type='deberta-v2', display='DeBERTa', prefix='deberta.',
     base_class='DebertaV2Model', head_classes=(('DebertaV2ForMaskedLM', 'cls.'),),
     table=DEBERTA_TABLE, heads={'predictions': 'mlm'}, ignored=hf_layout.buffers('deberta.'),
     optional_pooler=False, to_overrides=deberta_overrides, to_hf_config=deberta_hf_config,
-    exports_pooler=lambda config: False, tokenizer='sentencepiece')
+    exports_pooler=lambda config: False, tokenizer='sentencepiece', export_note=export_note)

@@ -31,7 +31,6 @@ half) as deep, and model.embedding_sharing='gdes' (models/sharing.py).
 
 import dataclasses
 
-from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -390,25 +389,7 @@ class DebertaGenerator(nn.Module):
     return DebertaEncoder(cfg, name='encoder')(embedded, bias, deterministic)
 
 
-def mask_decoder_only(model) -> tuple[str, ...]:
-  """Paths under `bert/` that only the enhanced mask decoder reads (config.model or a dict):
-  the position table it adds when positions='none'."""
-  get = model.get
-  if get('name') == 'deberta' and get('enhanced_mask_decoder', False) and get(
-      'positions', 'absolute') == 'none':
-    return ('embeddings/position_embeddings',)
-  return ()
-
-
-def without_mask_decoder(params: dict, model) -> dict:
-  """A pretraining run's parameter tree without mask_decoder_only(model)'s leaves (fine-tuning
-  builds the encoder without the decoder)."""
-  paths = mask_decoder_only(model)
-  if not paths:
-    return params
-  flat = traverse_util.flatten_dict(params, sep='/')
-  return traverse_util.unflatten_dict(
-      {k: v for k, v in flat.items() if k[len('bert/'):] not in paths}, sep='/')
+mask_decoder_only = deberta_config.mask_decoder_only
 
 
 def encoder_flops(model, length: int) -> float:
@@ -432,4 +413,5 @@ def table_projection_flops(model) -> float:
 FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
                                        encoder=DebertaModel, flops=encoder_flops,
                                        generator=DebertaGenerator, config=DebertaConfig,
-                                       check=deberta_config.check, hf=deberta_hf.LAYOUT))
+                                       check=deberta_config.check, hf=deberta_hf.LAYOUT,
+                                       pretraining_only=mask_decoder_only))

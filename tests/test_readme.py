@@ -344,7 +344,8 @@ def _write_task_files(data: str, root: str) -> dict:
 @pytest.fixture(scope='module', name='copy')
 def fixture_copy(tmp_path_factory):
   """A fresh copy of the repository: its tracked and untracked, not ignored, files."""
-  if shutil.which('git') is None or not os.path.isdir(os.path.join(REPO, '.git')):
+  # .git is a directory in a clone and a file in a worktree (git worktree add): either lists.
+  if shutil.which('git') is None or not os.path.exists(os.path.join(REPO, '.git')):
     pytest.skip('needs git and a git checkout to list the repository\'s files')
   names = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard', '-z'], cwd=REPO,
                          capture_output=True, check=True).stdout.decode().split('\0')

@@ -17,9 +17,10 @@ from bert_jax.models import checks
 class DebertaKeys:
   """DeBERTa's keys of config.model, each with its default, range and meaning."""
   enhanced_mask_decoder: bool = schema.field(
-      False, pretraining_only=True, doc="The enhanced mask decoder (unrolled layers, the 'mlm' objective): the MLM "
-      'head reads the last layer run twice more with absolute positions added to its queries '
-      '(He et al., 2021, section 3.3).')
+      False, pretraining_only=True,
+      doc="The enhanced mask decoder (unrolled layers, the 'mlm' objective): the MLM head reads "
+      'the last layer run twice more with absolute positions added to its queries (He et al., '
+      '2021, section 3.3).')
   relative_attention: str = schema.field(
       '', architecture=True, doc="Disentangled attention's terms: 'c2p|p2c' (content-to-"
       "position and position-to-content); '' elsewhere.")

@@ -484,6 +484,10 @@ def test_cli_exports_a_trained_workdir(tiny_run, tmp_path, capsys):
   assert 'the data position differs from the one saved' in result.stderr
   assert 'name one as --step=N' in result.stderr
   assert not (tmp_path / 'damaged').exists()
+  # A step the run does not have is named with the command's own way of naming another.
+  missing = export_cli(workdir, tmp_path / 'missing', '--step=7')
+  assert missing.returncode != 0 and 'has no checkpoint of step 7' in missing.stderr
+  assert 'Name one of them as --step=N' in missing.stderr, missing.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -96,10 +96,11 @@ def check_exists(spec: str) -> None:
       raise InitFromError(f'config.init_from={spec!r}: ' + _missing_step(path, step, steps))
 
 
-def _missing_step(workdir: str, step: int, steps: list[int]) -> str:
+def _missing_step(workdir: str, step: int, steps: list[int],
+                  name_step: str = 'WORKDIR@STEP') -> str:
   return (f'{os.path.join(workdir, "checkpoints")} has no checkpoint of step {step}; it has '
           f'steps {", ".join(map(str, steps))} (a run keeps its newest '
-          'train.keep_checkpoints). Name one of them as WORKDIR@STEP.')
+          f'train.keep_checkpoints). Name one of them as {name_step}.')
 
 
 def _config_json(folder: str) -> dict:
@@ -352,7 +353,7 @@ def workdir_params(workdir: str, step: int | None = None, name_step: str = 'WORK
   load of another step."""
   steps = checkpoint.checkpoint_steps(workdir)
   if not steps or (step is not None and step not in steps):
-    raise InitFromError(_missing_step(workdir, step, steps) if steps else
+    raise InitFromError(_missing_step(workdir, step, steps, name_step) if steps else
                         f'{workdir!r} has no checkpoints to initialise from.')
   step = steps[-1] if step is None else step
   try:

@@ -67,6 +67,10 @@ class PretrainingStream:
   cross-lingual corpus data/crosslingual.py's.
   """
 
+  # identity.digest of the data the batches come from, set by the mode that reads the corpus;
+  # saved with each checkpoint so that a resume on other data is refused.
+  data_sha256 = ''
+
   def __init__(self, documents, settings: pretraining.MaskingSettings, batch_size: int, seed: int,
                build=build_examples):
     self.documents = documents

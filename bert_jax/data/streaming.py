@@ -404,6 +404,9 @@ class TrainStream:
   can resume on another number of hosts. `checkpoint_state()` gathers every shard's iterator
   state for the checkpoint (a collective: all processes call it together).
   """
+  # identity.digest of the prepared corpus, set by the mode that opens it; saved with each
+  # checkpoint so that a resume on another prepared corpus is refused.
+  data_sha256 = ''
 
   def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
                process_index: int = 0, process_count: int = 1, shards: int = 0,

@@ -30,6 +30,7 @@ from bert_jax import sharding
 from bert_jax.train import step as steps
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import crosslingual
+from bert_jax.data import identity
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining
 from bert_jax.data import records
@@ -98,6 +99,7 @@ def prepare_data(config, workdir: str):
                                                      tokenizer.is_continuation())
   stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed,
                                       build)
+  stream.data_sha256 = identity.digest(encoded)  # The whole corpus's ids, before the split.
   held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
                                    config.train.batch_size,
                                    config.train.eval_batches, config.seed, eval_build)
@@ -175,6 +177,7 @@ def prepare_streaming(config, with_eval: bool = True):
       streaming.shard_block(stream.shards, index, count, later.config.train.batch_size // count)
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
+  stream.data_sha256 = identity.digest([identity.prepared_metadata(m) for m in metadatas])
   if not with_eval:
     return stream, None, tokenizer
   held_out = streaming.eval_batches(
@@ -299,6 +302,32 @@ def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
         'start a new --workdir.')
 
 
+# The settings that name a run's data (informative: the data's digest decides, see data/identity.py).
+DATA_SOURCE_KEYS = ('data.corpus', 'data.corpus_format', 'data.lowercase', 'data.prepared',
+                    'data.tokenizer', 'data.languages', 'data.parallel')
+
+
+def _check_data(saved: dict, data_sha256: str, config, step: int, workdir: str) -> None:
+  """A resume reads the saved data position in the data that the checkpoint was trained on."""
+  saved_hash = saved.get('data_sha256')
+  if not saved_hash or not data_sha256 or saved_hash == data_sha256:
+    return  # Checkpoints written before the digest was saved are not compared.
+  changed = guard.layout_changes(saved.get('data_source') or {},
+                                 guard.data_layout(config, DATA_SOURCE_KEYS))
+  if saved.get('data_source') is not None and changed:
+    what = '; '.join(changed)
+  else:
+    what = ('the same settings (' + ', '.join(
+        f'config.{k}={v!r}' for k, v in guard.data_layout(config, DATA_SOURCE_KEYS).items()
+        if v not in ('', None)) + ') now read other data: a corpus file changed on disk')
+  raise config_lib.ConfigError(
+      f'The checkpoint at step {step} in {workdir} was trained on other data (its token ids\' '
+      f'sha256 {saved_hash[:12]}, this run\'s {data_sha256[:12]}): {what}. Its data position '
+      'counts batches of that data, so this run would continue from a position that means '
+      'other examples, and its held-out curve would change mid-run. Resume with the data it '
+      'was trained on (config.json), or start a new --workdir.')
+
+
 def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: str) -> None:
   """The vocab a checkpoint was trained with must be the one this run tokenizes with."""
   saved_hash = saved.get('vocab_sha256')
@@ -348,6 +377,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
             f'{saved.get("stream_workers", 0)}; this run has {config.data.workers}, which would '
             'give another batch order. Resume with the same workers, or start a new --workdir.')
     _check_layout(saved, config, int(state.step), workdir)
+    _check_data(saved, stream.data_sha256, config, int(state.step), workdir)
     skipped = int(saved.get('nonfinite_skips', 0))
     position['phase'] = int(saved.get('phase', 1))
     logging.info('Resumed from step %d (data epoch %d, batch %d).', int(state.step),
@@ -373,6 +403,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)
   layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
+  data_source = guard.data_layout(config, DATA_SOURCE_KEYS)
   vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
   state_finite = jax.jit(guard.all_finite)
 
@@ -555,7 +586,9 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
         checkpointer.save(step, state, {**position, **stream_state, 'phase': phase.index,
                                         'nonfinite_skips': skipped,
                                         'vocab_sha256': vocab_sha256,
-                                        'vocab_file': vocab_record, 'layout': layout})
+                                        'vocab_file': vocab_record, 'layout': layout,
+                                        'data_sha256': stream.data_sha256,
+                                        'data_source': data_source})
       excluded += time.perf_counter() - pause_start
       if preempted:
         stopped_at = step

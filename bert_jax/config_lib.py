@@ -183,10 +183,11 @@ def check_xla_options(config) -> None:
 
 
 def write_config(config, workdir: str) -> None:
-  """workdir/config.json: the run's whole config."""
+  """workdir/config.json: the run's whole config, replaced whole (a kill or a full disk leaves
+  the old file, never a cut one)."""
   from bert_jax.core import files  # pylint: disable=g-import-not-at-top
-  with files.open(os.path.join(workdir, 'config.json'), 'w', encoding='utf-8') as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
+  files.write_text(os.path.join(workdir, 'config.json'),
+                   config.to_json_best_effort(indent=2, sort_keys=True) + '\n')
 
 
 def validate_and_adopt_source(config, validate_fn) -> None:

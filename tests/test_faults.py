@@ -506,6 +506,23 @@ def test_a_step_without_a_record_is_read_unverified_when_asked(tmp_path, caplog,
   np.testing.assert_array_equal(checkpoint_lib.read_step(directory, 2)[0]['w'], 2.0)
 
 
+def test_a_restore_in_another_dtype_is_named_as_such_and_moves_nothing(tmp_path):
+  # Orbax casts to the target's dtype, so another param_dtype would read as a checksum mismatch
+  # in every step, i.e. as damage.
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  halves = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
+                        if x.dtype == jnp.float32 else x, ABSTRACT)
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r"step 2 .* holds 2 arrays in another dtype than this config builds "
+                           r"\(\['b'\]: saved float32, now bfloat16; and 1 more\): "
+                           r'config\.model\.param_dtype.*It is not damaged'):
+    checkpoint_lib.Checkpointer(directory, 1, 5).restore(halves)
+  assert sorted(os.listdir(directory)) == ['1', '2']
+  state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  np.testing.assert_array_equal(state['w'], 2.0)
+
+
 @pytest.mark.slow
 def test_single_bit_flips_anywhere_in_the_newest_step_never_restore_damaged_values(tmp_path):
   rng = random.Random(0)

@@ -93,10 +93,32 @@ def _position_digest(position: dict) -> str:
   return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def array_dtypes(state) -> dict:
+  """{array path (attributes as keys): dtype name} of every array in a state or its abstract
+  form."""
+  return {_array_name(jax.tree_util.keystr(path)): str(np.dtype(x.dtype))
+          for path, x in jax.tree_util.tree_leaves_with_path(state)
+          if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)}
+
+
 def with_integrity(state, position: dict) -> dict:
-  """The data position with the integrity record of (state, position) added."""
+  """The data position with the integrity record of (state, position) added (the arrays'
+  dtypes too: a restore casts to the target's, so another dtype would read as damage)."""
   return {**position, INTEGRITY_KEY: {'arrays': state_checksums(state),
+                                      'dtypes': array_dtypes(state),
                                       'position_sha256': _position_digest(position)}}
+
+
+def dtype_changes(position: dict, abstract_state) -> list[str]:
+  """'PATH: saved SAVED, now NOW' for each array whose dtype the target changes (none for a
+  checkpoint written before dtypes were recorded)."""
+  saved = (position.get(INTEGRITY_KEY) or {}).get('dtypes') if isinstance(
+      position.get(INTEGRITY_KEY), dict) else None
+  if not isinstance(saved, dict):
+    return []
+  now = array_dtypes(abstract_state)
+  return [f'{path}: saved {saved[path]}, now {now[path]}'
+          for path in sorted(now) if path in saved and saved[path] != now[path]]
 
 
 def _array_name(path: str) -> str:
@@ -165,12 +187,23 @@ class Checkpointer:
         restored = self._manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         position = dict(restored['data'])
+        changed = dtype_changes(position, abstract_state)
+        if changed:
+          raise CheckpointError(
+              f'The checkpoint at step {step} in {self.directory} holds {len(changed)} arrays in '
+              f'another dtype than this config builds ({changed[0]}'
+              + (f'; and {len(changed) - 1} more' if len(changed) > 1 else '') + '): '
+              'config.model.param_dtype or config.train.adam_mu_dtype differs from the run that '
+              'wrote it. It is not damaged: resume with its config.json values, or start a new '
+              '--workdir (config.init_from can start from its parameters).')
         if not verify_integrity(restored['state'], position):
           logging.warning('Checkpoint step %d has no integrity record; restored unverified.',
                           step)
         position.pop(INTEGRITY_KEY, None)
         if not all(isinstance(position.get(k), int) for k in ('epoch', 'batch')):
           raise ValueError(f'the data position lacks integer epoch/batch: {str(position)[:200]}')
+      except CheckpointError:
+        raise  # A config that does not fit the checkpoint: no older step would fit either.
       except Exception as e:  # pylint: disable=broad-except
         if _is_shape_mismatch(e):
           raise CheckpointError(

@@ -10,6 +10,7 @@ sweep that is still running gets a partial report.
 import os
 import sys
 
+from bert_jax.core import files
 from bert_jax.sweep import results
 from bert_jax.sweep.results import load  # pylint: disable=unused-import  (the report's API)
 
@@ -383,8 +384,7 @@ def write(workdir: str) -> str:
   sweep = load(workdir)
   text = markdown(sweep)
   plots.write(sweep, os.path.join(workdir, PLOTS_DIR), plot_names(sweep))
-  with open(os.path.join(workdir, REPORT_FILE), 'w', encoding='utf-8') as f:
-    f.write(text)
+  files.write_text(os.path.join(workdir, REPORT_FILE), text)
   return text
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from bert_jax.core import files
 from bert_jax.models import heads
 
 HEADS = heads.HEADS  # The fine-tuning heads a task may name (models/heads.py).
@@ -44,10 +45,9 @@ class EncodedSplit:
 
 def write_index_predictions(path: str, values) -> str:
   """Writes `index<TAB>prediction` rows (floats to 6 decimals), GLUE's prediction layout."""
-  with open(path, 'w', encoding='utf-8') as f:
-    f.write('index\tprediction\n')
-    for index, value in enumerate(values):
-      f.write(f'{index}\t{value:.6f}\n' if isinstance(value, float) else f'{index}\t{value}\n')
+  rows = [f'{index}\t{value:.6f}\n' if isinstance(value, float) else f'{index}\t{value}\n'
+          for index, value in enumerate(values)]
+  files.write_text(path, 'index\tprediction\n' + ''.join(rows))
   return path
 
 

@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 
+from bert_jax.core import files
 from bert_jax.tasks import base
 from bert_jax.tasks import scoring
 
@@ -210,9 +211,8 @@ class NerTask(base.Task):
                            f'{len(sentences)} sentences of {self.files[split_name]}.')
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f'{self.name}_{split_name}.txt')
-    with open(path, 'w', encoding='utf-8') as f:
-      for sentence, tags in zip(sentences, predictions):
-        for word, gold, predicted in zip(sentence.words, sentence.tags, tags):
-          f.write(f'{word} {gold} {predicted}\n')
-        f.write('\n')
+    files.write_text(path, ''.join(
+        ''.join(f'{word} {gold} {predicted}\n'
+                for word, gold, predicted in zip(sentence.words, sentence.tags, tags)) + '\n'
+        for sentence, tags in zip(sentences, predictions)))
     return [path]

@@ -19,6 +19,7 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from bert_jax.core import files
 from bert_jax.tasks import base
 
 VERSIONS = ('1.1', '2.0')
@@ -527,15 +528,13 @@ class SquadTask(base.Task):
     directory = os.path.expanduser(directory)
     os.makedirs(directory, exist_ok=True)
     prefix = '' if split_name == 'dev' else f'{split_name}_'
-    files = [('predictions.json', predictions['predictions']),
-             ('nbest_predictions.json', predictions['nbest'])]
+    outputs = [('predictions.json', predictions['predictions']),
+               ('nbest_predictions.json', predictions['nbest'])]
     if self.version == '2.0':
-      files.append(('null_odds.json', predictions['null_odds']))
+      outputs.append(('null_odds.json', predictions['null_odds']))
     paths = []
-    for name, content in files:
+    for name, content in outputs:
       path = os.path.join(directory, prefix + name)
-      with open(path, 'w', encoding='utf-8') as f:
-        json.dump(content, f, indent=2, ensure_ascii=False)
-        f.write('\n')
+      files.write_text(path, json.dumps(content, indent=2, ensure_ascii=False) + '\n')
       paths.append(path)
     return paths

@@ -225,9 +225,10 @@ def main(argv=None) -> int:
     raise SystemExit(f'Invalid config: {e}') from None
   verdict = judge(runs, values.factor)
   print(table(runs, verdict))
-  with open(os.path.join(values.workdir, 'equivalence.json'), 'w', encoding='utf-8') as f:
-    json.dump({'paths': paths, 'evals': {p: list(r.values()) for p, r in runs.items()},
-               'verdict': verdict}, f, indent=1)
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
+  files.write_text(os.path.join(values.workdir, 'equivalence.json'), json.dumps(
+      {'paths': paths, 'evals': {p: list(r.values()) for p, r in runs.items()},
+       'verdict': verdict}, indent=1))
   return 0 if all(r['equivalent'] for r in verdict['paths'].values()) else 1
 
 

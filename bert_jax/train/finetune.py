@@ -344,8 +344,7 @@ def run(config, workdir: str) -> dict:
                                num_steps),
              **protocol, 'baseline': task_baseline(task, train, evals)}
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'results.json'), 'w', encoding='utf-8') as f:
-      json.dump(results, f, indent=2)
+    files.write_text(os.path.join(workdir, 'results.json'), json.dumps(results, indent=2))
     for rate, summary in results['by_rate'].items():
       change = summary['dev_loss_change']
       logging.info('%s %s at lr %s: %s median %.2f [%.2f-%.2f]; dev loss change over the last '
@@ -568,8 +567,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       _, predictions = task.score('test', test, outputs)
       task.write_predictions('test', predictions, os.path.join(seed_dir, 'submission'))
   if jax.process_index() == 0:
-    with open(results_path, 'w', encoding='utf-8') as f:
-      json.dump(result, f, indent=2)
+    files.write_text(results_path, json.dumps(result, indent=2))
   return result
 
 

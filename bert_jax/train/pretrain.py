@@ -602,8 +602,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
                     checkpointer.directory)
     return last_eval
   if last_eval and jax.process_index() == 0:
-    with files.open(os.path.join(workdir, 'eval_results.json'), 'w', encoding='utf-8') as f:
-      json.dump(last_eval, f, indent=2)
+    files.write_text(os.path.join(workdir, 'eval_results.json'), json.dumps(last_eval, indent=2))
   if jax.process_index() == 0:
     log_summary(workdir, last_eval)
     if config.train.get('plots', True):

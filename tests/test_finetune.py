@@ -162,6 +162,16 @@ def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
     assert f.read() == finished
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     assert f.read() == config_json
+  # A finished seed's results.json cut short on disk: moved aside, and the seed run again.
+  config.train.learning_rate = rate
+  monkeypatch.undo()
+  with open(results, 'w', encoding='utf-8') as f:
+    f.write(finished[:len(finished) // 2])
+  assert finetune.run(config, workdir)['median'] == first['median']
+  with open(results, encoding='utf-8') as f:
+    assert json.load(f)['seed'] == 0
+  assert [n for n in os.listdir(os.path.join(workdir, 'seed_0'))
+          if n.startswith('results.json.unreadable-')]
 
 
 class Interrupt(Exception):

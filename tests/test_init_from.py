@@ -119,6 +119,49 @@ def test_init_from_hf_index_naming_a_file_outside_the_model_is_a_clear_error(tmp
     init_from.load_params(config, fresh_params={})
 
 
+def test_init_from_hf_reads_only_the_model_directory_s_own_weights_file(tmp_path):
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  safetensors.numpy.save_file({'w': np.ones(3, np.float32)}, str(tmp_path / 'other.safetensors'))
+  model = tmp_path / 'model'
+  model.mkdir()
+  os.symlink(tmp_path / 'other.safetensors', model / 'model.safetensors')
+  config = micro_config(tmp_path, init_from=f'hf:{model}')
+  with pytest.raises(init_from.InitFromError,
+                     match=r'model\.safetensors resolves to .*other\.safetensors, outside .*model; '
+                           r'refusing to read it'):
+    init_from.load_params(config, fresh_params={})
+
+
+def test_init_from_hf_names_a_config_json_that_is_not_json(tmp_path):
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  model = tmp_path / 'model'
+  shutil.copytree(minilm_dir(), model)
+  (model / 'config.json').write_text('{"hidden_size": 38')  # Cut short.
+  config = micro_config(tmp_path, init_from=f'hf:{model}')
+  with pytest.raises(config_lib.ConfigError, match=r'model/config\.json is not JSON \('):
+    config_lib.validate_and_adopt_source(config, config_lib.validate)
+  with pytest.raises(init_from.InitFromError, match=r'model/config\.json is not JSON \('):
+    init_from.load_params(config, fresh_params={})
+
+
+def test_init_from_hf_with_a_missing_weight_is_one_error_naming_it(tmp_path):
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  model = tmp_path / 'model'
+  shutil.copytree(minilm_dir(), model)
+  state_dict, _ = hf.load_hf_state_dict(str(model))
+  name = next(k for k in state_dict if k.endswith('attention.self.query.weight'))
+  os.remove(model / 'model.safetensors')
+  safetensors.numpy.save_file({k: v for k, v in state_dict.items() if k != name},
+                              str(model / 'model.safetensors'))
+  config = micro_config(tmp_path, init_from=f'hf:{model}')
+  config_lib.validate_and_adopt_source(config, config_lib.validate)
+  with pytest.raises(init_from.InitFromError, match=r'config\.init_from=.*problem'):
+    init_from.load_params(config, fresh_params={})
+
+
 # init_from=WORKDIR@STEP.
 
 # Six steps with a checkpoint every two, all three kept.

@@ -4,6 +4,7 @@ derived schedules, resume, and every shipped sweep file run end to end on a tiny
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -474,6 +475,19 @@ def test_report_of_a_directory_that_is_not_a_sweep_exits_with_one_line(tmp_path)
                           check=False)
   assert result.returncode == 1
   assert 'sweep.json does not exist' in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_a_sweep_file_that_does_not_load_exits_with_one_line(tmp_path):
+  (tmp_path / 'broken.py').write_text('def get_config(:\n  pass\n')
+  for sweep, expected in ((tmp_path / 'broken.py', r"Sweep file '.*broken\.py' does not load: "
+                           r'SyntaxError: invalid syntax \(broken\.py, line 1\)'),
+                          (tmp_path / 'missing.py', r"Sweep file '.*missing\.py' does not exist"
+                           r'.*the sweeps are .*sweeps/table5\.py')):
+    result = subprocess.run([sys.executable, '-m', 'bert_jax.sweep', 'check', f'--sweep={sweep}',
+                             f'--workdir={tmp_path / "w"}'], cwd=REPO, capture_output=True,
+                            text=True, check=False, timeout=120)
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    assert re.match(expected, result.stderr.strip().splitlines()[-1]), result.stderr[-500:]
 
 
 @pytest.mark.slow

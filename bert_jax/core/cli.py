@@ -24,6 +24,10 @@ HELP_FLAGS = ('--help', '-help', '--helpshort', '-helpshort', '-?')
 _WIDTH = 100  # Help lines are cut to this many characters.
 
 
+# Flags that name a config file (ml_collections loads it when it is first read).
+CONFIG_FILE_FLAGS = ('config', 'sweep')
+
+
 def flags_parser(module: str):
   """absl's flags_parser for the command whose flags `module` defines."""
   return functools.partial(parse_flags, module=module)
@@ -48,10 +52,11 @@ def parse_flags(argv, module: str):
     message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
     sys.exit(f'Invalid config override: {message}')
   except (OSError, ImportError, SyntaxError) as e:  # Raised by the config file's code.
-    path = (_config_argument(argv) or '').partition(':')[0]
-    _exit_config_error(path, e)
-  if 'config' in flags.FLAGS and flags.FLAGS['config'].present:
-    check_config_loads(flags.FLAGS['config'])
+    name, value = _file_argument(argv)
+    _exit_config_error(value.partition(':')[0], e, 'Sweep' if name == 'sweep' else 'Config')
+  for name in CONFIG_FILE_FLAGS:
+    if name in flags.FLAGS and flags.FLAGS[name].present:
+      check_config_loads(flags.FLAGS[name])
   return rest
 
 
@@ -61,25 +66,26 @@ def check_config_loads(flag) -> None:
   path = config_flags.get_config_filename(flag)
   if not os.path.isfile(path):
     path = path.partition(':')[0]  # The file's arguments may still be in the name.
+  kind, folder = ('Sweep', 'sweeps') if flag.name == 'sweep' else ('Config', 'configs')
   if not os.path.isfile(path):
-    sys.exit(f'Config file {path!r} does not exist (relative paths start at {os.getcwd()}); '
-             f'the configs are {", ".join(config_files())} in {os.path.join(REPO, "configs")}.')
+    sys.exit(f'{kind} file {path!r} does not exist (relative paths start at {os.getcwd()}); '
+             f'the {folder} are {", ".join(config_files(folder))} in {os.path.join(REPO, folder)}.')
   try:
     flag.value  # pylint: disable=pointless-statement
   except (OSError, ImportError, SyntaxError) as e:
-    _exit_config_error(path, e)
+    _exit_config_error(path, e, kind)
 
 
-def _exit_config_error(path: str, error: Exception) -> None:
+def _exit_config_error(path: str, error: Exception, kind: str = 'Config') -> None:
   cause = error.__cause__ or error
   lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-  sys.exit(f'Config file {path!r} does not load: {type(cause).__name__}: '
+  sys.exit(f'{kind} file {path!r} does not load: {type(cause).__name__}: '
            f'{lines[-1] if lines else ""}')
 
 
-def config_files() -> list:
-  """The config files of the repository, as --config takes them."""
-  return sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, 'configs',
+def config_files(folder: str = 'configs') -> list:
+  """The config files of the repository (or its sweep files), as --config (--sweep) takes them."""
+  return sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, folder,
                                                                               '*.py'))
                 if not path.endswith('__init__.py'))
 
@@ -118,14 +124,23 @@ def command_help(argv, module: str) -> str:
   return '\n'.join(lines)
 
 
-def _config_argument(argv):
-  """The value of --config in argv, or None."""
+def _config_argument(argv, name: str = 'config'):
+  """The value of --NAME in argv, or None."""
   for index, arg in enumerate(argv[1:], 1):
-    if arg.startswith(('--config=', '-config=')):
+    if arg.startswith((f'--{name}=', f'-{name}=')):
       return arg.split('=', 1)[1]
-    if arg in ('--config', '-config') and index + 1 < len(argv):
+    if arg in (f'--{name}', f'-{name}') and index + 1 < len(argv):
       return argv[index + 1]
   return None
+
+
+def _file_argument(argv) -> tuple[str, str]:
+  """(flag name, value) of the first config-file flag in argv; ('config', '') with none."""
+  for name in CONFIG_FILE_FLAGS:
+    value = _config_argument(argv, name)
+    if value is not None:
+      return name, value
+  return 'config', ''
 
 
 def load_config_file(path: str, arg=None):

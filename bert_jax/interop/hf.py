@@ -595,7 +595,8 @@ def load_hf_state_dict(path_or_dir: str):
     found = [n for n in names if os.path.isfile(os.path.join(path, n))]
     if not found:
       raise FileNotFoundError(f'{path} has none of {list(names)}.')
-    path = os.path.join(path, found[0])
+    # Confined as the index's shards are: a symlink out of the directory is not its weights.
+    path = model_file(path, found[0], os.path.join(path, found[0]))
   if path.endswith('.index.json'):
     state_dict = {}
     for shard in _index_shards(path, directory):
@@ -607,8 +608,13 @@ def load_hf_state_dict(path_or_dir: str):
   config_path = os.path.join(directory, 'config.json')
   hf_config = None
   if os.path.isfile(config_path):
-    with open(config_path, encoding='utf-8') as f:
-      hf_config = json.load(f)
+    with open(model_file(directory, 'config.json', config_path), encoding='utf-8') as f:
+      try:
+        hf_config = json.load(f)
+      except ValueError as e:  # Not JSON (cut short, edited), or not UTF-8.
+        raise ValueError(f'{config_path} is not JSON ({e}).') from e
+    if not isinstance(hf_config, dict):
+      raise ValueError(f'{config_path} is not a JSON object.')
   return state_dict, hf_config
 
 

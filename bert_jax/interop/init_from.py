@@ -104,9 +104,19 @@ def _missing_step(workdir: str, step: int, steps: list[int],
 
 
 def _config_json(folder: str) -> dict:
-  """The config.json of a workdir (our config) or an HF directory (transformers' config)."""
-  with files.open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
-    return json.load(f)
+  """The config.json of a workdir (our config) or an HF directory (transformers' config);
+  InitFromError naming the file when it is not a JSON object."""
+  path = os.path.join(folder, 'config.json')
+  with files.open(path, encoding='utf-8') as f:
+    try:
+      config = json.load(f)
+    except ValueError as e:  # Not JSON (cut short, edited), or not UTF-8.
+      raise InitFromError(f'{path} is not JSON ({e}); it cannot say what model the directory '
+                          'holds.') from e
+  if not isinstance(config, dict):
+    raise InitFromError(f'{path} is not a JSON object; it cannot say what model the directory '
+                        'holds.')
+  return config
 
 
 def workdir_model(workdir: str) -> dict:
@@ -283,10 +293,11 @@ def load_params(config, fresh_params):
     else:
       from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
       state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+    # A missing, extra or misshaped weight: every problem in one error.
+    params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
+                                  resize_vocab=config.init_resize_vocab, seed=config.seed)
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
-  params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
-                                     resize_vocab=config.init_resize_vocab, seed=config.seed)
   logging.info('init_from %s: %s', config.init_from, report.summary())
   return hf.merge_missing(params, jax.device_get(fresh_params), config)
 

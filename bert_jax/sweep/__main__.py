@@ -79,4 +79,6 @@ def main(argv):
 if __name__ == '__main__':
   from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()
-  app.run(main)
+  from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
+  # One-line errors for bad flags and sweep files (a syntax error names its line).
+  app.run(main, flags_parser=cli.flags_parser(__name__))

@@ -446,9 +446,18 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   saved)."""
   results_path = os.path.join(seed_dir, 'results.json')
   if os.path.isfile(results_path):
-    with open(results_path, encoding='utf-8') as f:
+    try:
+      with open(results_path, encoding='utf-8') as f:
+        result = json.load(f)
       logging.info('Seed %d is finished (%s); skipping it.', seed, results_path)
-      return json.load(f)
+      return result
+    except ValueError as e:  # Cut short or damaged on disk: the seed's results are redone.
+      aside = f'{results_path}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
+      if jax.process_index() == 0:
+        os.replace(results_path, aside)
+      logging.warning('Seed %d: %s cannot be read (%s); moved it to %s and running the seed '
+                      'again (it resumes from its checkpoint, if one is kept).', seed,
+                      results_path, e, aside)
   os.makedirs(seed_dir, exist_ok=True)
   if jax.process_index() == 0:
     files.write_text(os.path.join(seed_dir, SETTINGS_FILE), json.dumps(settings, indent=1))
@@ -553,9 +562,9 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           clock = time.perf_counter()
         if step == num_steps:
           break
-  writer.close()
   if last_eval is None:  # Resumed at the end: evaluate the restored state.
     last_eval = evaluate(step, step / steps_per_epoch)
+  writer.close()
   result = {'seed': seed, 'metrics': {name: m for name, (m, _) in last_eval.items()},
             'train_seconds': train_seconds, 'train_seq_per_s':
             timed_steps * batch_size / train_seconds if train_seconds else 0.0, 'curve': curve}

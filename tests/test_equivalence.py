@@ -182,11 +182,11 @@ def backward_fault(monkeypatch, dq: float = 1.0, dk: float = 1.0):
 @pytest.mark.slow
 def test_on_a_corpus_that_needs_attention_a_faulty_attention_backward_is_not_equivalent(
     tmp_path, monkeypatch):
-  # The fast path: the TPU attention kernels (interpreted) in bf16. Dropout off, so that its masks (drawn in the kernel on the fast path) are no
-  # difference between the paths. An init of 0.1 (BERT's 0.02 leaves the micro model at the
-  # unigram prediction for a few hundred steps and off it at a moment that depends on the
-  # initialisation): the copy is learnt in about 100 steps, the evaluations at 150 and 300 come
-  # after it, where another initialisation moves the losses least.
+  # The fast path: the TPU attention kernels (interpreted) in bf16. Dropout off, so that its masks
+  # (drawn in the kernel on the fast path) are no difference between the paths. An init of 0.1
+  # (BERT's 0.02 leaves the micro model at the unigram prediction for a few hundred steps and off
+  # it at a moment that depends on the initialisation): the copy is learnt in about 100 steps, the
+  # evaluations at 150 and 300 come after it, where another initialisation moves the losses least.
   config = micro_config(tmp_path, **{
       'data.corpus': write_one_word_corpus(tmp_path / 'one_word.txt'),
       'data.corpus_format': 'bert', 'data.max_documents': 0, 'model.vocab_size': 512,

@@ -5,8 +5,9 @@ The config keys that name the data do not identify it: a corpus file can be rewr
 under the same name, and a corpus copied to another directory is the same data under another
 name. So the digest is taken of what the batches are made of: an in-memory corpus's token ids
 (another corpus, corpus format, casing or tokenizer gives other ids), or a prepared corpus's
-metadata (its vocab's sha256, casing, tokenizer and each shard's counts) with the held-out split.
-Pure: numpy and hashlib only.
+metadata (its vocab's sha256, casing, tokenizer and each shard's counts: reading every record
+would cost as much as an epoch). The held-out split follows from these and the layout keys
+(data.eval_fraction, seed). Pure: numpy and hashlib only.
 """
 
 import dataclasses

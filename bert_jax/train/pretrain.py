@@ -302,7 +302,7 @@ def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
         'start a new --workdir.')
 
 
-# The settings that name a run's data (informative: the data's digest decides, see data/identity.py).
+# The settings that name a run's data (informative: the data's digest decides; data/identity.py).
 DATA_SOURCE_KEYS = ('data.corpus', 'data.corpus_format', 'data.lowercase', 'data.prepared',
                     'data.tokenizer', 'data.languages', 'data.parallel')
 

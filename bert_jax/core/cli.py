@@ -24,7 +24,8 @@ HELP_FLAGS = ('--help', '-help', '--helpshort', '-helpshort', '-?')
 _WIDTH = 100  # Help lines are cut to this many characters.
 
 
-# Flags that name a config file (ml_collections loads it when it is first read).
+# Flags that name a config file where a command defines them as one (ml_collections loads it
+# when it is first read).
 CONFIG_FILE_FLAGS = ('config', 'sweep')
 
 
@@ -55,9 +56,19 @@ def parse_flags(argv, module: str):
     name, value = _file_argument(argv)
     _exit_config_error(value.partition(':')[0], e, 'Sweep' if name == 'sweep' else 'Config')
   for name in CONFIG_FILE_FLAGS:
-    if name in flags.FLAGS and flags.FLAGS[name].present:
+    if name in flags.FLAGS and flags.FLAGS[name].present and _names_a_file(flags.FLAGS[name]):
       check_config_loads(flags.FLAGS[name])
   return rest
+
+
+def _names_a_file(flag) -> bool:
+  """Whether `flag` is a config-file flag (a command's --sweep may be a plain flag, e.g. the
+  benchmark's batch sizes)."""
+  try:
+    config_flags.get_config_filename(flag)
+  except TypeError:
+    return False
+  return True
 
 
 def check_config_loads(flag) -> None:

@@ -40,6 +40,18 @@ def _count_cache_reads() -> dict:
   return counts
 
 
+def out_of_memory(error, config) -> str:
+  """One line for an allocation the device could not make (XLA's RESOURCE_EXHAUSTED): what was
+  asked for, and the settings that shrink a step's memory."""
+  first = next((line.strip() for line in str(error).splitlines() if line.strip()), '')
+  return (f'Out of device memory: {first[:300]} The step of this config needs more memory than '
+          'the device has: lower config.train.batch_size (config.train.grad_accum_steps='
+          f'{2 * config.train.get("grad_accum_steps", 1)} keeps the batch the optimizer sees) '
+          'or config.data.max_seq_length, recompute in the backward (config.model.remat_policy='
+          "'dots'), or shard the parameters and optimizer state over the devices "
+          "(config.mesh.preset='fsdp').")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -81,6 +93,12 @@ def main(argv):
   except (pretrain.NonFiniteLossError, pretrain.RunHealthError) as e:
     logging.error('Stopped: %s', e)
     sys.exit(f'Stopped: {e}')
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    message = out_of_memory(e, config)
+    logging.error('%s', message)
+    sys.exit(message)
   finally:
     if cache_reads:
       logging.info('Compilation cache %s: %d of %d compiles read from it.', cache_dir,

@@ -108,3 +108,24 @@ def test_a_config_file_with_arguments_passes_the_file_check():
   result = run('-c', code)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == 'loaded'
+
+
+def test_a_step_that_does_not_fit_the_device_is_one_line_naming_what_shrinks_it(tmp_path):
+  # The allocation fails where XLA runs the step; a fake one stands in for a device's.
+  code = ('import sys, jax\n'
+          'from absl import app\n'
+          'from bert_jax import main\n'
+          'from bert_jax.train import pretrain\n'
+          'def no_memory(*args, **kwargs):\n'
+          '  raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to "\n'
+          '                                   "allocate 17179869184 bytes.\\nBufferAssignment: ...")\n'
+          'pretrain.train_and_evaluate = no_memory\n'
+          f'sys.argv = ["main", "--config=configs/tiny.py", "--workdir={tmp_path / "w"}"]\n'
+          'app.run(main.main, flags_parser=main.cli.flags_parser("bert_jax.main"))\n')
+  result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('Out of device memory: RESOURCE_EXHAUSTED: Out of memory while trying '
+                         'to allocate 17179869184 bytes. The step'), last
+  assert 'config.train.grad_accum_steps=2' in last and "config.mesh.preset='fsdp'" in last

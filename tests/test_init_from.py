@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -159,6 +160,25 @@ def test_init_from_hf_with_a_missing_weight_is_one_error_naming_it(tmp_path):
   config = micro_config(tmp_path, init_from=f'hf:{model}')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
   with pytest.raises(init_from.InitFromError, match=r'config\.init_from=.*problem'):
+    init_from.load_params(config, fresh_params={})
+
+
+def test_init_from_hf_refuses_weights_holding_nan_naming_them(tmp_path):
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  model = tmp_path / 'model'
+  shutil.copytree(minilm_dir(), model)
+  state_dict, _ = hf.load_hf_state_dict(str(model))
+  name = next(k for k in state_dict if k.endswith('attention.self.query.weight'))
+  state_dict[name] = state_dict[name].copy()
+  state_dict[name][3, 5] = np.nan
+  os.remove(model / 'model.safetensors')
+  safetensors.numpy.save_file(state_dict, str(model / 'model.safetensors'))
+  config = micro_config(tmp_path, init_from=f'hf:{model}')
+  config_lib.validate_and_adopt_source(config, config_lib.validate)
+  with pytest.raises(init_from.InitFromError,
+                     match=rf'1 weight\(s\) hold NaN or inf \({re.escape(name)}\) in .*model: '
+                           'the checkpoint is damaged'):
     init_from.load_params(config, fresh_params={})
 
 

@@ -281,6 +281,25 @@ def adopt_source(config) -> None:
     config.data.vocab_file = vocab
 
 
+def read_source(kind: str, path: str) -> tuple[dict, dict | None]:
+  """(state dict of numpy arrays, HF config dict or None) of an hf: directory or a tf: checkpoint;
+  ValueError naming the weights that hold NaN or inf (a damaged download would otherwise train
+  from them, and the run's non-finite guard would blame the learning rate)."""
+  if kind == 'hf':
+    from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+    state_dict, hf_config = hf.load_hf_state_dict(path)
+  else:
+    from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
+    state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+  bad = [name for name, array in state_dict.items() if 'float' in np.asarray(array).dtype.name
+         and not np.isfinite(np.asarray(array, np.float32)).all()]
+  if bad:
+    raise ValueError(f'{len(bad)} weight(s) hold NaN or inf ({", ".join(sorted(bad)[:3])}'
+                     + (', ...' if len(bad) > 3 else '') + f') in {path}: the checkpoint is '
+                     'damaged; download or export it again.')
+  return state_dict, hf_config
+
+
 def load_params(config, fresh_params):
   """The source's parameters in our layout; heads it lacks come from `fresh_params`."""
   kind, path = parse(config.init_from)
@@ -288,11 +307,7 @@ def load_params(config, fresh_params):
     return _load_workdir_params(path, parse_step(config.init_from), fresh_params)
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   try:
-    if kind == 'hf':
-      state_dict, hf_config = hf.load_hf_state_dict(path)
-    else:
-      from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
-      state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+    state_dict, hf_config = read_source(kind, path)
     # A missing, extra or misshaped weight: every problem in one error.
     params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
                                   resize_vocab=config.init_resize_vocab, seed=config.seed)
@@ -310,11 +325,7 @@ def import_for_finetuning(config) -> tuple[dict, dict]:
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   from bert_jax.models import hf_layout  # pylint: disable=g-import-not-at-top
   try:
-    if kind == 'hf':
-      state_dict, hf_config = hf.load_hf_state_dict(path)
-    else:
-      from bert_jax.interop import tf_checkpoint  # pylint: disable=g-import-not-at-top
-      state_dict, hf_config = tf_checkpoint.load_tf_bert(path)
+    state_dict, hf_config = read_source(kind, path)
     state_dict, head_state = hf.split_classifier(state_dict, hf_layout.for_config(config))
     params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
                                   resize_vocab=config.init_resize_vocab, seed=config.seed)

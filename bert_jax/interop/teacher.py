@@ -150,7 +150,7 @@ def load_teacher(config, target) -> dict:
   elif kind == 'hf':
     from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
     try:
-      state_dict, hf_config = hf.load_hf_state_dict(path)
+      state_dict, hf_config = init_from.read_source(kind, path)
       state_dict = _with_pooler(state_dict, config)
       params, report = hf.import_hf(state_dict, teacher_config(config), hf_config=hf_config)
     except (ValueError, OSError) as e:

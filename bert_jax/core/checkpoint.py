@@ -112,8 +112,8 @@ def with_integrity(state, position: dict) -> dict:
 def dtype_changes(position: dict, abstract_state) -> list[str]:
   """'PATH: saved SAVED, now NOW' for each array whose dtype the target changes (none for a
   checkpoint written before dtypes were recorded)."""
-  saved = (position.get(INTEGRITY_KEY) or {}).get('dtypes') if isinstance(
-      position.get(INTEGRITY_KEY), dict) else None
+  record = position.get(INTEGRITY_KEY)
+  saved = record.get('dtypes') if isinstance(record, dict) else None
   if not isinstance(saved, dict):
     return []
   now = array_dtypes(abstract_state)

@@ -312,14 +312,12 @@ def _check_data(saved: dict, data_sha256: str, config, step: int, workdir: str) 
   saved_hash = saved.get('data_sha256')
   if not saved_hash or not data_sha256 or saved_hash == data_sha256:
     return  # Checkpoints written before the digest was saved are not compared.
-  changed = guard.layout_changes(saved.get('data_source') or {},
-                                 guard.data_layout(config, DATA_SOURCE_KEYS))
-  if saved.get('data_source') is not None and changed:
-    what = '; '.join(changed)
-  else:
-    what = ('the same settings (' + ', '.join(
-        f'config.{k}={v!r}' for k, v in guard.data_layout(config, DATA_SOURCE_KEYS).items()
-        if v not in ('', None)) + ') now read other data: a corpus file changed on disk')
+  now = guard.data_layout(config, DATA_SOURCE_KEYS)
+  changed = guard.layout_changes(saved.get('data_source'), now)  # [] when none was saved.
+  what = '; '.join(changed) or (
+      'the same settings (' + ', '.join(f'config.{k}={v!r}' for k, v in now.items()
+                                        if v not in ('', None))
+      + ') now read other data: a corpus file changed on disk')
   raise config_lib.ConfigError(
       f'The checkpoint at step {step} in {workdir} was trained on other data (its token ids\' '
       f'sha256 {saved_hash[:12]}, this run\'s {data_sha256[:12]}): {what}. Its data position '

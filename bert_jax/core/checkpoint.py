@@ -165,6 +165,7 @@ class Checkpointer:
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=False,
                                              cleanup_tmp_directories=True))
     self._pending_step = None  # Step of the save in flight (async), if any.
+    self._quiet = contextlib.ExitStack()  # Open while a save is in flight.
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -177,7 +178,7 @@ class Checkpointer:
     with a warning. CheckpointError when checkpoints exist but none can be read (then nothing
     is moved), or when a checkpoint holds a model of another shape.
     """
-    with _quiet_abandoned_reads():
+    with _orbax_failures_reported_here():
       return self._restore(abstract_state)
 
   def _restore(self, abstract_state) -> tuple[Any, dict] | None:
@@ -251,6 +252,8 @@ class Checkpointer:
   def save(self, step: int, state, data_position: dict) -> None:
     """Starts an (async) save; the previous one is finished (and its errors raised) first."""
     self.wait()
+    # Orbax's echoes of a failure are dropped until wait() has raised it as one CheckpointError.
+    self._quiet.enter_context(_orbax_failures_reported_here())
     try:
       files.makedirs(self.directory)
       data_position = with_integrity(state, data_position)
@@ -269,12 +272,25 @@ class Checkpointer:
       self._manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
       raise self._save_error(step, e) from e
+    finally:
+      self._quiet.close()
 
   def _save_error(self, step, error) -> CheckpointError:
+    """The error of a failed save, once its temporary directory is removed: a half-written step
+    on a full disk would hold the space the rerun needs."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception:  # pylint: disable=broad-except
+      pass  # The failure being reported.
+    self._quiet.close()
+    if step is not None and jax.process_index() == 0 and files.exists(self.directory):
+      for name in files.listdir(self.directory):
+        if name.startswith(f'{step}.orbax-checkpoint-tmp'):
+          files.remove_tree(os.path.join(self.directory, name))
     self._manager.reload()
     return CheckpointError(
         f'Saving the checkpoint of step {step} in {self.directory} failed '
-        f'({_first_line(error)}); {self.describe_latest()}, intact. Free disk space or fix the '
+        f'({_write_failure(error)}); {self.describe_latest()}, intact. Free disk space or fix the '
         'directory, then rerun the same command to resume from it.')
 
   def finish_quietly(self) -> None:
@@ -307,7 +323,7 @@ def read_step(directory: str, step: int) -> tuple[Any, dict]:
   manager = ocp.CheckpointManager(directory, item_names=('state', 'data'),
                                   options=ocp.CheckpointManagerOptions(create=False))
   try:
-    with _quiet_abandoned_reads():
+    with _orbax_failures_reported_here():
       restored = manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore()))
   finally:
@@ -333,12 +349,22 @@ def closing(checkpointer: Checkpointer):
   checkpointer.close()
 
 
+class _OrbaxLogFilter:
+  """Drops orbax's ERROR records (each a full traceback, several per failure) while our caller
+  reports the same failure itself in one line."""
+
+  def filter(self, record) -> bool:
+    return record.levelno < 40 or '/orbax/' not in record.pathname.replace('\\', '/')
+
+
 @contextlib.contextmanager
-def _quiet_abandoned_reads():
-  """A failed restore abandons orbax's pending read coroutines; when they are collected, Python
-  prints each as 'Exception ignored in <coroutine ...>' (or 'Event loop is closed'). restore
-  reports the failure itself in one line, so these echoes are dropped: collected here, under a
-  hook that drops only exceptions raised inside orbax or tensorstore."""
+def _orbax_failures_reported_here():
+  """A failed orbax read or write abandons its pending coroutines and tensorstore callbacks; as
+  they are collected, Python prints each as an unraisable exception ('Exception ignored in
+  <coroutine ...>', 'Event loop is closed': 180 tracebacks for one failed save of the tiny
+  model), and orbax logs the error from each of its threads. The caller reports the failure in
+  one line (restore's warning, save's CheckpointError), so these echoes are dropped: the ones
+  raised inside orbax, tensorstore or asyncio, and orbax's ERROR log records."""
   previous = sys.unraisablehook
 
   def hook(unraisable):
@@ -348,17 +374,31 @@ def _quiet_abandoned_reads():
       tb = tb.tb_next
     if not any('/orbax/' in f or '/tensorstore/' in f or '/asyncio/' in f for f in frames):
       previous(unraisable)
+  log_filter = _OrbaxLogFilter()
+  absl_logger = logging.get_absl_logger()
   sys.unraisablehook = hook
+  absl_logger.addFilter(log_filter)
   try:
     yield
   finally:
     gc.collect()
+    absl_logger.removeFilter(log_filter)
     sys.unraisablehook = previous
 
 
 def _first_line(error: BaseException) -> str:
   text = str(error).strip() or type(error).__name__
   return f'{type(error).__name__}: {text.splitlines()[0][:300]}'
+
+
+def _write_failure(error: BaseException) -> str:
+  """The OS error under a failed tensorstore write ('No space left on device (errno 28)'), which
+  the first line of its message buries after two paths; else that first line."""
+  match = re.search(r"os_error_code='(\d+)'", str(error))
+  if match:
+    code = int(match.group(1))
+    return f'{os.strerror(code)} (errno {code})'
+  return _first_line(error)
 
 
 def _is_shape_mismatch(error: BaseException) -> bool:

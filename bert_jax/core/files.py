@@ -85,6 +85,14 @@ def remove(path: str) -> None:
     os.remove(path)
 
 
+def remove_tree(path: str) -> None:
+  """Removes a directory and everything under it (for a URL, every object under the prefix)."""
+  if is_url(path):
+    _filesystem().rm(path, recursive=True)
+  else:
+    shutil.rmtree(path)
+
+
 def rename(source: str, target: str) -> None:
   """os.replace; for URLs a copy and a delete of every object under `source` (not atomic)."""
   if is_url(source):  # Copy and delete are in every Cloud Storage API (moveTo is not).

@@ -310,6 +310,69 @@ def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
   assert [s[:-len('.stopped')] for s in stopped] == [s[:-len('.started')] for s in started]
 
 
+def test_a_killed_sweeps_runs_stop_with_it(tmp_path):
+  """SIGKILL leaves the sweep no chance to pass a signal on: its runs get SIGTERM from the kernel
+  (a checkpoint and a clean exit) instead of running on as orphans that hold their workdirs."""
+  _data_root()
+  child = ('import signal, sys, time\n'
+           'out = sys.argv[1]\n'
+           'signal.signal(signal.SIGTERM, lambda *_: (open(out + ".stopped", "w").close(), '
+           'sys.exit(0)))\n'
+           'open(out + ".started", "w").close()\n'
+           'time.sleep(120)\n')
+  workdir = str(tmp_path / 'sweep')
+  script = tmp_path / 'sweep_stub.py'
+  script.write_text(
+      'import os, sys\n'
+      f'sys.path.insert(0, {REPO!r})\n'
+      'from bert_jax.sweep import runner, spec\n'
+      'runner.command = lambda job, workdir, peak_flops=0.0: [\n'
+      f'    sys.executable, "-c", {child!r},\n'
+      f'    os.path.join({str(tmp_path)!r}, job.name.replace("/", "_"))]\n'
+      f'sweep = spec.load_file({os.path.join(REPO, "sweeps", "table5.py")!r})\n'
+      'sweep.arms = {"random": {"label": "No pretraining", "init": "random"}}\n'
+      'sweep.order = "random"\n'
+      f'runner.run(spec.plan(sweep, {workdir!r}), {workdir!r}, parallel=2)\n')
+  process = subprocess.Popen([sys.executable, str(script)])
+  deadline = time.monotonic() + 60
+  while len(glob.glob(str(tmp_path / '*.started'))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  started = sorted(glob.glob(str(tmp_path / '*.started')))
+  assert len(started) == 2, started
+  process.kill()
+  process.wait(timeout=10)
+  deadline = time.monotonic() + 30
+  while len(glob.glob(str(tmp_path / '*.stopped'))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  stopped = sorted(glob.glob(str(tmp_path / '*.stopped')))
+  assert [s[:-len('.stopped')] for s in stopped] == [s[:-len('.started')] for s in started]
+
+
+def test_a_rerun_waits_for_a_run_that_still_holds_its_workdir(tmp_path):
+  """A run of a killed sweep may still be saving its checkpoint when the sweep is rerun: the
+  rerun waits for it instead of starting a run that the lock refuses (reported FAILED)."""
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  job_dir = str(tmp_path / 'pretrain' / 'bert')
+  holder = subprocess.Popen([sys.executable, '-c', (
+      'import sys, time\n'
+      f'sys.path.insert(0, {REPO!r})\n'
+      'from bert_jax.train import guard\n'
+      f'with guard.claim({job_dir!r}):\n'
+      '  print("held", flush=True)\n'
+      '  time.sleep(3)\n')], stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == 'held'
+  assert guard.in_use(job_dir) == f'process {holder.pid} on {os.uname().nodename}'
+  lines = []
+  start = time.monotonic()
+  runner.wait_until_free(job_dir, lines.append, timeout_s=60)
+  assert 2.0 < time.monotonic() - start < 30  # Until the holder let go, about 3 s after.
+  assert holder.wait(timeout=30) == 0
+  assert len(lines) == 1 and f'held by process {holder.pid}' in lines[0]
+  assert guard.in_use(job_dir) is None
+  with guard.claim(job_dir):  # Free for the rerun's run.
+    pass
+
+
 # ---- The held-out set. ----
 
 

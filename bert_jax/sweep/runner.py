@@ -7,6 +7,7 @@ config; a rerun whose job would run with another config than the one recorded fo
 exists is refused (it would mix two configs in one run). Logs go to WORKDIR/logs/<job>.log.
 """
 
+import ctypes
 import json
 import os
 import shlex
@@ -189,6 +190,7 @@ def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
       if in_process:
         _finish(job, _run_in_process(job, workdir), done, failed, workdir, log)
       else:
+        wait_until_free(os.path.join(workdir, job.workdir), log, STOP_GRACE_S)
         running[job.name] = (job, _start(job, workdir, env, peak_flops), time.monotonic())
     for name, (job, process, start) in list(running.items()):
       if process.poll() is None:
@@ -217,14 +219,48 @@ def measure_peak_flops(env: dict | None = None) -> float:
     return 0.0
 
 
+# Linux's prctl option that signals a child when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent(parent_pid: int):
+  """For Popen's preexec_fn: the child gets SIGTERM (a checkpoint and a clean exit) when the
+  sweep dies, even by SIGKILL, which leaves no chance to pass a signal on; an orphaned run would
+  hold its workdir against the sweep's rerun. Nothing off Linux."""
+  if not sys.platform.startswith('linux'):
+    return None
+  prctl = ctypes.CDLL(None).prctl  # Looked up before the fork, not in the child.
+
+  def set_signal():
+    prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:  # The sweep died before the line above took effect.
+      os.kill(os.getpid(), signal.SIGTERM)
+  return set_signal
+
+
+def wait_until_free(job_workdir: str, log, timeout_s: float) -> None:
+  """Waits (at most `timeout_s`) while a run still holds `job_workdir`: the previous sweep's run,
+  stopping after that sweep was killed, saves its checkpoint before it lets go."""
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  holder = guard.in_use(job_workdir)
+  if holder is None:
+    return
+  log(f'[sweep] {job_workdir} is held by {holder} (a run of a stopped sweep, saving its '
+      f'checkpoint?); waiting up to {timeout_s:.0f} s for it to end.')
+  deadline = time.monotonic() + timeout_s
+  while holder is not None and time.monotonic() < deadline:
+    time.sleep(0.5)
+    holder = guard.in_use(job_workdir)
+
+
 def _start(job: spec_lib.Job, workdir: str, env: dict | None, peak_flops: float = 0.0):
   environment = {**os.environ, **(env or {})}
   argv = command(job, workdir, peak_flops=peak_flops)
   log_file = open(_log_path(job, workdir), 'ab')  # pylint: disable=consider-using-with
   log_file.write(f'$ {shlex.join(argv)}\n'.encode())
   log_file.flush()
-  process = subprocess.Popen(argv, cwd=REPO, stdout=log_file,
-                             stderr=subprocess.STDOUT, env=environment)
+  process = subprocess.Popen(argv, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT,
+                             env=environment, preexec_fn=_stop_with_parent(os.getpid()))
   log_file.close()
   return process
 

@@ -154,6 +154,29 @@ def _holder(path: str) -> dict:
     return {}
 
 
+def in_use(workdir: str) -> str | None:
+  """'process PID on HOST' while a run holds `workdir`'s lock (local workdirs), else None.
+
+  Tested with a shared lock taken and dropped at once, which no run's exclusive claim allows.
+  """
+  path = os.path.join(workdir, LOCK_NAME)
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+  except OSError:
+    return None  # No lock file, or a URL: nothing holds it here.
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      return None
+    holder = _holder(path)
+    return (f'process {holder["pid"]} on {holder.get("host", "?")}' if holder.get('pid')
+            else 'another process')
+  finally:
+    os.close(fd)  # Also drops the shared lock.
+  return None
+
+
 def _alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)

@@ -24,9 +24,21 @@ before the kill, the step it had resumed from, the progress lost (logged steps b
 complete checkpoint: at most checkpoint_every if checkpoints are sound), whether a checkpoint
 write was in flight at the kill (an orbax temporary directory left behind), and any cycle that
 resumed from an earlier step than the one before it (there must be none).
+
+With --pipeline, each run is a researcher's whole path, and the kills land anywhere along it:
+pretraining (WORKDIR/runK/pretrain), `bert_jax.convert export` of its final checkpoint
+(runK/hf), and GLUE MRPC fine-tuning from it (runK/finetune: 2 seeds of --finetune_examples
+rows, batch 16, a checkpoint every 4 steps). A stage that exits 0 is done and the next cycle starts the next
+one. Bit flips then also hit an in-progress fine-tuning seed's newest checkpoint, and, before a
+run's first export attempt, a copy of its final pretraining checkpoint, which is exported at
+once: a damaging flip must be refused (`exported_damaged`, which must be 0), a harmless one must
+export the reference's bytes. A finished pipeline is compared with the reference's: pretraining
+parameters, the exported model.safetensors and config.json, each fine-tuning seed's final
+parameters and its dev metrics.
 """
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -48,6 +60,39 @@ def main_command(config, workdir, extra):
           *DEFAULT_FLAGS, *extra]
 
 
+def with_cache(command, cache):
+  """The command with JAX's persistent compilation cache in `cache` ('' for none): restarts skip
+  most compilation, and kills then also land in cache writes."""
+  return command + ([f'--config.train.compilation_cache_dir={cache}'] if cache else [])
+
+
+def export_command(pretrain_dir, out):
+  return [sys.executable, '-m', 'bert_jax.convert', 'export', f'--workdir={pretrain_dir}',
+          f'--out={out}']
+
+
+def finetune_command(pretrain_dir, workdir, examples):
+  return [sys.executable, '-m', 'bert_jax.main',
+          f'--config=configs/glue.py:task=mrpc,init={pretrain_dir},seeds=2,seq=64,epochs=1,batch=16',
+          f'--workdir={workdir}', f'--config.task.max_train_examples={examples}',
+          '--config.train.checkpoint_every=4', '--config.train.keep_checkpoints=2',
+          '--config.train.log_every=4']
+
+
+def stages(args, run_dir):
+  """[(name, command, workdir)] of one run: pretraining alone, or with --pipeline the whole path."""
+  if not args.pipeline:
+    return [('pretrain', with_cache(main_command(args.config, run_dir, args.extra), args.cache),
+             run_dir)]
+  pretrain, out, finetune = (os.path.join(run_dir, name) for name in ('pretrain', 'hf',
+                                                                      'finetune'))
+  return [('pretrain', with_cache(main_command(args.config, pretrain, args.extra), args.cache),
+           pretrain),
+          ('export', export_command(pretrain, out), out),
+          ('finetune', with_cache(finetune_command(pretrain, finetune, args.finetune_examples),
+                                  args.cache), finetune)]
+
+
 def logged_step(workdir) -> int:
   """The newest train step in metrics.jsonl (0 if none)."""
   path = os.path.join(workdir, 'metrics.jsonl')
@@ -66,9 +111,10 @@ def logged_step(workdir) -> int:
 
 
 def _training(stderr_path) -> bool:
-  """Whether this process has logged a train step (`step N/M | ...`): it is in the step loop."""
+  """Whether this process has logged a train step (`step N/M | ...`, fine-tuning's
+  `seed S step N/M | ...`): it is in the step loop."""
   with open(stderr_path, encoding='utf-8', errors='replace') as f:
-    return re.search(r'\] step \d+/\d+ \|', f.read()) is not None
+    return re.search(r'\] (seed \d+ )?step \d+/\d+ \|', f.read()) is not None
 
 
 def checkpoint_dirs(workdir):
@@ -110,17 +156,23 @@ def read_step(step_dir, like=None):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   target = None if like is None else jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-  arrays = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'state'), target)
+  previous = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None  # A failed read's abandoned callbacks' echoes.
+  try:
+    arrays = ocp.StandardCheckpointer().restore(os.path.join(step_dir, 'state'), target)
+  finally:
+    gc.collect()
+    sys.unraisablehook = previous
   with open(os.path.join(step_dir, 'data', 'metadata'), encoding='utf-8') as f:
     return arrays, json.load(f)
 
 
-def flip_one_bit(run_dir, rng, scratch, num_steps):
+def flip_one_bit(run_dir, rng, scratch, num_steps, allow_single=False):
   """Flips one random bit of the newest complete checkpoint; returns what was hit and whether it
-  changes what a restore reads (None when there is no older checkpoint to fall back to, or the
-  newest is the run's last, which the soak compares with the reference)."""
+  changes what a restore reads (None when there is no older checkpoint to fall back to, unless
+  `allow_single`, or the newest is the run's last, which the soak compares with the reference)."""
   steps = sorted(int(name) for name in checkpoint_dirs(run_dir) if name.isdigit())
-  if len(steps) < 2 or steps[-1] >= num_steps:
+  if not steps or (len(steps) < 2 and not allow_single) or steps[-1] >= num_steps:
     return None
   step_dir = os.path.join(run_dir, 'checkpoints', str(steps[-1]))
   pristine = os.path.join(scratch, 'pristine')
@@ -169,6 +221,15 @@ def main():
                       help='Share of cycles killed during start-up (delay from launch).')
   parser.add_argument('--corrupt_share', type=float, default=0.0,
                       help='Share of kills followed by a single-bit flip in the newest checkpoint.')
+  parser.add_argument('--cache', default='',
+                      help='A persistent compilation cache directory for every run (default none).')
+  parser.add_argument('--pipeline', action='store_true',
+                      help='Each run pretrains, exports and fine-tunes; kills land in all three.')
+  parser.add_argument('--finetune_examples', type=int, default=512,
+                      help='--pipeline: MRPC training rows per fine-tuning seed.')
+  parser.add_argument('--export_max_delay', type=float, default=6.0,
+                      help='--pipeline: an export is killed after 1 to this many seconds from '
+                      'launch (it takes about 6 s on 2 CPU cores: some finish).')
   parser.add_argument('--finish', action='store_true',
                       help='No cycles: finish and summarise a soak whose loop was stopped.')
   parser.add_argument('extra', nargs='*', help='--config.KEY=VALUE overrides, after --')
@@ -179,26 +240,39 @@ def main():
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, 'soak.jsonl')
 
-  if not os.path.exists(os.path.join(reference, 'eval_results.json')):
+  if not all(done_before(reference, name, directory) for name, _, directory in
+             stages(args, reference)):
     print('Reference run...', flush=True)
-    subprocess.run(main_command(args.config, reference, args.extra), cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  num_steps = num_steps_of(reference)
+    for name, command, directory in stages(args, reference):
+      if not done_before(reference, name, directory):
+        subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+  num_steps = num_steps_of(pretrain_dir(args, reference))
   if args.finish:
     finish_interrupted(args, workdir, reference, num_steps)
     return
 
   cycles, previous_resume, finished_runs = [], 0, []
   pending_flip = None  # The flip made after the previous kill, until a run restores.
+  stage = 0  # Index in stages() of the current run's stage.
+  export_probed = False  # Whether the current run's final checkpoint had its export probe.
   start = time.time()
   for cycle in range(args.cycles):
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
-    delay = rng.uniform(args.min_delay, args.max_delay)
+    name, command, directory = stages(args, run_dir)[stage]
+    export_probe = None
+    if name == 'export' and not export_probed:
+      export_probed = True
+      if args.corrupt_share and rng.random() < args.corrupt_share:
+        export_probe = probe_export(pretrain_dir(args, run_dir), rng, workdir,
+                                    os.path.join(reference, 'hf'))
+    delay = rng.uniform(*((1.0, args.export_max_delay) if name == 'export' else
+                          (args.min_delay, args.max_delay)))
     stderr_path = os.path.join(workdir, 'cycle.stderr')
-    in_startup = rng.random() < args.startup_share
+    in_startup = name == 'export' or rng.random() < args.startup_share
+    seed_dir = current_seed_dir(directory) if name == 'finetune' else directory
     with open(stderr_path, 'w', encoding='utf-8') as stderr:
-      process = subprocess.Popen(main_command(args.config, run_dir, args.extra), cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=stderr)
+      process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
       if not in_startup:
         # Start-up (imports, data, compilation) takes seconds that vary with the machine's
         # load: the delay counts from the first train step (or the restore) on.
@@ -211,63 +285,190 @@ def main():
         process.wait()
     with open(stderr_path, encoding='utf-8', errors='replace') as f:
       log = f.read()
-    match = re.search(r'Resumed from step (\d+)', log)
-    resumed = int(match.group(1)) if match else None  # None: killed before restoring.
+    resumed = resumed_step(log, name, pending_flip)
     flip_judged, loaded_damaged = None, False
-    if pending_flip is not None and (resumed is not None or 'Restored the previous' in log):
+    if pending_flip is not None and pending_flip['stage'] == name and (
+        resumed is not None or 'Restored the previous' in log):
       flip_judged = pending_flip
       loaded_damaged = pending_flip['damaging'] and resumed == pending_flip['step']
       pending_flip = None
-    reached = logged_step(run_dir)
-    saved = [int(name) for name in checkpoint_dirs(run_dir) if name.isdigit()]
+    if name == 'finetune':
+      seed_dir = current_seed_dir(directory) or seed_dir
+    reached = logged_step(seed_dir) if seed_dir else 0
+    saved = [int(n) for n in checkpoint_dirs(seed_dir) if n.isdigit()] if seed_dir else []
     record = {
-        'cycle': cycle, 'time': round(time.time(), 1), 'delay_s': round(delay, 2),
+        'cycle': cycle, 'time': round(time.time(), 1), 'stage': name, 'delay_s': round(delay, 2),
         'in_startup': in_startup,
         'killed': process.returncode == -9,
         'returncode': process.returncode, 'resumed_from': resumed, 'logged_step': reached,
         'newest_checkpoint': max(saved, default=0),
         # Progress logged before the kill that no complete checkpoint holds.
         'lost_steps': max(0, reached - max(saved, default=0)),
-        'save_in_flight': any('tmp' in name for name in checkpoint_dirs(run_dir)),
+        'save_in_flight': any('tmp' in n for n in checkpoint_dirs(seed_dir)) if seed_dir else False,
         # Back to an older step than the last resume: only after a damaging flip fell back.
-        'went_back': resumed is not None and resumed < previous_resume and not (
-            flip_judged and flip_judged['damaging']),
+        'went_back': name == 'pretrain' and resumed is not None and resumed < previous_resume
+                     and not (flip_judged and flip_judged['damaging']),
         'flip_judged': flip_judged, 'loaded_damaged': loaded_damaged,
+        'export_probe': export_probe,
         'error': None if process.returncode in (0, -9) else log.strip().splitlines()[-1:],
     }
     if (process.returncode == -9 and args.corrupt_share and pending_flip is None
-        and rng.random() < args.corrupt_share):
-      pending_flip = flip_one_bit(run_dir, rng, workdir, num_steps)
+        and name != 'export' and rng.random() < args.corrupt_share):
+      if name == 'pretrain':
+        pending_flip = flip_one_bit(directory, rng, workdir, num_steps)
+      elif seed_dir:
+        pending_flip = flip_one_bit(seed_dir, rng, workdir, float('inf'))
+      if pending_flip:
+        pending_flip.update(stage=name, seed_dir=seed_dir)
       record['flipped'] = pending_flip
     cycles.append(record)
-    previous_resume = resumed if resumed is not None else previous_resume
+    if name == 'pretrain':
+      previous_resume = resumed if resumed is not None else previous_resume
     with open(log_path, 'a', encoding='utf-8') as f:
       f.write(json.dumps(record) + '\n')
-    print(f'cycle {cycle}: delay {delay:.1f}s resumed {resumed} logged {reached} '
+    print(f'cycle {cycle}: {name} delay {delay:.1f}s resumed {resumed} logged {reached} '
           f'in-flight {record["save_in_flight"]} rc {process.returncode}', flush=True)
-    if process.returncode == 0 or record['newest_checkpoint'] == num_steps:
-      # This run finished inside a cycle: compare it, and go on killing a fresh run.
-      finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
-                                          final_params(reference, num_steps)))
-      print(f'run {len(finished_runs) - 1} finished: max |param diff| {finished_runs[-1]}',
-            flush=True)
-      previous_resume = 0
+    finished = process.returncode == 0 or (
+        not args.pipeline and record['newest_checkpoint'] == num_steps)
+    if not finished:
+      continue
+    if name == 'finetune' and pending_flip and pending_flip['stage'] == 'finetune':
+      pending_flip = None  # Its seed ended; the flip was never restored (judged by the compare).
+    stage += 1
+    if stage < len(stages(args, run_dir)):
+      continue
+    # This run finished inside a cycle: compare it, and go on killing a fresh run.
+    finished_runs.append(compare_run(args, run_dir, reference, num_steps))
+    print(f'run {len(finished_runs) - 1} finished: {finished_runs[-1]}', flush=True)
+    stage, previous_resume, export_probed, pending_flip = 0, 0, False, None
 
-  finish(args, workdir, reference, num_steps, cycles, finished_runs, time.time() - start)
+  finish(args, workdir, reference, num_steps, cycles, finished_runs, time.time() - start,
+         stage)
 
 
-def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds):
-  """Runs the last run to its end, compares it with the reference, writes the summary."""
+def pretrain_dir(args, run_dir):
+  return os.path.join(run_dir, 'pretrain') if args.pipeline else run_dir
+
+
+def done_before(run_dir, name, directory) -> bool:
+  """Whether a stage of the reference run has its outputs (a reference run that was cut)."""
+  del run_dir
+  if name == 'pretrain':
+    return os.path.exists(os.path.join(directory, 'eval_results.json'))
+  if name == 'export':
+    return os.path.exists(os.path.join(directory, 'model.safetensors'))
+  return os.path.exists(os.path.join(directory, 'results.json'))
+
+
+def resumed_step(log, name, pending_flip):
+  """The step this process resumed from (None: killed before restoring, or nothing to resume).
+  Fine-tuning: the seed of the pending flip's, else the last seed that resumed."""
+  if name == 'pretrain':
+    match = re.search(r'Resumed from step (\d+)', log)
+    return int(match.group(1)) if match else None
+  if name != 'finetune':
+    return None
+  matches = re.findall(r'Seed (\d+): resumed from step (\d+)', log)
+  if pending_flip and pending_flip.get('seed_dir'):
+    seed = os.path.basename(pending_flip['seed_dir']).removeprefix('seed_')
+    matches = [m for m in matches if m[0] == seed]
+  return int(matches[-1][1]) if matches else None
+
+
+def current_seed_dir(finetune_dir):
+  """The fine-tuning seed in progress: the first seed_N without results.json (None before any)."""
+  if not os.path.isdir(finetune_dir):
+    return None
+  seeds = sorted((n for n in os.listdir(finetune_dir) if re.fullmatch(r'seed_\d+', n)),
+                 key=lambda n: int(n[5:]))
+  for name in seeds:
+    if not os.path.exists(os.path.join(finetune_dir, name, 'results.json')):
+      return os.path.join(finetune_dir, name)
+  return None
+
+
+def probe_export(pretrain, rng, scratch, reference_hf):
+  """Flips one random bit of a copy of the run's final checkpoint and exports the copy: a
+  damaging flip must be refused, a harmless one must give the reference's model bytes."""
+  copy = os.path.join(scratch, 'export_probe')
+  shutil.rmtree(copy, ignore_errors=True)
+  shutil.copytree(pretrain, copy, ignore=shutil.ignore_patterns('tensorboard', 'plots', '.lock'))
+  steps = sorted(int(n) for n in checkpoint_dirs(copy) if n.isdigit())
+  # Steps before the last are out of the export's sight: drop them, so the flip hits what it reads.
+  for step in steps[:-1]:
+    shutil.rmtree(os.path.join(copy, 'checkpoints', str(step)))
+  flip = flip_one_bit(copy, rng, scratch, float('inf'), allow_single=True)
+  out = os.path.join(scratch, 'export_probe_hf')
+  shutil.rmtree(out, ignore_errors=True)
+  result = subprocess.run(export_command(copy, out), cwd=REPO, capture_output=True, text=True,
+                          check=False)
+  exported = result.returncode == 0
+  identical = exported and same_export(out, reference_hf)
+  flip.update(exported=exported, identical=identical,
+              exported_damaged=exported and flip['damaging'] and not identical,
+              refusal=None if exported else result.stderr.strip().splitlines()[-1:])
+  shutil.rmtree(copy, ignore_errors=True)
+  shutil.rmtree(out, ignore_errors=True)
+  return flip
+
+
+def same_export(out, reference_hf) -> bool:
+  """Whether an export holds the reference export's model bytes and config."""
+  for name in ('model.safetensors', 'config.json'):
+    a, b = os.path.join(out, name), os.path.join(reference_hf, name)
+    if not (os.path.exists(a) and os.path.exists(b)):
+      return False
+    with open(a, 'rb') as f, open(b, 'rb') as g:
+      if f.read() != g.read():
+        return False
+  return True
+
+
+def compare_run(args, run_dir, reference, num_steps):
+  """A finished run against the reference: the largest parameter difference (inf where an
+  export's bytes or a seed's dev metrics differ); with --pipeline a dict of each part."""
+  pretrain = max_param_diff(final_params(pretrain_dir(args, run_dir), num_steps),
+                            final_params(pretrain_dir(args, reference), num_steps))
+  if not args.pipeline:
+    return pretrain
+  parts = {'pretrain': pretrain,
+           'export_identical': same_export(os.path.join(run_dir, 'hf'),
+                                           os.path.join(reference, 'hf'))}
+  ours, theirs = (os.path.join(d, 'finetune') for d in (run_dir, reference))
+  with open(os.path.join(ours, 'results.json'), encoding='utf-8') as f, open(
+      os.path.join(theirs, 'results.json'), encoding='utf-8') as g:
+    parts['finetune_metrics_equal'] = json.load(f)['per_seed'] == json.load(g)['per_seed']
+  diffs = []
+  for seed in sorted(n for n in os.listdir(theirs) if re.fullmatch(r'seed_\d+', n)):
+    last = max(int(n) for n in checkpoint_dirs(os.path.join(theirs, seed)) if n.isdigit())
+    diffs.append(max_param_diff(final_params(os.path.join(ours, seed), last),
+                                final_params(os.path.join(theirs, seed), last)))
+  parts['finetune'] = max(diffs)
+  parts['max_diff'] = (max(pretrain, parts['finetune'])
+                       if parts['export_identical'] and parts['finetune_metrics_equal']
+                       else float('inf'))
+  return parts
+
+
+def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds, stage=0):
+  """Runs the last run's stages to their end, compares it with the reference, writes the
+  summary."""
   run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
-  final = subprocess.run(main_command(args.config, run_dir, args.extra), cwd=REPO, text=True,
-                         capture_output=True, check=False)
-  finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
-                                      final_params(reference, num_steps)))
-  diff = max(finished_runs)
+  returncodes = []
+  for _, command, _ in stages(args, run_dir)[stage:]:
+    returncodes.append(subprocess.run(command, cwd=REPO, text=True, capture_output=True,
+                                      check=False).returncode)
+  finished_runs.append(compare_run(args, run_dir, reference, num_steps))
+  diff = max(r['max_diff'] if isinstance(r, dict) else r for r in finished_runs)
   lost = [c['lost_steps'] for c in cycles if c['killed']]
+  probes = [c['export_probe'] for c in cycles if c.get('export_probe')]
   summary = {
       'cycles': len(cycles), 'kills': sum(c['killed'] for c in cycles),
-      'kills_before_restore': sum(c['killed'] and c['resumed_from'] is None for c in cycles),
+      'kills_by_stage': {name: sum(c['killed'] and c.get('stage', 'pretrain') == name
+                                   for c in cycles) for name in ('pretrain', 'export',
+                                                                  'finetune')},
+      'kills_before_restore': sum(c['killed'] and c['resumed_from'] is None
+                                  and c.get('stage') != 'export' for c in cycles),
       'kills_with_save_in_flight': sum(c['save_in_flight'] for c in cycles),
       'errors': [c['error'] for c in cycles if c['error']],
       'went_back': sum(c['went_back'] for c in cycles),
@@ -276,11 +477,15 @@ def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds):
       'loaded_damaged': sum(bool(c.get('loaded_damaged')) for c in cycles),
       'fell_back_after_flip': sum(bool(c.get('flip_judged') and c['flip_judged']['damaging']
                                        and not c['loaded_damaged']) for c in cycles),
+      'export_probes': len(probes),
+      'export_probes_damaging': sum(p['damaging'] for p in probes),
+      'export_probes_refused': sum(not p['exported'] for p in probes),
+      'exported_damaged': sum(p['exported_damaged'] for p in probes),
       'max_lost_steps': max(lost, default=0),
       'mean_lost_steps': sum(lost) / max(len(lost), 1),
-      'final_run_returncode': final.returncode, 'num_steps': num_steps,
-      'runs_completed': len(finished_runs), 'final_params_max_abs_diff': diff,
-      'identical': diff == 0.0,
+      'final_run_returncodes': returncodes, 'num_steps': num_steps,
+      'runs_completed': len(finished_runs), 'runs': finished_runs,
+      'final_params_max_abs_diff': diff, 'identical': diff == 0.0,
       'cycle_minutes': round(seconds / 60, 1),
   }
   print(json.dumps(summary), flush=True)
@@ -296,14 +501,21 @@ def finish_interrupted(args, workdir, reference, num_steps):
   with open(os.path.join(workdir, 'soak.jsonl'), encoding='utf-8') as f:
     cycles = [json.loads(line) for line in f if line.strip()]
   finished_runs = []
-  while os.path.isdir(os.path.join(workdir, f'run{len(finished_runs)}', 'checkpoints',
-                                   str(num_steps))):
+  while True:
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
-    finished_runs.append(max_param_diff(final_params(run_dir, num_steps),
-                                        final_params(reference, num_steps)))
+    last = stages(args, run_dir)[-1]
+    if not done_before(run_dir, last[0], last[2]) or (not args.pipeline and not os.path.isdir(
+        os.path.join(run_dir, 'checkpoints', str(num_steps)))):
+      break
+    finished_runs.append(compare_run(args, run_dir, reference, num_steps))
   times = [c['time'] for c in cycles if 'time' in c]
   seconds = times[-1] - times[0] if len(times) > 1 else 0.0
-  finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds)
+  run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
+  stage = 0
+  while stage < len(stages(args, run_dir)) - 1 and done_before(run_dir, *stages(args, run_dir)[
+      stage][::2]):
+    stage += 1
+  finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds, stage)
 
 
 if __name__ == '__main__':

@@ -318,6 +318,29 @@ def test_too_little_free_space_fails_before_training(tmp_path, monkeypatch):
   assert not compiles
 
 
+def test_a_train_state_over_the_device_memory_fails_before_compiling(tmp_path, monkeypatch):
+  monkeypatch.setattr(steps, 'device_memory_limit', lambda mesh: 2**12)  # A 4 KiB device.
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _, **kw: compiles.append(event) if 'backend_compile' in event else None)
+  workdir = tmp_path / 'too_big'
+  with pytest.raises(config_lib.ConfigError, match=(
+      r'does not fit the device: its parameters \(\d+ KiB per device\), .* need \d+ KiB '
+      r"before any activation, and one cpu has 4 KiB. .*config.mesh.preset='fsdp'")):
+    pretrain.train_and_evaluate(micro_config(tmp_path), str(workdir))
+  assert not compiles and not workdir.exists()
+
+
+def test_the_memory_floor_counts_one_devices_shard_of_each_array():
+  mesh = jax.sharding.AbstractMesh((2, 4), ('data', 'fsdp'))
+  split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('fsdp', None))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  tree = {'a': jax.ShapeDtypeStruct((64, 10), jnp.float32),
+          'b': jax.ShapeDtypeStruct((8,), jnp.bfloat16)}
+  assert steps.state_bytes_per_device(tree, {'a': split, 'b': whole}) == 16 * 10 * 4 + 8 * 2
+  assert steps.state_bytes_per_device(tree, {'a': whole, 'b': whole}) == 64 * 10 * 4 + 8 * 2
+
+
 @pytest.mark.slow
 def test_unwritable_workdir_is_named(tmp_path):
   blocker = tmp_path / 'a-file'

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import logging
 
 from bert_jax import objectives as objectives_lib
 from bert_jax import sharding
@@ -235,6 +236,7 @@ def check_state_divides(config, model, tx, mesh, rules):
   abstract = nn.meta.unbox(boxed)
   problems = sharding.indivisible(abstract.params, shardings.params)
   if not problems:
+    check_state_fits(config, abstract, shardings, mesh)
     return abstract
   path, shape, dim, ways, axes = problems[0]
   size = shape[dim]
@@ -246,6 +248,52 @@ def check_state_divides(config, model, tx, mesh, rules):
       f'{path} {tuple(shape)}: dimension {dim} ({size}{", " + keys[0] if keys else ""}) '
       f'over {axes} ({ways} ways); {fix}, or use a mesh whose {axes} size divides it '
       f'({len(problems)} parameter(s) affected).')
+
+
+def state_bytes_per_device(abstract_tree, shardings) -> int:
+  """Bytes of `abstract_tree` on one device: each array's shard under its sharding."""
+  leaves, placements = jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)
+  assert len(leaves) == len(placements), (len(leaves), len(placements))
+  return sum(int(np.prod(placement.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+             for leaf, placement in zip(leaves, placements))
+
+
+def device_memory_limit(mesh) -> int | None:
+  """Bytes one device of `mesh` can allocate (XLA's bytes_limit), or None where the backend does
+  not say (CPU)."""
+  try:
+    stats = mesh.devices.flat[0].memory_stats()
+  except (AttributeError, NotImplementedError, RuntimeError):  # Devices of an AOT topology.
+    return None
+  return (stats or {}).get('bytes_limit')
+
+
+def check_state_fits(config, abstract, shardings, mesh) -> None:
+  """Before anything compiles: the train state and its gradients, which every step holds at
+  once, must fit one device's memory (activations come on top, so this is a floor). MeshError
+  naming the sizes and the settings that shrink them otherwise."""
+  limit = device_memory_limit(mesh)
+  if not limit:
+    return
+  params = state_bytes_per_device(abstract.params, shardings.params)
+  optimizer = state_bytes_per_device(abstract.opt_state, shardings.opt_state)
+  need = 2 * params + optimizer  # The gradients are a second copy of the parameters.
+  if need <= limit:
+    logging.info('Train state and gradients: %s per device of %s.', _size(need), _size(limit))
+    return
+  raise sharding.MeshError(
+      f'This config does not fit the device: its parameters ({_size(params)} per device), their '
+      f'gradients (as much) and the optimizer state ({_size(optimizer)}) need {_size(need)} '
+      f'before any activation, and one {mesh.devices.flat[0].device_kind} has {_size(limit)}. '
+      'Shard them over the devices (config.mesh.preset=\'fsdp\'; now '
+      f'{config.mesh.preset!r}), keep Adam\'s first moment in bfloat16 '
+      '(config.train.adam_mu_dtype=\'bfloat16\'), or train a smaller model.')
+
+
+def _size(num_bytes: int) -> str:
+  if num_bytes >= 2**30:
+    return f'{num_bytes / 2**30:.2f} GiB'
+  return f'{num_bytes / 2**20:.1f} MiB' if num_bytes >= 2**20 else f'{num_bytes / 2**10:.0f} KiB'
 
 
 def lower_pretraining_step(config, mesh):

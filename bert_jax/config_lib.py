@@ -5,7 +5,6 @@ import os
 import re
 
 from bert_jax import models
-from bert_jax.models import checks as model_checks
 from bert_jax import ops
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
@@ -55,8 +54,6 @@ RANGES = {
     'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
     'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
     'model.generator_layer_fraction': POSITIVE,
-    'model.rope_theta': POSITIVE, 'model.local_rope_theta': POSITIVE,
-    'model.local_window': NON_NEGATIVE, 'model.global_every': POSITIVE,
     'model.num_languages': NON_NEGATIVE,
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
@@ -335,46 +332,26 @@ def _check_model_shape(model) -> None:
 
 
 def _check_modern(config) -> None:
-  """The modern encoder's switches are model.name='modernbert''s only, as is the splash attention
-  of its windows; that family is bidirectional, XLA- or splash-attended, without segments (no
-  NSP or SOP), its windows and thetas valid."""
+  """The modern encoder's switches that shared code reads are model.name='modernbert''s only, as
+  is the splash attention of its windows (ModernBERT's own keys: its unit's check)."""
   model = config.model
   name = model.get('name', 'bert')
-  if name != 'modernbert' and model.get('attention_impl') == 'splash':
+  if name == 'modernbert':
+    return
+  if model.get('attention_impl') == 'splash':
     raise ConfigError(
         f"config.model.attention_impl='splash' with config.model.name={name!r}: the splash "
         "kernels are the modern encoder's local and global attention, without dropout (model."
         "name='modernbert'); use attention_impl 'tpu' on TPUs or 'xla'.")
-  if name != 'modernbert':
-    # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
-    allowed = {'positions': 'none'} if name == 'deberta' else {}
-    changed = [f'{k}={model.get(k, v)!r}' for k, v in models.MODERN_DEFAULTS.items()
-               if model.get(k, v) not in (v, allowed.get(k, v))]
-    if changed:
-      raise ConfigError(
-          f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
-          "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
-          f'{name} takes {", ".join(f"{k}={v!r}" for k, v in models.MODERN_DEFAULTS.items())}.')
-    return
-  # Negative windows and thetas, and global_every < 1, are RANGES'.
-  problems = model_checks.segmentless_xla_problems(
-      config, _objectives().parse(config.objectives), kernels=('splash',))
-  if model.attention_impl == 'splash':
-    if model.attention_dropout_rate > 0:
-      problems.append(f"attention_impl='splash' with attention_dropout_rate="
-                      f'{model.attention_dropout_rate}: the kernels have no dropout; set it to 0')
-  for key in ('layer_norm_impl', 'ffn_impl'):
-    if model.get(key, 'xla') != 'xla':
-      problems.append(f"{key}={model.get(key)!r}: the GPU kernels are BERT's post-LN block; set "
-                      f"{key}='xla'")
-  if model.local_window % 2:
-    problems.append(f'local_window={model.local_window}: the window spans local_window // 2 '
-                    'tokens each side, so it must be even (ModernBERT: 128; 0: none)')
-  if model.positions == 'rotary' and (model.hidden_size // model.num_heads) % 2:
-    problems.append(f'positions=\'rotary\' with head size {model.hidden_size // model.num_heads}'
-                    ': rotary embeddings rotate pairs of features, so the head size must be even')
-  if problems:
-    raise ConfigError("config.model.name='modernbert': " + '; '.join(problems) + '.')
+  # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
+  allowed = {'positions': 'none'} if name == 'deberta' else {}
+  changed = [f'{k}={model.get(k, v)!r}' for k, v in models.MODERN_DEFAULTS.items()
+             if model.get(k, v) not in (v, allowed.get(k, v))]
+  if changed:
+    raise ConfigError(
+        f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
+        "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
+        f'{name} takes {", ".join(f"{k}={v!r}" for k, v in models.MODERN_DEFAULTS.items())}.')
 
 
 def _check_families(config) -> None:

@@ -125,19 +125,14 @@ def get_config(arg=None):
   # The modern encoder's switches (model.name='modernbert', pre-norm layers; the other families
   # take the defaults only): norm 'layer_norm' or 'rms_norm'; use_bias False drops the dense
   # layers' and norms' biases; feed_forward 'gelu' (BERT's), 'geglu' or 'swiglu' (gated);
-  # positions 'absolute' (learned), 'rotary' (rope_theta in global layers, local_rope_theta
-  # in local ones) or 'none' (modernbert, deberta); local_window > 0 makes every layer but each global_every-th a local one,
-  # attending to tokens at most local_window // 2 positions away (ModernBERT: 128 and 3).
+  # positions 'absolute' (learned), 'rotary' (modernbert) or 'none' (modernbert, deberta).
   model.norm = 'layer_norm'
   model.use_bias = True
   model.feed_forward = 'gelu'
   model.positions = 'absolute'
-  model.rope_theta = 10_000.0
-  model.local_rope_theta = 10_000.0
-  model.local_window = 0
-  model.global_every = 1
-  # The family units' own keys, off (DeBERTa's disentangled attention and enhanced mask
-  # decoder: bert_jax/models/deberta/config.py says what each means).
+  # The family units' own keys, off: ModernBERT's local windows and rotary thetas, DeBERTa's
+  # disentangled attention and enhanced mask decoder (bert_jax/models/<family>/config.py says
+  # what each means).
   model.update(models.unit_defaults())
   # XLM's language embeddings (model.name='xlm'; 0 elsewhere): rows of a table of learned
   # embeddings, one per language of data.languages, added to each token's by its language id.

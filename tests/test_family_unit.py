@@ -65,7 +65,7 @@ def scaled_family(monkeypatch):
   monkeypatch.setitem(models.KEY_UNITS, NAME, UNIT)
   family = models.register(models.Family(
       name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
-      flops=bert.encoder_flops, config=ScaledConfig, check=check,
+      flops=bert.encoder_flops, config=ScaledConfig,
       hf=dataclasses.replace(hf_layout.for_family('bert'), family=NAME)))
   yield family
   models.REGISTRY.unregister(NAME)

@@ -278,6 +278,21 @@ def test_a_modern_switch_on_bert_is_refused():
     config_lib.validate(config)
 
 
+@pytest.mark.parametrize('family', ['bert', 'roberta', 'deberta'])
+@pytest.mark.parametrize('key, value', [('local_window', 128), ('rope_theta', 160_000.0),
+                                        ('local_rope_theta', 1_000.0), ('global_every', 3)])
+def test_modernberts_own_keys_on_another_family_are_refused_by_name(family, key, value):
+  """Each would change nothing in another family's encoder: a setting that silently does
+  nothing is refused, naming it (models/modernbert/config.py's check)."""
+  config = base.get_config()
+  config.data.corpus = 'builtin'
+  config.model.name = family
+  config.model[key] = value
+  with pytest.raises(config_lib.ConfigError,
+                     match=rf'config.model.{key}={value!r} with config.model.name={family!r}'):
+    config_lib.validate(config)
+
+
 def test_sentence_objectives_are_refused():
   config = our_config()
   config.objectives = 'mlm,nsp'

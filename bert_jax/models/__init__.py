@@ -15,6 +15,7 @@ from typing import Any
 
 from bert_jax.core import registry
 from bert_jax.models.deberta import config as deberta_keys
+from bert_jax.models.modernbert import config as modernbert_keys
 
 # The encoders shipped in this package (each registers itself on import), in the order the HF
 # layouts are tried (models/hf_layout.py: RoBERTa's prefix before XLM-R's, which shares it).
@@ -25,14 +26,15 @@ BUILTIN = ('bert', 'roberta', 'albert', 'distilbert', 'electra', 'modernbert', '
 BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
                           'num_heads', 'intermediate_size', 'max_position_embeddings',
                           'type_vocab_size', 'layer_norm_eps', 'causal')
-# The modern encoder's switches (configs/base.py) and BERT's values of them.
+# The modern encoder's switches that shared code reads (configs/base.py) and BERT's values of
+# them; ModernBERT's own keys are its unit's.
 MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
-                   'positions': 'absolute', 'local_window': 0}
+                   'positions': 'absolute'}
 
 
 # The families whose own config.model keys are declared in their folder (models/<name>/config.py:
 # the keys with defaults, ranges and meanings, and their check), loaded without jax.
-KEY_UNITS = {'deberta': deberta_keys}
+KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys}
 
 
 def unit_defaults() -> dict:
@@ -42,8 +44,7 @@ def unit_defaults() -> dict:
 
 # Every family's architecture switches beyond BERT's keys, with BERT's values of them (a source
 # checkpoint's config.json lacks the keys of families other than its own).
-SWITCH_DEFAULTS = {**MODERN_DEFAULTS, 'rope_theta': 10_000.0,
-                   'local_rope_theta': 10_000.0, 'global_every': 1,
+SWITCH_DEFAULTS = {**MODERN_DEFAULTS,
                    **{key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
                       for key in unit.ARCHITECTURE},
                    # XLM's.
@@ -81,10 +82,9 @@ class Family:
   # gives; None: the family trains no generator.
   generator: Callable[..., Any] | None = None
   # The family's encoder config class when it has keys of its own (models/<name>/: BERT's
-  # fields and its unit's), and the check of those keys, which config_lib runs on every config
-  # (KEY_UNITS); None: BERT's keys only.
+  # fields and its unit's; the unit, with its check, is listed in KEY_UNITS, which config_lib
+  # reads without jax); None: BERT's keys only.
   config: type | None = None
-  check: Callable[[Any, list], None] | None = None
   # Its Hugging Face layout (models/hf_layout.Layout, from the family's hf.py); None: the
   # family does not map onto a transformers class.
   hf: Any = None

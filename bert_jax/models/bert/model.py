@@ -91,16 +91,14 @@ class BertConfig:
   # the GELU; tanh GELU; NVIDIA Hopper GPUs).
   ffn_impl: str = 'xla'
   flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
-  # The modern encoder's (models/modernbert/; configs/base.py says what each means). The MLM
-  # head reads norm and use_bias; the other families refuse anything but these defaults.
+  # The modern encoder's switches that shared code reads (configs/base.py says what each
+  # means): the MLM head reads norm and use_bias, the embeddings positions, the layers
+  # feed_forward; the other families refuse anything but these defaults. ModernBERT's own keys
+  # (windows, rotary thetas) are its config's (models/modernbert/config.py).
   norm: str = 'layer_norm'
   use_bias: bool = True
   feed_forward: str = 'gelu'
   positions: str = 'absolute'
-  rope_theta: float = 10_000.0
-  local_rope_theta: float = 10_000.0
-  local_window: int = 0
-  global_every: int = 1
   # XLM's language embeddings (models/xlm/): rows of the table added to each token's embedding
   # by its language id; 0: none (XLM-R, and every other family).
   num_languages: int = 0

@@ -413,5 +413,5 @@ def table_projection_flops(model) -> float:
 FAMILY = models.register(models.Family(name='deberta', config_from=config_from,
                                        encoder=DebertaModel, flops=encoder_flops,
                                        generator=DebertaGenerator, config=DebertaConfig,
-                                       check=deberta_config.check, hf=deberta_hf.LAYOUT,
+                                       hf=deberta_hf.LAYOUT,
                                        pretraining_only=mask_decoder_only))

@@ -41,9 +41,14 @@ from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import positions as positions_ops
 
 
-def config_from(config) -> bert.BertConfig:
+@dataclasses.dataclass(frozen=True)
+class ModernbertConfig(modernbert_config.ModernbertKeys, bert.BertConfig):
+  """BERT's encoder config and ModernBERT's keys (config.py)."""
+
+
+def config_from(config) -> ModernbertConfig:
   """The run's ConfigDict -> the encoder's config (no segment table, no pooler)."""
-  return dataclasses.replace(bert.BertConfig.from_config(config), token_types=False,
+  return dataclasses.replace(ModernbertConfig.from_config(config), token_types=False,
                              pooler=False)
 
 
@@ -56,7 +61,7 @@ def _norm(cfg, name: str) -> nn.Module:
 
 class ModernEmbeddings(nn.Module):
   """Word embeddings (+ learned positions with positions='absolute'), norm, dropout."""
-  config: bert.BertConfig
+  config: ModernbertConfig
 
   def setup(self):
     cfg = self.config
@@ -87,7 +92,7 @@ class ModernEmbeddings(nn.Module):
 
 class ModernAttention(nn.Module):
   """One projection to queries, keys and values, rotary positions, attention, output dense."""
-  config: bert.BertConfig
+  config: ModernbertConfig
   window: int = 0  # Keys each side a query sees with attention_impl='splash' (0: the whole row).
 
   @nn.compact
@@ -126,7 +131,7 @@ class ModernAttention(nn.Module):
 class ModernFeedForward(nn.Module):
   """'geglu' / 'swiglu': act(x W_in) * (x W_gate) -> W_out, the two input halves one kernel
   [embed, 2, mlp]; 'gelu': BERT's gelu(x W_in) -> W_out."""
-  config: bert.BertConfig
+  config: ModernbertConfig
 
   @nn.compact
   def __call__(self, x):
@@ -149,7 +154,7 @@ class ModernFeedForward(nn.Module):
 class ModernLayer(nn.Module):
   """x + attention(norm(x)), then x + feed_forward(norm(x)); the first layer's attention reads
   x itself (the embeddings' norm is its norm)."""
-  config: bert.BertConfig
+  config: ModernbertConfig
   layer_index: int = 0
 
   @nn.compact
@@ -195,7 +200,7 @@ class ModernEncoder(nn.Module):
   """num_layers ModernLayers, stacked under nn.scan or unrolled (remat per layer), then the
   final norm. Returns the final states, or with return_all_layers every layer's output stacked
   (the last one normed): [layers, batch, length, embed]."""
-  config: bert.BertConfig
+  config: ModernbertConfig
   return_all_layers: bool = False
 
   @nn.compact
@@ -233,7 +238,7 @@ class ModernBertModel(nn.Module):
   """Embeddings and encoder: (sequence_output, pooled_output), pooled the first token's state
   (or each packed pair's, at cls_positions). The registry's encoder signature; segment ids are
   not read."""
-  config: bert.BertConfig
+  config: ModernbertConfig
   return_all_layers: bool = False
 
   def setup(self):
@@ -293,4 +298,4 @@ def encoder_flops(model, length: int) -> float:
 
 FAMILY = models.register(models.Family(name='modernbert', config_from=config_from,
                                        encoder=ModernBertModel, flops=encoder_flops,
-                                       hf=modernbert_hf.LAYOUT))
+                                       config=ModernbertConfig, hf=modernbert_hf.LAYOUT))

@@ -26,17 +26,17 @@ LETTERS = 'abcdefghijklmnopqrstuvwxyz'
 SHARD = records.SHARD_PATTERN.format(index=1)
 
 
-def write_corpus(directory) -> str:
-  """Three files of 40 documents of 2-6 sentences (one sentence per line, blank line between
-  documents); returns their glob."""
-  rng = np.random.default_rng(0)
-  os.makedirs(directory)
+def write_corpus(directory, seed: int = 0, documents: int = 40, words=WORDS) -> str:
+  """Three files of `documents` documents of 2-6 sentences of `words` (one sentence per line,
+  blank line between documents); returns their glob."""
+  rng = np.random.default_rng(seed)
+  os.makedirs(directory, exist_ok=True)
   for index in range(3):
-    documents = ['\n'.join(' '.join(rng.choice(WORDS, rng.integers(4, 12))) + '.'
-                           for _ in range(rng.integers(2, 7))) for _ in range(40)]
+    texts = ['\n'.join(' '.join(rng.choice(words, rng.integers(4, 12))) + '.'
+                       for _ in range(rng.integers(2, 7))) for _ in range(documents)]
     with open(os.path.join(directory, f'part{index}.txt'), 'w', encoding='utf-8') as f:
-      f.write('\n\n'.join(documents) + '\n')
-  return os.path.join(directory, '*.txt')
+      f.write('\n\n'.join(texts) + '\n')
+  return os.path.join(str(directory), '*.txt')
 
 
 def write_vocab(path) -> str:

@@ -15,6 +15,7 @@ from bert_jax.data import prepare
 from bert_jax.data import records
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.train import pretrain
+import test_input_faults
 from conftest import micro_config
 from configs import base
 
@@ -23,16 +24,8 @@ WORDS = ('The cat sat on a Mat it was Sunny and the dogs ran far Away from home 
 
 
 def write_corpus(directory, seed: int = 0) -> str:
-  """Three files of 20 documents of 2-6 sentences, capitals in them (one sentence a line, a
-  blank line between documents); returns their glob."""
-  rng = np.random.default_rng(seed)
-  os.makedirs(directory, exist_ok=True)
-  for index in range(3):
-    documents = ['\n'.join(' '.join(rng.choice(WORDS, rng.integers(4, 12))) + '.'
-                           for _ in range(rng.integers(2, 7))) for _ in range(20)]
-    with open(os.path.join(directory, f'part{index}.txt'), 'w', encoding='utf-8') as f:
-      f.write('\n\n'.join(documents) + '\n')
-  return os.path.join(str(directory), '*.txt')
+  """Three files of 20 documents, capitals in them; returns their glob."""
+  return test_input_faults.write_corpus(directory, seed, documents=20, words=WORDS)
 
 
 def saved_steps(workdir) -> list[int]:

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import sys
-import time
 from typing import Any
 
 import jax
@@ -234,10 +233,8 @@ class Checkpointer:
 
   def _move_aside(self, step: int) -> str:
     """Renames step's directory out of orbax's sight (kept for inspection) and rescans."""
-    source = os.path.join(self.directory, str(step))
-    target = f'{source}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
-    if jax.process_index() == 0 and files.exists(source):
-      files.rename(source, target)
+    target = files.move_aside(os.path.join(self.directory, str(step)),
+                              renamer=jax.process_index() == 0)
     self._manager.reload()
     return target
 

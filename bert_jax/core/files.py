@@ -11,9 +11,11 @@ exists while an object carries it.
 import atexit
 import builtins
 import functools
+import json
 import os
 import shutil
 import tempfile
+import time
 
 
 def is_url(path: str) -> bool:
@@ -102,6 +104,16 @@ def rename(source: str, target: str) -> None:
     os.replace(source, target)
 
 
+def move_aside(path: str, renamer: bool = True) -> str:
+  """Renames an unreadable file or directory to `<path>.unreadable-<time>`, kept for inspection
+  and out of its readers' sight; returns that name. renamer=False only names it (a run's
+  processes but the first, which renames)."""
+  target = f'{path}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
+  if renamer and exists(path):
+    rename(path, target)
+  return target
+
+
 def write_text(path: str, text: str) -> None:
   """Replaces `path` with `text` whole: locally through a renamed temporary, so a kill leaves the
   old file or the new one; an object upload is whole by itself."""
@@ -117,6 +129,19 @@ def write_text(path: str, text: str) -> None:
 def read_text(path: str) -> str:
   with open(path, 'r', encoding='utf-8') as f:
     return f.read()
+
+
+def read_json_object(path: str) -> dict:
+  """The JSON object `path` holds; ValueError naming the file when it is not JSON (cut short,
+  edited, not UTF-8) or not an object."""
+  with open(path, 'r', encoding='utf-8') as f:
+    try:
+      value = json.load(f)
+    except ValueError as e:
+      raise ValueError(f'{path} is not JSON ({e})') from e
+  if not isinstance(value, dict):
+    raise ValueError(f'{path} is not a JSON object')
+  return value
 
 
 def upload(local_path: str, path: str) -> None:

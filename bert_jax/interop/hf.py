@@ -24,6 +24,7 @@ import safetensors.numpy
 
 from bert_jax import models
 from bert_jax import objectives
+from bert_jax.core import files
 from bert_jax.interop import param_tree
 from bert_jax.models import hf_layout
 from bert_jax.models import layers
@@ -608,13 +609,7 @@ def load_hf_state_dict(path_or_dir: str):
   config_path = os.path.join(directory, 'config.json')
   hf_config = None
   if os.path.isfile(config_path):
-    with open(model_file(directory, 'config.json', config_path), encoding='utf-8') as f:
-      try:
-        hf_config = json.load(f)
-      except ValueError as e:  # Not JSON (cut short, edited), or not UTF-8.
-        raise ValueError(f'{config_path} is not JSON ({e}).') from e
-    if not isinstance(hf_config, dict):
-      raise ValueError(f'{config_path} is not a JSON object.')
+    hf_config = files.read_json_object(model_file(directory, 'config.json', config_path))
   return state_dict, hf_config
 
 

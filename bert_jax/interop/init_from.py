@@ -106,17 +106,10 @@ def _missing_step(workdir: str, step: int, steps: list[int],
 def _config_json(folder: str) -> dict:
   """The config.json of a workdir (our config) or an HF directory (transformers' config);
   InitFromError naming the file when it is not a JSON object."""
-  path = os.path.join(folder, 'config.json')
-  with files.open(path, encoding='utf-8') as f:
-    try:
-      config = json.load(f)
-    except ValueError as e:  # Not JSON (cut short, edited), or not UTF-8.
-      raise InitFromError(f'{path} is not JSON ({e}); it cannot say what model the directory '
-                          'holds.') from e
-  if not isinstance(config, dict):
-    raise InitFromError(f'{path} is not a JSON object; it cannot say what model the directory '
-                        'holds.')
-  return config
+  try:
+    return files.read_json_object(os.path.join(folder, 'config.json'))
+  except ValueError as e:
+    raise InitFromError(f'{e}; it cannot say what model the directory holds.') from e
 
 
 def workdir_model(workdir: str) -> dict:

@@ -452,9 +452,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
       logging.info('Seed %d is finished (%s); skipping it.', seed, results_path)
       return result
     except ValueError as e:  # Cut short or damaged on disk: the seed's results are redone.
-      aside = f'{results_path}.unreadable-{time.strftime("%Y%m%d-%H%M%S")}'
-      if jax.process_index() == 0:
-        os.replace(results_path, aside)
+      aside = files.move_aside(results_path, renamer=jax.process_index() == 0)
       logging.warning('Seed %d: %s cannot be read (%s); moved it to %s and running the seed '
                       'again (it resumes from its checkpoint, if one is kept).', seed,
                       results_path, e, aside)

@@ -454,6 +454,21 @@ def test_rtd_pretraining_logs_falling_losses_and_the_auc(rtd_workdir):
 
 
 @pytest.mark.slow
+def test_an_rtd_run_ends_with_a_done_line_against_chance_and_the_prior(rtd_workdir, caplog):
+  with open(os.path.join(rtd_workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    evals = [r for r in map(json.loads, f) if r['split'] == 'eval']
+  caplog.set_level('INFO')
+  pretrain.log_summary(rtd_workdir, evals[-1])
+  done = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Done.')]
+  first, last = evals[0], evals[-1]
+  assert done == [
+      f'Done. Discriminator AUC {first["rtd_disc_auc"]:.3f} -> {last["rtd_disc_auc"]:.3f} (0.5: '
+      f'chance), its loss {last["rtd_disc_loss"]:.3f} vs {last["rtd_disc_prior_loss"]:.3f} for '
+      f'the prior; generator MLM loss {first["rtd_gen_loss"]:.3f} -> {last["rtd_gen_loss"]:.3f} '
+      f'(unigram {last["unigram_loss"]:.3f}).']
+
+
+@pytest.mark.slow
 def test_an_rtd_workdir_fine_tunes_from_its_discriminator_and_exports_both(rtd_workdir,
                                                                           tmp_path):
   from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top

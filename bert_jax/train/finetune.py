@@ -163,10 +163,12 @@ class SeedRun:
     self.abstract_state = nn.meta.unbox(state_lib.abstract(init_boxed))
     self._init = state_lib.jit_init(init_boxed, self.state_shardings)
     self.batch_shardings = sharding.batch_sharding(mesh)
-    self.train_step = steps.jit_train_step(task_loss_fn(model), tx, self.state_shardings,
-                                           self.batch_shardings)
-    self.eval_step = jax.jit(functools.partial(eval_step, model=model),
-                             in_shardings=(self.state_shardings.params, self.batch_shardings))
+    train_step = steps.jit_train_step(task_loss_fn(model), tx, self.state_shardings,
+                                      self.batch_shardings)
+    self.train_step = metrics_lib.announced(train_step, 'the fine-tuning step')
+    predict_step = jax.jit(functools.partial(eval_step, model=model),
+                           in_shardings=(self.state_shardings.params, self.batch_shardings))
+    self.eval_step = metrics_lib.announced(predict_step, 'the evaluation step')
 
   def fresh_state(self, seed: int):
     """A new state for `seed`; the encoder's weights from init_from when given."""

@@ -177,6 +177,49 @@ def _records_up_to(path: str, step: int) -> list[str]:
   return kept
 
 
+def announced(step_fn, what: str):
+  """`step_fn` (a jitted step) whose first call with each new argument shape says that it
+  compiles: 'Compiling WHAT...' before, then 'WHAT ready in N s (XLA compiled for M s)' once
+  its outputs are ready, so that the minutes a large model's first step (or phase 2's longer
+  rows) can take are never silent. Later calls go straight through; the outputs are the same."""
+  seen = set()
+
+  def call(*args, **kwargs):
+    shapes = tuple((getattr(x, 'shape', None), getattr(x, 'dtype', None))
+                   for x in jax.tree.leaves((args, kwargs)))
+    if shapes in seen:
+      return step_fn(*args, **kwargs)
+    compile_seconds, cache_hits = [], []
+
+    def on_duration(event, seconds, **unused):
+      if 'backend_compile' in event:
+        compile_seconds.append(seconds)
+
+    def on_event(event, **unused):
+      if event.endswith('cache_hits'):
+        cache_hits.append(event)
+
+    logging.info('Compiling %s...', what)
+    start = time.perf_counter()
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    try:
+      outputs = jax.block_until_ready(step_fn(*args, **kwargs))
+    finally:
+      jax.monitoring.unregister_event_duration_listener(on_duration)
+      jax.monitoring.unregister_event_listener(on_event)
+    seen.add(shapes)
+    how = (f'XLA compiled for {sum(compile_seconds):.1f} s' if compile_seconds else
+           'nothing to compile')
+    if cache_hits:
+      how += f'; {len(cache_hits)} program(s) from the persistent compilation cache'
+    logging.info('%s ready in %.1f s (%s).', what[:1].upper() + what[1:],
+                 time.perf_counter() - start, how)
+    return outputs
+
+  return call
+
+
 def format_duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   h, rem = divmod(seconds, 3600)

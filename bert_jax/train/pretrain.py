@@ -408,8 +408,10 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
   max_skips = config.train.max_nonfinite_skips
   train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
                                           compiler_options=config_lib.xla_options(config))
+  train_step = metrics_lib.announced(train_step, 'the train step')
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
+  eval_step = metrics_lib.announced(eval_step, 'the evaluation step')
   schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
                                           config.train.num_steps)
   if isinstance(stream, pipeline.PretrainingStream):
@@ -618,15 +620,35 @@ def _eval_records(workdir: str) -> list[dict]:
 
 
 def log_summary(workdir: str, last_eval: dict) -> None:
-  """One line: how far eval MLM loss fell and how accuracy compares with the baseline."""
+  """One `Done.` line: how far each objective's eval loss fell since step 0, against what a model
+  that learned nothing scores (the most frequent token, the unigram loss, the discriminator's
+  prior)."""
   evals = _eval_records(workdir)
-  if not evals or not last_eval or 'mlm_loss' not in last_eval:
+  if not evals or not last_eval:
     return
-  first = evals[0]['mlm_loss']
-  logging.info('Done. Eval MLM loss %.3f -> %.3f (%+.0f%%); MLM accuracy %.3f vs %.3f for '
-               'always predicting the most frequent masked token.', first,
-               last_eval['mlm_loss'], 100 * (last_eval['mlm_loss'] / first - 1),
-               last_eval['mlm_accuracy'], last_eval['mlm_baseline_accuracy'])
+  first = evals[0]
+  parts = []
+  if 'mlm_loss' in last_eval and 'mlm_loss' in first:
+    parts.append(
+        f'Eval MLM loss {first["mlm_loss"]:.3f} -> {last_eval["mlm_loss"]:.3f} '
+        f'({100 * (last_eval["mlm_loss"] / first["mlm_loss"] - 1):+.0f}%); MLM accuracy '
+        f'{last_eval["mlm_accuracy"]:.3f} vs {last_eval["mlm_baseline_accuracy"]:.3f} for always '
+        'predicting the most frequent masked token')
+  if 'clm_loss' in last_eval and 'clm_loss' in first:
+    parts.append(
+        f'Eval next-token loss {first["clm_loss"]:.3f} -> {last_eval["clm_loss"]:.3f} '
+        f'({100 * (last_eval["clm_loss"] / first["clm_loss"] - 1):+.0f}%), accuracy '
+        f'{last_eval["clm_accuracy"]:.3f}')
+  if 'rtd_disc_auc' in last_eval and 'rtd_disc_auc' in first:
+    unigram = last_eval.get('unigram_loss')
+    parts.append(
+        f'Discriminator AUC {first["rtd_disc_auc"]:.3f} -> {last_eval["rtd_disc_auc"]:.3f} '
+        f'(0.5: chance), its loss {last_eval["rtd_disc_loss"]:.3f} vs '
+        f'{last_eval.get("rtd_disc_prior_loss", float("nan")):.3f} for the prior; generator MLM '
+        f'loss {first["rtd_gen_loss"]:.3f} -> {last_eval["rtd_gen_loss"]:.3f}'
+        + (f' (unigram {unigram:.3f})' if unigram is not None else ''))
+  if parts:
+    logging.info('Done. %s.', '; '.join(parts))
 
 
 def write_plots(workdir: str) -> None:

@@ -81,24 +81,19 @@ def main(argv):
       finetune.run(config, _WORKDIR.value)
     else:
       pretrain.train_and_evaluate(config, _WORKDIR.value)
+  # Each error once, as stderr's last line (sys.exit prints it), not also as a log record.
   except tasks_base.TaskError as e:
-    logging.error('Task data error: %s', e)
     sys.exit(f'Task data error: {e}')
   except config_lib.ConfigError as e:
-    logging.error('Invalid config: %s', e)
     sys.exit(f'Invalid config: {e}')
   except checkpoint.CheckpointError as e:
-    logging.error('Checkpoint error: %s', e)
     sys.exit(f'Checkpoint error: {e}')
   except (pretrain.NonFiniteLossError, pretrain.RunHealthError) as e:
-    logging.error('Stopped: %s', e)
     sys.exit(f'Stopped: {e}')
   except jax.errors.JaxRuntimeError as e:
     if 'RESOURCE_EXHAUSTED' not in str(e):
       raise
-    message = out_of_memory(e, config)
-    logging.error('%s', message)
-    sys.exit(message)
+    sys.exit(out_of_memory(e, config))
   finally:
     if cache_reads:
       logging.info('Compilation cache %s: %d of %d compiles read from it.', cache_dir,

@@ -129,3 +129,13 @@ def test_a_step_that_does_not_fit_the_device_is_one_line_naming_what_shrinks_it(
   assert last.startswith('Out of device memory: RESOURCE_EXHAUSTED: Out of memory while trying '
                          'to allocate 17179869184 bytes. The step'), last
   assert 'config.train.grad_accum_steps=2' in last and "config.mesh.preset='fsdp'" in last
+  assert result.stderr.count('Out of device memory') == 1  # Once, not also as a log record.
+
+
+def test_an_invalid_config_is_said_once_as_the_last_line(tmp_path):
+  result = run('-m', 'bert_jax.main', '--config=configs/tiny.py', f'--workdir={tmp_path / "w"}',
+               '--config.train.num_steps=0')
+  assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      'Invalid config: config.train.num_steps=0')
+  assert result.stderr.count('config.train.num_steps=0') == 1, result.stderr[-3000:]

@@ -551,6 +551,31 @@ def test_a_restore_in_another_dtype_is_named_as_such_and_moves_nothing(tmp_path)
   np.testing.assert_array_equal(state['w'], 2.0)
 
 
+@pytest.mark.parametrize('old, new', [('": "float32"', '": "float33"'),  # A dtype changed.
+                                      ("\"['b']\": ", "\"['c']\": ")])  # An array's name.
+def test_a_changed_dtype_record_makes_its_step_unreadable_not_a_config_change(tmp_path, caplog,
+                                                                              old, new):
+  """A bit flipped in the integrity record's dtype table (found by the soak) must not read as
+  another param_dtype (an error that stops the run) nor pass unnoticed: the step is unreadable
+  and the one before it is restored."""
+  directory = str(tmp_path / 'checkpoints')
+  saved_checkpointer(directory).close()
+  [path] = [p for p in data_files(os.path.join(directory, '2', 'data')) if 'metadata' in p]
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
+  dtypes_at = text.index('"dtypes"')
+  assert old in text[dtypes_at:]
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(text[:dtypes_at] + text[dtypes_at:].replace(old, new, 1))
+  with pytest.raises(checkpoint_lib.IntegrityError, match="arrays' dtypes differs"):
+    checkpoint_lib.read_step(directory, 2)  # Export, init_from, predict: refused too.
+  with caplog.at_level('WARNING'):
+    state, position = checkpoint_lib.Checkpointer(directory, 1, 5).restore(ABSTRACT)
+  np.testing.assert_array_equal(state['w'], 1.0)
+  assert position['batch'] == 1
+  assert "its record of the arrays' dtypes differs from the one saved" in caplog.text
+
+
 @pytest.mark.slow
 def test_single_bit_flips_anywhere_in_the_newest_step_never_restore_damaged_values(tmp_path):
   rng = random.Random(0)

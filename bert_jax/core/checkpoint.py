@@ -87,9 +87,12 @@ def state_checksums(state) -> dict:
           for path, value in jax.tree_util.tree_leaves_with_path(sums)}
 
 
+def _digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
 def _position_digest(position: dict) -> str:
-  body = {k: v for k, v in position.items() if k != INTEGRITY_KEY}
-  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+  return _digest({k: v for k, v in position.items() if k != INTEGRITY_KEY})
 
 
 def array_dtypes(state) -> dict:
@@ -102,18 +105,33 @@ def array_dtypes(state) -> dict:
 
 def with_integrity(state, position: dict) -> dict:
   """The data position with the integrity record of (state, position) added (the arrays'
-  dtypes too: a restore casts to the target's, so another dtype would read as damage)."""
-  return {**position, INTEGRITY_KEY: {'arrays': state_checksums(state),
-                                      'dtypes': array_dtypes(state),
+  dtypes too, with their own digest: a restore casts to the target's, so another dtype would
+  read as damage)."""
+  dtypes = array_dtypes(state)
+  return {**position, INTEGRITY_KEY: {'arrays': state_checksums(state), 'dtypes': dtypes,
+                                      'dtypes_sha256': _digest(dtypes),
                                       'position_sha256': _position_digest(position)}}
+
+
+def _saved_dtypes(record) -> dict | None:
+  """The record's dtype table; IntegrityError when it differs from its digest (a changed bit in
+  it would otherwise read as a config change). None where none was recorded; a table written
+  before its digest existed is taken as it is."""
+  saved = record.get('dtypes') if isinstance(record, dict) else None
+  if not isinstance(saved, dict):
+    return None
+  if 'dtypes_sha256' in record and _digest(saved) != record['dtypes_sha256']:
+    raise IntegrityError('its record of the arrays\' dtypes differs from the one saved (its '
+                         'sha256)')
+  return saved
 
 
 def dtype_changes(position: dict, abstract_state) -> list[str]:
   """'PATH: saved SAVED, now NOW' for each array whose dtype the target changes (none for a
-  checkpoint written before dtypes were recorded)."""
-  record = position.get(INTEGRITY_KEY)
-  saved = record.get('dtypes') if isinstance(record, dict) else None
-  if not isinstance(saved, dict):
+  checkpoint written before dtypes were recorded); IntegrityError when the record of the dtypes
+  is damaged."""
+  saved = _saved_dtypes(position.get(INTEGRITY_KEY))
+  if saved is None:
     return []
   now = array_dtypes(abstract_state)
   return [f'{path}: saved {saved[path]}, now {now[path]}'
@@ -139,6 +157,7 @@ def verify_integrity(state, position: dict) -> bool:
         f'written before records existed); set {UNVERIFIED_ENV}=1 to read it unverified')
   if not isinstance(record, dict) or _position_digest(position) != record.get('position_sha256'):
     raise IntegrityError('the data position differs from the one saved (its sha256)')
+  _saved_dtypes(record)
   saved = {_array_name(k): v for k, v in record.get('arrays', {}).items()}
   read = {_array_name(k): v for k, v in state_checksums(state).items()}
   changed = [path for path in read if saved.get(path) != read[path]]

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.core import chips  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bert_jax.core import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.core import errors  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file, e.g. configs/tiny.py.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; resumes when it has checkpoints.')
@@ -102,5 +103,6 @@ def main(argv):
 
 if __name__ == '__main__':
   chips.quiet_absent_tpu()  # Before JAX starts.
+  errors.quiet_closed_loop_echoes()
   # One-line errors for bad flags and config files; --help adds the config keys.
   app.run(main, flags_parser=cli.flags_parser(__name__))

@@ -139,3 +139,31 @@ def test_an_invalid_config_is_said_once_as_the_last_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1].startswith(
       'Invalid config: config.train.num_steps=0')
   assert result.stderr.count('config.train.num_steps=0') == 1, result.stderr[-3000:]
+
+
+LATE_CALLBACK = '''
+import asyncio, sys
+sys.path.insert(0, {repo!r})
+from bert_jax.core import errors
+if {quiet}:
+  errors.quiet_closed_loop_echoes()
+loop = asyncio.new_event_loop()
+loop.close()
+class Late:  # As tensorstore's callback of an abandoned read: it fires on a closed loop.
+  def __del__(self):
+    loop.call_soon_threadsafe(print)
+class Other:
+  def __del__(self):
+    raise ValueError('an unrelated unraisable error')
+Late()
+Other()
+print('done')
+'''
+
+
+@pytest.mark.parametrize('quiet', [False, True])
+def test_commands_drop_only_the_closed_loop_echoes_of_abandoned_reads(quiet):
+  result = run('-c', LATE_CALLBACK.format(repo=REPO, quiet=quiet))
+  assert result.returncode == 0 and result.stdout.strip() == 'done', result.stderr
+  assert ('RuntimeError: Event loop is closed' in result.stderr) == (not quiet), result.stderr
+  assert 'ValueError: an unrelated unraisable error' in result.stderr

@@ -34,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from bert_jax.core import errors
 from bert_jax.core import files
 
 INTEGRITY_KEY = 'integrity'
@@ -400,6 +401,9 @@ def _orbax_failures_reported_here():
     gc.collect()
     absl_logger.removeFilter(log_filter)
     sys.unraisablehook = previous
+    # Callbacks of an abandoned operation can still fire later, in training or at exit: their
+    # 'Event loop is closed' is dropped for the rest of the process (nothing else is).
+    errors.quiet_closed_loop_echoes()
 
 
 def _first_line(error: BaseException) -> str:

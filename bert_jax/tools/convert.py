@@ -224,7 +224,9 @@ def run_command():
   # `configs` lives at the repository root: make it importable from anywhere, as main.py does.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import errors  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()  # Before JAX starts.
+  errors.quiet_closed_loop_echoes()
   main()
 
 

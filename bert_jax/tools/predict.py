@@ -506,7 +506,9 @@ def main(argv) -> None:
 
 def run_command() -> None:
   from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import errors  # pylint: disable=g-import-not-at-top
   chips.quiet_absent_tpu()  # Before JAX starts.
+  errors.quiet_closed_loop_echoes()
   define_flags()
   app.run(main, flags_parser=parse_flags)
 

@@ -261,9 +261,11 @@ def state_bytes_per_device(abstract_tree, shardings) -> int:
 def device_memory_limit(mesh) -> int | None:
   """Bytes one device of `mesh` can allocate (XLA's bytes_limit), or None where the backend does
   not say (CPU)."""
+  local = [d for d in mesh.devices.flat if getattr(d, 'process_index', 0) == jax.process_index()]
   try:
-    stats = mesh.devices.flat[0].memory_stats()
-  except (AttributeError, NotImplementedError, RuntimeError):  # Devices of an AOT topology.
+    stats = (local or list(mesh.devices.flat))[0].memory_stats()
+  # An AOT topology's devices, or a backend without the call: no limit to check against.
+  except Exception:  # pylint: disable=broad-except
     return None
   return (stats or {}).get('bytes_limit')
 

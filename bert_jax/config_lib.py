@@ -6,6 +6,7 @@ import re
 
 from bert_jax import models
 from bert_jax import ops
+from bert_jax.models import architecture
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
 # Re-exported: the ranges' names, as config_lib.POSITIVE etc.
@@ -100,7 +101,7 @@ RANGES = {
     'distill.teacher_model.type_vocab_size': POSITIVE,
     'distill.teacher_model.layer_norm_eps': POSITIVE,
     # The family units' own keys (models/<family>/config.py).
-    **{key: valid for unit in models.KEY_UNITS.values() for key, valid in unit.RANGES.items()},
+    **architecture.unit_ranges(),
 }
 
 
@@ -242,8 +243,7 @@ def _check_init_from(config) -> None:
 def _check_ranges(flat, choices) -> None:
   """Choices, then RANGES (and those of a family unit registered since), of the flattened
   config's keys; every number must be finite."""
-  units = {key: valid for unit in models.KEY_UNITS.values() for key, valid in unit.RANGES.items()}
-  schema.check_ranges(flat, choices, {**RANGES, **units})
+  schema.check_ranges(flat, choices, {**RANGES, **architecture.unit_ranges()})
 
 
 def _check_schedule(train) -> None:
@@ -345,21 +345,18 @@ def _check_modern(config) -> None:
         "name='modernbert'); use attention_impl 'tpu' on TPUs or 'xla'.")
   # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
   allowed = {'positions': 'none'} if name == 'deberta' else {}
-  changed = [f'{k}={model.get(k, v)!r}' for k, v in models.MODERN_DEFAULTS.items()
+  changed = [f'{k}={model.get(k, v)!r}' for k, v in architecture.MODERN_DEFAULTS.items()
              if model.get(k, v) not in (v, allowed.get(k, v))]
   if changed:
     raise ConfigError(
         f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
         "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
-        f'{name} takes {", ".join(f"{k}={v!r}" for k, v in models.MODERN_DEFAULTS.items())}.')
+        f'{name} takes {", ".join(f"{k}={v!r}" for k, v in architecture.MODERN_DEFAULTS.items())}.')
 
 
 def _check_families(config) -> None:
-  """Each family unit's check of its own keys (models.KEY_UNITS): a family refuses its keys
-  under another family's name and checks them under its own."""
-  names = _objectives().parse(config.objectives)
-  for unit in models.KEY_UNITS.values():
-    unit.check(config, names)
+  """Each family unit's check of its own keys (architecture.KEY_UNITS)."""
+  architecture.check_units(config, _objectives().parse(config.objectives))
 
 
 def _check_languages(config) -> None:
@@ -599,8 +596,7 @@ def validate_finetune(config) -> None:
   # Pretraining-only model switches: fine-tuning builds the encoder without them (the family
   # units' fields so marked, e.g. DeBERTa's mask decoder, whose table is dropped; rtd's sharing,
   # whose tables are materialised, when loading a workdir).
-  switches = {key: unit.DEFAULTS[key] for unit in models.KEY_UNITS.values()
-              for key in unit.PRETRAINING_ONLY}
+  switches = architecture.pretraining_only_defaults()
   for key, off in (*switches.items(), ('embedding_sharing', 'shared')):
     if config.model.get(key, off) != off:
       raise ConfigError(f'config.model.{key}={config.model.get(key)!r}: it shapes pretraining '

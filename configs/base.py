@@ -17,7 +17,7 @@ import math
 from absl import logging
 import ml_collections
 
-from bert_jax import models
+from bert_jax.models import architecture
 
 # Arguments accepted after the colon, and the config key each one sets.
 ARGUMENTS = {
@@ -133,7 +133,7 @@ def get_config(arg=None):
   # The family units' own keys, off: ModernBERT's local windows and rotary thetas, DeBERTa's
   # disentangled attention and enhanced mask decoder (bert_jax/models/<family>/config.py says
   # what each means).
-  model.update(models.unit_defaults())
+  model.update(architecture.unit_defaults())
   # XLM's language embeddings (model.name='xlm'; 0 elsewhere): rows of a table of learned
   # embeddings, one per language of data.languages, added to each token's by its language id.
   # 0: none (XLM-R).

@@ -17,6 +17,7 @@ from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
+from bert_jax.models import architecture
 from bert_jax.models import bert
 from bert_jax.models import hf_layout
 from bert_jax.train import pretrain
@@ -62,7 +63,7 @@ UNIT = types.SimpleNamespace(DEFAULTS=schema.defaults(FIELDS),
 
 @pytest.fixture
 def scaled_family(monkeypatch):
-  monkeypatch.setitem(models.KEY_UNITS, NAME, UNIT)
+  monkeypatch.setitem(architecture.KEY_UNITS, NAME, UNIT)
   family = models.register(models.Family(
       name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
       flops=bert.encoder_flops, config=ScaledConfig,
@@ -151,8 +152,8 @@ def test_a_family_unit_s_keys_are_written_only_in_its_folder_and_its_config():
           path = os.path.join(root, name)
           with open(path, encoding='utf-8') as f:
             sources[os.path.relpath(path, REPO)] = f.read()
-  assert models.KEY_UNITS  # The walk below covers every family that declares keys.
-  for name, unit in models.KEY_UNITS.items():
+  assert architecture.KEY_UNITS  # The walk below covers every family that declares keys.
+  for name, unit in architecture.KEY_UNITS.items():
     allowed = (f'bert_jax/models/{name}/', f'configs/{name}.py', *KEY_EXCEPTIONS)
     for key in unit.DEFAULTS:
       found = sorted(path for path, text in sources.items() if re.search(rf'\b{key}\b', text))

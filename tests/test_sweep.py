@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import models
+from bert_jax.models import architecture
 from bert_jax.sweep import runner
 from bert_jax.sweep import spec
 
@@ -221,7 +221,7 @@ def test_arms_with_the_same_pretraining_share_one_run(tmp_path):
 
 
 def test_a_random_init_arm_fine_tunes_its_pretraining_run_s_whole_architecture(tmp_path):
-  # Every key init_from would adopt (models.ARCHITECTURE_KEYS), not the shape alone: here the
+  # Every key init_from would adopt (architecture.ARCHITECTURE_KEYS), not the shape alone: here the
   # pretraining run's LayerNorm eps, which the fine-tuning config would otherwise keep at 1e-12.
   _data_root()
   sweep = table5()
@@ -231,8 +231,8 @@ def test_a_random_init_arm_fine_tunes_its_pretraining_run_s_whole_architecture(t
   assert random.overrides['model.layer_norm_eps'] == 1e-6
   finetune = spec.load_config('configs/glue.py', 'test')
   assert sorted(k for k in random.overrides if k.startswith('model.')
-                and k[len('model.'):] in models.ARCHITECTURE_KEYS) == sorted(
-                    f'model.{k}' for k in models.ARCHITECTURE_KEYS if k in finetune.model)
+                and k[len('model.'):] in architecture.ARCHITECTURE_KEYS) == sorted(
+                    f'model.{k}' for k in architecture.ARCHITECTURE_KEYS if k in finetune.model)
 
 
 def test_at_steps_keep_those_checkpoints_and_fine_tune_from_them(tmp_path):

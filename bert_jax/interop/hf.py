@@ -26,6 +26,7 @@ from bert_jax import models
 from bert_jax import objectives
 from bert_jax.core import files
 from bert_jax.interop import param_tree
+from bert_jax.models import architecture
 from bert_jax.models import hf_layout
 from bert_jax.models import layers
 from bert_jax.models.bert import hf as bert_hf
@@ -230,9 +231,9 @@ def _config_problems(hf_config, config, resize_vocab):
   if family != config.model.get('name', 'bert'):
     problems.append(f'HF config model_type={hf_config.get("model_type", "bert")!r} is '
                     f'{family}\'s, but config.model.name={config.model.get("name", "bert")!r}')
-  # The architecture (models.ARCHITECTURE_KEYS) but the family, compared above, and causal, which
+  # The architecture (architecture.ARCHITECTURE_KEYS) but the family, compared above, and causal, which
   # only a decoder's config states; the vocab size last, unless it is being resized.
-  checked = [key for key in models.ARCHITECTURE_KEYS
+  checked = [key for key in architecture.ARCHITECTURE_KEYS
              if key not in ('name', 'causal', 'vocab_size')]
   if not resize_vocab:
     checked.append('vocab_size')

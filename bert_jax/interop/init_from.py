@@ -16,13 +16,13 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax import models
+from bert_jax.models import architecture
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import param_tree
 from bert_jax.core import files
 from bert_jax.core import checkpoint
 
-ARCHITECTURE_KEYS = models.ARCHITECTURE_KEYS  # What init_from adopts from its source.
+ARCHITECTURE_KEYS = architecture.ARCHITECTURE_KEYS  # What init_from adopts from its source.
 
 
 def _unrolled_if_modern(architecture: dict) -> dict:
@@ -123,7 +123,7 @@ def source_architecture(spec: str) -> dict:
   if kind == 'workdir':
     model = _config_json(path)['model']
     return _unrolled_if_modern(
-        {k: model[k] if k in model else models.SOURCE_DEFAULTS[k] for k in ARCHITECTURE_KEYS})
+        {k: model[k] if k in model else architecture.SOURCE_DEFAULTS[k] for k in ARCHITECTURE_KEYS})
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
   if kind == 'hf':
     has_config = os.path.isfile(os.path.join(path, 'config.json'))
@@ -141,7 +141,7 @@ def source_architecture(spec: str) -> dict:
     overrides = hf.hf_config_to_model_overrides(hf_config)
   except ValueError as e:
     raise InitFromError(f'config.init_from={spec!r}: {e}') from e
-  overrides = {**{k: v for k, v in models.SOURCE_DEFAULTS.items() if k != 'causal'}, **overrides}
+  overrides = {**{k: v for k, v in architecture.SOURCE_DEFAULTS.items() if k != 'causal'}, **overrides}
   return _unrolled_if_modern({k: overrides[k] for k in ARCHITECTURE_KEYS if k in overrides})
 
 

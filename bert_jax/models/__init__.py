@@ -14,49 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bert_jax.core import registry
-from bert_jax.models.deberta import config as deberta_keys
-from bert_jax.models.modernbert import config as modernbert_keys
 
 # The encoders shipped in this package (each registers itself on import), in the order the HF
 # layouts are tried (models/hf_layout.py: RoBERTa's prefix before XLM-R's, which shares it).
 BUILTIN = ('bert', 'roberta', 'albert', 'distilbert', 'electra', 'modernbert', 'deberta', 'xlm')
-
-# config.model keys that describe BERT's architecture (a distillation teacher's, which is BERT-
-# shaped); ARCHITECTURE_KEYS below adds every family's switches.
-BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
-                          'num_heads', 'intermediate_size', 'max_position_embeddings',
-                          'type_vocab_size', 'layer_norm_eps', 'causal')
-# The modern encoder's switches that shared code reads (configs/base.py) and BERT's values of
-# them; ModernBERT's own keys are its unit's.
-MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
-                   'positions': 'absolute'}
-
-
-# The families whose own config.model keys are declared in their folder (models/<name>/config.py:
-# the keys with defaults, ranges and meanings, and their check), loaded without jax.
-KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys}
-
-
-def unit_defaults() -> dict:
-  """{key: default} of every family unit's config.model keys (configs/base.py carries them)."""
-  return {key: value for unit in KEY_UNITS.values() for key, value in unit.DEFAULTS.items()}
-
-
-# Every family's architecture switches beyond BERT's keys, with BERT's values of them (a source
-# checkpoint's config.json lacks the keys of families other than its own).
-SWITCH_DEFAULTS = {**MODERN_DEFAULTS,
-                   **{key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
-                      for key in unit.ARCHITECTURE},
-                   # XLM's.
-                   'num_languages': 0}
-
-# The architecture: the config.model keys a checkpoint fixes, derived once here for all who need
-# them: init_from adopts them from its source, an HF import checks them against config.json, a
-# sweep's randomly initialised fine-tuning copies them from its pretraining run.
-ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(SWITCH_DEFAULTS)
-# The values a source implies for the keys its config lacks (a workdir written before the key
-# existed, an HF config of another family); the shape keys every source states.
-SOURCE_DEFAULTS = {'name': 'bert', 'embedding_size': 0, 'causal': False, **SWITCH_DEFAULTS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +43,8 @@ class Family:
   # gives; None: the family trains no generator.
   generator: Callable[..., Any] | None = None
   # The family's encoder config class when it has keys of its own (models/<name>/: BERT's
-  # fields and its unit's; the unit, with its check, is listed in KEY_UNITS, which config_lib
-  # reads without jax); None: BERT's keys only.
+  # fields and its unit's; the unit, with its check, is listed in architecture.KEY_UNITS, which
+  # config_lib reads without jax); None: BERT's keys only.
   config: type | None = None
   # Its Hugging Face layout (models/hf_layout.Layout, from the family's hf.py); None: the
   # family does not map onto a transformers class.

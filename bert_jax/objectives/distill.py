@@ -38,6 +38,7 @@ import ml_collections
 
 from bert_jax import models
 from bert_jax import objectives
+from bert_jax.models import architecture
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
 
@@ -45,7 +46,7 @@ from bert_jax.objectives import mlm
 TEACHER = 'teacher'
 # config.distill.teacher_model keys: the teacher's architecture, adopted from its checkpoint.
 # Teachers are BERT-family encoders: the modern encoder's switches keep BERT's values.
-TEACHER_MODEL_KEYS = (*models.BERT_ARCHITECTURE_KEYS, 'gelu')
+TEACHER_MODEL_KEYS = (*architecture.BERT_ARCHITECTURE_KEYS, 'gelu')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,7 @@ def teacher_run_config(config) -> ml_collections.ConfigDict:
   run = ml_collections.ConfigDict(config.to_dict())
   for key in TEACHER_MODEL_KEYS:
     run.model[key] = config.distill.teacher_model[key]
-  run.model.update(models.SWITCH_DEFAULTS)
+  run.model.update(architecture.SWITCH_DEFAULTS)
   return run
 
 

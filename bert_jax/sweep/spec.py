@@ -59,7 +59,7 @@ from typing import Any
 import ml_collections
 
 from bert_jax import config_lib
-from bert_jax import models
+from bert_jax.models import architecture
 from bert_jax.train import lr_grid
 
 # What decides the held-out documents (and their count): every pretraining run of a sweep must
@@ -318,7 +318,7 @@ def finetune_config(sweep, arm, arm_name: str, task: str, pretrained, init_from:
           **_flatten(arm.get('finetune'))}
   flat['seeds'] = int(sweep.finetune.get('seeds', 1))
   shape = {f'model.{k}': v for k, v in pretrained.model.items()
-           if k in config.model and k in models.ARCHITECTURE_KEYS}
+           if k in config.model and k in architecture.ARCHITECTURE_KEYS}
   if init_from:
     flat['init_from'] = init_from
   else:  # Random initialisation: the pretraining run's shape and vocab, given here.

@@ -8,7 +8,9 @@ restored instead.
 Every checkpoint carries integrity data written at save: two position-weighted sums of each
 array's bits and a sha256 of the data position. Restore recomputes them, so a checkpoint whose
 bytes changed on disk (a flipped bit) is unreadable like a truncated one, and the previous good
-step is restored instead; the warning names the array that differs. A step without its record
+step is restored instead; the warning names the array that differs. A step whose orbax metadata
+names another tree (a flipped bit renames an array) reads as another shape: it is damaged when an
+older step fits the config, and the config changed only when none does. A step without its record
 (which every save writes: one damaged byte of the data's JSON removes it) is unreadable the same
 way, unless BERT_JAX_READ_UNVERIFIED=1 asks for it. read_step reads one named step of another
 run (init_from, export, predict) with the same check and no fallback.
@@ -195,13 +197,15 @@ class Checkpointer:
     When the newest cannot be read, older ones are tried; once an older one restores with the
     same target (so the config is not the problem), the unreadable newer ones are moved aside
     with a warning. CheckpointError when checkpoints exist but none can be read (then nothing
-    is moved), or when a checkpoint holds a model of another shape.
+    is moved), naming another shape when a step's state has one (a changed config, since no
+    step fits), or when a checkpoint holds arrays of another dtype.
     """
     with _orbax_failures_reported_here():
       return self._restore(abstract_state)
 
   def _restore(self, abstract_state) -> tuple[Any, dict] | None:
     failures = []
+    mismatch = None  # (step, error) of the newest step of another shape or structure.
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(
@@ -225,12 +229,10 @@ class Checkpointer:
       except CheckpointError:
         raise  # A config that does not fit the checkpoint: no older step would fit either.
       except Exception as e:  # pylint: disable=broad-except
-        if _is_shape_mismatch(e):
-          raise CheckpointError(
-              f'The checkpoint at step {step} in {self.directory} holds a state of another '
-              f'shape or structure than this config builds (model size, NSP head, optimizer: '
-              f'{_first_line(e)}); use the config that wrote it (its config.json), or another '
-              '--workdir.') from e
+        # Another shape or structure is a changed config, or a damaged step's metadata (one
+        # flipped bit renames an array in orbax's tree): the older steps tell which.
+        if _is_shape_mismatch(e) and mismatch is None:
+          mismatch = (step, e)
         failures.append((step, _first_line(e)))
         logging.warning('Checkpoint step %d in %s cannot be read (%s); trying the previous '
                         'one.', step, self.directory, _first_line(e))
@@ -243,6 +245,13 @@ class Checkpointer:
         logging.warning('Restored the previous good checkpoint, step %d, after %d unreadable '
                         'newer one(s).', step, len(failures))
       return restored['state'], position
+    if mismatch is not None:
+      step, error = mismatch
+      raise CheckpointError(
+          f'The checkpoint at step {step} in {self.directory} holds a state of another '
+          f'shape or structure than this config builds (model size, NSP head, optimizer: '
+          f'{_first_line(error)}), and no older step fits it either; use the config that wrote '
+          'it (its config.json), or another --workdir. Nothing was moved or deleted.') from error
     if failures:
       raise CheckpointError(
           f'No checkpoint in {self.directory} can be read ('

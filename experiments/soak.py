@@ -23,7 +23,9 @@ Reported per cycle (WORKDIR/soak.jsonl) and in total (printed JSON): the step th
 before the kill, the step it had resumed from, the progress lost (logged steps beyond the newest
 complete checkpoint: at most checkpoint_every if checkpoints are sound), whether a checkpoint
 write was in flight at the kill (an orbax temporary directory left behind), and any cycle that
-resumed from an earlier step than the one before it (there must be none).
+resumed from an earlier step than the one before it (there must be none). A stage that fails
+(exits neither 0 nor killed) 3 cycles in a row ends the soak with a `stuck` summary and exit
+status 1: a restart that cannot get on is a finding, not a cycle to repeat.
 
 With --pipeline, each run is a researcher's whole path, and the kills land anywhere along it:
 pretraining (WORKDIR/runK/pretrain), `bert_jax.convert export` of its final checkpoint
@@ -53,6 +55,9 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_FLAGS = ['--config.train.checkpoint_every=10', '--config.train.log_every=10',
                  '--config.train.keep_checkpoints=2']
+# A stage that fails (exits neither 0 nor killed) this many cycles in a row is stuck: a rerun of
+# the same command cannot get past what it found, so the soak stops and says so.
+STUCK_AFTER = 3
 
 
 def main_command(config, workdir, extra):
@@ -263,6 +268,7 @@ def main():
   stage = 0  # Index in stages() of the current run's stage.
   export_probed = False  # Whether the current run's final checkpoint had its export probe.
   export_kills = 0  # Exports killed in a row.
+  failed = []  # The cycles in a row whose stage failed.
   start = time.time()
   for cycle in range(args.cycles):
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
@@ -338,6 +344,9 @@ def main():
       f.write(json.dumps(record) + '\n')
     print(f'cycle {cycle}: {name} delay {delay:.1f}s resumed {resumed} logged {reached} '
           f'in-flight {record["save_in_flight"]} rc {process.returncode}', flush=True)
+    failed = failed + [record] if record['error'] else []
+    if len(failed) >= STUCK_AFTER:
+      stop_stuck(workdir, failed, cycles, time.time() - start)
     finished = process.returncode == 0 or (
         not args.pipeline and record['newest_checkpoint'] == num_steps)
     if not finished:
@@ -460,6 +469,21 @@ def compare_run(args, run_dir, reference, num_steps):
                        if parts['export_identical'] and parts['finetune_metrics_equal']
                        else float('inf'))
   return parts
+
+
+def stop_stuck(workdir, failed, cycles, seconds):
+  """Ends the soak on a stage that failed STUCK_AFTER cycles in a row: its summary names the
+  stage, the cycles and their errors (a finding: a restart must always get on)."""
+  summary = {'stuck': {'stage': failed[-1]['stage'], 'cycles': [c['cycle'] for c in failed],
+                       'returncodes': [c['returncode'] for c in failed],
+                       'errors': [c['error'] for c in failed]},
+             'cycles': len(cycles), 'kills': sum(c['killed'] for c in cycles),
+             'cycle_minutes': round(seconds / 60, 1), 'identical': False}
+  print(json.dumps(summary), flush=True)
+  with open(os.path.join(workdir, 'soak_summary.json'), 'w', encoding='utf-8') as f:
+    json.dump(summary, f, indent=2)
+  sys.exit(f'Stuck: the {failed[-1]["stage"]} stage failed {len(failed)} cycles in a row '
+           f'(cycles {failed[0]["cycle"]}-{failed[-1]["cycle"]}): {failed[-1]["error"]}')
 
 
 def finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds, stage=0):

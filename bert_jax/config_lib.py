@@ -5,32 +5,19 @@ import os
 import re
 
 from bert_jax import models
-from bert_jax import ops
-from bert_jax.models import architecture
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
 # Re-exported: the ranges' names, as config_lib.POSITIVE etc.
 from bert_jax.core.schema import (  # noqa: F401  pylint: disable=unused-import
     ANY_SIGN, BELOW_ONE, INIT_SEED, MESH_AXIS, NON_NEGATIVE, OPEN_SHARE, POSITIVE, PROBABILITY,
     SEED, Range, flatten)
+from bert_jax.models import architecture
+from bert_jax.models import encoder
 from configs import base
 
 VALID_CHOICES = {
     'mode': ('pretrain', 'finetune'),
-    'model.dtype': ('float32', 'bfloat16', 'float16'),
-    'model.param_dtype': ('float32', 'bfloat16'),
-    'model.remat_policy': ('none', 'full', 'dots', 'dots_no_batch'),
-    'model.attention_impl': ops.ATTENTION_IMPLS,
-    'model.gelu': ('erf', 'tanh'),
-    'model.embedding_sharing': ('shared', 'gdes'),
-    'model.norm': ('layer_norm', 'rms_norm'),
-    'model.feed_forward': ('gelu', 'geglu', 'swiglu'),
-    'model.positions': ('absolute', 'rotary', 'none'),
-    'model.dropout_rng_impl': ('threefry', 'rbg'),
-    'model.layer_norm_impl': ops.NORM_IMPLS,
-    'model.ffn_impl': ops.FFN_IMPLS,
-    'model.long_attention_backward': ops.ATTENTION_BACKWARDS,
-    'model.short_attention_backward': ops.ATTENTION_BACKWARDS,
+    **encoder.CHOICES,  # The shared encoder's keys (models/encoder.py).
     'data.corpus_format': ('auto', 'bert', 'prose'),
     'data.tokenizer': ('wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq'),
     'data.rows': ('segments', 'full_sentences'),
@@ -47,15 +34,7 @@ VALID_CHOICES = {
 # from it) and its valid values. A key missing here fails tests/test_config.py.
 RANGES = {
     'seed': SEED, 'init_seed': INIT_SEED, 'seeds': POSITIVE,
-    'model.vocab_size': POSITIVE, 'model.hidden_size': POSITIVE, 'model.num_layers': POSITIVE,
-    'model.num_heads': POSITIVE, 'model.intermediate_size': POSITIVE,
-    'model.max_position_embeddings': POSITIVE, 'model.type_vocab_size': POSITIVE,
-    'model.hidden_dropout_rate': BELOW_ONE, 'model.attention_dropout_rate': BELOW_ONE,
-    'model.initializer_range': POSITIVE, 'model.layer_norm_eps': POSITIVE,
-    'model.scan_unroll': POSITIVE, 'model.embedding_size': NON_NEGATIVE,
-    'model.generator_fraction': POSITIVE, 'model.disc_weight': NON_NEGATIVE,
-    'model.generator_layer_fraction': POSITIVE,
-    'model.num_languages': NON_NEGATIVE,
+    **encoder.RANGES,  # The shared encoder's keys (models/encoder.py).
     'mesh.data': MESH_AXIS, 'mesh.fsdp': MESH_AXIS, 'mesh.tensor': MESH_AXIS,
     'mesh.dcn_data': POSITIVE,
     'data.tokenizer_vocab_size': POSITIVE, 'data.max_seq_length': POSITIVE,

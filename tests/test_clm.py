@@ -17,6 +17,7 @@ from bert_jax.data import pretraining as data_lib
 from bert_jax.interop import hf
 from bert_jax.interop import init_from
 from bert_jax.models import bert as model_lib
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.objectives import clm
 from bert_jax.train import metrics
 from bert_jax.train import pretrain
@@ -113,7 +114,7 @@ def test_export_loads_in_transformers_as_a_causal_lm(lm_head_model, tmp_path):
 
 def encoder_of(config, batch):
   """(apply(params, batch) -> (sequence, pooled), params) of the config's encoder, jitted."""
-  encoder = model_lib.BertModel(model_lib.BertConfig.from_config(config))
+  encoder = model_lib.BertModel(EncoderConfig.from_config(config))
   args = lambda b: (b['input_ids'], b['segment_ids'], b['input_mask'])  # noqa: E731
   params = jax.jit(encoder.init)(jax.random.key(0), *args(batch))
   return jax.jit(lambda p, b: encoder.apply(p, *args(b))), params
@@ -135,7 +136,7 @@ def test_causal_pooler_reads_the_last_real_token():
   apply, params = encoder_of(config, batch)
   sequence, pooled = apply(params, batch)
   last = sequence[np.arange(3), np.array([10, 6, 3])]  # [batch, embed]
-  pooler = model_lib.BertPooler(model_lib.BertConfig.from_config(config))
+  pooler = model_lib.BertPooler(EncoderConfig.from_config(config))
   expected = pooler.apply({'params': params['params']['pooler']}, last)
   np.testing.assert_allclose(pooled, expected, atol=1e-6)
 

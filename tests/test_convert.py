@@ -14,11 +14,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bert_jax.interop import hf
-from bert_jax.tools import convert
-from bert_jax.models import bert as model_lib
-from bert_jax.train import step as steps
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.interop import hf
+from bert_jax.models import bert as model_lib
+from bert_jax.models.encoder import EncoderConfig
+from bert_jax.tools import convert
+from bert_jax.train import step as steps
 from configs import base
 
 
@@ -353,7 +354,7 @@ def test_minilm_hidden_states_match_transformers():
   sentences = sst2_dev_sentences()[:64]
   hf_tokenizer = transformers.BertTokenizerFast.from_pretrained(MINILM_DIR)
   reference = transformers.BertModel.from_pretrained(MINILM_DIR, dtype=torch.float32).eval()
-  bert = model_lib.BertModel(model_lib.BertConfig.from_config(config))
+  bert = model_lib.BertModel(EncoderConfig.from_config(config))
   forward = jax.jit(lambda p, *batch: bert.apply({'params': p}, *batch)[0])
   worst = worst_real = 0.0
   for start in range(0, len(sentences), 16):

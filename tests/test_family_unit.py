@@ -15,11 +15,14 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax import models
+from bert_jax import objectives
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
 from bert_jax.models import architecture
 from bert_jax.models import bert
+from bert_jax.models import encoder
 from bert_jax.models import hf_layout
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.train import pretrain
 from conftest import micro_config
 from configs import base
@@ -35,7 +38,7 @@ class ScaledKeys:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScaledConfig(ScaledKeys, bert.BertConfig):
+class ScaledConfig(ScaledKeys, EncoderConfig):
   pass
 
 
@@ -141,6 +144,21 @@ KEY_EXCEPTIONS = {
     'sweeps/modern_block.py': "the ablation of the recent encoders' blocks sets each arm's keys",
 }
 CODE_FOLDERS = ('bert_jax', 'configs', 'sweeps', 'benchmarks', 'experiments')
+
+
+def test_config_model_is_the_shared_encoder_s_keys_and_the_units_with_the_same_defaults():
+  config = base.get_config('corpus=builtin')
+  shared = {f.name: f.default for f in encoder.KEYS}
+  assert set(config.model) == {'name', *shared, *architecture.unit_defaults()}
+  assert {key: config.model[key] for key in shared} == shared  # No default written twice apart.
+  assert not set(shared) & set(architecture.unit_defaults())  # Each key declared once.
+
+
+def test_each_shared_key_set_by_one_unit_names_an_owner_that_exists():
+  owners = {f.name: f.metadata['owner'] for f in encoder.KEYS if f.metadata['owner']}
+  assert {'embedding_size', 'disc_weight', 'norm', 'num_languages'} <= set(owners)
+  known = {*models.available(), *objectives.available()}
+  assert {key: owner for key, owner in owners.items() if owner not in known} == {}
 
 
 def test_a_family_unit_s_keys_are_written_only_in_its_folder_and_its_config():

@@ -13,6 +13,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.gpu import fused_ffn
 from bert_jax.models import bert as model_lib
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.objectives import pretraining
 from bert_jax.ops import checks
 from configs import tiny
@@ -219,7 +220,7 @@ def test_model_with_the_fused_ffn_computes_the_same_function_and_gradients():
            'masked_lm_positions': jnp.asarray(rng.integers(1, 3, (batch, 2)), jnp.int32)},)
   results = []
   for impl in ('xla', 'pallas'):
-    model = pretraining.PretrainingModel(model_lib.BertConfig(
+    model = pretraining.PretrainingModel(EncoderConfig(
         vocab_size=99, hidden_size=embed, num_layers=2, num_heads=2, intermediate_size=mlp,
         max_position_embeddings=length, gelu='tanh', ffn_impl=impl))
     params = nn.meta.unbox(model.init(jax.random.key(0), *args)['params'])

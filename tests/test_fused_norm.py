@@ -14,6 +14,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.kernels.gpu import fused_norm
 from bert_jax.models import bert as model_lib
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.objectives import pretraining
 from configs import tiny
 
@@ -201,7 +202,7 @@ def test_block_rows_divide_the_rows():
 def small_config(**overrides):
   fields = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
                 max_position_embeddings=16, scan_layers=False)
-  return model_lib.BertConfig(**{**fields, **overrides})
+  return EncoderConfig(**{**fields, **overrides})
 
 
 def model_inputs(batch=2, length=8):

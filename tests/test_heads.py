@@ -9,17 +9,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.train import finetune
-from bert_jax.models import heads
 from bert_jax.models import bert as model_lib
+from bert_jax.models import heads
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.objectives import pretraining
+from bert_jax.train import finetune
 
 BATCH, SEQ = 3, 7
 
 
 def small_config(**overrides):
-  cfg = model_lib.BertConfig(vocab_size=99, hidden_size=24, num_layers=3, num_heads=4,
-                             intermediate_size=37, max_position_embeddings=16)
+  cfg = EncoderConfig(vocab_size=99, hidden_size=24, num_layers=3, num_heads=4,
+                      intermediate_size=37, max_position_embeddings=16)
   return dataclasses.replace(cfg, **overrides)
 
 

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import layers
 from bert_jax.models import bert as model_lib
+from bert_jax.models import layers
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.objectives import pretraining
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import ffn as ffn_ops
@@ -84,9 +85,9 @@ def test_every_parameter_has_logical_axis_names():
 
 
 def small_config(**overrides):
-  cfg = model_lib.BertConfig(vocab_size=99, hidden_size=24, num_layers=3, num_heads=4,
-                             intermediate_size=37, max_position_embeddings=16)
-  return model_lib.BertConfig(**{**cfg.__dict__, **overrides})
+  cfg = EncoderConfig(vocab_size=99, hidden_size=24, num_layers=3, num_heads=4,
+                      intermediate_size=37, max_position_embeddings=16)
+  return EncoderConfig(**{**cfg.__dict__, **overrides})
 
 
 def inputs(batch=3, length=7, predictions=2, seed=0):

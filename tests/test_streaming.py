@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from array_record.python import array_record_module
 
-from bert_jax.models import bert as model_lib
-from bert_jax.objectives import pretraining as pretraining_model
 from bert_jax.data import batching
 from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
+from bert_jax.models import bert as model_lib
+from bert_jax.models.encoder import EncoderConfig
+from bert_jax.objectives import pretraining as pretraining_model
 
 SPECIAL = pretraining.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 997
@@ -168,9 +169,9 @@ def test_held_out_documents_never_train():
 
 @pytest.mark.slow
 def test_packed_and_unpacked_rows_give_the_same_per_example_outputs():
-  cfg = model_lib.BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                             intermediate_size=64, max_position_embeddings=64,
-                             hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  cfg = EncoderConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=64, max_position_embeddings=64,
+                      hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
   model = pretraining_model.PretrainingModel(cfg)
   encoder = model_lib.BertModel(cfg)
   rng = np.random.default_rng(0)

@@ -35,13 +35,22 @@ INIT_SEED = Range(lambda x: x == -1 or 0 <= x < 2**63, 'in [0, 2**63), or -1 (co
 
 
 def field(default, *, range: Range | None = None, choices: tuple | None = None,  # pylint: disable=redefined-builtin
-          architecture: bool = False, pretraining_only: bool = False, doc: str = ''):
+          architecture: bool | str = False, pretraining_only: bool = False, owner: str = '',
+          doc: str = ''):
   """A unit's config key: its default, valid range or choices, whether it describes the
-  architecture (taken from a source checkpoint), whether only pretraining may set it (fine-tuning
-  builds the encoder without it: its default there), and what it means."""
+  architecture (taken from a source checkpoint: 'shape' for the sizes every checkpoint's config
+  states, True or 'switch' for a key whose default a source that lacks it implies), whether
+  only pretraining may set it (fine-tuning builds the encoder without it: its default there),
+  the unit that sets it beyond its default where shared code reads it (the shared encoder's
+  keys: 'albert', 'rtd', ...), and what it means."""
   return dataclasses.field(default=default, metadata={
       'range': range, 'choices': choices, 'architecture': architecture,
-      'pretraining_only': pretraining_only, 'doc': doc})
+      'pretraining_only': pretraining_only, 'owner': owner, 'doc': doc})
+
+
+def keys(cls) -> list[dataclasses.Field]:
+  """The fields of `cls` that are config keys (declared with `field`), in order."""
+  return [f for f in dataclasses.fields(cls) if 'doc' in f.metadata]
 
 
 # 'model.<key>' -> what it means: the docs of every unit's declared keys, which the
@@ -77,9 +86,13 @@ def choices(fields: list[dataclasses.Field], prefix: str) -> dict[str, tuple]:
           if f.metadata.get('choices') is not None}
 
 
-def architecture(fields: list[dataclasses.Field]) -> tuple[str, ...]:
-  """The names of the fields that describe the architecture."""
-  return tuple(f.name for f in fields if f.metadata.get('architecture'))
+def architecture(fields: list[dataclasses.Field], kind: str = '') -> tuple[str, ...]:
+  """The names of the fields that describe the architecture; with `kind`, those of that kind
+  ('shape', or 'switch', which True is)."""
+  def kind_of(f):
+    value = f.metadata.get('architecture')
+    return 'switch' if value is True else value
+  return tuple(f.name for f in fields if kind_of(f) and kind in ('', kind_of(f)))
 
 
 def pretraining_only(fields: list[dataclasses.Field]) -> tuple[str, ...]:

@@ -2,12 +2,14 @@
 config.py, KEY_UNITS) composed for configs and validation, and the architecture keys a
 checkpoint fixes, for all who need them: init_from adopts them from its source, an HF import
 checks them against config.json, a sweep's randomly initialised fine-tuning copies them from its
-pretraining run, a distillation teacher is described by BERT's.
+pretraining run, a distillation teacher states BERT's and takes BERT's values of the rest.
 
 No jax here: configs/base.py and config_lib load this module without the encoders. It stands
 above the unit configs it composes (models/__init__ imports none of them).
 """
 
+from bert_jax.core import schema
+from bert_jax.models import encoder
 from bert_jax.models.deberta import config as deberta_keys
 from bert_jax.models.modernbert import config as modernbert_keys
 
@@ -16,15 +18,15 @@ from bert_jax.models.modernbert import config as modernbert_keys
 # package adds its unit here (tests/test_family_unit.py).
 KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys}
 
-# config.model keys that describe BERT's architecture (a distillation teacher's, which is BERT-
-# shaped); ARCHITECTURE_KEYS below adds every family's switches.
-BERT_ARCHITECTURE_KEYS = ('name', 'vocab_size', 'hidden_size', 'embedding_size', 'num_layers',
-                          'num_heads', 'intermediate_size', 'max_position_embeddings',
-                          'type_vocab_size', 'layer_norm_eps', 'causal')
-# The modern encoder's switches that shared code reads (configs/base.py) and BERT's values of
-# them; ModernBERT's own keys are its unit's.
-MODERN_DEFAULTS = {'norm': 'layer_norm', 'use_bias': True, 'feed_forward': 'gelu',
-                   'positions': 'absolute'}
+# The architecture keys of the shared encoder (models/encoder.py): the sizes every checkpoint's
+# config states, and the switches whose BERT value a source that lacks them implies.
+SHAPE_KEYS = schema.architecture(encoder.KEYS, 'shape')
+ENCODER_SWITCHES = {f.name: f.default for f in encoder.KEYS
+                    if f.name in schema.architecture(encoder.KEYS, 'switch')}
+# The modern encoder's switches that shared code reads (norm, use_bias, feed_forward,
+# positions) and BERT's values of them; ModernBERT's own keys are its unit's.
+MODERN_DEFAULTS = {f.name: f.default for f in encoder.KEYS
+                   if f.metadata['owner'] == 'modernbert'}
 
 
 def unit_defaults() -> dict:
@@ -52,16 +54,10 @@ def check_units(config, objective_names: list[str]) -> None:
     unit.check(config, objective_names)
 
 
-# Every family's architecture switches beyond BERT's keys, with BERT's values of them (a source
-# checkpoint's config.json lacks the keys of families other than its own).
-SWITCH_DEFAULTS = {**MODERN_DEFAULTS,
+# The values a source implies for the architecture keys its config lacks (a workdir written
+# before the key existed, an HF config of another family): BERT's.
+SOURCE_DEFAULTS = {'name': 'bert', **ENCODER_SWITCHES,
                    **{key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
-                      for key in unit.ARCHITECTURE},
-                   # XLM's.
-                   'num_languages': 0}
-
+                      for key in unit.ARCHITECTURE}}
 # The architecture: the config.model keys a checkpoint fixes.
-ARCHITECTURE_KEYS = BERT_ARCHITECTURE_KEYS + tuple(SWITCH_DEFAULTS)
-# The values a source implies for the keys its config lacks (a workdir written before the key
-# existed, an HF config of another family); the shape keys every source states.
-SOURCE_DEFAULTS = {'name': 'bert', 'embedding_size': 0, 'causal': False, **SWITCH_DEFAULTS}
+ARCHITECTURE_KEYS = ('name', *SHAPE_KEYS, *(key for key in SOURCE_DEFAULTS if key != 'name'))

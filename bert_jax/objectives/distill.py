@@ -45,8 +45,11 @@ from bert_jax.objectives import mlm
 # The teacher's top-level parameter scope.
 TEACHER = 'teacher'
 # config.distill.teacher_model keys: the teacher's architecture, adopted from its checkpoint.
-# Teachers are BERT-family encoders: the modern encoder's switches keep BERT's values.
-TEACHER_MODEL_KEYS = (*architecture.BERT_ARCHITECTURE_KEYS, 'gelu')
+# Teachers are BERT-family encoders (ALBERT's embedding width, a causal LM's attention): the
+# other architecture keys (the modern encoder's switches, the units' keys) keep BERT's values.
+TEACHER_MODEL_KEYS = ('name', *architecture.SHAPE_KEYS, 'embedding_size', 'causal', 'gelu')
+BERT_VALUES = {key: value for key, value in architecture.SOURCE_DEFAULTS.items()
+               if key not in TEACHER_MODEL_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,7 @@ def teacher_run_config(config) -> ml_collections.ConfigDict:
   run = ml_collections.ConfigDict(config.to_dict())
   for key in TEACHER_MODEL_KEYS:
     run.model[key] = config.distill.teacher_model[key]
-  run.model.update(architecture.SWITCH_DEFAULTS)
+  run.model.update(BERT_VALUES)
   return run
 
 

@@ -16,6 +16,7 @@ from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
 from bert_jax.models.albert import hf as albert_hf
+from bert_jax.models.encoder import EncoderConfig
 
 # Why layer-wise learning-rate decay (train/optim.py) refuses ALBERT, after
 # 'config.train.layerwise_lr_decay[=value]'.
@@ -28,7 +29,7 @@ class AlbertEncoder(nn.Module):
   Returns the last layer's output, or with return_all_layers every application's output stacked:
   [layers, batch, length, embed].
   """
-  config: bert.BertConfig
+  config: EncoderConfig
   return_all_layers: bool = False
 
   @nn.compact
@@ -84,6 +85,6 @@ def encoder_flops(model, length: int) -> float:
   return bert.encoder_flops(model, length) + length * 2 * e * model.hidden_size
 
 
-FAMILY = models.register(models.Family(name='albert', config_from=bert.BertConfig.from_config,
+FAMILY = models.register(models.Family(name='albert', config_from=EncoderConfig.from_config,
                                        encoder=AlbertModel, flops=encoder_flops,
                                        hf=albert_hf.LAYOUT))

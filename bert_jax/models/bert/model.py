@@ -9,8 +9,6 @@ Parameter names follow the original TF BERT (`bert/embeddings/word_embeddings`,
 flax's `kernel`/`scale` leaf names, so real checkpoints map in by a table.
 """
 
-import dataclasses
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -19,6 +17,7 @@ import jax.numpy as jnp
 from bert_jax import models
 from bert_jax.models import layers
 from bert_jax.models.bert import hf as bert_hf
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.ops import attention as attention_ops
 from bert_jax.ops import ffn as ffn_ops
 from bert_jax.ops import norm as norm_ops
@@ -30,108 +29,11 @@ REMAT_POLICIES = {
     'dots': jax.checkpoint_policies.dots_saveable,
     'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-  """Model hyperparameters; see configs/base.py for what each means."""
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  hidden_dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  initializer_range: float = 0.02
-  layer_norm_eps: float = 1e-12
-  # Width of the embedding tables, projected to hidden_size by ALBERT's encoder (0: hidden_size).
-  embedding_size: int = 0
-  # ELECTRA's (models/electra/, objectives/rtd.py; the other families ignore them): the
-  # generator's width and depth as fractions of the discriminator's, the weight of the
-  # discriminator's loss, and how the two share the embedding tables ('shared' or 'gdes').
-  generator_fraction: float = 0.25
-  generator_layer_fraction: float = 1.0
-  disc_weight: float = 50.0
-  embedding_sharing: str = 'shared'
-  # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding
-  # the row before it (RoBERTa's fairseq positions: padding_idx 1, real tokens from 2).
-  position_offset: int = 0
-  # Not a config key: the family's. False: no segment table, segment ids are not read
-  # (DistilBERT).
-  token_types: bool = True
-  # Not a config key: the family's. False: no pooler parameters; the pooled output is the [CLS]
-  # state itself (DistilBERT, and a distillation teacher, which pools nothing).
-  pooler: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  scan_layers: bool = True
-  scan_unroll: int = 1  # Layers per scan iteration (num_layers: fully unrolled, still stacked).
-  remat_policy: str = 'none'
-  gelu: str = 'erf'  # 'erf' (exact, as HF) or 'tanh' (the original TF code's approximation).
-  # Each token attends to itself and earlier tokens; the pooler reads the last real token.
-  causal: bool = False
-  # 'xla' (einsum softmax, dropout), 'cudnn' (fused, GPU), 'pallas' (fused_attention's Triton
-  # kernels for rows of 16-512 tokens, powers of two, packed or not; cuDNN for others; GPU) or
-  # 'tpu' (kernels/tpu/fused_attention.py, rows of 8-512 in multiples of 8; 'xla' for others).
-  attention_impl: str = 'xla'
-  # The backward of rows over 128 tokens with attention_impl='pallas': 'triton' or 'mosaic'
-  # (fused_attention.MOSAIC_LONG_BLOCKS: bert_jax/kernels/gpu/flash_backward.py, Hopper GPUs).
-  long_attention_backward: str = 'triton'
-  # The backward of rows up to 128 tokens with attention_impl='pallas': 'triton' (one program per
-  # row and head) or 'mosaic' (flash_backward.row_backward: rows of 64 or 128, nothing
-  # recomputed; Hopper GPUs).
-  short_attention_backward: str = 'triton'
-  dropout_rng_impl: str = 'threefry'  # PRNG of the dropout masks: 'threefry' or 'rbg'.
-  # Bias + dropout + residual + LayerNorm after each sublayer: 'xla' or 'pallas' (fused_norm).
-  layer_norm_impl: str = 'xla'
-  # The feed-forward block: 'xla' or 'pallas' (fused_ffn's Mosaic GPU kernels on both sides of
-  # the GELU; tanh GELU; NVIDIA Hopper GPUs).
-  ffn_impl: str = 'xla'
-  flat_matmuls: bool = False  # Encoder dense layers as 2-d matmuls (layers.DenseGeneral.flatten).
-  # The modern encoder's switches that shared code reads (configs/base.py says what each
-  # means): the MLM head reads norm and use_bias, the embeddings positions, the layers
-  # feed_forward; the other families refuse anything but these defaults. ModernBERT's own keys
-  # (windows, rotary thetas) are its config's (models/modernbert/config.py).
-  norm: str = 'layer_norm'
-  use_bias: bool = True
-  feed_forward: str = 'gelu'
-  positions: str = 'absolute'
-  # XLM's language embeddings (models/xlm/): rows of the table added to each token's embedding
-  # by its language id; 0: none (XLM-R, and every other family).
-  num_languages: int = 0
-  seed: int = 0  # The run's init seed (config.init_seed or seed); seeds cuDNN's attention dropout.
-
-  @classmethod
-  def from_config(cls, config) -> 'BertConfig':
-    """Builds from a full ConfigDict (reads config.seed and the keys of config.model that are
-    this class's fields: a family's own keys are its config class's, models/<family>/)."""
-    own = {f.name for f in dataclasses.fields(cls)}
-    fields = {k: v for k, v in config.model.items() if k in own}
-    fields['dtype'] = DTYPES[fields['dtype']]
-    fields['param_dtype'] = DTYPES[fields['param_dtype']]
-    seed = config.get('init_seed', -1)  # -1: config.seed (configs/base.py).
-    return cls(seed=config.get('seed', 0) if seed < 0 else seed, **fields)
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def embed_width(self) -> int:
-    """Width of the embedding tables and of what the tied output embedding reads."""
-    return self.embedding_size or self.hidden_size
-
-  @property
-  def init(self):
-    return layers.truncated_normal(self.initializer_range)
 
 
 class BertEmbeddings(nn.Module):
   """Token + segment + position embeddings, then LayerNorm and dropout: [..., embed_width]."""
-  config: BertConfig
+  config: EncoderConfig
 
   def setup(self):
     cfg = self.config
@@ -216,7 +118,7 @@ class BertSelfAttention(nn.Module):
   or 'tpu' on rows their kernels take, the segment ids [batch, length] instead (BertModel
   decides).
   """
-  config: BertConfig
+  config: EncoderConfig
   layer_index: int = 0  # Seeds cuDNN's attention dropout per layer.
 
   @nn.compact
@@ -262,7 +164,7 @@ class BertSelfAttention(nn.Module):
 
 class BertResidualOutput(nn.Module):
   """Dense back to embed, dropout, residual add, LayerNorm (post-LN)."""
-  config: BertConfig
+  config: EncoderConfig
   in_axes: tuple[str, ...]  # Logical names of the contracted input axes.
   # x is (the block's input, the up-projection's kernel and bias) and the dense computes the whole
   # feed-forward block in fused_ffn.ffn (model.ffn_impl='pallas'; in_axes ('mlp',)).
@@ -302,7 +204,7 @@ class FusedLayerNorm(nn.Module):
   """LayerNorm(dropout(y + bias) + residual) in one Pallas kernel each way; the parameters of
   layers.layer_norm (`scale`, `bias`), so checkpoints are the same as with the XLA path. On a
   mesh of several devices the kernels run per device on its rows, under shard_map."""
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, y, dense_bias, residual, deterministic):
@@ -320,7 +222,7 @@ class FusedLayerNorm(nn.Module):
 
 class BertAttention(nn.Module):
   """Self-attention block: `self` then `output` (dense, dropout, residual, LayerNorm)."""
-  config: BertConfig
+  config: EncoderConfig
   layer_index: int = 0
 
   @nn.compact
@@ -332,7 +234,7 @@ class BertAttention(nn.Module):
 
 class BertLayer(nn.Module):
   """One post-LN Transformer encoder layer."""
-  config: BertConfig
+  config: EncoderConfig
   layer_index: int = 0  # Position in the stack (unrolled layers only; scanned layers share 0).
 
   @nn.compact
@@ -343,7 +245,7 @@ class BertLayer(nn.Module):
     return feed_forward(cfg, x, deterministic)
 
 
-def feed_forward(cfg: BertConfig, x, deterministic):
+def feed_forward(cfg: EncoderConfig, x, deterministic):
   """A post-LN layer's feed-forward block, `intermediate` then `output` (dense, dropout,
   residual, LayerNorm), built in the calling layer's compact __call__; with ffn_impl='pallas'
   one fused kernel computes it whole."""
@@ -357,7 +259,7 @@ class BertIntermediate(nn.Module):
   """Dense to the feed-forward width, then GELU (exact erf, or the original code's tanh). With
   model.ffn_impl='pallas' its parameters only, (x, kernel, bias), for BertResidualOutput's
   fused_ffn.ffn to compute the whole block."""
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, x):
@@ -389,7 +291,7 @@ class BertEncoder(nn.Module):
   Returns the last layer's output, or with return_all_layers every layer's output stacked:
   [layers, batch, length, embed] (the feature-based mode reads the last few).
   """
-  config: BertConfig
+  config: EncoderConfig
   return_all_layers: bool = False
 
   @nn.compact
@@ -419,7 +321,7 @@ class BertEncoder(nn.Module):
 
 class BertPooler(nn.Module):
   """tanh Dense on final hidden states of [CLS]: [..., embed] -> [..., embed]."""
-  config: BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, cls_state):
@@ -435,7 +337,7 @@ class BertModel(nn.Module):
   The pooler reads [CLS] (position 0), or with config.causal each row's last real token.
   With return_all_layers: (every layer's output [layers, batch, length, embed], pooled_output).
   """
-  config: BertConfig
+  config: EncoderConfig
   return_all_layers: bool = False
 
   def setup(self):
@@ -492,6 +394,6 @@ def encoder_flops(model, length: int) -> float:
   return layers_ * (length * (8 * h * h + 4 * h * f) + 4 * length * length * h) + 2 * h * h
 
 
-FAMILY = models.register(models.Family(name='bert', config_from=BertConfig.from_config,
+FAMILY = models.register(models.Family(name='bert', config_from=EncoderConfig.from_config,
                                        encoder=BertModel, flops=encoder_flops,
                                        hf=bert_hf.LAYOUT))

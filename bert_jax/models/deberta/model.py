@@ -38,10 +38,11 @@ import numpy as np
 
 from bert_jax import models
 from bert_jax.models import bert
-from bert_jax.models.deberta import config as deberta_config
-from bert_jax.models.deberta import hf as deberta_hf
 from bert_jax.models import layers
 from bert_jax.models import sharing
+from bert_jax.models.deberta import config as deberta_config
+from bert_jax.models.deberta import hf as deberta_hf
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.ops import attention as attention_ops
 
 RELATIVE_KINDS = ('c2p', 'p2c')
@@ -50,7 +51,7 @@ MASK_DECODER_PASSES = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class DebertaConfig(deberta_config.DebertaKeys, bert.BertConfig):
+class DebertaConfig(deberta_config.DebertaKeys, EncoderConfig):
   """BERT's encoder config and DeBERTa's keys (config.py)."""
 
 

@@ -17,11 +17,12 @@ import dataclasses
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models.distilbert import hf as distilbert_hf
+from bert_jax.models.encoder import EncoderConfig
 
 
-def config_from(config) -> bert.BertConfig:
+def config_from(config) -> EncoderConfig:
   """The run's ConfigDict -> BERT's config without the segment table and the pooler."""
-  return dataclasses.replace(bert.BertConfig.from_config(config), token_types=False,
+  return dataclasses.replace(EncoderConfig.from_config(config), token_types=False,
                              pooler=False)
 
 

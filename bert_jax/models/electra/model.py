@@ -25,6 +25,7 @@ from bert_jax.models import bert
 from bert_jax.models import layers
 from bert_jax.models import sharing
 from bert_jax.models.electra import hf as electra_hf
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.ops import attention as attention_ops
 
 # The reference's generator heads: one per 64 units of its width (get_generator_config).
@@ -33,7 +34,7 @@ GENERATOR_HEAD_WIDTH = 64
 
 def generator_shape(model) -> dict:
   """The generator's hidden_size, num_heads, intermediate_size and num_layers from the
-  discriminator's (model: config.model or a BertConfig): H_g = round(fraction x H),
+  discriminator's (model: config.model or an EncoderConfig): H_g = round(fraction x H),
   max(1, H_g // 64) heads, feed-forward 4 H_g, as google-research/electra's
   get_generator_config, and max(1, round(generator_layer_fraction x L)) layers (its
   `generator_layers`; DeBERTa-v3: half)."""
@@ -43,7 +44,7 @@ def generator_shape(model) -> dict:
           'intermediate_size': 4 * hidden, 'num_layers': depth}
 
 
-def generator_config(cfg: bert.BertConfig) -> bert.BertConfig:
+def generator_config(cfg: EncoderConfig) -> EncoderConfig:
   """The generator's encoder config: the discriminator's with generator_shape's sizes; its
   embed_width stays E (the shared tables')."""
   return dataclasses.replace(cfg, embedding_size=cfg.embed_width, **generator_shape(cfg))
@@ -75,7 +76,7 @@ def generator_params(flat: dict) -> dict:
   return out
 
 
-def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
+def attention_bias(cfg: EncoderConfig, input_mask, pair_ids, length: int):
   """What the attention takes for these rows (BertModel's choice, bidirectional only): segment
   ids for the fused kernels, else the additive bias."""
   if attention_ops.takes_segment_ids(cfg.attention_impl, length, cfg.head_dim):
@@ -85,7 +86,7 @@ def attention_bias(cfg: bert.BertConfig, input_mask, pair_ids, length: int):
 
 class ElectraPooler(nn.Module):
   """ElectraClassificationHead's dense + exact GELU on [CLS]: [..., embed] -> [..., embed]."""
-  config: bert.BertConfig
+  config: EncoderConfig
 
   @nn.compact
   def __call__(self, cls_state):
@@ -96,7 +97,7 @@ class ElectraPooler(nn.Module):
         kernel_init=cfg.init, name='dense')(cls_state), 'erf')
 
 
-def _projection(cfg: bert.BertConfig):
+def _projection(cfg: EncoderConfig):
   """`embeddings_project`: E -> H, when they differ (None when they do not)."""
   if cfg.embed_width == cfg.hidden_size:
     return None
@@ -121,7 +122,7 @@ class ElectraModel(nn.Module):
   """ELECTRA's discriminator: (sequence_output, pooled_output), as BertModel's; `attend` gives
   logits of E-wide states against the word embeddings; `generator_embed` and `generator_attend`
   are the embeddings the generator reads and its tied output (model.embedding_sharing)."""
-  config: bert.BertConfig
+  config: EncoderConfig
   return_all_layers: bool = False
 
   def setup(self):
@@ -162,7 +163,7 @@ class ElectraModel(nn.Module):
 class ElectraGenerator(nn.Module):
   """The generator's encoder on the shared embeddings' output: its own `embeddings_project`
   (E -> H_g) and layers; config is generator_config's."""
-  config: bert.BertConfig
+  config: EncoderConfig
 
   def setup(self):
     self.embeddings_project = _projection(self.config)
@@ -199,6 +200,6 @@ def generator_flops(model, length: int) -> float:
   return models.get(model.get('name', 'electra')).flops(generator_model(model), length)
 
 
-FAMILY = models.register(models.Family(name='electra', config_from=bert.BertConfig.from_config,
+FAMILY = models.register(models.Family(name='electra', config_from=EncoderConfig.from_config,
                                        encoder=ElectraModel, flops=encoder_flops,
                                        generator=ElectraGenerator, hf=electra_hf.LAYOUT))

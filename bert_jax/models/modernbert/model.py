@@ -35,6 +35,7 @@ import numpy as np
 from bert_jax import models
 from bert_jax.models import bert
 from bert_jax.models import layers
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.models.modernbert import config as modernbert_config
 from bert_jax.models.modernbert import hf as modernbert_hf
 from bert_jax.ops import attention as attention_ops
@@ -42,7 +43,7 @@ from bert_jax.ops import positions as positions_ops
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernbertConfig(modernbert_config.ModernbertKeys, bert.BertConfig):
+class ModernbertConfig(modernbert_config.ModernbertKeys, EncoderConfig):
   """BERT's encoder config and ModernBERT's keys (config.py)."""
 
 

@@ -11,15 +11,16 @@ import dataclasses
 
 from bert_jax import models
 from bert_jax.models import bert
+from bert_jax.models.encoder import EncoderConfig
 from bert_jax.models.roberta import hf as roberta_hf
 
 # fairseq's padding_idx (the <pad> id of RoBERTa's vocab) + 1: the first real token's row.
 POSITION_OFFSET = 2
 
 
-def config_from(config) -> bert.BertConfig:
+def config_from(config) -> EncoderConfig:
   """The run's ConfigDict -> BERT's config with RoBERTa's position numbering."""
-  return dataclasses.replace(bert.BertConfig.from_config(config), position_offset=POSITION_OFFSET)
+  return dataclasses.replace(EncoderConfig.from_config(config), position_offset=POSITION_OFFSET)
 
 
 FAMILY = models.register(models.Family(name='roberta', config_from=config_from,

@@ -97,9 +97,8 @@ def validate(config) -> None:
   _check_names(config)
   _check_accumulation(config)
   _check_attention(config)
-  _check_model_shape(config.model)
+  encoder.check_shape(config.model)
   _check_electra(config)
-  _check_modern(config)
   _check_families(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_languages(config)
@@ -302,50 +301,15 @@ def _checks():
   return checks
 
 
-def _check_model_shape(model) -> None:
-  if model.hidden_size % model.num_heads:
-    raise ConfigError(
-        f'config.model.hidden_size={model.hidden_size} is not divisible by '
-        f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
-        f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')
-
-
-def _check_modern(config) -> None:
-  """The modern encoder's switches that shared code reads are model.name='modernbert''s only, as
-  is the splash attention of its windows (ModernBERT's own keys: its unit's check)."""
-  model = config.model
-  name = model.get('name', 'bert')
-  if name == 'modernbert':
-    return
-  if model.get('attention_impl') == 'splash':
-    raise ConfigError(
-        f"config.model.attention_impl='splash' with config.model.name={name!r}: the splash "
-        "kernels are the modern encoder's local and global attention, without dropout (model."
-        "name='modernbert'); use attention_impl 'tpu' on TPUs or 'xla'.")
-  # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
-  allowed = {'positions': 'none'} if name == 'deberta' else {}
-  changed = [f'{k}={model.get(k, v)!r}' for k, v in architecture.MODERN_DEFAULTS.items()
-             if model.get(k, v) not in (v, allowed.get(k, v))]
-  if changed:
-    raise ConfigError(
-        f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
-        "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
-        f'{name} takes {", ".join(f"{k}={v!r}" for k, v in architecture.MODERN_DEFAULTS.items())}.')
-
-
 def _check_families(config) -> None:
-  """Each family unit's check of its own keys (architecture.KEY_UNITS)."""
+  """Each family unit's check of its own keys, and of the shared keys it owns
+  (architecture.KEY_UNITS)."""
   architecture.check_units(config, _objectives().parse(config.objectives))
 
 
 def _check_languages(config) -> None:
-  """Language embeddings are XLM's (model.name='xlm'); the cross-lingual data keys are checked
-  beside their reader (data/crosslingual.py)."""
-  name, count = config.model.get('name', 'bert'), config.model.get('num_languages', 0)
-  if count and name != 'xlm':
-    raise ConfigError(
-        f'config.model.num_languages={count} with config.model.name={name!r}: language '
-        f"embeddings are XLM's (model.name='xlm'); {name} takes num_languages=0.")
+  """The cross-lingual data keys, checked beside their reader (data/crosslingual.py); language
+  embeddings are XLM's unit's (models/xlm/config.py)."""
   from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
   crosslingual.check_config(config)
 
@@ -585,7 +549,7 @@ def validate_finetune(config) -> None:
     from bert_jax.models import albert  # pylint: disable=g-import-not-at-top
     raise ConfigError(f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} '
                       + albert.SHARED_LAYERS_REFUSAL)
-  _check_model_shape(config.model)
+  encoder.check_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(

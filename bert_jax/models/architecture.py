@@ -12,21 +12,19 @@ from bert_jax.core import schema
 from bert_jax.models import encoder
 from bert_jax.models.deberta import config as deberta_keys
 from bert_jax.models.modernbert import config as modernbert_keys
+from bert_jax.models.xlm import config as xlm_keys
 
-# The families whose own config.model keys are declared in their folder (models/<name>/config.py:
-# the keys with defaults, ranges and meanings, and their check). A family defined outside this
-# package adds its unit here (tests/test_family_unit.py).
-KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys}
+# The families whose own config.model keys, or whose check of the shared keys they own, are
+# declared in their folder (models/<name>/config.py: the keys with defaults, ranges and
+# meanings, and their check). A family defined outside this package adds its unit here
+# (tests/test_family_unit.py).
+KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys, 'xlm': xlm_keys}
 
 # The architecture keys of the shared encoder (models/encoder.py): the sizes every checkpoint's
 # config states, and the switches whose BERT value a source that lacks them implies.
 SHAPE_KEYS = schema.architecture(encoder.KEYS, 'shape')
 ENCODER_SWITCHES = {f.name: f.default for f in encoder.KEYS
                     if f.name in schema.architecture(encoder.KEYS, 'switch')}
-# The modern encoder's switches that shared code reads (norm, use_bias, feed_forward,
-# positions) and BERT's values of them; ModernBERT's own keys are its unit's.
-MODERN_DEFAULTS = {f.name: f.default for f in encoder.KEYS
-                   if f.metadata['owner'] == 'modernbert'}
 
 
 def unit_defaults() -> dict:

@@ -13,6 +13,7 @@ from typing import Any
 
 from bert_jax import ops
 from bert_jax.core import schema
+from bert_jax.core.errors import ConfigError
 
 # The compute and storage dtypes by name (config.model.dtype, param_dtype).
 DTYPE_NAMES = ('float32', 'bfloat16', 'float16')
@@ -160,3 +161,12 @@ KEYS = schema.keys(EncoderConfig)  # The fields that are config.model keys.
 schema.declare(KEYS, 'model.')
 RANGES = schema.ranges(KEYS, 'model.')
 CHOICES = schema.choices(KEYS, 'model.')
+
+
+def check_shape(model) -> None:
+  """The heads split the hidden state evenly (config.model; the ranges are RANGES')."""
+  if model.hidden_size % model.num_heads:
+    raise ConfigError(
+        f'config.model.hidden_size={model.hidden_size} is not divisible by '
+        f'config.model.num_heads={model.num_heads}; valid head counts divide it, e.g. '
+        f'{[h for h in range(1, 33) if model.hidden_size % h == 0]}.')

@@ -6,7 +6,8 @@ config_lib composes their ranges into RANGES and runs `check` on every config, s
 family given ModernBERT's windows or rotary thetas is refused by name. The encoder (model.py)
 and the HF layout (hf.py, which writes the layer pattern as config.json's layer_types) read them.
 No jax here: configs and validation load this module without the encoder. The modern switches
-that shared code reads (norm, use_bias, feed_forward, positions) stay BERT's config fields.
+that shared code reads (norm, use_bias, feed_forward, positions) are the shared encoder's
+fields (models/encoder.py), owned here: `check` refuses them under another family.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ import dataclasses
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
 from bert_jax.models import checks
+from bert_jax.models import encoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,27 @@ DEFAULTS = schema.defaults(FIELDS)  # What every config carries: ModernBERT's sw
 RANGES = schema.ranges(FIELDS, 'model.')
 ARCHITECTURE = schema.architecture(FIELDS)  # Taken from a source checkpoint (init_from).
 PRETRAINING_ONLY = schema.pretraining_only(FIELDS)
+# The shared encoder's keys this unit owns (models/encoder.py: norm, use_bias, feed_forward,
+# positions), with BERT's values, which every other family takes (DeBERTa: positions='none' too).
+SHARED_SWITCHES = {f.name: f.default for f in encoder.KEYS if f.metadata['owner'] == 'modernbert'}
+
+
+def _check_switches_off(model, name: str) -> None:
+  """Another family takes BERT's values of the shared switches and no splash attention."""
+  if model.get('attention_impl') == 'splash':
+    raise ConfigError(
+        f"config.model.attention_impl='splash' with config.model.name={name!r}: the splash "
+        "kernels are the modern encoder's local and global attention, without dropout (model."
+        "name='modernbert'); use attention_impl 'tpu' on TPUs or 'xla'.")
+  # DeBERTa adds no absolute positions in its v3 form: positions='none' is its too.
+  allowed = {'positions': 'none'} if name == 'deberta' else {}
+  changed = [f'{k}={model.get(k, v)!r}' for k, v in SHARED_SWITCHES.items()
+             if model.get(k, v) not in (v, allowed.get(k, v))]
+  if changed:
+    raise ConfigError(
+        f'config.model.{", ".join(changed)} with config.model.name={name!r}: these are '
+        "switches of the modern encoder (model.name='modernbert', configs/modernbert.py); "
+        f'{name} takes {", ".join(f"{k}={v!r}" for k, v in SHARED_SWITCHES.items())}.')
 
 
 def is_global(cfg, index: int) -> bool:
@@ -51,12 +74,14 @@ def is_global(cfg, index: int) -> bool:
 
 
 def check(config, objective_names: list[str]) -> None:
-  """The windows and thetas are model.name='modernbert''s; that family is bidirectional, XLA- or
-  splash-attended, without segments (no NSP or SOP), its window even and its rotary heads of
-  even size. (Negative windows and thetas, and global_every < 1, are RANGES'.)"""
+  """The windows and thetas, the shared switches it owns and the splash kernels are
+  model.name='modernbert''s; that family is bidirectional, XLA- or splash-attended, without
+  segments (no NSP or SOP), its window even and its rotary heads of even size. (Negative windows
+  and thetas, and global_every < 1, are RANGES'.)"""
   model = config.model
   name = model.get('name', 'bert')
   if name != 'modernbert':
+    _check_switches_off(model, name)
     changed = [f'{key}={model.get(key, off)!r}' for key, off in DEFAULTS.items()
                if model.get(key, off) != off]
     if changed:

@@ -18,15 +18,16 @@ def messages(caplog):
 
 def test_a_step_says_when_it_compiles_once_for_each_new_shape(caplog):
   caplog.set_level('INFO')
-  step = metrics.announced(jax.jit(lambda x, y: x * y), 'the scaling step')
-  np.testing.assert_array_equal(step(jnp.ones(3), 2.0), [2.0, 2.0, 2.0])
+  # As a train step: (state, batch); a new batch shape compiles again.
+  step = metrics.announced(jax.jit(lambda scale, x: x * scale), 'the scaling step')
+  np.testing.assert_array_equal(step(2.0, jnp.ones(3)), [2.0, 2.0, 2.0])
   first = messages(caplog)
   assert first[0] == 'Compiling the scaling step...'
   assert re.fullmatch(r'The scaling step ready in [\d.]+ s \(XLA compiled for [\d.]+ s\)\.',
                       first[1]), first
   assert len(first) == 2
-  np.testing.assert_array_equal(step(jnp.zeros(3), 5.0), [0.0, 0.0, 0.0])
+  np.testing.assert_array_equal(step(5.0, jnp.zeros(3)), [0.0, 0.0, 0.0])
   assert messages(caplog) == first  # The same shapes: no compilation, nothing said.
-  np.testing.assert_array_equal(step(jnp.ones(4), 3.0), [3.0] * 4)
+  np.testing.assert_array_equal(step(3.0, jnp.ones(4)), [3.0] * 4)
   assert messages(caplog)[2:] == ['Compiling the scaling step...', messages(caplog)[3]]
   assert messages(caplog)[3].startswith('The scaling step ready in ')

@@ -251,11 +251,11 @@ def main():
   os.makedirs(workdir, exist_ok=True)
   log_path = os.path.join(workdir, 'soak.jsonl')
 
-  if not all(done_before(reference, name, directory) for name, _, directory in
+  if not all(done_before(name, directory) for name, _, directory in
              stages(args, reference)):
     print('Reference run...', flush=True)
     for name, command, directory in stages(args, reference):
-      if not done_before(reference, name, directory):
+      if not done_before(name, directory):
         subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
   num_steps = num_steps_of(pretrain_dir(args, reference))
@@ -369,9 +369,10 @@ def pretrain_dir(args, run_dir):
   return os.path.join(run_dir, 'pretrain') if args.pipeline else run_dir
 
 
-def done_before(run_dir, name, directory) -> bool:
-  """Whether a stage of the reference run has its outputs (a reference run that was cut)."""
-  del run_dir
+def done_before(name, directory) -> bool:
+  """Whether a stage (its name, its output directory) has its outputs: a reference run that was
+  cut goes on from there, an interrupted soak's last run is finished from its first stage
+  without them."""
   if name == 'pretrain':
     return os.path.exists(os.path.join(directory, 'eval_results.json'))
   if name == 'export':
@@ -540,16 +541,17 @@ def finish_interrupted(args, workdir, reference, num_steps):
   while True:
     run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
     last = stages(args, run_dir)[-1]
-    if not done_before(run_dir, last[0], last[2]) or (not args.pipeline and not os.path.isdir(
+    if not done_before(last[0], last[2]) or (not args.pipeline and not os.path.isdir(
         os.path.join(run_dir, 'checkpoints', str(num_steps)))):
       break
     finished_runs.append(compare_run(args, run_dir, reference, num_steps))
   times = [c['time'] for c in cycles if 'time' in c]
   seconds = times[-1] - times[0] if len(times) > 1 else 0.0
   run_dir = os.path.join(workdir, f'run{len(finished_runs)}')
+  # The stage the loop was in: the first without its outputs (the last one, at most).
+  run_stages = stages(args, run_dir)
   stage = 0
-  while stage < len(stages(args, run_dir)) - 1 and done_before(run_dir, *stages(args, run_dir)[
-      stage][::2]):
+  while stage < len(run_stages) - 1 and done_before(run_stages[stage][0], run_stages[stage][2]):
     stage += 1
   finish(args, workdir, reference, num_steps, cycles, finished_runs, seconds, stage)
 

@@ -154,6 +154,15 @@ def _holder(path: str) -> dict:
     return {}
 
 
+def _who(holder: dict, started: bool = False) -> str:
+  """'process PID on HOST' (', started TIME') of a lock's holder record, else 'another
+  process'."""
+  if not holder.get('pid'):
+    return 'another process'
+  return (f'process {holder["pid"]} on {holder.get("host", "?")}'
+          + (f', started {holder.get("started", "?")}' if started else ''))
+
+
 def in_use(workdir: str) -> str | None:
   """'process PID on HOST' while a run holds `workdir`'s lock (local workdirs), else None.
 
@@ -169,9 +178,7 @@ def in_use(workdir: str) -> str | None:
   except OSError as e:
     if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
       return None
-    holder = _holder(path)
-    return (f'process {holder["pid"]} on {holder.get("host", "?")}' if holder.get('pid')
-            else 'another process')
+    return _who(_holder(path))
   finally:
     os.close(fd)  # Also drops the shared lock.
   return None
@@ -229,11 +236,9 @@ class Claim:
         logging.warning('Cannot lock %s (%s): a second run on this workdir would not be '
                         'refused.', path, e.strerror)
         return
-      holder = _holder(path)
+      who = _who(_holder(path), started=True)
       os.close(self._fd)
       self._fd = None
-      who = (f'process {holder["pid"]} on {holder.get("host", "?")}, started '
-             f'{holder.get("started", "?")}' if holder.get('pid') else 'another process')
       raise WorkdirError(f'--workdir={self.workdir!r} is in use by another run ({who}); wait '
                          'for it to end, or give another --workdir.') from e
     previous = _holder(path)
@@ -258,9 +263,7 @@ class Claim:
           lambda holder: holder.get('host') == socket.gethostname() and 'pid' in holder
           and not _alive(holder['pid']))
     except object_lock.LockHeldError as e:
-      holder = e.holder
-      who = (f'process {holder["pid"]} on {holder.get("host", "?")}, started '
-             f'{holder.get("started", "?")}' if holder.get('pid') else 'another process')
+      who = _who(e.holder, started=True)
       renewed = f', renewed {e.age_s:.0f} s ago' if e.age_s is not None else ''
       raise WorkdirError(
           f'--workdir={self.workdir!r} is in use by another run ({who}{renewed}); wait for it '

@@ -1,6 +1,6 @@
 """ALBERT pretraining (Lan et al., 2019): factorised embeddings, one shared layer, MLM + SOP.
 
-Arguments (comma separated): `size=base|large|xlarge` (default base), then configs/base.py's
+Arguments (comma separated): `size=base|large|xlarge|tiny` (default base), then configs/base.py's
 (`configs/albert.py:size=large,steps=10000`; `steps` without `warmup` keeps the warmup's
 share, 3,125 of 125k). The model is 'albert' (E=128 projected to H, every layer the same
 parameters); the objectives MLM and sentence-order prediction; the vocab a 30k SentencePiece,
@@ -17,8 +17,8 @@ SIZES = {'base': (12, 768, 12), 'large': (24, 1024, 16), 'xlarge': (24, 2048, 16
 
 def get_config(arg=None):
   """ALBERT-`size` (base by default); `arg` holds size= and configs/base.py's arguments."""
-  size, arg = roberta.split_size(arg, SIZES)
-  layers, hidden, heads = SIZES[size]
+  size, arg = roberta.split_size(arg, (*SIZES, 'tiny'))
+  layers, hidden, heads = SIZES['base' if size == 'tiny' else size]
   config = base.get_config()
   config.objectives = 'mlm,sop'  # SOP labels each pair: 0 in order, 1 swapped.
   config.masking.max_ngram = 3  # Spans of 1-3 words, p(n) ~ 1/n.
@@ -37,6 +37,8 @@ def get_config(arg=None):
       # 4096 rows of 512 as 16 micro-batches of 256 (32 per accelerator on 8); scale it with the
       # devices: any value that divides the batch takes the same optimizer step.
       grad_accum_steps=16)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

@@ -1,7 +1,7 @@
 """DeBERTa pretraining (He et al., 2021): the disentangled-attention encoder, by MLM (v1's
 objective) or by v3's replaced-token detection.
 
-Arguments (comma separated): `size=base|large` (default base), `objective=mlm|rtd` (default
+Arguments (comma separated): `size=base|large|tiny` (default base), `objective=mlm|rtd` (default
 mlm), then configs/base.py's (`configs/deberta.py:size=large,objective=rtd,steps=10000`). The
 model is 'deberta' (models/deberta.py) with DeBERTa-v3's encoder settings: content-to-position
 and position-to-content terms, 256 log buckets over 512 positions, the layer's query and key
@@ -33,8 +33,8 @@ def get_config(arg=None):
   if objective not in OBJECTIVES:
     raise ValueError(f'Config argument objective={objective!r}: expected one of '
                      f'{", ".join(OBJECTIVES)}.')
-  size, arg = roberta.split_size(arg, SIZES)
-  layers, hidden, heads = SIZES[size]
+  size, arg = roberta.split_size(arg, (*SIZES, 'tiny'))
+  layers, hidden, heads = SIZES['base' if size == 'tiny' else size]
   config = base.get_config()
   config.objectives = objective  # No NSP: it has no segment embeddings.
   config.model.update(
@@ -47,6 +47,8 @@ def get_config(arg=None):
                         embedding_sharing='gdes')
     config.masking.update(mask_token_fraction=1.0, random_token_fraction=0.0, keep_fraction=0.0)
   config.data.update(tokenizer='sentencepiece', lowercase=False, tokenizer_vocab_size=128000)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

@@ -1,6 +1,6 @@
 """ELECTRA pretraining (Clark et al., 2020): replaced-token detection with a small generator.
 
-Arguments (comma separated): `size=small|base|large` (default small), then configs/base.py's
+Arguments (comma separated): `size=small|base|large|tiny` (default small), then configs/base.py's
 (`configs/electra.py:size=base,steps=10000`). The paper fixes the warmup in steps (10,000 at
 every size); `steps` without `warmup` keeps the warmup's share of the steps instead (1%: 30
 steps at steps=3000, short enough that a small model's discriminator can die at its peak rate;
@@ -30,8 +30,9 @@ SIZES = {
 
 def get_config(arg=None):
   """ELECTRA-`size` (small by default); `arg` holds size= and configs/base.py's arguments."""
-  size, arg = roberta.split_size(f'size=small,{arg or ""}', SIZES)
-  layers, hidden, heads, embed, fraction, rate, seq, batch, lr, steps = SIZES[size]
+  size, arg = roberta.split_size(f'size=small,{arg or ""}', (*SIZES, 'tiny'))
+  layers, hidden, heads, embed, fraction, rate, seq, batch, lr, steps = SIZES[
+      'small' if size == 'tiny' else size]
   config = base.get_config()
   config.objectives = 'rtd'  # No NSP: single segments.
   config.model.update(
@@ -47,6 +48,8 @@ def get_config(arg=None):
       adam_eps=1e-6, weight_decay=0.01,
       # large's 2048 rows of 512 as 8 micro-batches of 256; scale it with the devices.
       grad_accum_steps=8 if size == 'large' else 1)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

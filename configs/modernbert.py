@@ -1,6 +1,6 @@
 """ModernBERT pretraining (Warner et al., 2024): the modern encoder block on a masked LM.
 
-Arguments (comma separated): `size=base|large` (default base), then configs/base.py's
+Arguments (comma separated): `size=base|large|tiny` (default base), then configs/base.py's
 (`configs/modernbert.py:size=large,steps=10000`; `steps` without `warmup` keeps the warmup's
 share). The model is 'modernbert' (models/modernbert/): pre-norm layers with LayerNorms
 without biases, no biases anywhere else, GeGLU feed-forward, rotary positions (theta 160,000 in
@@ -21,8 +21,8 @@ SIZES = {'base': (22, 768, 12, 1152, 8e-4), 'large': (28, 1024, 16, 2624, 5e-4)}
 
 def get_config(arg=None):
   """ModernBERT-`size` (base by default); `arg` holds size= and configs/base.py's arguments."""
-  size, arg = roberta.split_size(arg, SIZES)
-  layers, hidden, heads, mlp, lr = SIZES[size]
+  size, arg = roberta.split_size(arg, (*SIZES, 'tiny'))
+  layers, hidden, heads, mlp, lr = SIZES['base' if size == 'tiny' else size]
   config = base.get_config()
   config.objectives = 'mlm'  # No NSP: full rows of sentences.
   config.model.update(
@@ -43,6 +43,8 @@ def get_config(arg=None):
       adam_eps=1e-6, weight_decay=1e-5,
       # 4608 rows of 1024 as 18 micro-batches of 256; scale it with the devices.
       grad_accum_steps=18)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

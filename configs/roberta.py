@@ -1,8 +1,9 @@
 """RoBERTa pretraining (Liu et al., 2019): BERT's encoder and MLM, without NSP, at batch 8k.
 
-Arguments (comma separated): `size=base|large` (the papers' shapes; default base), then
-configs/base.py's (`configs/roberta.py:size=large,steps=100000`; `steps` without `warmup`
-keeps the warmup's share, 24k of 500k). The model is 'roberta' (fairseq positions from 2, one
+Arguments (comma separated): `size=base|large|tiny` (the papers' shapes; tiny: the recipe at
+configs/tiny.py's shape, base.shrink_to_tiny; default base), then configs/base.py's
+(`configs/roberta.py:size=large,steps=100000`; `steps` without `warmup` keeps the warmup's
+share, 24k of 500k). The model is 'roberta' (fairseq positions from 2, one
 segment row, LayerNorm eps 1e-5, 514 position rows), the vocab RoBERTa's byte-level BPE of
 50,265 tokens (`<s> <pad> </s> <unk>`, `<mask>` last), rows FULL-SENTENCES of 512 tokens with
 dynamic masking (base.py's default).
@@ -18,8 +19,9 @@ PEAK_LEARNING_RATES = {'base': 6e-4, 'large': 4e-4}
 
 def get_config(arg=None):
   """RoBERTa-`size` (base by default); `arg` holds size= and configs/base.py's arguments."""
-  size, arg = split_size(arg, SIZES)
-  layers, hidden, heads = SIZES[size]
+  size, arg = split_size(arg, (*SIZES, 'tiny'))
+  shape = 'base' if size == 'tiny' else size  # tiny shrinks the base recipe.
+  layers, hidden, heads = SIZES[shape]
   config = base.get_config()
   config.objectives = 'mlm'  # No NSP: full sentences, single segments.
   config.model.update(
@@ -33,11 +35,13 @@ def get_config(arg=None):
       rows='full_sentences', max_seq_length=512, max_predictions_per_seq=80)
   config.train.update(
       batch_size=8192, num_steps=500_000, warmup_steps=24_000,
-      learning_rate=PEAK_LEARNING_RATES[size], adam_b2=0.98, adam_eps=1e-6, weight_decay=0.01,
+      learning_rate=PEAK_LEARNING_RATES[shape], adam_b2=0.98, adam_eps=1e-6, weight_decay=0.01,
       # 8192 sequences of 512 tokens do not fit at once on any single host: 32 micro-batches of
       # 256 (32 sequences per accelerator on 8). Scale it with the devices; the optimizer step,
       # and so the recipe, is the same for any value that divides the batch.
       grad_accum_steps=32)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

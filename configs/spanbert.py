@@ -1,6 +1,6 @@
 """SpanBERT pretraining (Joshi et al., 2020): span masking and the span boundary objective.
 
-Arguments (comma separated): `size=base|large` (BERT's shapes; default base), then
+Arguments (comma separated): `size=base|large|tiny` (BERT's shapes; default base), then
 configs/base.py's (`configs/spanbert.py:size=large,steps=100000`; `steps` without `warmup`
 keeps the warmup's share, 10k of 2.4M). BERT's encoder; the objectives MLM + SBO
 ('mlm,sbo': no NSP), each row one contiguous segment of up to 512 tokens of one document
@@ -23,8 +23,8 @@ SIZES = {'base': (12, 768, 12), 'large': (24, 1024, 16)}
 
 def get_config(arg=None):
   """SpanBERT-`size` (base by default); `arg` holds size= and configs/base.py's arguments."""
-  size, arg = roberta.split_size(arg, SIZES)
-  layers, hidden, heads = SIZES[size]
+  size, arg = roberta.split_size(arg, (*SIZES, 'tiny'))
+  layers, hidden, heads = SIZES['base' if size == 'tiny' else size]
   config = base.get_config()
   config.objectives = 'mlm,sbo'  # No NSP: single segments.
   config.masking.update(spans='geometric', span_p=0.2, max_span=10, whole_word=True)
@@ -37,6 +37,8 @@ def get_config(arg=None):
   config.train.update(batch_size=256, num_steps=2_400_000, warmup_steps=10_000,
                       learning_rate=1e-4, weight_decay=0.01, adam_b2=0.999, adam_eps=1e-8,
                       max_grad_norm=1.0)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

@@ -1,8 +1,8 @@
 """Cross-lingual pretraining: XLM-R (Conneau et al., 2020) or XLM's MLM + TLM (Lample and Conneau,
 2019), both on the encoder 'xlm' (models/xlm/: RoBERTa's, with optional language embeddings).
 
-Arguments (comma separated): `recipe=xlmr|xlm` (default xlmr), `size=base|large` (XLM-R's shapes,
-default base; recipe=xlm has its own), then configs/base.py's
+Arguments (comma separated): `recipe=xlmr|xlm` (default xlmr), `size=base|large|tiny` (XLM-R's
+shapes, default base; recipe=xlm has its own), then configs/base.py's
 (`configs/xlm.py:size=large,steps=100000`; `steps` without `warmup` keeps the warmup's share).
 The corpus is the user's: `--config.data.corpus='wiki.{lang}.txt'` with `--config.data.languages=
 en,fr,...` (each language's documents), and for TLM `--config.data.parallel='en-fr:FILES,...'`
@@ -35,14 +35,16 @@ def get_config(arg=None):
   recipe, size = own.get('recipe', 'xlmr'), own.get('size', 'base')
   if recipe not in RECIPES:
     raise ValueError(f'Config argument recipe={recipe!r}: expected one of {", ".join(RECIPES)}.')
-  if size not in SIZES:
-    raise ValueError(f'Config argument size={size!r}: expected one of {", ".join(SIZES)}.')
+  if size not in (*SIZES, 'tiny'):
+    raise ValueError(f'Config argument size={size!r}: expected one of '
+                     f'{", ".join((*SIZES, "tiny"))}.')
   if recipe == 'xlm' and 'size' in own:
     raise ValueError(f"Config argument size={size!r} with recipe='xlm': sizes are XLM-R's "
                      "(recipe=xlmr); XLM's MLM + TLM model has one shape.")
   config = base.get_config()
   config.objectives = 'mlm'  # No NSP: TLM pairs are a sentence and its translation.
-  layers, hidden, heads = SIZES[size] if recipe == 'xlmr' else (12, 1024, 8)
+  shape = 'base' if size == 'tiny' else size  # tiny shrinks the base recipe.
+  layers, hidden, heads = SIZES[shape] if recipe == 'xlmr' else (12, 1024, 8)
   config.model.update(
       name='xlm', vocab_size=250_002 if recipe == 'xlmr' else 95_000, num_layers=layers,
       hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden,
@@ -54,7 +56,7 @@ def get_config(arg=None):
     config.data.update(max_seq_length=512, max_predictions_per_seq=80, language_alpha=0.3)
     config.train.update(
         batch_size=8192, num_steps=1_500_000, warmup_steps=24_000,
-        learning_rate=roberta.PEAK_LEARNING_RATES[size], adam_b2=0.98, adam_eps=1e-6,
+        learning_rate=roberta.PEAK_LEARNING_RATES[shape], adam_b2=0.98, adam_eps=1e-6,
         weight_decay=0.01, grad_accum_steps=32)  # As configs/roberta.py: 32 x 256 rows.
   else:
     config.model.num_languages = len(XNLI_LANGUAGES.split(','))
@@ -62,6 +64,8 @@ def get_config(arg=None):
                        max_predictions_per_seq=40, language_alpha=0.5)
     config.train.update(batch_size=64, learning_rate=1e-4, warmup_steps=4000, adam_b2=0.98,
                         weight_decay=0.0)
+  if size == 'tiny':
+    base.shrink_to_tiny(config)
   if rest:
     base.apply_pretraining_arguments(config, rest)
   return config

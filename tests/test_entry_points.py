@@ -34,6 +34,10 @@ def test_help_lists_flags_then_config_keys_with_defaults(help_flag):
   # A key a family unit declares (models/deberta/config.py) has its doc too.
   assert re.search(r'  model.relative_buckets = 0 +Log buckets of the relative distances', out)
   assert 'configs/tiny.py' in out
+  # Descriptions are whole, wrapped in their column, never cut.
+  keys = out[out.index('config keys of'):]
+  assert not [line for line in keys.splitlines() if line.endswith('...')]
+  assert re.search(r'\n {53}\(bert_jax/tools/equivalence.py\'s yardstick\)\.\n', keys)
 
 
 def test_help_lists_the_keys_of_the_given_config():

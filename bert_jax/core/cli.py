@@ -21,7 +21,8 @@ from bert_jax.core import schema
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = 'configs/base.py'
 HELP_FLAGS = ('--help', '-help', '--helpshort', '-helpshort', '-?')
-_WIDTH = 100  # Help lines are cut to this many characters.
+_WIDTH = 100  # Help lines are wrapped at this many characters.
+_KEY_COLUMN = 53  # Where a key's description starts.
 
 
 # Flags that name a config file where a command defines them as one (ml_collections loads it
@@ -124,15 +125,24 @@ def command_help(argv, module: str) -> str:
     values = _flatten(config)
     order = list(dict.fromkeys([key for key in comments if key in values] + sorted(values)))
     for key, value in ((key, values[key]) for key in order):
-      text = f'  {key} = {value!r}'
-      if comments.get(key):
-        text = f'{text:<52} {comments[key]}'
-      lines.append(text if len(text) <= _WIDTH else text[:_WIDTH - 3] + '...')
+      lines += _key_lines(f'  {key} = {value!r}', comments.get(key, ''))
   lines += [''] + textwrap.wrap(
       f'configs: {", ".join(config_files())}. A config file\'s arguments come after a colon '
       '(configs/base.py:layers=6,nsp=False; its docstring lists them); configs/base.py comments '
       'every key.', _WIDTH)
   return '\n'.join(lines)
+
+
+def _key_lines(setting: str, comment: str) -> list[str]:
+  """'  KEY = VALUE' and its description, whole: wrapped in a column of its own (from the next
+  line when the setting is wider than its column)."""
+  if not comment:
+    return [setting]
+  wrapped = textwrap.wrap(comment, _WIDTH - _KEY_COLUMN) or ['']
+  indent = ' ' * _KEY_COLUMN
+  if len(setting) >= _KEY_COLUMN:
+    return [setting] + [indent + line for line in wrapped]
+  return [f'{setting:<{_KEY_COLUMN - 1}} {wrapped[0]}'] + [indent + line for line in wrapped[1:]]
 
 
 def _config_argument(argv, name: str = 'config'):

@@ -59,6 +59,26 @@ def test_a_missing_config_file_is_one_line_naming_it_and_the_configs(command, tm
   assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.parametrize('args, says', [
+    (['-m', 'bert_jax.main', '--config=configs/tiny.py', '--config.model.hiden_size=3',
+      '--workdir=WORKDIR'],
+     "--config.model.hiden_size=3: configs/tiny.py has no key 'model.hiden_size' (did you mean "
+     "'model.hidden_size'?)"),
+    (['-m', 'bert_jax.sweep', 'check', '--sweep=sweeps/masking_rate.py',
+      '--sweep.finetune.overrides.task.max_train_examples=64'],
+     "sweeps/masking_rate.py has no key 'finetune.overrides.task.max_train_examples' "
+     '(finetune.overrides.task has: write_predictions)'),
+    (['-m', 'bert_jax.main', '--config=configs/tiny.py', '--config.seed.x=3',
+      '--workdir=WORKDIR'], "no key 'seed.x' (seed is a value, not a group)"),
+])
+def test_an_override_of_a_key_the_file_lacks_is_one_line_naming_it(args, says, tmp_path):
+  result = run(*[arg.replace('WORKDIR', str(tmp_path)) for arg in args])
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1].startswith('Invalid config override: ') and says in lines[-1], result.stderr
+  assert 'Traceback' not in result.stderr
+
+
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path):
   broken = tmp_path / 'broken.py'
   broken.write_text('def get_config(:\n', encoding='utf-8')

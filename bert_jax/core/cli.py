@@ -4,6 +4,7 @@
   app.run(main, flags_parser=cli.flags_parser('bert_jax.main'))
 """
 
+import difflib
 import functools
 import glob
 import importlib.util
@@ -50,6 +51,9 @@ def parse_flags(argv, module: str):
     last_line = [line for line in str(e).splitlines() if line.strip()][-1].strip()
     sys.exit(f'Invalid flags: {last_line}\nPass --help for the flags and config keys.')
   except (AttributeError, KeyError, TypeError, ValueError) as e:
+    missing = _missing_override_key(argv)
+    if missing:
+      sys.exit(f'Invalid config override: {missing}')
     # ml_collections wraps a KeyError's repr in an AttributeError: unwrap it to plain text.
     message = str(e).strip("'").replace('\\n', ' ').replace("\\'", "'")
     sys.exit(f'Invalid config override: {message}')
@@ -60,6 +64,39 @@ def parse_flags(argv, module: str):
     if name in flags.FLAGS and flags.FLAGS[name].present and _names_a_file(flags.FLAGS[name]):
       check_config_loads(flags.FLAGS[name])
   return rest
+
+
+def _missing_override_key(argv) -> str:
+  """'--NAME.a.b=V: FILE has no key a.b (a has: ...)' for the first override in argv whose key
+  its config file (--NAME=FILE[:ARG]) lacks, else '': overrides set keys, they add none."""
+  for name in CONFIG_FILE_FLAGS:
+    spec = _config_argument(argv, name)
+    if not spec:
+      continue
+    path, _, arg = spec.partition(':')
+    try:
+      config = _load_config(path, arg or None)
+    except Exception:  # pylint: disable=broad-except
+      continue  # The file's own error is reported where it is loaded.
+    for item in argv[1:]:
+      key, sep, _ = item.partition('=')
+      if not (sep and key.startswith(f'--{name}.')):
+        continue
+      node, path_so_far = config, []
+      for part in key[len(name) + 3:].split('.'):
+        if not hasattr(node, 'keys') or part not in node.keys():
+          where = '.'.join(path_so_far)
+          keys = sorted(node.keys()) if hasattr(node, 'keys') else []
+          close = difflib.get_close_matches(part, keys, n=1)
+          hint = (f'did you mean {".".join(path_so_far + close)!r}?' if close else
+                  f'{where or "its top level"} has: {", ".join(keys)}' if 0 < len(keys) <= 12
+                  else f'{where} has {len(keys)} keys; --{name}={spec} --help lists them'
+                  if keys else f'{where} is a value, not a group')
+          return (f'{item}: {spec} has no key {".".join(path_so_far + [part])!r} ({hint}); '
+                  'an override sets a key the file has, it adds none.')
+        node = node[part]
+        path_so_far.append(part)
+  return ''
 
 
 def _names_a_file(flag) -> bool:

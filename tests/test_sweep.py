@@ -397,6 +397,15 @@ def test_reference_eval_masking_gives_every_masking_arm_the_same_held_out_set():
                    for a, b in zip(own, reference))
 
 
+def test_the_time_left_goes_by_each_kind_s_runs_so_far():
+  durations = {'pretrain': [100.0, 300.0], 'finetune': [10.0, 30.0, 20.0]}
+  # Pretraining runs one after another; fine-tuning runs `parallel` at a time.
+  assert runner.time_left(['pretrain', 'finetune', 'finetune'], durations, 2) == 200 + 20
+  assert runner.time_left(['finetune'] * 4, durations, 1) == 80
+  assert runner.time_left([], durations, 1) == 0.0
+  assert runner.time_left(['prepare'], durations, 1) is None  # No prepare job ran yet.
+
+
 # ---- Every shipped sweep, end to end on a tiny base. ----
 
 
@@ -509,8 +518,14 @@ def test_table5_sweep_runs_reports_and_redoes_only_unfinished_runs(tmp_path, com
   # own (MLM only, left-to-right, the BiLSTM head on the left-to-right run, random init).
   keep_arms(sweep, ['mlm', 'ltr', 'ltr_bilstm', 'random'])
   workdir = str(tmp_path)
-  plan, _ = _run(sweep, workdir)
+  plan, lines = _run(sweep, workdir)
   assert all(runner.finished(job, workdir) for job in plan.jobs)
+  # Each run's end says how far the sweep is and, once each kind left has run, the time left.
+  ends = [line for line in lines if re.match(r'\[sweep\] \S+: done in \d+ s \(', line)]
+  assert len(ends) == len(plan.jobs), lines
+  assert ends[-1].endswith(f'({len(plan.jobs)}/{len(plan.jobs)} done).')
+  assert any(re.search(r'done; about \d+ min left by the runs so far\)\.$', line)
+             for line in ends), ends
   text = report.write(workdir)
   assert all(arm['label'] in text for arm in plan.summary['arms'])
   # As if killed before the MLM arm's fine-tuning finished, and before 'ltr' had pretrained.

@@ -174,6 +174,7 @@ def _stop_running(running: dict, log) -> None:
 def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
           pending, done, failed, blocked, running) -> None:
   """The scheduling loop of `run`: starts what may start, collects what ended."""
+  durations = {}  # Job kind -> seconds of each of its runs that ended in this sweep.
   while pending or running:
     for job in list(pending):
       if any(dep in failed or dep in blocked for dep in job.after):
@@ -188,7 +189,10 @@ def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
       pending.remove(job)
       log(f'[sweep] {job.name}: started ({len(done)}/{len(plan.jobs)} done).')
       if in_process:
-        _finish(job, _run_in_process(job, workdir), done, failed, workdir, log)
+        start = time.monotonic()
+        ok = _run_in_process(job, workdir)
+        _log_progress(job, ok, time.monotonic() - start, plan, pending, done, durations, 1, log)
+        _finish(job, ok, done, failed, workdir, log)
       else:
         wait_until_free(os.path.join(workdir, job.workdir), log, STOP_GRACE_S)
         running[job.name] = (job, _start(job, workdir, env, peak_flops), time.monotonic())
@@ -197,10 +201,37 @@ def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
         continue
       del running[name]
       ok = process.returncode == 0 and finished(job, workdir)
-      log(f'[sweep] {name}: {"done" if ok else "FAILED"} in {time.monotonic() - start:.0f} s.')
+      _log_progress(job, ok, time.monotonic() - start, plan, pending + [
+          j for j, _, _ in running.values()], done, durations, parallel, log)
       _finish(job, ok, done, failed, workdir, log)
     if running:
       time.sleep(0.5)
+
+
+def _log_progress(job, ok, seconds, plan, left, done, durations, parallel, log) -> None:
+  """'[sweep] NAME: done in N s (K/M done; about T left)': the time left estimated from this
+  sweep's runs of each kind so far (see time_left)."""
+  durations.setdefault(job.kind, []).append(seconds)
+  estimate = time_left([j.kind for j in left], durations, parallel)
+  log(f'[sweep] {job.name}: {"done" if ok else "FAILED"} in {seconds:.0f} s '
+      f'({len(done) + int(ok)}/{len(plan.jobs)} done'
+      + (f'; about {max(1, round(estimate / 60))} min left by the runs so far)' if estimate
+         else ')') + '.')
+
+
+def time_left(kinds: list[str], durations: dict, parallel: int) -> float | None:
+  """Seconds the jobs of `kinds` still need: each the mean of its kind's runs so far
+  (`durations`), pretraining runs one after another (each fills the devices), the rest
+  `parallel` at a time. None while a kind left has no run yet to go by."""
+  if not kinds:
+    return 0.0
+  if any(kind not in durations for kind in kinds):
+    return None
+  mean = {kind: sum(times) / len(times) for kind, times in durations.items()}
+  serial = sum(mean[kind] for kind in kinds if kind == 'pretrain')
+  shared = sum(mean[kind] for kind in kinds if kind != 'pretrain')
+  return serial + shared / max(1, parallel)
+
 
 
 def _log_path(job: spec_lib.Job, workdir: str) -> str:

@@ -3,6 +3,7 @@ the feature-based mode, loading a real encoder, and errors before compilation.""
 
 import json
 import os
+import re
 import signal
 from unittest import mock
 
@@ -83,11 +84,15 @@ def read_jsonl(path):
 
 
 @pytest.mark.slow
-def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, vocab_file):
+def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, vocab_file, caplog):
   config = sst2_config(tmp_path, vocab_file)
   config.seeds = 2
   workdir = str(tmp_path / 'run')
-  results = finetune.run(config, workdir)
+  with caplog.at_level('INFO'):
+    results = finetune.run(config, workdir)
+  # Each logged step says what is left of its seed.
+  assert re.search(r'seed 1 step \d+/\d+ \| loss [\d.]+ \| lr \S+ \| [\d.]+ seq/s \| ETA '
+                   r'\d+m\d\ds', caplog.text), caplog.text[-2000:]
   per_seed = [r['accuracy'] for r in results['per_seed']['dev']]
   assert len(per_seed) == 2 and results['seeds'] == [0, 1]
   assert results['median']['dev']['accuracy'] == pytest.approx(np.median(per_seed))

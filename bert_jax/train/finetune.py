@@ -538,8 +538,10 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           seq_per_s = timed_steps * batch_size / train_seconds if train_seconds else 0.0
           writer.write(step, 'train', {'loss': loss, 'learning_rate': float(schedule(step - 1)),
                                        'seq_per_s': seq_per_s})
-          logging.info('seed %d step %d/%d | loss %.4f | lr %.2e | %.1f seq/s', seed, step,
-                       num_steps, loss, float(schedule(step - 1)), seq_per_s)
+          eta = (num_steps - step) * batch_size / seq_per_s if seq_per_s else 0.0
+          logging.info('seed %d step %d/%d | loss %.4f | lr %.2e | %.1f seq/s | ETA %s', seed,
+                       step, num_steps, loss, float(schedule(step - 1)), seq_per_s,
+                       metrics_lib.format_duration(eta))
           interval_loss, interval_steps = 0.0, 0
         if end_of_epoch and config.train.eval_every_epoch or step == num_steps:
           last_eval = evaluate(step, step / steps_per_epoch)

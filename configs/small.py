@@ -2,18 +2,35 @@
 
 The recipe of the sweeps in sweeps/: BERT-Base's width at half its depth, seq 128, batch 256,
 the bert-base-uncased vocab, streamed from the prepared corpus-large (a sweep prepares it once:
-`data.prepared`), with the Hopper GPU settings of configs/large_gpu.py. The step budget is the
+`data.prepared`), in bf16 with the tanh GELU, computed by the kernels the machine takes
+(`kernels`, below: configs/large_gpu.py's on a Hopper GPU). The step budget is the
 shortest measured at which pretraining beats random initialisation on SST-2 by 3 points; a sweep
 passes `--sweep.steps=5000` for a quick look (a quarter of the time, not yet paying on SST-2).
-docs/ablations.md gives the measured throughput. Takes
-configs/base.py's arguments (`configs/small.py:layers=4,hidden=512,heads=8,steps=3000`);
-`steps=N` keeps the warmup at 10% of the steps unless `warmup` is given.
-On a GPU before Hopper, or on CPU/TPU, pass the `xla` settings the run's error names.
+docs/ablations.md gives the measured throughput. Takes `kernels=` and then configs/base.py's
+arguments (`configs/small.py:layers=4,hidden=512,heads=8,steps=3000`); `steps=N` keeps the
+warmup at 10% of the steps unless `warmup` is given.
+
+`kernels` picks how the same function is computed, not what it is (the dtype, the tanh GELU and
+the dropout PRNG stay, so a sweep's arms compare the same things on any machine): 'hopper' (the
+Triton and Mosaic GPU kernels of configs/large_gpu.py, NVIDIA Hopper GPUs), 'tpu' (the Pallas
+TPU attention kernel, XLA for the rest), 'xla' (any device), or 'auto' (the default: 'tpu' where
+TPU chips are attached, 'hopper' on a Hopper GPU, else 'xla'; found without starting JAX).
 """
 
 import os
 
+from bert_jax.core import chips
 from configs import base
+
+KERNELS = ('auto', 'hopper', 'tpu', 'xla')
+# How each computes the recipe's function (config.model; train.xla_options).
+KERNEL_SETTINGS = {
+    'hopper': dict(attention_impl='pallas', scan_layers=False, layer_norm_impl='pallas',
+                   flat_matmuls=True, ffn_impl='pallas', long_attention_backward='mosaic',
+                   short_attention_backward='mosaic'),
+    'tpu': dict(attention_impl='tpu'),
+    'xla': dict(attention_impl='xla'),
+}
 
 
 def _data(*parts: str) -> str:
@@ -21,13 +38,16 @@ def _data(*parts: str) -> str:
 
 
 def get_config(arg=None):
+  own, arg = base.split_arguments(arg, ('kernels',))
+  kernels = own.get('kernels', 'auto')
+  if kernels not in KERNELS:
+    raise ValueError(f'Config argument kernels={kernels!r}: expected one of {", ".join(KERNELS)}.')
+  if kernels == 'auto':
+    kernels = chips.kernels_here()
   config = base.get_config()
   config.model.update(
       num_layers=6, hidden_size=768, num_heads=12, intermediate_size=3072,
-      dtype='bfloat16', attention_impl='pallas', scan_layers=False, gelu='tanh',
-      layer_norm_impl='pallas', flat_matmuls=True, ffn_impl='pallas',
-      long_attention_backward='mosaic', short_attention_backward='mosaic',
-      dropout_rng_impl='rbg')
+      dtype='bfloat16', gelu='tanh', dropout_rng_impl='rbg', **KERNEL_SETTINGS[kernels])
   config.data.update(
       corpus=','.join([_data('corpus-large', 'enwiki-2015-wikiextractor', '*.xz'),
                        _data('corpus-large', 'gutenberg', '*.xz')]),
@@ -41,7 +61,10 @@ def get_config(arg=None):
       # Measured at 5000 steps: a peak of 1e-3 collapses MLM to the unigram prediction (held-out
       # loss 7.3); 4e-4 leaves the plateau by step 2500 and ends at 4.03, 2e-4 at 4.55.
       learning_rate=4e-4,
-      eval_batches=16, checkpoint_every=3000, xla_options='xla_gpu_enable_triton_gemm=false')
+      eval_batches=16, checkpoint_every=3000)
+  if kernels == 'hopper':
+    # Every matmul on cuBLAS, whose epilogues take the bias adds and the GELU.
+    config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

@@ -610,3 +610,61 @@ def test_a_two_rate_two_seed_sweep_reports_the_chosen_rate_the_floors_and_the_ma
   text = report.markdown(loaded)
   assert '## Fine-tuning learning rate' in text and '## Fine-tuning convergence' in text
   assert 'The no-pretraining row: No pretraining' in text
+
+
+# ---- The sweeps' base picks the kernels this machine takes. ----
+
+
+@pytest.mark.parametrize('found, attention, norm', [('hopper', 'pallas', 'pallas'),
+                                                    ('tpu', 'tpu', 'xla'), ('xla', 'xla', 'xla')])
+def test_the_base_recipe_computes_the_same_function_with_the_kernels_found(
+    found, attention, norm, monkeypatch):
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+  from configs import small  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(chips, 'kernels_here', lambda: found)
+  config = small.get_config()
+  assert (config.model.attention_impl, config.model.layer_norm_impl) == (attention, norm)
+  named = small.get_config(f'kernels={found}')
+  assert named.to_dict() == config.to_dict()
+  # What the arms compare is the same everywhere: only how it is computed differs.
+  hopper = small.get_config('kernels=hopper')
+  for key in ('dtype', 'gelu', 'dropout_rng_impl', 'hidden_size', 'num_layers'):
+    assert config.model[key] == hopper.model[key], key
+  assert config.train.to_dict().keys() == hopper.train.to_dict().keys()
+  with pytest.raises(ValueError, match=r"kernels='gpu': expected one of auto, hopper, tpu, xla"):
+    small.get_config('kernels=gpu')
+
+
+@pytest.mark.parametrize('smi, kernels', [('9.0\n', 'hopper'), ('8.0\n', 'xla'), (None, 'xla')])
+def test_the_kernels_here_come_from_the_gpu_s_compute_capability(smi, kernels, monkeypatch):
+  import subprocess as subprocess_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+
+  def fake_run(*args, **kwargs):
+    if smi is None:
+      raise FileNotFoundError('nvidia-smi')
+    return subprocess_lib.CompletedProcess(args, 0, stdout=smi, stderr='')
+  monkeypatch.setattr(subprocess_lib, 'run', fake_run)
+  monkeypatch.setattr(chips, 'tpu_attached', lambda: False)
+  assert chips.kernels_here() == kernels
+  monkeypatch.setattr(chips, 'tpu_attached', lambda: True)
+  assert chips.kernels_here() == 'tpu'
+
+
+def test_sweep_check_refuses_runs_whose_kernels_this_machine_lacks_in_one_line(tmp_path):
+  from bert_jax.core import chips  # pylint: disable=g-import-not-at-top
+  if chips.kernels_here() != 'xla':
+    pytest.skip('This machine takes the GPU or TPU kernels: nothing to refuse.')
+  _data_root()
+  check = [sys.executable, '-m', 'bert_jax.sweep', 'check', '--sweep=sweeps/table5.py',
+           f'--workdir={tmp_path}']
+  result = subprocess.run(check, cwd=REPO, capture_output=True, text=True, check=False,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]  # kernels=auto: XLA on this CPU.
+  assert '[to run] pretrain/mlm_nsp' in result.stdout
+  result = subprocess.run(check + ['--sweep.base=configs/small.py:kernels=hopper'], cwd=REPO,
+                          capture_output=True, text=True, check=False, timeout=300)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert re.match(r"3 run\(s\) cannot run on this machine; the first: pretrain/mlm_nsp: "
+                  r"config\.model\.\w+='pallas' runs .* this run has 1 cpu device",
+                  result.stderr.strip().splitlines()[-1]), result.stderr[-1000:]

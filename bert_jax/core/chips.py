@@ -57,6 +57,32 @@ def tpu_attached() -> bool:
   return any(glob.glob(pattern) for pattern in TPU_DEVICE_FILES)
 
 
+def gpu_compute_capability() -> float | None:
+  """The compute capability of this machine's first NVIDIA GPU (9.0 on an H100), asked of
+  nvidia-smi without starting JAX; None where there is none (or no nvidia-smi to say)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    result = subprocess.run(['nvidia-smi', '--query-gpu=compute_cap', '--format=csv,noheader'],
+                            capture_output=True, text=True, timeout=20, check=False)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  lines = result.stdout.split()
+  try:
+    return float(lines[0]) if result.returncode == 0 and lines else None
+  except ValueError:
+    return None
+
+
+def kernels_here() -> str:
+  """Which kernels this machine takes, found without starting JAX: 'tpu' where TPU chips are
+  attached, 'hopper' on an NVIDIA Hopper GPU (compute capability 9.x: the Triton and Mosaic GPU
+  kernels), else 'xla' (CPUs, older GPUs)."""
+  if tpu_attached():
+    return 'tpu'
+  capability = gpu_compute_capability()
+  return 'hopper' if capability is not None and 9 <= capability < 10 else 'xla'
+
+
 def quiet_absent_tpu(compile_only: bool = False) -> None:
   """Keeps libtpu from printing errors about a TPU this machine does not have.
 

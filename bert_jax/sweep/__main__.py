@@ -1,7 +1,8 @@
 """Ablation sweeps: `python -m bert_jax.sweep COMMAND --sweep=sweeps/table5.py --workdir=DIR`.
 
 Commands:
-  check     Validate every arm's pretraining and fine-tuning config and list the runs.
+  check     Validate every arm's pretraining and fine-tuning config, for this machine's
+            kernels too, and list the runs.
   run       Run the unfinished runs (--parallel=N at once on one machine), then write the
             report. Rerun to resume an interrupted sweep: finished runs are skipped.
   commands  Print the launch_tpu.sh commands of the unfinished runs, for a pod.
@@ -55,6 +56,13 @@ def main(argv):
     for job in plan.jobs:
       state = 'finished' if runner.finished(job, workdir) else 'to run'
       print(f'[{state}] {spec.describe(job)}')
+    # As each run will check itself on this machine: its kernels against the backend here.
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')  # A GPU stays free.
+    problems = spec.backend_problems(plan)
+    if problems:
+      sys.exit(f'{len(problems)} run(s) cannot run on this machine; the first: {problems[0]} '
+               f'The sweep\'s base picks the kernels it finds (configs/small.py:kernels=auto); '
+               'an arm or override that names others runs where they are.')
     return
   if command == 'commands':
     print(runner.pod_commands(plan, workdir), end='')

@@ -119,6 +119,25 @@ def _flatten(overrides) -> dict:
   return config_lib.flatten(overrides or {})
 
 
+def backend_problems(plan: 'Plan') -> list[str]:
+  """'JOB: what this machine cannot run' for each run whose kernels this machine's backend does
+  not take (ops.checks.check_gpu_kernels, as each run checks itself before compiling). Starts
+  JAX's backend: for `sweep check`, not in the process that runs the sweep."""
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.ops import checks  # pylint: disable=g-import-not-at-top
+  problems = []
+  for job in plan.jobs:
+    if job.kind == 'prepare':
+      continue
+    config = load_config(job.config, job.name)
+    apply_overrides(config, job.overrides, job.name)
+    try:
+      checks.check_gpu_kernels(config)
+    except config_lib.ConfigError as e:
+      problems.append(f'{job.name}: {e}')
+  return problems
+
+
 def load_config(spec: str, where: str):
   """get_config(arg) of 'path[:arg]'; SweepError naming `where` when it does not load."""
   from bert_jax.core import cli  # pylint: disable=g-import-not-at-top

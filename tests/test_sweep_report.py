@@ -371,6 +371,14 @@ def test_write_rebuilds_the_same_report_and_draws_the_plots(tmp_path):
   assert {p.name: p.read_bytes() for p in (tmp_path / 'plots').iterdir()} == pngs
 
 
+def test_a_downstream_panel_s_axis_holds_the_baseline_and_says_where_it_starts():
+  from bert_jax.sweep import plots  # pylint: disable=g-import-not-at-top
+  # MRPC's F1 of always saying 'paraphrase' (81.2) below the arms' scores: on the axis.
+  assert plots.score_axis([84.0, 86.5], 81.2) == pytest.approx((76.2, 88.5))
+  assert plots.score_axis([84.0, 86.5], None) == pytest.approx((79.0, 88.5))
+  assert plots.score_axis([3.0, 99.5], 0.0) == (0.0, 100.0)  # Within 0-100.
+
+
 def test_workdir_without_sweep_json_is_a_clear_error(tmp_path):
   with pytest.raises(SystemExit, match='sweep.json does not exist'):
     report.main([str(tmp_path)])

@@ -76,14 +76,31 @@ def downstream(sweep: results.Sweep, path: str) -> None:
       ax.scatter([i + o for o in offsets], run.scores, color='black', s=12, zorder=3)
       scores += run.scores
     metric = next((r.metric for r in sweep.finetune if r.task == task and r.metric), '')
+    floor = sweep.baseline(task)
+    baseline = getattr(floor, 'baseline', None)
+    if scores and baseline is not None:
+      kind = (floor.baseline_kind or 'majority class').split(' (')[0].split(' of ')[0]
+      ax.axhline(baseline, color='grey', linestyle='--', linewidth=1,
+                 label=f'baseline: {kind} ({baseline:.1f})')
+      ax.legend(fontsize='small', loc='best')
     ax.set_title(task)
-    ax.set_ylabel(f'{metric} (0-100)'.strip())
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha='right', fontsize='small')
     if scores:
-      ax.set_ylim(max(0.0, min(scores) - 5.0), min(100.0, max(scores) + 2.0))
+      low, high = score_axis(scores, baseline)
+      ax.set_ylim(low, high)
+      ax.set_ylabel(f'{metric} (0-100)'.strip() + (f', axis from {low:.0f}' if low > 0 else ''))
     else:
+      ax.set_ylabel(f'{metric} (0-100)'.strip())
       plot.empty(ax)
   plot.save(figure, path)
+
+
+def score_axis(scores: list[float], baseline: float | None) -> tuple[float, float]:
+  """(low, high) of a downstream panel's score axis: the seeds' scores and the baseline with a
+  margin, in [0, 100]. Bars start at `low`: where it is above 0 the axis label says so, since
+  the bars' heights are then not the scores' ratios."""
+  values = scores + ([baseline] if baseline is not None else [])
+  return max(0.0, min(values) - 5.0), min(100.0, max(values) + 2.0)
 
 
 def score_of(sweep: results.Sweep) -> tuple[str, dict[str, float]]:

@@ -379,6 +379,24 @@ def test_a_downstream_panel_s_axis_holds_the_baseline_and_says_where_it_starts()
   assert plots.score_axis([3.0, 99.5], 0.0) == (0.0, 100.0)  # Within 0-100.
 
 
+def test_the_compute_plot_names_the_dashed_line_only_where_it_draws_one(tmp_path, monkeypatch):
+  pytest.importorskip('matplotlib')
+  from bert_jax.sweep import plots  # pylint: disable=g-import-not-at-top
+  make_sweep(tmp_path)
+  figures = []
+  monkeypatch.setattr(plots.plot, 'save', lambda figure, path: figures.append(figure))
+  sweep = report.load(str(tmp_path))
+  plots.score_vs_compute(sweep, str(tmp_path / 'a.png'))
+  assert [ax.get_title() for ax in figures[-1].axes] == ['dashed: no pretraining'] * 2
+  sweep.spec['arms'] = [arm for arm in sweep.arms if arm.get('pretrain_run')]  # No random init.
+  plots.score_vs_compute(sweep, str(tmp_path / 'b.png'))
+  axes = figures[-1].axes
+  assert [ax.get_title() for ax in axes] == ['', '']
+  # Each arm's point has a shape of its own (arms from one pretraining run share its x).
+  shapes = [collection.get_paths()[0].vertices.tobytes() for collection in axes[0].collections]
+  assert len(shapes) == len(sweep.arms) == len(set(shapes))
+
+
 def test_workdir_without_sweep_json_is_a_clear_error(tmp_path):
   with pytest.raises(SystemExit, match='sweep.json does not exist'):
     report.main([str(tmp_path)])

@@ -120,6 +120,10 @@ def score_of(sweep: results.Sweep) -> tuple[str, dict[str, float]]:
   return f'{task} median', {name: value for name, value in medians.items() if value is not None}
 
 
+# Point shapes of the arms in order (score_vs_compute).
+MARKERS = ('o', 's', '^', 'D', 'v', 'P')
+
+
 def score_vs_compute(sweep: results.Sweep, path: str) -> None:
   """The downstream score of each arm against its pretraining FLOPs and tokens (log x); arms
   without pretraining as dashed horizontal lines."""
@@ -127,7 +131,7 @@ def score_vs_compute(sweep: results.Sweep, path: str) -> None:
   what, scores = score_of(sweep)
   for ax, attr, xlabel in ((axes[0], 'flops', 'pretraining FLOPs'),
                            (axes[1], 'tokens', 'pretraining tokens (sequence slots)')):
-    drawn = False
+    drawn, dashed = False, False
     for i, arm in enumerate(sweep.arms):
       score = scores.get(arm['name'])
       if score is None:
@@ -137,15 +141,20 @@ def score_vs_compute(sweep: results.Sweep, path: str) -> None:
       x = getattr(run, attr, None) if run else None
       if not arm.get('pretrain_run'):
         ax.axhline(score, color=arm_colour(i), linestyle='--', label=label)
+        dashed = True
       elif x:
-        ax.scatter([x], [score], color=arm_colour(i), s=40, label=label, zorder=3)
+        # A marker of its own: arms fine-tuned from one pretraining run share its x, and a
+        # point of the same shape would hide one of them.
+        ax.scatter([x], [score], color=arm_colour(i), s=70 - 8 * (i % 6),
+                   marker=MARKERS[i % len(MARKERS)], label=label, zorder=3, alpha=0.8)
       else:
         continue
       drawn = True
     ax.set_xscale('log')
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f'{what} (0-100)')
-    ax.set_title('dashed: no pretraining', fontsize='small')
+    if dashed:
+      ax.set_title('dashed: no pretraining', fontsize='small')
     if drawn:
       ax.legend(fontsize='small')
     else:

@@ -139,7 +139,7 @@ def _metric(sweep: results.Sweep, task: str) -> str:
 def main_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
   """(header, rows) of the downstream table: one row per arm, a column per task (the median
   over seeds with their spread), their average, then the paper's numbers for the arm."""
-  paper_columns = sweep.spec.get('paper', {}).get('columns', [])
+  paper_columns = paper_columns_run(sweep)
   header = ['arm', 'pretraining']
   header += [_escape(f'{task} {_metric(sweep, task)}'.strip()) for task in sweep.tasks]
   header += ['average'] + [f'paper {_escape(c)}' for c in paper_columns]
@@ -165,6 +165,21 @@ def main_rows(sweep: results.Sweep) -> tuple[list[str], list[list[str]]]:
     rows.append([BASELINE_LABEL, 'none (input ignored)'] + [_cell(b, '.1f') for b in baselines]
                 + [_cell(average, '.1f')] + [NONE] * len(paper_columns))
   return header, rows
+
+
+def _not_run(sweep: results.Sweep) -> str:
+  """'; its mnli, qnli are left out (not fine-tuned here)' for the paper's columns of tasks
+  this sweep did not run."""
+  run = paper_columns_run(sweep)
+  left = [c for c in sweep.spec.get('paper', {}).get('columns', []) if c not in run]
+  return f'; its {", ".join(left)} left out (not fine-tuned here)' if left else ''
+
+
+def paper_columns_run(sweep: results.Sweep) -> list[str]:
+  """The paper's columns of the tasks this sweep fine-tunes on ('squad' for 'squad1.1'): a
+  paper number beside a task that did not run would read as a comparison."""
+  return [column for column in sweep.spec.get('paper', {}).get('columns', [])
+          if any(task == column or task.startswith(column) for task in sweep.tasks)]
 
 
 BASELINE_LABEL = 'Baseline: majority class (or constant)'
@@ -346,7 +361,8 @@ def markdown(sweep: results.Sweep) -> str:
              if spec.get('learning_rates') else '')
           + '. Average: the mean of the task medians, given when every task has one.'
           + baseline_text(sweep)
-          + (f' Paper columns: {paper["source"]}.' if paper.get('source') else ''), '']
+          + (f' Paper columns: {paper["source"]}' + _not_run(sweep) + '.'
+             if paper.get('source') else ''), '']
 
   header, rows = rate_rows(sweep)
   if rows:

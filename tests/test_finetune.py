@@ -100,6 +100,8 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   assert min(per_seed) > 90.0, per_seed
   with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
     assert json.load(f)['median'] == results['median']
+  assert set(results['eval_examples']) == set(results['median'])
+  assert all(n > 0 for n in results['eval_examples'].values())
   records = read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
   train_losses = [r['loss'] for r in records if r['split'] == 'train']
   assert train_losses[-1] < 0.5 * train_losses[0]

@@ -44,6 +44,15 @@ def test_a_bilstm_run_is_named_apart_from_plain_fine_tuning(tmp_path, capsys):
   assert '| bilstm | sst2 (+ BiLSTM x1) | dev | accuracy | 90.00 |' in out
 
 
+def test_the_split_says_how_many_examples_it_scored(tmp_path, capsys):
+  squad = write_results(tmp_path / 'squad', 'squad1.1', [{'exact_match': 40.0, 'f1': 50.0}])
+  results = json.loads((tmp_path / 'squad' / 'results.json').read_text())
+  results['eval_examples'] = {'dev': 46}  # Half of a test's few dev articles.
+  (tmp_path / 'squad' / 'results.json').write_text(json.dumps(results))
+  report.main([squad])
+  assert '| squad | squad1.1 | dev (46 examples) | f1 | 50.00 |' in capsys.readouterr().out
+
+
 def test_missing_results_names_the_file(tmp_path):
   with pytest.raises(SystemExit, match='results.json does not exist'):
     report.main([str(tmp_path)])

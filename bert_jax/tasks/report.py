@@ -6,6 +6,8 @@ the learning rate the scores are at (with a grid: the one selected on dev, and o
 the task's baseline (GLUE: the majority class of the training file; STS-B's constant: 0).
 The paper's GLUE and NER numbers are test-set scores; ours are dev scores unless a test set was
 scored, so the comparison is indicative, as the column says. SQuAD v1.1's and SWAG's are dev.
+Our split says how many examples it scored (results.json's eval_examples, where the run wrote
+it): a dev split cut to a few examples is not the paper's.
 """
 
 import json
@@ -63,7 +65,8 @@ def rows(results: dict) -> list[list[str]]:
       name = task + (' (feature-based)' if feature_based else '') + (
           f' (+ BiLSTM x{results["lstm_layers"]})' if results.get('lstm_layers', 0) else '')
       baseline = results.get('baseline', {}).get('metrics', {}).get(split, {}).get(metric)
-      out.append([name, split, metric, f'{median:.2f}', f'{len(results["per_seed"][split])}: '
+      examples = results.get('eval_examples', {}).get(split)
+      out.append([name, split + (f' ({examples} examples)' if examples else ''), metric, f'{median:.2f}', f'{len(results["per_seed"][split])}: '
                   f'{seeds}', _number(dev), paper_split, _number(base), _number(large),
                   _learning_rate(results), _number(baseline)])
   return out

@@ -344,7 +344,10 @@ def run(config, workdir: str) -> dict:
   protocol = lr_grid.summarize(per_rate, split, task.main_metric, grid)
   results = {**summarize_seeds(task, config, per_rate[protocol['learning_rate']], train,
                                num_steps),
-             **protocol, 'baseline': task_baseline(task, train, evals)}
+             **protocol, 'baseline': task_baseline(task, train, evals),
+             # What each score is over: a split cut to a few examples is not the paper's split.
+             'eval_examples': {name: split.num_examples or split.num_rows
+                               for name, split in evals.items()}}
   if jax.process_index() == 0:
     files.write_text(os.path.join(workdir, 'results.json'), json.dumps(results, indent=2))
     for rate, summary in results['by_rate'].items():

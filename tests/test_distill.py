@@ -180,6 +180,20 @@ def test_flops_add_the_teacher_forward_once():
   assert metrics.model_flops_per_sequence(config) == pytest.approx(3 * student + teacher)
 
 
+def test_the_student_takes_its_teacher_s_width_from_the_teacher_s_checkpoint(tmp_path):
+  transformers = pytest.importorskip('transformers')
+  transformers.BertForMaskedLM(transformers.BertConfig(
+      num_hidden_layers=3, hidden_size=24, num_attention_heads=3, intermediate_size=40,
+      vocab_size=97, max_position_embeddings=17)).save_pretrained(str(tmp_path))
+  (tmp_path / 'vocab.txt').write_text('\n'.join(f'w{i}' for i in range(97)) + '\n')
+  from configs import distilbert  # pylint: disable=g-import-not-at-top
+  config = distilbert.get_config('layers=2,corpus=builtin,seq=13')  # BERT-base's width: 768.
+  config.distill.teacher = f'hf:{tmp_path}'
+  config_lib.validate_and_adopt_source(config, config_lib.validate)
+  assert {key: config.model[key] for key in SIZES} == SIZES
+  assert config.data.vocab_file == str(tmp_path / 'vocab.txt')
+
+
 def test_student_from_an_hf_bert_takes_the_chosen_layers(tmp_path):
   transformers = pytest.importorskip('transformers')
   torch = pytest.importorskip('torch')

@@ -114,7 +114,8 @@ def adopt_teacher(config) -> None:
 
 def apply_teacher_shape(config, arch: dict, vocab_file: str | None, source: str) -> None:
   """Sets what a 'distill' run takes from its teacher: `arch` (architecture keys and gelu) into
-  config.distill.teacher_model, the teacher's vocab size and position rows into config.model,
+  config.distill.teacher_model; the teacher's width, heads, feed-forward, embedding width, vocab
+  size and position rows into config.model (the student's layers are copies of the teacher's);
   and `vocab_file` into data.vocab_file when that is unset. The sweep calls it with a teacher
   arm's config before that arm has trained; adopt_teacher with the teacher's checkpoint."""
   teacher = config.distill.teacher_model
@@ -122,7 +123,7 @@ def apply_teacher_shape(config, arch: dict, vocab_file: str | None, source: str)
     if key in teacher and teacher[key] != value:
       logging.info('distill: config.distill.teacher_model.%s = %s, from %s.', key, value, source)
       teacher[key] = type(teacher[key])(value)
-  for key in ('vocab_size', 'max_position_embeddings'):
+  for key in (*_SAME, 'max_position_embeddings'):
     if config.model[key] != teacher[key]:
       logging.info('distill: config.model.%s = %s (was %s), the teacher\'s.', key, teacher[key],
                    config.model[key])

@@ -173,6 +173,12 @@ def read_step(step_dir, like=None):
   finally:
     gc.collect()
     sys.unraisablehook = previous
+    # Callbacks of an abandoned read that fire later: their 'Event loop is closed', as commands
+    # drop it (the soak's own reads of damaged steps printed dozens of these tracebacks).
+    if REPO not in sys.path:
+      sys.path.insert(0, REPO)
+    from bert_jax.core import errors  # pylint: disable=g-import-not-at-top
+    errors.quiet_closed_loop_echoes()
   with open(os.path.join(step_dir, 'data', 'metadata'), encoding='utf-8') as f:
     return arrays, json.load(f)
 

@@ -210,8 +210,9 @@ def _loop(plan, workdir, parallel, in_process, env, log, peak_flops,
 
 def _log_progress(job, ok, seconds, plan, left, done, durations, parallel, log) -> None:
   """'[sweep] NAME: done in N s (K/M done; about T left)': the time left estimated from this
-  sweep's runs of each kind so far (see time_left)."""
-  durations.setdefault(job.kind, []).append(seconds)
+  sweep's runs of each kind so far (see time_left); a failed run's time is not one of them."""
+  if ok:
+    durations.setdefault(job.kind, []).append(seconds)
   estimate = time_left([j.kind for j in left], durations, parallel)
   log(f'[sweep] {job.name}: {"done" if ok else "FAILED"} in {seconds:.0f} s '
       f'({len(done) + int(ok)}/{len(plan.jobs)} done'

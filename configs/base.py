@@ -343,8 +343,8 @@ def shrink_to_tiny(config) -> None:
   1e-3 after 200 warmup steps), keeping what makes the recipe its family's: the objectives,
   masking, rows, tokenizer kind, optimizer and the architecture switches, with the feed-forward
   width in the recipe's proportion to H, a factorised embedding at H / 2, and the masked
-  positions per row in the recipe's proportion to the row. Trains visibly in a few minutes on 2
-  CPU cores; arguments after size= still apply."""
+  positions per row in the recipe's proportion to the row: the tiny BERT's compute per step, for
+  a first run of a family on a laptop. Arguments after size= still apply."""
   model, data, train = config.model, config.data, config.train
   width = TINY['hidden'] / model.hidden_size
   extra_rows = max(0, model.vocab_size - data.tokenizer_vocab_size)  # DeBERTa's 100 spare rows.

@@ -18,13 +18,19 @@ each setting does, docs/performance.md what each measured):
 
 from configs import base, large
 
+# How a Hopper GPU computes the encoder (config.model): the kernels above, the layers unrolled,
+# the dense layers flat. configs/small.py's kernels='hopper' takes these too.
+HOPPER_KERNELS = dict(attention_impl='pallas', scan_layers=False, layer_norm_impl='pallas',
+                      flat_matmuls=True, ffn_impl='pallas', long_attention_backward='mosaic',
+                      short_attention_backward='mosaic')
+# Every matmul on cuBLAS, whose epilogues take the bias adds and the GELU (config.train).
+HOPPER_XLA_OPTIONS = 'xla_gpu_enable_triton_gemm=false'
+
 
 def get_config(arg=None):
   config = large.get_config()
-  config.model.update(dtype='bfloat16', attention_impl='pallas', scan_layers=False, gelu='tanh',
-                      layer_norm_impl='pallas', flat_matmuls=True, ffn_impl='pallas',
-                      long_attention_backward='mosaic', short_attention_backward='mosaic')
-  config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
+  config.model.update(dtype='bfloat16', gelu='tanh', **HOPPER_KERNELS)
+  config.train.xla_options = HOPPER_XLA_OPTIONS
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

@@ -21,13 +21,12 @@ import os
 
 from bert_jax.core import chips
 from configs import base
+from configs import large_gpu
 
 KERNELS = ('auto', 'hopper', 'tpu', 'xla')
 # How each computes the recipe's function (config.model; train.xla_options).
 KERNEL_SETTINGS = {
-    'hopper': dict(attention_impl='pallas', scan_layers=False, layer_norm_impl='pallas',
-                   flat_matmuls=True, ffn_impl='pallas', long_attention_backward='mosaic',
-                   short_attention_backward='mosaic'),
+    'hopper': large_gpu.HOPPER_KERNELS,
     'tpu': dict(attention_impl='tpu'),
     'xla': dict(attention_impl='xla'),
 }
@@ -63,8 +62,7 @@ def get_config(arg=None):
       learning_rate=4e-4,
       eval_batches=16, checkpoint_every=3000)
   if kernels == 'hopper':
-    # Every matmul on cuBLAS, whose epilogues take the bias adds and the GELU.
-    config.train.xla_options = 'xla_gpu_enable_triton_gemm=false'
+    config.train.xla_options = large_gpu.HOPPER_XLA_OPTIONS
   if arg:
     base.apply_pretraining_arguments(config, arg)
   return config

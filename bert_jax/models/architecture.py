@@ -23,8 +23,8 @@ KEY_UNITS = {'modernbert': modernbert_keys, 'deberta': deberta_keys, 'xlm': xlm_
 # The architecture keys of the shared encoder (models/encoder.py): the sizes every checkpoint's
 # config states, and the switches whose BERT value a source that lacks them implies.
 SHAPE_KEYS = schema.architecture(encoder.KEYS, 'shape')
-ENCODER_SWITCHES = {f.name: f.default for f in encoder.KEYS
-                    if f.name in schema.architecture(encoder.KEYS, 'switch')}
+_SWITCH_NAMES = schema.architecture(encoder.KEYS, 'switch')
+ENCODER_SWITCHES = {f.name: f.default for f in encoder.KEYS if f.name in _SWITCH_NAMES}
 
 
 def unit_defaults() -> dict:

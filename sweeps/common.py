@@ -22,6 +22,9 @@ def sweep(name: str, title: str, description: str) -> ml_collections.ConfigDict:
   config.description = description
   config.base = 'configs/small.py'
   config.steps = 0  # configs/small.py's budget.
+  # '' runs this recipe; 'tiny' every arm at configs/tiny.py's shape, minutes on a laptop
+  # (bert_jax/sweep/sizes.py).
+  config.size = ''
   config.evaluations = 10
   config.pretrain = PRETRAIN
   config.finetune = ml_collections.ConfigDict()

@@ -16,6 +16,7 @@ import pytest
 
 from bert_jax.models import architecture
 from bert_jax.sweep import runner
+from bert_jax.sweep import sizes
 from bert_jax.sweep import spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,50 +36,32 @@ def _vocab():
 
 
 def tiny(sweep, tasks=None, steps=1, cache=''):
-  """`sweep` on configs/tiny.py: `steps` per pretraining run, one seed, a few fine-tuning rows
-  of 32 tokens; compiled steps kept in `cache` (runs of one shape compile once)."""
-  sweep.base = 'configs/tiny.py'
+  """`sweep` at size tiny (what --sweep.size=tiny runs, bert_jax/sweep/sizes.py), cheaper still
+  for a CPU test: `steps` per pretraining run, a few fine-tuning rows of 32 tokens, and trained
+  vocabs TINY_TRAINED_VOCAB wide; compiled steps kept in `cache` (runs of one shape compile
+  once)."""
+  sizes.shrink_to_tiny(sweep)
   sweep.steps = steps
-  sweep.pretrain.data.vocab_file = _vocab()  # The random-init arms need a given vocab.
-  sweep.pretrain.model = {'vocab_size': 30522}
   sweep.pretrain.train = {'eval_batches': 2, 'batch_size': 8, 'compilation_cache_dir': cache}
-  sweep.finetune.seeds = 1
-  # One rate of the grid: the runs and their folders are the grid's, at a CPU test's cost
-  # (test_finetune trains a grid of two).
-  sweep.finetune.learning_rates = '5e-5'
   if tasks:
     sweep.finetune.tasks = tasks
-  sweep.finetune.task_overrides = {}
-  sweep.finetune.overrides.model.dtype = 'float32'
-  sweep.finetune.overrides.data = {'max_seq_length': 32}
-  sweep.finetune.overrides.train.update(batch_size=8, num_epochs=1.0)
+  sweep.finetune.overrides.data.max_seq_length = 32
+  sweep.finetune.overrides.train.update(batch_size=8, num_epochs=1.0,
+                                        compilation_cache_dir=cache)
   sweep.finetune.overrides.task.max_train_examples = 16
-  sweep.finetune.overrides.train.compilation_cache_dir = cache
+  arms = sweep.arms.to_dict()
+  for arm in arms.values():
+    data = arm.get('pretrain', {}).get('data', {})
+    if data.get('tokenizer_vocab_size'):
+      data['tokenizer_vocab_size'] = arm['pretrain']['model']['vocab_size'] = TINY_TRAINED_VOCAB
+  sweep.arms = arms
   return sweep
 
 
 # The vocab an arm that trains its own tokenizer (RoBERTa's BPE, ALBERT's SentencePiece) gets in
-# a CPU test: training a 50k vocab and its output layer would be most of the test's time.
+# a CPU test: training even size=tiny's 4,096 pieces and their output layer would be most of the
+# test's time.
 TINY_TRAINED_VOCAB = 1000
-
-
-def narrow(sweep, factor=16):
-  """The arms' widths (`hidden=` arguments, model.intermediate_size overrides) / `factor`, and
-  the vocabs arms train TINY_TRAINED_VOCAB wide: the same shapes' depths and head counts, the
-  same tokenizers, cheap enough for a CPU test."""
-  arms = sweep.arms.to_dict()
-  for arm in arms.values():
-    args = [a.strip() for a in str(arm.get('args', '')).split(',') if a.strip()]
-    arm['args'] = ','.join(f'hidden={int(a[7:]) // factor}' if a.startswith('hidden=') else a
-                           for a in args)
-    model = arm.get('pretrain', {}).get('model', {})
-    if 'intermediate_size' in model:
-      model['intermediate_size'] //= factor
-    data = arm.get('pretrain', {}).get('data', {})
-    if data.get('tokenizer_vocab_size'):
-      data['tokenizer_vocab_size'] = model['vocab_size'] = TINY_TRAINED_VOCAB
-  sweep.arms = arms
-  return sweep
 
 
 @pytest.fixture(scope='session')
@@ -111,6 +94,62 @@ def test_every_shipped_sweep_plans_with_its_real_base(path, tmp_path):
   for job in plan.jobs:  # Jobs come after what they need.
     assert all(names.index(dep) < names.index(job.name) for dep in job.after)
   assert not os.listdir(tmp_path)  # Planning writes nothing.
+
+
+@pytest.mark.parametrize('path', SWEEP_FILES, ids=os.path.basename)
+def test_every_shipped_sweep_plans_at_size_tiny_on_the_tiny_base(path, tmp_path):
+  _data_root()
+  sweep = spec.load_file(path)
+  full = spec.plan(sweep, str(tmp_path / 'full'))
+  sweep.size = 'tiny'
+  plan = spec.plan(sweep, str(tmp_path / 'tiny'))
+  assert plan.summary['size'] == 'tiny' and plan.summary['base'] == sizes.TINY_BASE
+  assert plan.summary['seeds'] == 1 and len(plan.summary['learning_rates']) == 1
+  assert any('size tiny' in note for note in plan.summary['notes'])
+  # The same runs (arms, tasks, steps fine-tuned from), each small.
+  assert ([(j.kind, j.arm, j.task) for j in plan.jobs]
+          == [(j.kind, j.arm, j.task) for j in full.jobs])
+  for job, before in zip(plan.jobs, full.jobs):
+    if job.kind == 'pretrain':
+      assert job.config.startswith(sizes.TINY_BASE)
+      assert job.num_steps < before.num_steps / 10
+    elif job.kind == 'finetune':
+      assert job.overrides['task.max_train_examples'] == sizes.TINY_TRAIN_EXAMPLES
+      assert job.overrides['data.max_seq_length'] <= 128  # The tiny model's positions.
+      assert job.overrides['model.dtype'] == 'float32'
+
+
+def test_size_tiny_keeps_the_arms_proportions():
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'model_size.py'))
+  sizes.shrink_to_tiny(sweep)
+  # 768 wide with 3 or 12 heads: 96 wide, the feed-forward still 4H.
+  for name, arm in sweep.arms.items():
+    assert 'hidden=96' in arm.args, name
+    assert arm.pretrain.model.intermediate_size == 4 * 96
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'training_steps.py'))
+  sizes.shrink_to_tiny(sweep)
+  # At 5,000, 10,000 and 15,000 of 20,000 steps: the same fractions of TINY_STEPS.
+  assert sweep.steps == sizes.TINY_STEPS
+  assert sweep.finetune.at_steps == '75,150,225'
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'family.py'))
+  sizes.shrink_to_tiny(sweep)
+  assert sweep.arms.roberta.pretrain.data.tokenizer_vocab_size == 4096
+  assert sweep.arms.roberta.pretrain.model.vocab_size == 4096
+  assert 'tokenizer_vocab_size' not in sweep.arms.electra.pretrain.get('data', {})
+  sst2 = sweep.finetune.task_overrides.to_dict().get('sst2', {})
+  assert 'max_train_examples' not in sst2.get('task', {})
+  assert sst2['data']['max_seq_length'] == 64
+  sweep = spec.load_file(os.path.join(REPO, 'sweeps', 'spanbert.py'))
+  sizes.shrink_to_tiny(sweep)
+  # SQuAD's 384-token rows: as long as the tiny model's 128 positions.
+  assert sweep.finetune.task_overrides.squad.data.max_seq_length == 128
+
+
+def test_an_unknown_size_is_refused_naming_the_valid_ones(tmp_path):
+  sweep = table5()
+  sweep.size = 'huge'
+  with pytest.raises(spec.SweepError, match=r"sweep.size='huge': expected one of '', 'tiny'"):
+    spec.plan(sweep, str(tmp_path))
 
 
 def test_misspelled_key_in_an_arm_is_refused_naming_arm_and_key(tmp_path):
@@ -456,7 +495,7 @@ def test_shipped_sweep_runs_on_a_tiny_base_and_reports(path, tmp_path, compile_c
   steps = 1
   if sweep.finetune.get('at_steps'):
     steps, sweep.finetune.at_steps = 2, '1'
-  tiny(narrow(sweep), 'mrpc', steps, compile_cache)
+  tiny(sweep, 'mrpc', steps, compile_cache)
   if os.path.basename(path) not in FINE_TUNED_SWEEPS:
     planned = spec.plan(sweep, str(tmp_path / 'planned'), path)
     assert any(job.kind == 'finetune' for job in planned.jobs)  # Built and validated.

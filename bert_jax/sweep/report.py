@@ -319,7 +319,9 @@ def markdown(sweep: results.Sweep) -> str:
   seeds = spec.get('seeds', 1)
   rates = spec.get('learning_rates') or []
   out += [f'Sweep `{spec.get("name", "")}` ({spec.get("sweep_file", NONE)}); pretraining base '
-          f'config {spec.get("base", NONE)}; fine-tuning on {", ".join(sweep.tasks) or NONE}, '
+          f'config {spec.get("base", NONE)}'
+          + (f' (the sweep at size {spec["size"]})' if spec.get('size') else '')
+          + f'; fine-tuning on {", ".join(sweep.tasks) or NONE}, '
           f'{seeds} seed(s) each'
           + (f' at each learning rate of {", ".join(map(_rate, rates))}, the rate with the '
              'best median on dev reported' if rates else '') + '.', '']

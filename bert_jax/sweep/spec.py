@@ -38,6 +38,8 @@ A sweep file (sweeps/*.py) is a config file whose get_config() returns a ConfigD
               selects its rate from on dev, comma separated (its train.learning_rates; the
               shipped sweeps: the paper's 5e-5,4e-5,3e-5,2e-5, sweeps/common.py), '' or absent
               for the overrides' one train.learning_rate.
+  size        '' (the file's recipe) or 'tiny': every arm at configs/tiny.py's shape on the
+              built-in corpus, minutes on a laptop (sizes.py; `--sweep.size=tiny`).
   paper       {source: where the paper's numbers come from, columns: their names}.
   notes       Lines the report prints under its tables.
 
@@ -60,6 +62,7 @@ import ml_collections
 
 from bert_jax import config_lib
 from bert_jax.models import architecture
+from bert_jax.sweep import sizes
 from bert_jax.train import lr_grid
 
 # What decides the held-out documents (and their count): every pretraining run of a sweep must
@@ -475,6 +478,13 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   for key in ('name', 'base'):
     if not sweep.get(key):
       raise SweepError(f'sweep.{key} is empty; a sweep file sets it.')
+  try:
+    sweep, size = sizes.resized(sweep)
+  except sizes.SizeError as e:
+    raise SweepError(str(e)) from None
+  except (OSError, ImportError, SyntaxError, ValueError, KeyError) as e:
+    raise SweepError(f'sweep.size={sweep.get("size")!r}: the base {sweep.base!r} does not load: '
+                     f'{e}') from e
   if 'finetune' not in sweep:
     raise SweepError('sweep.finetune is missing (config, tasks, seeds).')
   if int(sweep.finetune.get('seeds', 1)) < 1:
@@ -545,7 +555,7 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   summary = {
       'name': sweep.name, 'title': sweep.get('title', sweep.name),
       'description': sweep.get('description', ''), 'sweep_file': sweep_file,
-      'base': sweep.base, 'tasks': tasks, 'seeds': int(sweep.finetune.get('seeds', 1)),
+      'base': sweep.base, 'size': size, 'tasks': tasks, 'seeds': int(sweep.finetune.get('seeds', 1)),
       'learning_rates': list(rates),
       'notes': list(sweep.get('notes') or []) + notes,
       'paper': {'source': paper.get('source', ''), 'columns': list(paper.get('columns') or [])},

@@ -93,6 +93,10 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   # Each logged step says what is left of its seed.
   assert re.search(r'seed 1 step \d+/\d+ \| loss [\d.]+ \| lr \S+ \| [\d.]+ seq/s \| ETA '
                    r'\d+m\d\ds', caplog.text), caplog.text[-2000:]
+  # One line at the end: the score beside the majority class's, and where the results are.
+  done = re.search(r'Done\. sst2 dev accuracy ([\d.]+) \(input-ignoring baseline ([\d.]+)\): '
+                   r'median of 2 seeds at lr 0\.005; results in (\S+)\.', caplog.text)
+  assert done, caplog.text[-2000:]
   per_seed = [r['accuracy'] for r in results['per_seed']['dev']]
   assert len(per_seed) == 2 and results['seeds'] == [0, 1]
   assert results['median']['dev']['accuracy'] == pytest.approx(np.median(per_seed))
@@ -100,6 +104,10 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   assert min(per_seed) > 90.0, per_seed
   with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
     assert json.load(f)['median'] == results['median']
+  assert float(done.group(1)) == pytest.approx(results['median']['dev']['accuracy'], abs=0.005)
+  assert float(done.group(2)) == pytest.approx(
+      results['baseline']['metrics']['dev']['accuracy'], abs=0.005)
+  assert done.group(3) == os.path.join(workdir, 'results.json')
   assert set(results['eval_examples']) == set(results['median'])
   assert all(n > 0 for n in results['eval_examples'].values())
   records = read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))

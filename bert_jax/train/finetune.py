@@ -359,7 +359,28 @@ def run(config, workdir: str) -> dict:
       logging.info('%s %s at the selected lr %s, median of %d seed(s): %s', task.name,
                    split_name, lr_grid.label(results['learning_rate']), len(results['seeds']),
                    ', '.join(f'{k} {v:.2f}' for k, v in medians.items()))
+    logging.info('Done. %s; results in %s.', done_summary(task, results),
+                 os.path.join(workdir, 'results.json'))
   return results
+
+
+def done_summary(task: base.Task, results: dict) -> str:
+  """The run's end in a line: each eval split's main metric (median over seeds) beside what a
+  model that ignores its input scores there, and the rate and seeds it is at."""
+  baselines = (results.get('baseline') or {}).get('metrics') or {}
+  parts = []
+  for split, medians in results['median'].items():
+    score = medians.get(task.main_metric)
+    if score is None:  # An unlabelled split (GLUE test) has no metrics.
+      continue
+    part = f'{task.name} {split} {task.main_metric} {score:.2f}'
+    baseline = (baselines.get(split) or {}).get(task.main_metric)
+    if baseline is not None:
+      part += f' (input-ignoring baseline {baseline:.2f})'
+    parts.append(part)
+  seeds = len(results['seeds'])
+  return (', '.join(parts) + f': median of {seeds} seed{"s" if seeds > 1 else ""} at lr '
+          f'{lr_grid.label(results["learning_rate"])}')
 
 
 def task_baseline(task: base.Task, train: base.EncodedSplit, evals: dict) -> dict:

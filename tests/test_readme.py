@@ -140,6 +140,13 @@ COMMANDS = {
     '--parallel=6': NotRun(
         'a GPU job (three pretraining runs of configs/small.py, fifteen fine-tuning runs); '
         'tests/test_sweep.py runs every shipped sweep on configs/tiny.py instead'),
+    '.venv/bin/python -m bert_jax.sweep run --sweep=sweeps/table5.py --sweep.size=tiny '
+    '--workdir=runs/t5_tiny': Run(
+        # Its pretraining runs, 2 steps each (134 of the base's 20,000 at size tiny's 300 for
+        # 20,000); test_sweep.py fine-tunes every shipped sweep at size tiny.
+        'sweep_tiny', needs_data=True, append=('--sweep.steps=134', '--sweep.finetune.tasks='),
+        files=('runs/t5_tiny/report.md', 'runs/t5_tiny/pretrain/ltr/checkpoints/2'),
+        prints=('(the sweep at size tiny)',)),
     # Fine-tune.
     'export BERT_JAX_DATA=../shared/data': NotRun(
         'sets $BERT_JAX_DATA for the commands after it; they run with the value this test has '

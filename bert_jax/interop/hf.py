@@ -558,6 +558,8 @@ def export_tokenizer(vocab_file: str, lowercase: bool, out_dir: str, max_length:
     elif kind == 'sentencepiece_fairseq':
       settings.update(tokenizer_class='XLMRobertaTokenizer')
     else:
+      # DeBERTa's too: its vocab is trained and its text prepared as ALBERT's, which
+      # DebertaV2Tokenizer does not reproduce (it keeps `` and '' and, lowercased, accents).
       settings.update(tokenizer_class='AlbertTokenizer', do_lower_case=lowercase,
                       keep_accents=not lowercase, remove_space=True)
   with open(os.path.join(out_dir, 'tokenizer_config.json'), 'w', encoding='utf-8') as f:

@@ -520,7 +520,6 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
 
 # Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
 FINETUNE_CHOICES = {
-    'task.kind': ('glue', 'squad', 'ner', 'swag'),
     'task.source': ('files', 'tfds'),
     'task.version': ('1.1', '2.0'),
     # '': the source's kind (init_from.adopt_source sets it before the second validation).
@@ -534,7 +533,9 @@ def validate_finetune(config) -> None:
   from configs import finetune  # pylint: disable=g-import-not-at-top
   flat = flatten(config)
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
-  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES})
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES,
+                       'task.kind': tuple(tasks.available())})
   _check_names(config)
   # Pretraining-only model switches: fine-tuning builds the encoder without them (the family
   # units' fields so marked, e.g. DeBERTa's mask decoder, whose table is dropped; rtd's sharing,
@@ -560,65 +561,16 @@ def validate_finetune(config) -> None:
 
 
 def _check_task(config) -> None:
-  """The task's files exist and its settings fit together."""
+  """What every kind shares, then the kind's own checks (its files exist, its settings fit
+  together; bert_jax/tasks)."""
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
   task = config.task
   if task.lstm_layers and task.feature_layers:
     raise ConfigError(f'config.task.lstm_layers={task.lstm_layers} with config.task.feature_layers='
                       f'{task.feature_layers}: the feature-based mode has its own BiLSTM '
                       '(config.task.feature_lstm_layers); set lstm_layers=0 for it, or '
                       'feature_layers=0 to fine-tune the encoder with a BiLSTM on top.')
-  if task.kind == 'glue':
-    from configs import glue  # pylint: disable=g-import-not-at-top
-    if task.name not in glue.FOLDERS:
-      raise ConfigError(f'config.task.name={task.name!r} is not a GLUE task; choose one of '
-                        f'{tuple(glue.FOLDERS)}.')
-    if task.source == 'files':
-      _check_path('task.data_dir', task.data_dir, 'the GLUE task folder with train.tsv and '
-                  'dev.tsv (or set config.task.source=tfds)', directory=True)
-    if task.feature_layers:
-      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
-                        'mode tags tokens (NER); GLUE fine-tunes the whole model (set it to 0).')
-  elif task.kind == 'squad':
-    _check_path('task.dev_file', task.dev_file, 'the SQuAD dev JSON (dev-v1.1.json)')
-    if task.train_file:
-      _check_path('task.train_file', task.train_file, 'the SQuAD training JSON')
-    elif not task.split_dev_fraction:
-      raise ConfigError('config.task.train_file is empty and config.task.split_dev_fraction is '
-                        '0: give a SQuAD training JSON, or train on a share of the dev articles '
-                        '(e.g. --config.task.split_dev_fraction=0.5).')
-    if task.max_query_length + 3 >= config.data.max_seq_length:
-      raise ConfigError(f'config.task.max_query_length={task.max_query_length} leaves no room '
-                        f'for the context in config.data.max_seq_length='
-                        f'{config.data.max_seq_length}.')
-    if task.feature_layers:
-      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
-                        'mode tags tokens (NER); set it to 0 for SQuAD.')
-  elif task.kind == 'swag':
-    if task.source != 'files':
-      raise ConfigError(f'config.task.source={task.source!r}: SWAG is read from its CSV files '
-                        "only (source='files').")
-    _check_path('task.data_dir', task.data_dir, "SWAG's folder with train.csv and val.csv "
-                '(the full dataset is not in the shared data: supply it)', directory=True)
-    if task.feature_layers:
-      raise ConfigError(f'config.task.feature_layers={task.feature_layers}: the feature-based '
-                        'mode tags tokens (NER); SWAG fine-tunes the whole model (set it to 0).')
-  else:
-    _check_path('task.train_file', task.train_file, 'the CoNLL-2003 training file (eng.train)')
-    _check_path('task.dev_file', task.dev_file, 'the CoNLL-2003 dev file (eng.testa)')
-    if task.test_file:
-      _check_path('task.test_file', task.test_file, 'the CoNLL-2003 test file (eng.testb)')
-    if task.feature_layers > config.model.num_layers:
-      raise ConfigError(f'config.task.feature_layers={task.feature_layers} exceeds the '
-                        f'encoder\'s {config.model.num_layers} layers.')
-
-
-def _check_path(key: str, value: str, what: str, directory: bool = False) -> None:
-  exists = os.path.isdir(value) if directory else os.path.isfile(value)
-  if not value:
-    raise ConfigError(f'config.{key} is empty; set it to {what} (or set BERT_JAX_DATA to the '
-                      'shared data folder before loading the config).')
-  if not exists:
-    raise ConfigError(f'config.{key}={value!r} does not exist; it should be {what}.')
+  tasks.get(task.kind).check(config)
 
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:

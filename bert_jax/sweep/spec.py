@@ -79,9 +79,6 @@ HELD_OUT_ROW_KEYS = ('objectives', 'data.max_seq_length', 'data.short_seq_prob')
 # What decides the masks when masking.eval='train'.
 MASKING_KEYS = ('masking.rate', 'masking.mask_token_fraction', 'masking.random_token_fraction',
                 'masking.whole_word', 'masking.spans', 'masking.span_p', 'masking.max_span')
-# Fine-tuning config of each task outside GLUE; a GLUE task is configs/glue.py:task=NAME.
-TASK_CONFIGS = {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py',
-                'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py', 'swag': 'configs/swag.py'}
 
 
 class SweepError(ValueError):
@@ -316,14 +313,18 @@ def _tasks(sweep) -> list[str]:
 
 
 def task_config(sweep, task: str) -> str:
-  """The fine-tuning config file (with arguments) of `task`."""
-  if task in TASK_CONFIGS:
-    return TASK_CONFIGS[task]
-  from configs import glue  # pylint: disable=g-import-not-at-top
-  if task not in glue.FOLDERS:
+  """The fine-tuning config file (with arguments) of `task`: its kind's (bert_jax/tasks), a GLUE
+  task's on sweep.finetune.config."""
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  configs = tasks.sweep_configs()
+  if task not in configs:
     raise SweepError(f'sweep.finetune.tasks: unknown task {task!r}; valid tasks are '
-                     f'{", ".join(sorted(set(glue.FOLDERS) | set(TASK_CONFIGS)))}.')
-  return with_args(sweep.finetune.get('config', 'configs/glue.py'), [f'task={task}'])
+                     f'{", ".join(sorted(configs))}.')
+  path, _, arg = configs[task].partition(':')
+  if path == 'configs/glue.py':
+    # The sweep's GLUE config (configs/glue.py or one taking its task= argument).
+    return with_args(sweep.finetune.get('config', 'configs/glue.py'), [arg])
+  return configs[task]
 
 
 def finetune_config(sweep, arm, arm_name: str, task: str, pretrained, init_from: str):

@@ -21,10 +21,12 @@ Metrics are percentages (0-100), as the paper reports them.
 """
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
 
+from bert_jax.core import errors
 from bert_jax.core import files
 from bert_jax.models import heads
 
@@ -49,6 +51,25 @@ def write_index_predictions(path: str, values) -> str:
           for index, value in enumerate(values)]
   files.write_text(path, 'index\tprediction\n' + ''.join(rows))
   return path
+
+
+def check_path(key: str, value: str, what: str, directory: bool = False) -> None:
+  """ConfigError unless config.`key` names an existing file (or `directory`), `what` it should
+  be."""
+  exists = os.path.isdir(value) if directory else os.path.isfile(value)
+  if not value:
+    raise errors.ConfigError(f'config.{key} is empty; set it to {what} (or set BERT_JAX_DATA to '
+                             'the shared data folder before loading the config).')
+  if not exists:
+    raise errors.ConfigError(f'config.{key}={value!r} does not exist; it should be {what}.')
+
+
+def refuse_feature_layers(task, what: str) -> None:
+  """ConfigError when config.task.feature_layers is set for a kind that is not NER's: `what`
+  says what to do instead."""
+  if task.feature_layers:
+    raise errors.ConfigError(f'config.task.feature_layers={task.feature_layers}: the '
+                             f'feature-based mode tags tokens (NER); {what}.')
 
 
 class TaskError(ValueError):

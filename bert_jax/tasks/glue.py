@@ -13,6 +13,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from bert_jax import tasks as tasks_lib
+from bert_jax.core import errors
 from bert_jax.tasks import base
 from bert_jax.tasks import scoring
 
@@ -487,3 +489,26 @@ class GlueTask(base.Task):
       path = os.path.join(directory, submissions.get(part, f'{self.name}_{part}.tsv'))
       paths.append(base.write_index_predictions(path, values))
     return paths
+
+
+def check_config(config) -> None:
+  """A GLUE run's settings: a GLUE task, its folder (files) and no feature-based mode."""
+  task = config.task
+  if task.name not in TASKS:
+    raise errors.ConfigError(f'config.task.name={task.name!r} is not a GLUE task; choose one of '
+                             f'{tuple(TASKS)}.')
+  if task.source == 'files':
+    base.check_path('task.data_dir', task.data_dir, 'the GLUE task folder with train.tsv and '
+                    'dev.tsv (or set config.task.source=tfds)', directory=True)
+  base.refuse_feature_layers(task, 'GLUE fine-tunes the whole model (set it to 0)')
+
+
+def build(config) -> GlueTask:
+  t = config.task
+  return GlueTask(t.name, data_dir=t.data_dir, source=t.source,
+                  max_train_examples=t.max_train_examples)
+
+
+tasks_lib.register(tasks_lib.TaskKind(
+    'glue', check_config, build,
+    sweep_configs=lambda: {name: f'configs/glue.py:task={name}' for name in TASKS}))

@@ -11,6 +11,8 @@ from typing import Optional
 
 import numpy as np
 
+from bert_jax import tasks as tasks_lib
+from bert_jax.core import errors
 from bert_jax.core import files
 from bert_jax.tasks import base
 from bert_jax.tasks import scoring
@@ -216,3 +218,25 @@ class NerTask(base.Task):
                 for word, gold, predicted in zip(sentence.words, sentence.tags, tags)) + '\n'
         for sentence, tags in zip(sentences, predictions)))
     return [path]
+
+
+def check_config(config) -> None:
+  """A CoNLL-2003 run's settings: its files, and a feature-based mode within the encoder."""
+  task = config.task
+  base.check_path('task.train_file', task.train_file, 'the CoNLL-2003 training file (eng.train)')
+  base.check_path('task.dev_file', task.dev_file, 'the CoNLL-2003 dev file (eng.testa)')
+  if task.test_file:
+    base.check_path('task.test_file', task.test_file, 'the CoNLL-2003 test file (eng.testb)')
+  if task.feature_layers > config.model.num_layers:
+    raise errors.ConfigError(f'config.task.feature_layers={task.feature_layers} exceeds the '
+                             f'encoder\'s {config.model.num_layers} layers.')
+
+
+def build(config) -> NerTask:
+  t = config.task
+  return NerTask(t.train_file, t.dev_file, t.test_file, max_train_examples=t.max_train_examples)
+
+
+tasks_lib.register(tasks_lib.TaskKind(
+    'ner', check_config, build,
+    sweep_configs=lambda: {'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py'}))

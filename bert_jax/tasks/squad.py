@@ -19,6 +19,8 @@ from typing import Any
 from absl import logging
 import numpy as np
 
+from bert_jax import tasks as tasks_lib
+from bert_jax.core import errors
 from bert_jax.core import files
 from bert_jax.tasks import base
 
@@ -538,3 +540,37 @@ class SquadTask(base.Task):
       files.write_text(path, json.dumps(content, indent=2, ensure_ascii=False) + '\n')
       paths.append(path)
     return paths
+
+
+def check_config(config) -> None:
+  """A SQuAD run's settings: its files (or a share of dev to train on) and room for a context."""
+  task = config.task
+  base.check_path('task.dev_file', task.dev_file, 'the SQuAD dev JSON (dev-v1.1.json)')
+  if task.train_file:
+    base.check_path('task.train_file', task.train_file, 'the SQuAD training JSON')
+  elif not task.split_dev_fraction:
+    raise errors.ConfigError(
+        'config.task.train_file is empty and config.task.split_dev_fraction is 0: give a SQuAD '
+        'training JSON, or train on a share of the dev articles (e.g. '
+        '--config.task.split_dev_fraction=0.5).')
+  if task.max_query_length + 3 >= config.data.max_seq_length:
+    raise errors.ConfigError(f'config.task.max_query_length={task.max_query_length} leaves no '
+                             f'room for the context in config.data.max_seq_length='
+                             f'{config.data.max_seq_length}.')
+  base.refuse_feature_layers(task, 'set it to 0 for SQuAD')
+
+
+def build(config) -> SquadTask:
+  t = config.task
+  return SquadTask(
+      version=t.version, train_file=t.train_file, dev_file=t.dev_file,
+      split_dev_fraction=t.split_dev_fraction, seed=config.seed, doc_stride=t.doc_stride,
+      max_query_length=t.max_query_length, n_best_size=t.n_best_size,
+      max_answer_length=t.max_answer_length,
+      null_score_diff_threshold=t.null_score_diff_threshold,
+      max_train_examples=t.max_train_examples)
+
+
+tasks_lib.register(tasks_lib.TaskKind(
+    'squad', check_config, build,
+    sweep_configs=lambda: {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py'}))

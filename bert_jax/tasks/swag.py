@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from bert_jax import tasks as tasks_lib
+from bert_jax.core import errors
 from bert_jax.tasks import base
 from bert_jax.tasks import glue
 from bert_jax.tasks import scoring
@@ -137,3 +139,22 @@ class SwagTask(base.Task):
     os.makedirs(directory, exist_ok=True)
     return [base.write_index_predictions(
         os.path.join(directory, f'{self.name}_{split_name}.tsv'), predictions)]
+
+
+def check_config(config) -> None:
+  """A SWAG run's settings: its CSV folder, and no feature-based mode."""
+  task = config.task
+  if task.source != 'files':
+    raise errors.ConfigError(f'config.task.source={task.source!r}: SWAG is read from its CSV '
+                             "files only (source='files').")
+  base.check_path('task.data_dir', task.data_dir, "SWAG's folder with train.csv and val.csv "
+                  '(the full dataset is not in the shared data: supply it)', directory=True)
+  base.refuse_feature_layers(task, 'SWAG fine-tunes the whole model (set it to 0)')
+
+
+def build(config) -> SwagTask:
+  return SwagTask(config.task.data_dir, max_train_examples=config.task.max_train_examples)
+
+
+tasks_lib.register(tasks_lib.TaskKind('swag', check_config, build,
+                                      sweep_configs=lambda: {'swag': 'configs/swag.py'}))

@@ -42,6 +42,7 @@ from bert_jax import sharding
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as steps
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax import tasks
 from bert_jax.tasks import base
 
 INPUT_KEYS = ('input_ids', 'segment_ids', 'input_mask')
@@ -49,27 +50,8 @@ _SHUFFLE_STREAM = 5
 
 
 def build_task(config) -> base.Task:
-  """The task config.task names, with its files."""
-  t = config.task
-  if t.kind == 'glue':
-    from bert_jax.tasks import glue  # pylint: disable=g-import-not-at-top
-    return glue.GlueTask(t.name, data_dir=t.data_dir, source=t.source,
-                         max_train_examples=t.max_train_examples)
-  if t.kind == 'squad':
-    from bert_jax.tasks import squad  # pylint: disable=g-import-not-at-top
-    return squad.SquadTask(
-        version=t.version, train_file=t.train_file, dev_file=t.dev_file,
-        split_dev_fraction=t.split_dev_fraction, seed=config.seed, doc_stride=t.doc_stride,
-        max_query_length=t.max_query_length, n_best_size=t.n_best_size,
-        max_answer_length=t.max_answer_length,
-        null_score_diff_threshold=t.null_score_diff_threshold,
-        max_train_examples=t.max_train_examples)
-  if t.kind == 'swag':
-    from bert_jax.tasks import swag  # pylint: disable=g-import-not-at-top
-    return swag.SwagTask(t.data_dir, max_train_examples=t.max_train_examples)
-  from bert_jax.tasks import ner  # pylint: disable=g-import-not-at-top
-  return ner.NerTask(t.train_file, t.dev_file, t.test_file,
-                     max_train_examples=t.max_train_examples)
+  """The task config.task names, with its files (its kind's builder, bert_jax/tasks)."""
+  return tasks.get(config.task.kind).build(config)
 
 
 def build_model(config, task: base.Task) -> heads.BertForFineTuning:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from bert_jax.core import errors
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining
 
@@ -82,8 +83,13 @@ def test_eval_set_is_fixed_and_held_out():
 def test_too_small_corpus_is_a_clear_error():
   docs = synthetic_documents(num_docs=2)
   stream = pipeline.PretrainingStream(docs, settings(), batch_size=500, seed=0)
-  with pytest.raises(ValueError, match='fewer than batch_size=500'):
+  # A ConfigError: bert_jax.main ends the run with its one line.
+  with pytest.raises(errors.ConfigError, match='fewer than batch_size=500'):
     next(stream.batches({'epoch': 0, 'batch': 0}))
+  with pytest.raises(errors.ConfigError,
+                     match=r'The held-out documents \(0\) yield 0 examples, fewer than '
+                           r'train.batch_size=4; raise data.eval_fraction'):
+    pipeline.eval_batches([], settings(), 4, 1, seed=0)
 
 
 def test_most_frequent_label_baseline():

@@ -234,6 +234,23 @@ def test_prepare_data_gives_batches_with_position_and_language_ids(tmp_path):
   assert set(np.unique(examples['language_ids'][examples['input_mask'] > 0])) == {0, 1}
 
 
+def test_a_language_too_small_to_hold_out_a_document_is_one_config_error(tmp_path):
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  # Each language's file is one document (no blank line): 5% of one holds out none.
+  for code in ('en', 'fr'):
+    (tmp_path / f'one.{code}.txt').write_text(
+        ''.join(f'{en if code == "en" else fr}\n' for en, fr in parallel_sample()[:40]),
+        encoding='utf-8')
+  config = tiny_xlm(tmp_path, **{'data.corpus': str(tmp_path / 'one.{lang}.txt'),
+                                 'data.parallel': '', 'objectives': 'mlm'})
+  config_lib.validate(config)
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'The held-out documents \(0\) yield 0 examples.* Each language holds '
+                           r'out data.eval_fraction=[\d.]+ of its documents .*held out en 0 '
+                           r'documents, fr 0 documents\.'):
+    pretrain.prepare_data(config, str(tmp_path / 'run'))
+
+
 def xlm_clm(tmp_path):
   """XLM's causal LM: the recipe with objectives='clm', causal attention, no translation pairs."""
   return tiny_xlm(tmp_path, **{'objectives': 'clm', 'model.causal': True, 'data.parallel': ''})

@@ -9,6 +9,7 @@ pipeline reuses the same pure functions from data/pretraining.py.
 
 import numpy as np
 
+from bert_jax.core import errors
 from bert_jax.data import pretraining
 
 _TRAIN_STREAM, _EVAL_STREAM, _SPLIT_STREAM = 1, 2, 3
@@ -99,7 +100,8 @@ class PretrainingStream:
     while True:
       num_batches = self.batches_per_epoch(epoch)
       if num_batches == 0:
-        raise ValueError(
+        # A ConfigError: the run ends with one line naming the keys to change.
+        raise errors.ConfigError(
             f'The training documents yield fewer than batch_size={self.batch_size} examples '
             'per epoch; use a larger corpus or a smaller train.batch_size.')
       while index < num_batches:
@@ -125,7 +127,7 @@ def eval_batches(documents, settings: pretraining.MaskingSettings, batch_size: i
     if count >= batch_size * num_batches:
       break
   if count < batch_size:
-    raise ValueError(
+    raise errors.ConfigError(
         f'The held-out documents ({len(documents)}) yield {count} examples, fewer than '
         f'train.batch_size={batch_size}; raise data.eval_fraction or use a larger corpus.')
   merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

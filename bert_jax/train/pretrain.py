@@ -100,9 +100,17 @@ def prepare_data(config, workdir: str):
   stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed,
                                       build)
   stream.data_sha256 = identity.digest(encoded)  # The whole corpus's ids, before the split.
-  held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
-                                   config.train.batch_size,
-                                   config.train.eval_batches, config.seed, eval_build)
+  try:
+    held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
+                                     config.train.batch_size,
+                                     config.train.eval_batches, config.seed, eval_build)
+  except config_lib.ConfigError as e:
+    if not languages:
+      raise
+    raise config_lib.ConfigError(
+        f'{e} Each language holds out data.eval_fraction={config.data.eval_fraction} of its '
+        f'documents (blank lines separate documents in a one-sentence-per-line file): held out '
+        f'{crosslingual.describe(eval_docs, languages)}.') from None
   if languages:
     logging.info('Corpus: %s train, %s held out; vocab %d.',
                  crosslingual.describe(train_docs, languages),

@@ -58,9 +58,10 @@ def _base_config(spec: str):
 def shrink_to_tiny(sweep) -> None:
   """`sweep` at size tiny, in place (module docstring): configs/tiny.py as the base, with the
   original base's vocab file (an arm from random initialisation needs one); TINY_STEPS for the
-  base's budget (a sweep.steps in proportion), at_steps scaled with the budget; arms' widths divided by
-  TINY_WIDTH_DIVISOR and trained vocabs at size=tiny's; fine-tuning on TINY_TRAIN_EXAMPLES rows,
-  one seed, one rate, rows of the tiny model's length, in float32 as it pretrains."""
+  base's budget (a sweep.steps in proportion), at_steps scaled with the budget; arms' widths
+  divided by TINY_WIDTH_DIVISOR and trained vocabs at size=tiny's; fine-tuning on
+  TINY_TRAIN_EXAMPLES rows, one seed, one rate, rows of the tiny model's length, in float32 as it
+  pretrains."""
   original = _base_config(sweep.base)
   tiny = _base_config(TINY_BASE)
   budget = int(sweep.get('steps', 0) or 0) or original.train.num_steps

@@ -556,7 +556,8 @@ def plan(sweep, workdir: str = '', sweep_file: str = '') -> Plan:
   summary = {
       'name': sweep.name, 'title': sweep.get('title', sweep.name),
       'description': sweep.get('description', ''), 'sweep_file': sweep_file,
-      'base': sweep.base, 'size': size, 'tasks': tasks, 'seeds': int(sweep.finetune.get('seeds', 1)),
+      'base': sweep.base, 'size': size, 'tasks': tasks,
+      'seeds': int(sweep.finetune.get('seeds', 1)),
       'learning_rates': list(rates),
       'notes': list(sweep.get('notes') or []) + notes,
       'paper': {'source': paper.get('source', ''), 'columns': list(paper.get('columns') or [])},

@@ -40,7 +40,7 @@ def tiny(sweep, tasks=None, steps=1, cache=''):
   for a CPU test: `steps` per pretraining run, a few fine-tuning rows of 32 tokens, and trained
   vocabs TINY_TRAINED_VOCAB wide; compiled steps kept in `cache` (runs of one shape compile
   once)."""
-  sizes.shrink_to_tiny(sweep)
+  sizes.shrink_to_tiny(sweep, trained_vocab=TINY_TRAINED_VOCAB)
   sweep.steps = steps
   sweep.pretrain.train = {'eval_batches': 2, 'batch_size': 8, 'compilation_cache_dir': cache}
   if tasks:
@@ -49,12 +49,6 @@ def tiny(sweep, tasks=None, steps=1, cache=''):
   sweep.finetune.overrides.train.update(batch_size=8, num_epochs=1.0,
                                         compilation_cache_dir=cache)
   sweep.finetune.overrides.task.max_train_examples = 16
-  arms = sweep.arms.to_dict()
-  for arm in arms.values():
-    data = arm.get('pretrain', {}).get('data', {})
-    if data.get('tokenizer_vocab_size'):
-      data['tokenizer_vocab_size'] = arm['pretrain']['model']['vocab_size'] = TINY_TRAINED_VOCAB
-  sweep.arms = arms
   return sweep
 
 

@@ -73,9 +73,8 @@ def _missing_override_key(argv) -> str:
     spec = _config_argument(argv, name)
     if not spec:
       continue
-    path, _, arg = spec.partition(':')
     try:
-      config = _load_config(path, arg or None)
+      config = load_config_spec(spec)
     except Exception:  # pylint: disable=broad-except
       continue  # The file's own error is reported where it is loaded.
     for item in argv[1:]:
@@ -205,6 +204,12 @@ def load_config_file(path: str, arg=None):
   """get_config(arg) of the config file at `path` (absolute, or relative to the current
   directory, then to the repository): what --config=PATH:ARG loads."""
   return _load_config(path, arg)
+
+
+def load_config_spec(spec: str):
+  """get_config(ARG) of 'PATH[:ARG]', as --config=PATH:ARG loads it."""
+  path, _, arg = spec.partition(':')
+  return _load_config(path, arg or None)
 
 
 def _load_config(path: str, arg):

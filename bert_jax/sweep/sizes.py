@@ -50,20 +50,15 @@ def resized(sweep):
   return sweep, size
 
 
-def _base_config(spec: str):
-  path, _, arg = spec.partition(':')
-  return cli.load_config_file(path, arg or None)
-
-
-def shrink_to_tiny(sweep) -> None:
+def shrink_to_tiny(sweep, trained_vocab: int = base_config.TINY['vocab']) -> None:
   """`sweep` at size tiny, in place (module docstring): configs/tiny.py as the base, with the
   original base's vocab file (an arm from random initialisation needs one); TINY_STEPS for the
   base's budget (a sweep.steps in proportion), at_steps scaled with the budget; arms' widths
   divided by TINY_WIDTH_DIVISOR and trained vocabs at size=tiny's; fine-tuning on
   TINY_TRAIN_EXAMPLES rows, one seed, one rate, rows of the tiny model's length, in float32 as it
   pretrains."""
-  original = _base_config(sweep.base)
-  tiny = _base_config(TINY_BASE)
+  original = cli.load_config_spec(sweep.base)
+  tiny = cli.load_config_spec(TINY_BASE)
   budget = int(sweep.get('steps', 0) or 0) or original.train.num_steps
   # A sweep that runs its base's budget gets TINY_STEPS; one that sets another, in proportion.
   steps = max(2, round(TINY_STEPS * budget / original.train.num_steps))
@@ -76,7 +71,8 @@ def shrink_to_tiny(sweep) -> None:
     data.setdefault('vocab_file', original.data.vocab_file)
     model.setdefault('vocab_size', original.model.vocab_size)
   sweep.pretrain = pretrain
-  sweep.arms = {name: _tiny_arm(arm) for name, arm in sweep.arms.to_dict().items()}
+  sweep.arms = {name: _tiny_arm(arm, trained_vocab)
+                for name, arm in sweep.arms.to_dict().items()}
   finetune = sweep.finetune
   at_steps = [int(s) for s in str(finetune.get('at_steps', '') or '').split(',') if s.strip()]
   if at_steps:
@@ -106,8 +102,8 @@ def shrink_to_tiny(sweep) -> None:
       'reports, not a measure of the effects the paper\'s columns show.']
 
 
-def _tiny_arm(arm: dict) -> dict:
-  """An arm's widths / TINY_WIDTH_DIVISOR and a vocab it trains at size=tiny's."""
+def _tiny_arm(arm: dict, trained_vocab: int) -> dict:
+  """An arm's widths / TINY_WIDTH_DIVISOR and a vocab it trains `trained_vocab` wide."""
   args = [a.strip() for a in str(arm.get('args', '') or '').split(',') if a.strip()]
   arm['args'] = ','.join(
       f'hidden={_narrow(int(a.split("=", 1)[1]))}' if a.startswith('hidden=') else a
@@ -120,8 +116,8 @@ def _tiny_arm(arm: dict) -> dict:
   if data.get('tokenizer_vocab_size'):
     # DeBERTa's spare rows above its tokenizer's vocab stay.
     spare = max(0, model.get('vocab_size', 0) - data['tokenizer_vocab_size'])
-    data['tokenizer_vocab_size'] = base_config.TINY['vocab']
-    model['vocab_size'] = base_config.TINY['vocab'] + spare
+    data['tokenizer_vocab_size'] = trained_vocab
+    model['vocab_size'] = trained_vocab + spare
   return arm
 
 

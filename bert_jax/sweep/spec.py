@@ -141,9 +141,8 @@ def backend_problems(plan: 'Plan') -> list[str]:
 def load_config(spec: str, where: str):
   """get_config(arg) of 'path[:arg]'; SweepError naming `where` when it does not load."""
   from bert_jax.core import cli  # pylint: disable=g-import-not-at-top
-  path, _, arg = spec.partition(':')
   try:
-    return cli.load_config_file(path, arg or None)
+    return cli.load_config_spec(spec)
   except (OSError, ImportError, SyntaxError, ValueError, KeyError) as e:
     raise SweepError(f'{where}: config {spec!r} does not load: {e}') from e
 

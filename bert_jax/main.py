@@ -58,7 +58,8 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   logging.get_absl_logger().addFilter(_quiet_libraries)
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
-  config_lib.apply_xla_flags(_CONFIG.value)  # Before JAX starts its backends.
+  from bert_jax.train import xla  # pylint: disable=g-import-not-at-top
+  xla.apply_xla_flags(_CONFIG.value)  # Before JAX starts its backends.
   import jax  # pylint: disable=g-import-not-at-top
   # Explicit signals only: libtpu itself sets CLOUD_TPU_* variables in any process that loads it.
   if os.environ.get('JAX_COORDINATOR_ADDRESS') or os.environ.get('BERT_JAX_MULTIHOST') == '1':
@@ -75,7 +76,7 @@ def main(argv):
                jax.devices()[0].platform)
   cache_dir, cache_reads = '', {}
   try:
-    cache_dir = config_lib.apply_compilation_cache(config)
+    cache_dir = xla.apply_compilation_cache(config)
     cache_reads = _count_cache_reads() if cache_dir else {}
     if config.get('mode') == 'finetune':
       from bert_jax.train import finetune  # pylint: disable=g-import-not-at-top

@@ -21,7 +21,7 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
 # again. One persistent compilation cache for the whole session (every compile, however short)
 # lets a program compiled once be read by every later process and xdist worker: the controller
 # makes it, the workers and subprocesses inherit the variables. A run whose config names its own
-# `train.compilation_cache_dir` still uses that one (config_lib.apply_compilation_cache), which
+# `train.compilation_cache_dir` still uses that one (train/xla.apply_compilation_cache), which
 # is what the tests of the cache itself check. A cache the caller set stands, and is kept.
 SESSION_CACHE_ENV = 'BERT_JAX_TEST_SESSION_CACHE'
 if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):

@@ -8,6 +8,7 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax.train import pretrain
+from bert_jax.train import xla
 from configs import base, finetune, glue, large, large_gpu, large_lamb, ner, squad, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -257,19 +258,19 @@ def test_cudnn_attention_dropout_needs_unrolled_layers_without_remat():
 def test_cudnn_attention_dropout_keeps_cudnn_out_of_command_buffers(monkeypatch):
   config = valid_config()
   monkeypatch.setenv('XLA_FLAGS', '--xla_dump_to=/tmp/x')
-  config_lib.apply_xla_flags(config)  # attention_impl='xla': nothing to set.
+  xla.apply_xla_flags(config)  # attention_impl='xla': nothing to set.
   assert os.environ['XLA_FLAGS'] == '--xla_dump_to=/tmp/x'
   config.model.attention_impl = 'cudnn'
   config.model.scan_layers = False
   # The backends of this test process already run (on CPU): the flag is set only where it can
   # still take effect, and a CPU run needs none.
   monkeypatch.setattr('jax._src.xla_bridge.backends_are_initialized', lambda: False)
-  config_lib.apply_xla_flags(config)
+  xla.apply_xla_flags(config)
   assert os.environ['XLA_FLAGS'] == ('--xla_dump_to=/tmp/x ' +
-                                     config_lib.COMMAND_BUFFER_WITHOUT_CUDNN)
-  assert 'CUDNN' not in config_lib.COMMAND_BUFFER_WITHOUT_CUDNN
+                                     xla.COMMAND_BUFFER_WITHOUT_CUDNN)
+  assert 'CUDNN' not in xla.COMMAND_BUFFER_WITHOUT_CUDNN
   monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_enable_command_buffer=')  # The user's own wins.
-  config_lib.apply_xla_flags(config)
+  xla.apply_xla_flags(config)
   assert os.environ['XLA_FLAGS'] == '--xla_gpu_enable_command_buffer='
 
 
@@ -281,7 +282,7 @@ def test_cudnn_attention_dropout_refused_when_gpu_backend_already_runs(monkeypat
   monkeypatch.setattr('jax._src.xla_bridge.backends_are_initialized', lambda: True)
   monkeypatch.setattr('jax.default_backend', lambda: 'gpu')
   with pytest.raises(config_lib.ConfigError, match=r'XLA_FLAGS="--xla_gpu_enable_command_buffer'):
-    config_lib.apply_xla_flags(config)
+    xla.apply_xla_flags(config)
 
 
 def test_unknown_keys_are_named_with_a_suggestion():
@@ -339,9 +340,9 @@ def test_unwritable_compilation_cache_dir_is_named(tmp_path):
   config.train.compilation_cache_dir = str(tmp_path / 'a_file' / 'cache')
   with pytest.raises(config_lib.ConfigError,
                      match=r"compilation_cache_dir='.*a_file/cache' is not a writable directory"):
-    config_lib.apply_compilation_cache(config)
+    xla.apply_compilation_cache(config)
   config.train.compilation_cache_dir = ''
-  assert config_lib.apply_compilation_cache(config) == ''
+  assert xla.apply_compilation_cache(config) == ''
 
 
 def run_main(*flags):

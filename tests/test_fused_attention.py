@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.train import xla
 from bert_jax.kernels.gpu import flash_backward
 from bert_jax.kernels.gpu import fused_attention
 from bert_jax.kernels.gpu import fused_norm
@@ -591,13 +592,13 @@ def test_pallas_attention_keeps_cudnns_conditions_only_for_rows_cudnn_gets():
   config = tiny.get_config()  # Rows of 64 tokens, heads of 64: the kernels take every row.
   config.model.update(attention_impl='pallas', scan_layers=True, remat_policy='full')
   config_lib.validate(config)
-  assert not config_lib.needs_cudnn_outside_command_buffers(config)
+  assert not xla.needs_cudnn_outside_command_buffers(config)
   config.model.max_position_embeddings = 512
   config.data.update(max_seq_length=256, max_predictions_per_seq=40)  # The flash kernels'.
   config_lib.validate(config)
-  assert not config_lib.needs_cudnn_outside_command_buffers(config)
+  assert not xla.needs_cudnn_outside_command_buffers(config)
   config.data.update(max_seq_length=384, max_predictions_per_seq=60)  # Rows of 384 go to cuDNN.
-  assert config_lib.needs_cudnn_outside_command_buffers(config)
+  assert xla.needs_cudnn_outside_command_buffers(config)
   with pytest.raises(config_lib.ConfigError,
                      match=r"attention_impl='pallas' with attention dropout.*scan_layers=False"):
     config_lib.validate(config)

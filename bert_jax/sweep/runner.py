@@ -314,11 +314,12 @@ def _run_in_process(job: spec_lib.Job, workdir: str) -> bool:
   """Runs `job` in this process (tests, small CPU runs): the same config the command builds."""
   from absl import logging  # pylint: disable=g-import-not-at-top
   from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import xla  # pylint: disable=g-import-not-at-top
   config = spec_lib.load_config(job.config, job.name)
   spec_lib.apply_overrides(config, job.overrides, job.name)
   try:
     if job.kind != 'prepare':
-      config_lib.apply_compilation_cache(config)  # As bert_jax.main does.
+      xla.apply_compilation_cache(config)  # As bert_jax.main does.
     if job.kind == 'prepare':
       from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
       prepare.prepare(config, job.workdir, 1, 64, 200)

@@ -102,10 +102,11 @@ class Setup:
     from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
     from bert_jax import sharding  # pylint: disable=g-import-not-at-top
     from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
+    from bert_jax.train import xla  # pylint: disable=g-import-not-at-top
     if not config.data.prepared:
       config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants one.
     config_lib.validate(config)
-    config_lib.apply_xla_flags(config)  # Before the mesh starts JAX's backends.
+    xla.apply_xla_flags(config)  # Before the mesh starts JAX's backends.
     self.config = config
     self.mesh = sharding.create_mesh(config.mesh)
     self.rules = sharding.logical_axis_rules(config.mesh.preset)

@@ -41,6 +41,7 @@ from bert_jax.train import optim
 from bert_jax import sharding
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as steps
+from bert_jax.train import xla
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax import tasks
 from bert_jax.tasks import base
@@ -261,7 +262,7 @@ def run(config, workdir: str) -> dict:
   config_lib.validate_and_adopt_source(config, config_lib.validate_finetune)
   rates = lr_grid.rates(config.train)  # ConfigError on a bad grid, before any file is read.
   grid = bool(lr_grid.grid(config.train))
-  config_lib.apply_xla_flags(config)
+  xla.apply_xla_flags(config)
   tokenizer = load_tokenizer(config)
   config_lib.validate_runtime_finetune(config, tokenizer.vocab_size)
   task = build_task(config)

@@ -28,6 +28,7 @@ from bert_jax import objectives
 from bert_jax import plot
 from bert_jax import sharding
 from bert_jax.train import step as steps
+from bert_jax.train import xla
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import crosslingual
 from bert_jax.data import identity
@@ -240,7 +241,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   workdir = guard.check_workdir(workdir, 'pretrain')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
   stop_on = health.parse_stop(config.train.stop_on_alarms)
-  config_lib.apply_xla_flags(config)
+  xla.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model, tx = steps.build_model(config), optim.for_pretraining(config)
   try:

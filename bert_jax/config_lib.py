@@ -96,15 +96,13 @@ def validate(config) -> None:
   _check_schedule(config.train)
   _check_names(config)
   _check_accumulation(config)
-  _check_attention(config)
+  _objectives().check(config)
   encoder.check_shape(config.model)
-  _check_electra(config)
   _check_families(config)
   _checks().check_model(config.model, row_lengths(config))
   _check_languages(config)
   _check_data(config)
-  _check_init_from(config)
-  _check_distill(config)
+  _check_sources(config)
   xla_options(config)
 
 
@@ -168,54 +166,20 @@ def write_config(config, workdir: str) -> None:
 
 def validate_and_adopt_source(config, validate_fn) -> None:
   """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
-  (init_from.adopt_source) and the result validated again. A 'distill' run first adopts its
-  teacher's (config.distill.teacher, which it needs): the student is checked against it."""
-  if _distills(config):
-    from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
-    try:
-      teacher.adopt_teacher(config)
-    except teacher.InitFromError as e:
-      raise ConfigError(str(e)) from e
+  and the result validated again. A run whose objective reads a teacher (distill) first adopts
+  the teacher's: the student is checked against it (interop/sources.py)."""
+  from bert_jax.interop import sources  # pylint: disable=g-import-not-at-top
+  sources.adopt_teacher(config)
   validate_fn(config)
   if config.init_from:
-    from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
-    try:
-      init_from.adopt_source(config)
-    except init_from.InitFromError as e:
-      raise ConfigError(str(e)) from e
+    sources.adopt_init_from(config)
     validate_fn(config)
 
 
-def _distills(config) -> bool:
-  """Whether config.objectives names 'distill' (False where it names nothing valid: validation
-  then says why)."""
-  try:
-    return 'objectives' in config and 'distill' in _objectives().parse(config.objectives)
-  except ValueError:
-    return False
-
-
-def _check_distill(config) -> None:
-  """A 'distill' run's student fits its teacher (config.distill.teacher_model): the same width,
-  heads, feed-forward and vocab, at most its depth, teacher_layers within it; the teacher, when
-  named, exists."""
-  if not _distills(config):
-    return
-  from bert_jax.interop import teacher  # pylint: disable=g-import-not-at-top
-  try:
-    teacher.check_student(config)
-  except teacher.InitFromError as e:
-    raise ConfigError(str(e)) from e
-
-
-def _check_init_from(config) -> None:
-  """config.init_from, when set, names something that exists."""
-  if config.init_from:
-    from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
-    try:
-      init_from.check_exists(config.init_from)
-    except init_from.InitFromError as e:
-      raise ConfigError(str(e)) from e
+def _check_sources(config) -> None:
+  """The checkpoints the run reads (init_from, a teacher) exist and fit (interop/sources.py)."""
+  from bert_jax.interop import sources  # pylint: disable=g-import-not-at-top
+  sources.check(config)
 
 
 def _check_ranges(flat, choices) -> None:
@@ -266,34 +230,6 @@ def _check_names(config) -> None:
       raise ConfigError(str(e)) from e
 
 
-def _check_attention(config) -> None:
-  """The objectives agree on the attention they train, and it is config.model.causal's."""
-  names = _objectives().parse(config.objectives)
-  causal = [n for n in names if _objectives().get(n).causal]
-  bidirectional = [n for n in names if n not in causal]
-  if causal and bidirectional:
-    raise ConfigError(
-        f'config.objectives={config.objectives!r} mixes objectives of causal attention '
-        f'({", ".join(causal)}) and of bidirectional attention ({", ".join(bidirectional)}); a '
-        "run trains one encoder with one attention: e.g. config.objectives='clm' with "
-        "config.model.causal=True, or 'mlm,nsp' with causal=False.")
-  wanted = bool(causal)
-  if bool(config.model.get('causal', False)) != wanted:
-    if wanted:
-      raise ConfigError(
-          f'config.objectives={config.objectives!r} needs causal attention ({", ".join(causal)}: '
-          'each token predicts the next from itself and earlier ones): set '
-          f'config.model.causal=True (got {config.model.get("causal", False)}).')
-    raise ConfigError(
-        f'config.objectives={config.objectives!r} needs bidirectional attention, but '
-        'config.model.causal=True; a masked LM with causal attention is not BERT. Set '
-        "config.model.causal=False, or config.objectives='clm' for a left-to-right LM.")
-  if wanted and config.data.get('packing'):
-    raise ConfigError('config.data.packing=True with config.model.causal=True is not supported '
-                      '(attention within each packed pair is not made causal); set '
-                      'config.data.packing=False.')
-
-
 def _checks():
   # The kernel settings' checks live beside their dispatch (bert_jax/ops); they import this
   # module's ConfigError.
@@ -314,77 +250,16 @@ def _check_languages(config) -> None:
   crosslingual.check_config(config)
 
 
-# The families with a replaced-token-detection generator (models.Family.generator).
-RTD_FAMILIES = ('electra', 'deberta')
-
-
-def _check_electra(config) -> None:
-  """'rtd' trains ELECTRA's (or DeBERTa-v3's) encoder with a generator no wider or deeper than
-  it (model.generator_fraction and generator_layer_fraction in (0, 1]) and takes no other
-  masked-token objective; model.embedding_sharing is its alone."""
-  names = _objectives().parse(config.objectives)
-  model = config.model
-  sharing = model.get('embedding_sharing', 'shared')
-  if 'rtd' not in names:
-    if sharing != 'shared':
-      raise ConfigError(f'config.model.embedding_sharing={sharing!r} with config.objectives='
-                        f"{config.objectives!r}: the generator and the discriminator share "
-                        "embeddings only under 'rtd'; leave it 'shared' or add 'rtd'.")
-    return
-  name = model.get('name', 'bert')
-  if name not in RTD_FAMILIES:
-    raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
-                      f"{name!r}: 'rtd' (replaced-token detection) trains a discriminator and a "
-                      f"generator of {' or '.join(RTD_FAMILIES)} (ELECTRA, DeBERTa-v3); set "
-                      "config.model.name='electra'.")
-  if name == 'deberta' and model.generator_fraction != 1:
-    raise ConfigError(f'config.model.generator_fraction={model.generator_fraction!r} with '
-                      "config.model.name='deberta': DeBERTa's embeddings have no projection, so "
-                      "its generator is as wide as the discriminator (DeBERTa-v3's); set "
-                      'generator_fraction=1.0 and make it smaller by generator_layer_fraction.')
-  depth = model.get('generator_layer_fraction', 1.0)
-  if not 0 < depth <= 1:
-    raise ConfigError(f'config.model.generator_layer_fraction={depth!r}: the generator\'s layers '
-                      'as a fraction of num_layers must be in (0, 1] (ELECTRA: 1, DeBERTa-v3: '
-                      '0.5).')
-  others = [n for n in names if n in ('mlm', 'clm')]
-  if others:
-    raise ConfigError(f"config.objectives={config.objectives!r}: 'rtd' already trains a masked "
-                      'LM (its generator) and its encoder reads sampled tokens; drop '
-                      f"{', '.join(repr(n) for n in others)} (valid: 'rtd', or 'rtd' with 'nsp' "
-                      "or 'sop').")
-  fraction = model.generator_fraction
-  if not 0 < fraction <= 1:
-    raise ConfigError(f'config.model.generator_fraction={fraction!r}: the generator\'s width as a '
-                      'fraction of hidden_size must be in (0, 1] (ELECTRA: 0.25 small and large, '
-                      '1/3 base); a generator wider than the discriminator is not ELECTRA\'s.')
-  if round(model.hidden_size * fraction) < 1:
-    raise ConfigError(f'config.model.generator_fraction={fraction!r} of config.model.hidden_size='
-                      f'{model.hidden_size} leaves the generator no unit; valid fractions are at '
-                      f'least {0.5 / model.hidden_size:.3g}.')
-  from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
-  generator = electra.generator_shape(model)
-  if generator['hidden_size'] % generator['num_heads']:
-    raise ConfigError(
-        f'config.model.generator_fraction={fraction!r} gives a generator {generator["hidden_size"]}'
-        f' wide with {generator["num_heads"]} heads (one per {electra.GENERATOR_HEAD_WIDTH} '
-        'units), which do not divide it; choose a fraction whose width, round(fraction x '
-        f'hidden_size={model.hidden_size}), its heads divide: e.g. a multiple of '
-        f'{electra.GENERATOR_HEAD_WIDTH}, or less than {electra.GENERATOR_HEAD_WIDTH * 2}.')
-  if model.disc_weight < 0:
-    raise ConfigError(f'config.model.disc_weight={model.disc_weight!r}: the discriminator loss\'s '
-                      'weight must be >= 0 (ELECTRA: 50).')
-
-
 def _check_data(config) -> None:
   data = config.data
   if data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(
         f'config.data.max_seq_length={data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
-  if _objectives().masks_inputs(config):  # Otherwise the rows are unmasked: unused values.
+  run_objectives = _objectives().resolve(config)
+  if run_objectives.masks_inputs:  # Otherwise the rows are unmasked: unused values.
     _check_masking(config)
-  minimum = 3 if _objectives().sentence_pairs(config) else 2
+  minimum = 3 if run_objectives.sentence_pairs else 2
   if data.max_seq_length < minimum + 2:
     raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
                       f'text; use at least {minimum + 2}.')
@@ -424,8 +299,8 @@ def trained_batch_keys(config) -> list[str]:
 
 
 def _check_accumulation(config) -> None:
-  """train.grad_accum_steps splits every trained batch into equal micro-batches, and each
-  objective can divide a micro-batch's loss by the whole batch's counts."""
+  """train.grad_accum_steps splits every trained batch into equal micro-batches (whether each
+  objective gives the counts a micro-batch's loss divides by is objectives.check's)."""
   steps = config.train.grad_accum_steps
   if steps == 1:
     return
@@ -439,13 +314,6 @@ def _check_accumulation(config) -> None:
           f'a {key} that is a multiple of {steps}'
           + (f', or grad_accum_steps that divides {size} (e.g. '
              f'{", ".join(map(str, divisors))})' if divisors else '') + '.')
-  names = _objectives().parse(config.objectives)
-  unsupported = [n for n in names if _objectives().get(n).counts is None]
-  if unsupported:
-    raise ConfigError(
-        f'config.train.grad_accum_steps={steps}: objective(s) {", ".join(unsupported)} give no '
-        'counts (Objective.counts), which a micro-batch\'s loss divides by; train them with '
-        'grad_accum_steps=1.')
 
 
 def _check_masking(config) -> None:
@@ -474,19 +342,13 @@ def _check_masking(config) -> None:
 
 
 def _check_spans(config) -> None:
-  """Span masking is one masking scheme, and the span boundary objective needs it."""
+  """Span masking and n-gram masking exclude each other."""
   masking = config.masking
   if masking.spans and masking.max_ngram > 1:
     raise ConfigError(
         f'config.masking.spans={masking.spans!r} with config.masking.max_ngram='
         f'{masking.max_ngram}: span masking and n-gram masking are two ways of choosing the '
         "masked tokens; set masking.max_ngram=1 (spans) or masking.spans='' (n-grams).")
-  names = _objectives().parse(config.objectives)
-  if 'sbo' in names and not masking.spans:
-    raise ConfigError(
-        f'config.objectives={config.objectives!r} trains the span boundary objective, which '
-        f"predicts masked spans, but config.masking.spans={masking.spans!r} masks none; set "
-        "config.masking.spans='geometric' (SpanBERT), or drop 'sbo'.")
 
 
 def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:
@@ -557,7 +419,7 @@ def validate_finetune(config) -> None:
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
   _check_task(config)
-  _check_init_from(config)
+  _check_sources(config)
 
 
 def _check_task(config) -> None:
@@ -589,7 +451,7 @@ def _check_phase2(config) -> None:
                       f'config.model.max_position_embeddings='
                       f'{config.model.max_position_embeddings}.')
   needed = int(round(seq * config.masking.rate))
-  if _objectives().masks_inputs(config) and data.phase2_max_predictions_per_seq < needed:
+  if _objectives().resolve(config).masks_inputs and data.phase2_max_predictions_per_seq < needed:
     raise ConfigError(
         f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
         f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '

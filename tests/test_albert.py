@@ -263,7 +263,7 @@ def test_sop_objective_is_nsp_s_contract_with_its_own_head():
   assert set(sop.batch_spec(packed)) == {'next_sentence_labels', 'nsp_positions', 'nsp_weights'}
   config = tiny.get_config()
   config.objectives = 'mlm,sop'
-  assert objectives.sentence_pairs(config)
+  assert objectives.resolve(config).sentence_pairs
   with pytest.raises(ValueError, match='nsp and sop, each a label of the same sentence pair'):
     objectives.parse('mlm,nsp,sop')
   logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]])

@@ -79,7 +79,7 @@ def test_kl_and_cosine_vanish_when_the_student_is_its_teacher():
 
 def test_the_loss_weights_its_terms_as_distilbert():
   config = distill_config()
-  objective = objectives.of_config(config)[0]
+  objective = objectives.resolve(config).objectives[0]
   model, params = fresh_params(config)
   outputs = model.apply({'params': params}, batch())
   stats = objective.losses(outputs, batch())
@@ -140,7 +140,7 @@ def test_bert_s_step_is_unchanged_by_the_objective_registry():
   """A BERT model holds its objectives' names, as before configured objectives existed."""
   config = base.get_config()
   assert steps.build_model(config).objectives == ('mlm', 'nsp')
-  assert objectives.frozen_scopes(config) == ()
+  assert objectives.resolve(config).frozen_scopes == ()
 
 
 def test_student_layers_spread_over_the_teacher_as_extract_distilbert():

@@ -1,6 +1,7 @@
 """The objectives and models registries: a new objective is one file (here, one test) plus a
 config, and the loop, metrics, checkpoints and FLOPs pick it up."""
 
+import dataclasses
 import json
 import os
 
@@ -96,6 +97,28 @@ def test_flops_are_the_encoders_and_each_heads(segment_objective):
                 + p * (2 * h * h + 2 * h * v) + 2 * h * h)  # DESIGN.md's formula.
   assert metrics.model_flops_per_sequence(config) == design
   assert metrics.model_flops_per_sequence(with_segment) == design + 3 * s * 2 * h * 2
+
+
+def test_a_registered_objectives_check_runs_in_validation_named_or_not(segment_objective):
+  """Objective.check sees every run: it checks its settings when named, and may refuse them
+  when not (rtd's model.embedding_sharing); config_lib names no objective."""
+  seen = []
+
+  def check(config, names):
+    seen.append(names)
+    if 'segment' in names and config.data.max_seq_length < 16:
+      raise config_lib.ConfigError(f'config.data.max_seq_length={config.data.max_seq_length}: '
+                                   'segment needs at least 16.')
+
+  objectives.register(dataclasses.replace(SEGMENT, check=check))
+  config = base.get_config()
+  config.data.corpus = 'builtin'
+  config.objectives, config.data.max_seq_length = 'mlm', 8
+  config_lib.validate(config)  # Not named: its rule does not apply.
+  config.objectives = 'mlm,segment'
+  with pytest.raises(config_lib.ConfigError, match=r'max_seq_length=8: segment needs'):
+    config_lib.validate(config)
+  assert seen == [('mlm',), ('mlm', 'segment')]
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ class MaskingSettings:
   mask_token_fraction: float
   random_token_fraction: float  # The rest of the predicted tokens is kept.
   is_continuation: np.ndarray | None = None  # Whole-word masking when set.
-  # With nsp (sentence pairs): 'next', NSP's pairs, or 'order', SOP's (objectives.pair_kind).
+  # With nsp (sentence pairs): 'next', NSP's pairs, or 'order', SOP's (ObjectiveSet.pair_kind).
   pair_kind: str = 'next'
   max_ngram: int = 1  # Spans of up to this many words are masked together (ALBERT: 3).
   rows: str = 'segments'  # config.data.rows: 'segments' or 'full_sentences' (RoBERTa).
@@ -77,39 +77,40 @@ class MaskingSettings:
                   is_continuation: np.ndarray, **more):
     """config.data and config.masking -> settings (`more`: a subclass's own fields). A run
     none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows."""
-    masked = objectives.masks_inputs(config)
-    check_rows(config)
+    run_objectives = objectives.resolve(config)
+    masked = run_objectives.masks_inputs
+    check_rows(config, run_objectives)
     return cls(
         special=special, vocab_size=vocab_size, max_seq_length=config.data.max_seq_length,
         max_predictions=config.data.max_predictions_per_seq,
-        nsp=objectives.sentence_pairs(config),
+        nsp=run_objectives.sentence_pairs,
         short_seq_prob=config.data.short_seq_prob,
         mask_rate=config.masking.rate if masked else 0.0,
         mask_token_fraction=config.masking.mask_token_fraction,
         random_token_fraction=config.masking.random_token_fraction,
         is_continuation=is_continuation if masked and config.masking.whole_word else None,
-        pair_kind=objectives.pair_kind(config) or 'next', max_ngram=config.masking.max_ngram,
+        pair_kind=run_objectives.pair_kind or 'next', max_ngram=config.masking.max_ngram,
         rows=config.data.rows, spans=config.masking.spans if masked else '',
         span_p=config.masking.span_p, max_span=config.masking.max_span,
-        span_keys=reads_span_keys(config), **more)
+        span_keys=reads_span_keys(run_objectives), **more)
 
   @property
   def keep_fraction(self) -> float:
     return 1.0 - self.mask_token_fraction - self.random_token_fraction
 
 
-def reads_span_keys(config) -> bool:
+def reads_span_keys(run_objectives: objectives.ObjectiveSet) -> bool:
   """Whether one of the run's objectives reads masking.SPAN_KEYS (batches then carry them)."""
-  spec = objectives.batch_spec(objectives.of_config(config), objectives.BatchShape(1, 1))
+  spec = objectives.batch_spec(run_objectives.objectives, objectives.BatchShape(1, 1))
   return any(key in spec for key in masking.SPAN_KEYS)
 
 
-def check_rows(config) -> None:
+def check_rows(config, run_objectives: objectives.ObjectiveSet) -> None:
   """data.rows='full_sentences' makes single rows afresh each epoch: ConfigError for what needs
-  pairs, packing or fixed masks."""
+  pairs, packing or fixed masks (run_objectives: objectives.resolve(config))."""
   if config.data.rows != 'full_sentences':
     return
-  if objectives.sentence_pairs(config):
+  if run_objectives.sentence_pairs:
     raise ConfigError(
         f"config.data.rows='full_sentences' fills rows with sentences across documents, but "
         f'config.objectives={config.objectives!r} trains on sentence pairs; use '

@@ -173,12 +173,12 @@ def leaf_shapes(config) -> dict:
   of config.objectives)."""
   name = config.model.get('name', 'bert')
   cfg = dataclasses.replace(models.get(name).config_from(config), scan_layers=False)
-  names = objectives.configured(config)
+  names = objectives.resolve(config).items
   model = pretraining.PretrainingModel(cfg, names, name)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                           pretraining.dummy_batch(1, 2, 1, objectives=names))
   # A frozen scope (a distillation teacher) is not the model's: never imported or exported.
-  frozen = objectives.frozen_scopes(config)
+  frozen = objectives.resolve(config).frozen_scopes
   flat = param_tree.flatten(nn.meta.unbox(shapes['params']))
   return {k: tuple(v.shape) for k, v in flat.items() if k.split('/')[0] not in frozen}
 
@@ -411,7 +411,7 @@ def export_hf(params, config, out_dir: str) -> list[str]:
   exports as RobertaForMaskedLM and ALBERT without SOP as AlbertForMaskedLM, both without the
   pooler, as those classes hold none; a head of ours the class lacks is left out, with a warning.
   """
-  frozen = objectives.frozen_scopes(config)  # A distillation teacher is not exported.
+  frozen = objectives.resolve(config).frozen_scopes  # A distillation teacher is not exported.
   flat = {k: np.asarray(v, np.float32)
           for k, v in param_tree.flatten(nn.meta.unbox(params)).items()
           if k.split('/')[0] not in frozen}

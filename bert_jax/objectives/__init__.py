@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from bert_jax.core import registry
+from bert_jax.core.errors import ConfigError
 
 # The objectives shipped in this package (each registers itself on import).
 BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd', 'sbo')
@@ -92,6 +93,11 @@ class Objective:
   # the masked tokens (its modules are the model's children, as a head's). None: the encoder
   # reads the batch as it is.
   corrupt: Callable[[Any, Any, Mapping, bool], tuple[Mapping, dict]] | None = None
+  # (the run's ConfigDict, the run's objective names) -> None; raises ConfigError naming the key,
+  # the value and what is valid when its settings do not fit the run. `check` (below) calls it
+  # for every registered objective, named or not: one not named refuses a setting only it reads
+  # (rtd: model.embedding_sharing). None: it has nothing to check.
+  check: Callable[[Any, tuple[str, ...]], None] | None = None
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)
@@ -121,47 +127,109 @@ def parse(text: str) -> tuple[str, ...]:
   return names
 
 
-def of_config(config) -> tuple[Objective, ...]:
-  """The objectives config.objectives names, in its order (each configured by the run's config
-  where it has settings)."""
-  return tuple(resolve(item) for item in configured(config))
+def check(config) -> None:
+  """The run's objectives fit together and the config: one attention, the model's; counts for a
+  gradient-accumulating run; then every registered objective's own check (Objective.check).
+  config.objectives' names are checked first (parse)."""
+  try:
+    names = parse(config.objectives)
+  except ValueError as e:
+    raise ConfigError(str(e)) from e
+  _check_counts(config, names)
+  _check_attention(config, names)
+  for name in available():
+    objective = get(name)
+    if objective.check is not None:
+      objective.check(config, names)
 
 
-def configured(config) -> tuple:
-  """What the pretraining model holds for config.objectives: each objective's name, or the
-  Objective itself configured by `config` where it has settings (Objective.configure)."""
+def _check_counts(config, names) -> None:
+  """A micro-batch's loss divides by the whole batch's counts (Objective.counts), which every
+  objective of a gradient-accumulating run must give."""
+  steps = config.train.grad_accum_steps
+  unsupported = [n for n in names if get(n).counts is None]
+  if steps > 1 and unsupported:
+    raise ConfigError(
+        f'config.train.grad_accum_steps={steps}: objective(s) {", ".join(unsupported)} give no '
+        'counts (Objective.counts), which a micro-batch\'s loss divides by; train them with '
+        'grad_accum_steps=1.')
+
+
+def _check_attention(config, names) -> None:
+  """The objectives agree on the attention they train, and it is config.model.causal's."""
+  causal = [n for n in names if get(n).causal]
+  bidirectional = [n for n in names if n not in causal]
+  if causal and bidirectional:
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} mixes objectives of causal attention '
+        f'({", ".join(causal)}) and of bidirectional attention ({", ".join(bidirectional)}); a '
+        "run trains one encoder with one attention: e.g. config.objectives='clm' with "
+        "config.model.causal=True, or 'mlm,nsp' with causal=False.")
+  wanted = bool(causal)
+  if bool(config.model.get('causal', False)) != wanted:
+    if wanted:
+      raise ConfigError(
+          f'config.objectives={config.objectives!r} needs causal attention ({", ".join(causal)}: '
+          'each token predicts the next from itself and earlier ones): set '
+          f'config.model.causal=True (got {config.model.get("causal", False)}).')
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} needs bidirectional attention, but '
+        'config.model.causal=True; a masked LM with causal attention is not BERT. Set '
+        "config.model.causal=False, or config.objectives='clm' for a left-to-right LM.")
+  if wanted and config.data.get('packing'):
+    raise ConfigError('config.data.packing=True with config.model.causal=True is not supported '
+                      '(attention within each packed pair is not made causal); set '
+                      'config.data.packing=False.')
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSet:
+  """A run's objectives, resolved once from its config (resolve): what the data, the model and
+  the train step read of them."""
+  names: tuple[str, ...]  # config.objectives' names, in its order.
+  # What the pretraining model holds: each objective's name, or the Objective itself configured
+  # by the run where it has settings (Objective.configure).
+  items: tuple
+  objectives: tuple[Objective, ...]  # The Objectives, configured, in the names' order.
+
+  @property
+  def sentence_pairs(self) -> bool:
+    """Whether the rows are sentence pairs with NotNext labels (an objective needs them)."""
+    return any(o.instances == 'pairs' for o in self.objectives)
+
+  @property
+  def pair_kind(self) -> str:
+    """How the sentence pairs are made (Objective.pair_kind): 'next' or 'order'; '' when the
+    rows are not pairs."""
+    kinds = [o.pair_kind for o in self.objectives if o.instances == 'pairs']
+    return kinds[0] if kinds else ''
+
+  @property
+  def masks_inputs(self) -> bool:
+    """Whether the rows are masked (an objective predicts corrupted tokens)."""
+    return any(o.masks_inputs for o in self.objectives)
+
+  @property
+  def frozen_scopes(self) -> tuple[str, ...]:
+    """The top-level parameter scopes the objectives freeze (Objective.frozen)."""
+    return tuple(scope for o in self.objectives for scope in o.frozen)
+
+
+def resolve(config) -> ObjectiveSet:
+  """The objectives config.objectives names, in its order, each configured by the run's config
+  where it has settings (Objective.configure); ValueError as parse."""
   items = []
   for name in parse(config.objectives):
     objective = get(name)
     items.append(name if objective.configure is None else objective.configure(config))
-  return tuple(items)
+  items = tuple(items)
+  return ObjectiveSet(tuple(objective_of(item).name for item in items), items,
+                      tuple(objective_of(item) for item in items))
 
 
-def resolve(item) -> Objective:
+def objective_of(item) -> Objective:
   """An objective's name or a (configured) Objective -> the Objective."""
   return item if isinstance(item, Objective) else get(item)
-
-
-def frozen_scopes(config) -> tuple[str, ...]:
-  """The top-level parameter scopes the run's objectives freeze (Objective.frozen)."""
-  return tuple(scope for name in parse(config.objectives) for scope in get(name).frozen)
-
-
-def sentence_pairs(config) -> bool:
-  """Whether the run's rows are sentence pairs with NotNext labels (an objective needs them)."""
-  return any(o.instances == 'pairs' for o in of_config(config))
-
-
-def pair_kind(config) -> str:
-  """How the run's sentence pairs are made (Objective.pair_kind): 'next' or 'order'; '' when
-  its rows are not pairs."""
-  kinds = [o.pair_kind for o in of_config(config) if o.instances == 'pairs']
-  return kinds[0] if kinds else ''
-
-
-def masks_inputs(config) -> bool:
-  """Whether the run's rows are masked (an objective predicts corrupted tokens)."""
-  return any(o.masks_inputs for o in of_config(config))
 
 
 def batch_spec(objectives, shape: BatchShape) -> dict[str, tuple[tuple[int, ...], Any]]:

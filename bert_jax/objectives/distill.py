@@ -186,7 +186,7 @@ def flops(settings: Settings, model, shape: objectives.BatchShape) -> float:
 
 def unconfigured(*args, **kwargs):
   raise ValueError("The 'distill' objective needs the run's settings: use "
-                   'objectives.of_config(config) or pretraining.build(config), which configure '
+                   'objectives.resolve(config) or pretraining.build(config), which configure '
                    'it from config.distill.')
 
 

@@ -19,7 +19,7 @@ from bert_jax import objectives as objectives_lib
 class PretrainingModel(nn.Module):
   """Encoder + heads: batch -> {output name: array} (e.g. 'mlm_logits', 'nsp_logits')."""
   config: Any  # The encoder's frozen config (its family's config_from).
-  # Names in the objectives registry, or Objectives configured by the run (objectives.configured).
+  # Names in the objectives registry, or Objectives configured by the run (objectives.resolve(config).items).
   objectives: tuple = ('mlm', 'nsp')
   model: str = 'bert'  # Name in the models registry.
 
@@ -32,7 +32,7 @@ class PretrainingModel(nn.Module):
     encoder = family.encoder(self.config, name=family.scope)
     outputs = {}
     for name in self.objectives:
-      corrupt = objectives_lib.resolve(name).corrupt
+      corrupt = objectives_lib.objective_of(name).corrupt
       if corrupt is not None:  # E.g. ELECTRA's generator: the encoder reads its samples.
         batch, produced = corrupt(self.config, encoder, batch, deterministic)
         outputs.update(produced)
@@ -42,7 +42,7 @@ class PretrainingModel(nn.Module):
                                batch.get('nsp_positions'), **inputs)
     encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
     for name in self.objectives:
-      outputs.update(objectives_lib.resolve(name).head(self.config, encoded, batch,
+      outputs.update(objectives_lib.objective_of(name).head(self.config, encoded, batch,
                                                        deterministic))
     return outputs
 
@@ -51,12 +51,12 @@ def build(config) -> PretrainingModel:
   """The pretraining model a run's config describes (config.model.name, config.objectives)."""
   name = config.model.get('name', 'bert')
   return PretrainingModel(models.get(name).config_from(config),
-                          objectives_lib.configured(config), name)
+                          objectives_lib.resolve(config).items, name)
 
 
 def objectives_of(model: PretrainingModel):
   """The model's Objectives (names resolved through the registry)."""
-  return tuple(objectives_lib.resolve(item) for item in model.objectives)
+  return tuple(objectives_lib.objective_of(item) for item in model.objectives)
 
 
 def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
@@ -68,5 +68,5 @@ def dummy_batch(batch_size: int, max_seq_length: int, max_predictions: int,
   """
   shape = objectives_lib.BatchShape(max_seq_length, max_predictions, max_pairs_per_row,
                                     languages)
-  spec = objectives_lib.batch_spec([objectives_lib.resolve(n) for n in objectives], shape)
+  spec = objectives_lib.batch_spec([objectives_lib.objective_of(n) for n in objectives], shape)
   return {k: jax.ShapeDtypeStruct((batch_size,) + s, dtype) for k, (s, dtype) in spec.items()}

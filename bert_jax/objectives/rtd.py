@@ -35,6 +35,7 @@ import optax
 
 from bert_jax import models
 from bert_jax import objectives
+from bert_jax.core.errors import ConfigError
 from bert_jax.models import electra
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
@@ -208,6 +209,64 @@ def flops(model, shape: objectives.BatchShape) -> float:
           + s * (2 * h * h + 2 * h))
 
 
+def check(config, names) -> None:
+  """'rtd' trains the encoder of a family with a generator (models.Family.generator: ELECTRA's,
+  DeBERTa-v3's) with a generator no wider or deeper than it (model.generator_fraction and
+  generator_layer_fraction in (0, 1]) and takes no other masked-token objective;
+  model.embedding_sharing is its alone."""
+  model = config.model
+  sharing = model.get('embedding_sharing', 'shared')
+  if 'rtd' not in names:
+    if sharing != 'shared':
+      raise ConfigError(f'config.model.embedding_sharing={sharing!r} with config.objectives='
+                        f"{config.objectives!r}: the generator and the discriminator share "
+                        "embeddings only under 'rtd'; leave it 'shared' or add 'rtd'.")
+    return
+  name = model.get('name', 'bert')
+  if name not in models.available() or models.get(name).generator is None:
+    families = [n for n in models.available() if models.get(n).generator is not None]
+    raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
+                      f"{name!r}: 'rtd' (replaced-token detection) trains a discriminator and a "
+                      f"generator of {' or '.join(families)} (ELECTRA, DeBERTa-v3); set "
+                      "config.model.name='electra'.")
+  if name == 'deberta' and model.generator_fraction != 1:
+    raise ConfigError(f'config.model.generator_fraction={model.generator_fraction!r} with '
+                      "config.model.name='deberta': DeBERTa's embeddings have no projection, so "
+                      "its generator is as wide as the discriminator (DeBERTa-v3's); set "
+                      'generator_fraction=1.0 and make it smaller by generator_layer_fraction.')
+  depth = model.get('generator_layer_fraction', 1.0)
+  if not 0 < depth <= 1:
+    raise ConfigError(f'config.model.generator_layer_fraction={depth!r}: the generator\'s layers '
+                      'as a fraction of num_layers must be in (0, 1] (ELECTRA: 1, DeBERTa-v3: '
+                      '0.5).')
+  others = [n for n in names if n in ('mlm', 'clm')]
+  if others:
+    raise ConfigError(f"config.objectives={config.objectives!r}: 'rtd' already trains a masked "
+                      'LM (its generator) and its encoder reads sampled tokens; drop '
+                      f"{', '.join(repr(n) for n in others)} (valid: 'rtd', or 'rtd' with 'nsp' "
+                      "or 'sop').")
+  fraction = model.generator_fraction
+  if not 0 < fraction <= 1:
+    raise ConfigError(f'config.model.generator_fraction={fraction!r}: the generator\'s width as a '
+                      'fraction of hidden_size must be in (0, 1] (ELECTRA: 0.25 small and large, '
+                      '1/3 base); a generator wider than the discriminator is not ELECTRA\'s.')
+  if round(model.hidden_size * fraction) < 1:
+    raise ConfigError(f'config.model.generator_fraction={fraction!r} of config.model.hidden_size='
+                      f'{model.hidden_size} leaves the generator no unit; valid fractions are at '
+                      f'least {0.5 / model.hidden_size:.3g}.')
+  generator = electra.generator_shape(model)
+  if generator['hidden_size'] % generator['num_heads']:
+    raise ConfigError(
+        f'config.model.generator_fraction={fraction!r} gives a generator {generator["hidden_size"]}'
+        f' wide with {generator["num_heads"]} heads (one per {electra.GENERATOR_HEAD_WIDTH} '
+        'units), which do not divide it; choose a fraction whose width, round(fraction x '
+        f'hidden_size={model.hidden_size}), its heads divide: e.g. a multiple of '
+        f'{electra.GENERATOR_HEAD_WIDTH}, or less than {electra.GENERATOR_HEAD_WIDTH * 2}.')
+  if model.disc_weight < 0:
+    raise ConfigError(f'config.model.disc_weight={model.disc_weight!r}: the discriminator loss\'s '
+                      'weight must be >= 0 (ELECTRA: 50).')
+
+
 OBJECTIVE = objectives.register(objectives.Objective(
     name='rtd', batch_spec=mlm.batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops, counts=counts, masks_inputs=True, corrupt=corrupt))
+    flops=flops, counts=counts, masks_inputs=True, corrupt=corrupt, check=check))

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax import objectives
+from bert_jax.core.errors import ConfigError
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
 
@@ -114,6 +115,15 @@ def flops(model, shape: objectives.BatchShape) -> float:
   return head_flops(model, shape.max_predictions)
 
 
+def check(config, names) -> None:
+  """The span boundary objective predicts masked spans: it needs span masking."""
+  if 'sbo' in names and not config.masking.spans:
+    raise ConfigError(
+        f'config.objectives={config.objectives!r} trains the span boundary objective, which '
+        f"predicts masked spans, but config.masking.spans={config.masking.spans!r} masks none; "
+        "set config.masking.spans='geometric' (SpanBERT), or drop 'sbo'.")
+
+
 OBJECTIVE = objectives.register(objectives.Objective(
     name='sbo', batch_spec=batch_spec, head=head, losses=losses, loss=loss, metrics=metrics,
-    flops=flops, counts=counts, masks_inputs=True))
+    flops=flops, counts=counts, masks_inputs=True, check=check))

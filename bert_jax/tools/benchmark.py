@@ -59,7 +59,7 @@ def random_batch(config, rng):
       'masked_lm_ids': rng.integers(5, config.model.vocab_size, (b, p)).astype(np.int32),
       'masked_lm_weights': np.ones((b, p), np.float32),
   }
-  if objectives.sentence_pairs(config):
+  if objectives.resolve(config).sentence_pairs:
     batch['next_sentence_labels'] = rng.integers(0, 2, b).astype(np.int32)
   return batch
 

@@ -335,7 +335,7 @@ def masked_lm_of(config, params):
     flat['bert/pooler/dense/kernel'] = np.zeros((width, width), np.float32)
     flat['bert/pooler/dense/bias'] = np.zeros((width,), np.float32)
     return generator, traverse_util.unflatten_dict(flat, sep='/')
-  frozen = objectives.frozen_scopes(config)
+  frozen = objectives.resolve(config).frozen_scopes
   if frozen:
     config = config.copy_and_resolve_references()
     config.objectives = ','.join(n for n in names if not objectives.get(n).frozen) or 'mlm'

@@ -34,7 +34,7 @@ def model_flops_per_sequence(config) -> float:
   m, d = config.model, config.data
   shape = objectives.BatchShape(d.max_seq_length, d.max_predictions_per_seq)
   forward = models.get(m.get('name', 'bert')).flops(m, d.max_seq_length)
-  for objective in objectives.of_config(config):
+  for objective in objectives.resolve(config).objectives:
     forward += objective.flops(m, shape)
   return 3.0 * forward
 

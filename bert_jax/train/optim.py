@@ -135,4 +135,4 @@ def for_pretraining(config):
   its objectives freeze (a distillation teacher, objectives.Objective.frozen) frozen; a run
   whose objectives freeze nothing gets create_optimizer(config.train) itself."""
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  return create_optimizer(config.train, frozen=objectives.frozen_scopes(config))
+  return create_optimizer(config.train, frozen=objectives.resolve(config).frozen_scopes)

@@ -354,6 +354,7 @@ def _nonfinite_steps(flags, first_step: int) -> list[int]:
 def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
            preemption, stop_on: tuple[str, ...]) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
+  run_objectives = objectives.resolve(config)
   vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
   batch_shardings = sharding.batch_sharding(mesh)
@@ -396,7 +397,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       except init_from.InitFromError as e:
         raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
-  elif any(teacher.TEACHER in o.frozen for o in objectives.of_config(config)):
+  elif teacher.TEACHER in run_objectives.frozen_scopes:
     # A distillation teacher and the student made from it.
     with jax.set_mesh(None):
       try:
@@ -426,9 +427,9 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
   if isinstance(stream, pipeline.PretrainingStream):
     first_epoch = stream.epoch_examples(0)
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
-    if objectives.sentence_pairs(config):
+    if run_objectives.sentence_pairs:
       # The paper's pairing gives a one-sentence chunk a random B, so NotNext runs above 50%.
-      label = 'swapped' if objectives.pair_kind(config) == 'order' else 'NotNext'
+      label = 'swapped' if run_objectives.pair_kind == 'order' else 'NotNext'
       logging.info('Epoch 0: %d examples, %.1f%% %s.', len(first_epoch['input_ids']),
                    100 * float(np.mean(first_epoch['next_sentence_labels'])), label)
     to_global = sharding.global_batch  # Every process holds the whole global batch.

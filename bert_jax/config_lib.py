@@ -1,6 +1,5 @@
 """Config checks that run before anything compiles; each error names key, value and what is valid."""
 
-import math
 import os
 import re
 
@@ -26,12 +25,11 @@ VALID_CHOICES = {
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
-    'distill.teacher_model.gelu': ('erf', 'tanh'),
 }
 
 
-# Every numeric key of configs/base.py and configs/finetune.py (and the task configs that start
-# from it) and its valid values. A key missing here fails tests/test_config.py.
+# The common numeric keys of configs/base.py and configs/finetune.py and their valid values;
+# ranges() adds the units' own. A numeric key missing from ranges() fails tests/test_config.py.
 RANGES = {
     'seed': SEED, 'init_seed': INIT_SEED, 'seeds': POSITIVE,
     **encoder.RANGES,  # The shared encoder's keys (models/encoder.py).
@@ -63,24 +61,6 @@ RANGES = {
     'train.eval_batch_size': NON_NEGATIVE, 'train.num_epochs': POSITIVE,
     'train.warmup_proportion': BELOW_ONE,
     'train.layerwise_lr_decay': Range(lambda x: 0 <= x <= 1, 'in [0, 1] (0: off)'),
-    'task.max_train_examples': NON_NEGATIVE, 'task.split_dev_fraction': BELOW_ONE,
-    'task.doc_stride': POSITIVE, 'task.max_query_length': POSITIVE, 'task.n_best_size': POSITIVE,
-    'task.max_answer_length': POSITIVE, 'task.null_score_diff_threshold': ANY_SIGN,
-    'task.feature_layers': NON_NEGATIVE, 'task.feature_lstm_units': POSITIVE,
-    'task.feature_lstm_layers': POSITIVE, 'task.lstm_layers': NON_NEGATIVE,
-    'task.lstm_units': POSITIVE,
-    # Distillation.
-    'distill.temperature': POSITIVE, 'distill.alpha_ce': NON_NEGATIVE,
-    'distill.alpha_mlm': NON_NEGATIVE, 'distill.alpha_cos': NON_NEGATIVE,
-    'distill.teacher_model.vocab_size': POSITIVE, 'distill.teacher_model.hidden_size': POSITIVE,
-    'distill.teacher_model.embedding_size': NON_NEGATIVE,
-    'distill.teacher_model.num_layers': POSITIVE, 'distill.teacher_model.num_heads': POSITIVE,
-    'distill.teacher_model.intermediate_size': POSITIVE,
-    'distill.teacher_model.max_position_embeddings': POSITIVE,
-    'distill.teacher_model.type_vocab_size': POSITIVE,
-    'distill.teacher_model.layer_norm_eps': POSITIVE,
-    # The family units' own keys (models/<family>/config.py).
-    **architecture.unit_ranges(),
 }
 
 
@@ -92,7 +72,7 @@ def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
-  _check_ranges(flat, VALID_CHOICES)
+  _check_ranges(flat, {**VALID_CHOICES, **_objectives().choices()})
   _check_schedule(config.train)
   _check_names(config)
   _check_accumulation(config)
@@ -182,10 +162,16 @@ def _check_sources(config) -> None:
   sources.check(config)
 
 
+def ranges() -> dict:
+  """{key: Range} of every numeric config key: RANGES and the units' own (the family units',
+  the objectives', the task kinds'), read at each call: a unit registered since counts."""
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  return {**RANGES, **architecture.unit_ranges(), **_objectives().ranges(), **tasks.ranges()}
+
+
 def _check_ranges(flat, choices) -> None:
-  """Choices, then RANGES (and those of a family unit registered since), of the flattened
-  config's keys; every number must be finite."""
-  schema.check_ranges(flat, choices, {**RANGES, **architecture.unit_ranges()})
+  """Choices, then ranges(), of the flattened config's keys; every number must be finite."""
+  schema.check_ranges(flat, choices, ranges())
 
 
 def _check_schedule(train) -> None:
@@ -230,6 +216,11 @@ def _check_names(config) -> None:
       raise ConfigError(str(e)) from e
 
 
+def _family(config):
+  """The registered family config.model.name names (its model module imported)."""
+  return models.get(config.model.get('name', 'bert'))
+
+
 def _checks():
   # The kernel settings' checks live beside their dispatch (bert_jax/ops); they import this
   # module's ConfigError.
@@ -243,52 +234,17 @@ def _check_families(config) -> None:
   architecture.check_units(config, _objectives().parse(config.objectives))
 
 
+def _check_data(config) -> None:
+  """The data and masking keys, checked beside their readers (data/checks.py)."""
+  from bert_jax.data import checks  # pylint: disable=g-import-not-at-top
+  checks.check_pretraining(config)
+
+
 def _check_languages(config) -> None:
   """The cross-lingual data keys, checked beside their reader (data/crosslingual.py); language
   embeddings are XLM's unit's (models/xlm/config.py)."""
   from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
   crosslingual.check_config(config)
-
-
-def _check_data(config) -> None:
-  data = config.data
-  if data.max_seq_length > config.model.max_position_embeddings:
-    raise ConfigError(
-        f'config.data.max_seq_length={data.max_seq_length} exceeds '
-        f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
-  run_objectives = _objectives().resolve(config)
-  if run_objectives.masks_inputs:  # Otherwise the rows are unmasked: unused values.
-    _check_masking(config)
-  minimum = 3 if run_objectives.sentence_pairs else 2
-  if data.max_seq_length < minimum + 2:
-    raise ConfigError(f'config.data.max_seq_length={data.max_seq_length} leaves no room for '
-                      f'text; use at least {minimum + 2}.')
-  if data.prepared:
-    from bert_jax.core import files  # pylint: disable=g-import-not-at-top
-    if files.is_url(data.prepared):
-      # Grain and ArrayRecord read local files by random access, shard by shard.
-      raise ConfigError(f'config.data.prepared={data.prepared!r}: a prepared corpus is read from '
-                        'a local path; mount the bucket with gcsfuse (launch_tpu.sh setup '
-                        '--gcs-bucket=BUCKET mounts it at /mnt/gcs/BUCKET) and give the mounted '
-                        'path, or copy the corpus to each host\'s disk.')
-    if not os.path.isdir(os.path.expanduser(data.prepared)):
-      raise ConfigError(f'config.data.prepared={data.prepared!r} is not a directory; prepare one '
-                        'with `python -m bert_jax.data.prepare --config=... --output=DIR`.')
-    if config.train.phase2_fraction:
-      _check_phase2(config)
-  elif not data.corpus and not data.get('parallel'):
-    raise ConfigError("config.data.corpus is empty; give text files or globs (comma "
-                      "separated, .xz/.gz ok), or 'builtin' for the built-in corpus (or a "
-                      "prepared corpus in config.data.prepared).")
-  else:
-    if config.train.phase2_fraction:
-      raise ConfigError(f'config.train.phase2_fraction={config.train.phase2_fraction} needs a '
-                        'prepared corpus (config.data.prepared).')
-    for key in ('packing', 'dupe_factor', 'workers', 'input_shards'):
-      if data[key]:
-        raise ConfigError(f'config.data.{key}={data[key]!r} needs a prepared corpus '
-                          '(config.data.prepared); the in-memory reader of config.data.corpus '
-                          'has no packing, static masking or workers.')
 
 
 def trained_batch_keys(config) -> list[str]:
@@ -314,41 +270,6 @@ def _check_accumulation(config) -> None:
           f'a {key} that is a multiple of {steps}'
           + (f', or grad_accum_steps that divides {size} (e.g. '
              f'{", ".join(map(str, divisors))})' if divisors else '') + '.')
-
-
-def _check_masking(config) -> None:
-  """config.masking fits the data, for a run whose objectives mask inputs."""
-  data, masking = config.data, config.masking
-  if masking.rate == 0:
-    raise ConfigError(
-        f'config.masking.rate=0 masks no token: config.objectives={config.objectives!r} would '
-        'have nothing to predict; use a rate in (0, 1] (the paper: 0.15).')
-  fractions = (masking.mask_token_fraction, masking.random_token_fraction,
-               masking.keep_fraction)
-  if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
-    raise ConfigError(
-        f'config.masking.mask_token_fraction + random_token_fraction + keep_fraction = '
-        f'{fractions[0]} + {fractions[1]} + {fractions[2]} = {sum(fractions):.6g}; they must sum '
-        'to 1.')
-  _check_spans(config)
-  needed = int(round(data.max_seq_length * masking.rate))
-  if data.max_predictions_per_seq < needed:
-    raise ConfigError(
-        f'config.data.max_predictions_per_seq={data.max_predictions_per_seq} is too small for '
-        f'config.masking.rate={masking.rate} x config.data.max_seq_length='
-        f'{data.max_seq_length} = {needed} predictions; set it to at least {needed} (the '
-        'config arguments mask_rate and seq raise it; masking would cap the predictions there '
-        'and train at a lower rate).')
-
-
-def _check_spans(config) -> None:
-  """Span masking and n-gram masking exclude each other."""
-  masking = config.masking
-  if masking.spans and masking.max_ngram > 1:
-    raise ConfigError(
-        f'config.masking.spans={masking.spans!r} with config.masking.max_ngram='
-        f'{masking.max_ngram}: span masking and n-gram masking are two ways of choosing the '
-        "masked tokens; set masking.max_ngram=1 (spans) or masking.spans='' (n-grams).")
 
 
 def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> None:
@@ -380,10 +301,8 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
           'micro-batches.')
 
 
-# Fine-tuning: choices and ranges beyond the model's (which validate_finetune checks as above).
+# Fine-tuning: choices beyond the model's and the task kinds' (tasks.choices).
 FINETUNE_CHOICES = {
-    'task.source': ('files', 'tfds'),
-    'task.version': ('1.1', '2.0'),
     # '': the source's kind (init_from.adopt_source sets it before the second validation).
     'data.tokenizer': ('', 'wordpiece', 'bpe', 'sentencepiece', 'sentencepiece_fairseq'),
 }
@@ -396,7 +315,7 @@ def validate_finetune(config) -> None:
   flat = flatten(config)
   _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES,
+  _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES, **tasks.choices(),
                        'task.kind': tuple(tasks.available())})
   _check_names(config)
   # Pretraining-only model switches: fine-tuning builds the encoder without them (the family
@@ -408,31 +327,18 @@ def validate_finetune(config) -> None:
       raise ConfigError(f'config.model.{key}={config.model.get(key)!r}: it shapes pretraining '
                         f'only, and fine-tuning from its workdir builds the encoder without it; '
                         f'set {off!r}.')
-  if config.train.layerwise_lr_decay and config.model.get('name', 'bert') == 'albert':
-    from bert_jax.models import albert  # pylint: disable=g-import-not-at-top
+  shared_layers = config.train.layerwise_lr_decay and _family(config).shared_layers
+  if shared_layers:
     raise ConfigError(f'config.train.layerwise_lr_decay={config.train.layerwise_lr_decay} '
-                      + albert.SHARED_LAYERS_REFUSAL)
+                      + shared_layers)
   encoder.check_shape(config.model)
   _checks().check_model(config.model, [config.data.max_seq_length])
   if config.data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
-  _check_task(config)
+  tasks.check(config)
   _check_sources(config)
-
-
-def _check_task(config) -> None:
-  """What every kind shares, then the kind's own checks (its files exist, its settings fit
-  together; bert_jax/tasks)."""
-  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  task = config.task
-  if task.lstm_layers and task.feature_layers:
-    raise ConfigError(f'config.task.lstm_layers={task.lstm_layers} with config.task.feature_layers='
-                      f'{task.feature_layers}: the feature-based mode has its own BiLSTM '
-                      '(config.task.feature_lstm_layers); set lstm_layers=0 for it, or '
-                      'feature_layers=0 to fine-tune the encoder with a BiLSTM on top.')
-  tasks.get(task.kind).check(config)
 
 
 def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
@@ -442,18 +348,3 @@ def validate_runtime_finetune(config, tokenizer_vocab_size: int) -> None:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} is smaller than the vocab of '
         f'config.data.vocab_file ({tokenizer_vocab_size} tokens); they must belong together.')
-
-
-def _check_phase2(config) -> None:
-  data, seq = config.data, config.data.phase2_max_seq_length
-  if seq > config.model.max_position_embeddings:
-    raise ConfigError(f'config.data.phase2_max_seq_length={seq} exceeds '
-                      f'config.model.max_position_embeddings='
-                      f'{config.model.max_position_embeddings}.')
-  needed = int(round(seq * config.masking.rate))
-  if _objectives().resolve(config).masks_inputs and data.phase2_max_predictions_per_seq < needed:
-    raise ConfigError(
-        f'config.data.phase2_max_predictions_per_seq={data.phase2_max_predictions_per_seq} is '
-        f'too small for config.masking.rate={config.masking.rate} x phase2_max_seq_length={seq} '
-        f'= {needed} predictions; set it to at least {needed} (the config argument mask_rate '
-        'raises it).')

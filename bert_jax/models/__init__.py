@@ -53,6 +53,9 @@ class Family:
   # pretraining reads (DeBERTa's mask decoder's position table): fine-tuning from a workdir and
   # the HF export leave them out. None: every parameter is the encoder's.
   pretraining_only: Callable[[Any], tuple[str, ...]] | None = None
+  # '' when each layer has its own parameters; otherwise why a per-layer setting (layer-wise
+  # learning-rate decay) is refused, said after the key and its value (ALBERT's shared layer).
+  shared_layers: str = ''
 
 
 REGISTRY = registry.Registry('model', __name__, BUILTIN)

@@ -98,6 +98,10 @@ class Objective:
   # for every registered objective, named or not: one not named refuses a setting only it reads
   # (rtd: model.embedding_sharing). None: it has nothing to check.
   check: Callable[[Any, tuple[str, ...]], None] | None = None
+  # Its own config keys' valid values, checked in every pretraining config by config_lib:
+  # {'distill.temperature': core.schema.Range, ...} and {'distill.teacher_model.gelu': (...)}.
+  ranges: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
 
 REGISTRY = registry.Registry('objective', __name__, BUILTIN)
@@ -125,6 +129,16 @@ def parse(text: str) -> tuple[str, ...]:
     raise ValueError(f'config.objectives={text!r} names {" and ".join(pairs)}, each a label of '
                      'the same sentence pair; a run trains one of them.')
   return names
+
+
+def ranges() -> dict:
+  """{key: Range} of every registered objective's own keys (Objective.ranges)."""
+  return {key: valid for name in available() for key, valid in get(name).ranges.items()}
+
+
+def choices() -> dict:
+  """{key: valid values} of every registered objective's own keys (Objective.choices)."""
+  return {key: valid for name in available() for key, valid in get(name).choices.items()}
 
 
 def check(config) -> None:

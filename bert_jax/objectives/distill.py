@@ -38,6 +38,7 @@ import ml_collections
 
 from bert_jax import models
 from bert_jax import objectives
+from bert_jax.core import schema
 from bert_jax.models import architecture
 from bert_jax.models import layers
 from bert_jax.objectives import mlm
@@ -50,6 +51,22 @@ TEACHER = 'teacher'
 TEACHER_MODEL_KEYS = ('name', *architecture.SHAPE_KEYS, 'embedding_size', 'causal', 'gelu')
 BERT_VALUES = {key: value for key, value in architecture.SOURCE_DEFAULTS.items()
                if key not in TEACHER_MODEL_KEYS}
+
+# config.distill's numbers and their valid values (config_lib checks them in every config).
+RANGES = {
+    'distill.temperature': schema.POSITIVE, 'distill.alpha_ce': schema.NON_NEGATIVE,
+    'distill.alpha_mlm': schema.NON_NEGATIVE, 'distill.alpha_cos': schema.NON_NEGATIVE,
+    'distill.teacher_model.vocab_size': schema.POSITIVE,
+    'distill.teacher_model.hidden_size': schema.POSITIVE,
+    'distill.teacher_model.embedding_size': schema.NON_NEGATIVE,
+    'distill.teacher_model.num_layers': schema.POSITIVE,
+    'distill.teacher_model.num_heads': schema.POSITIVE,
+    'distill.teacher_model.intermediate_size': schema.POSITIVE,
+    'distill.teacher_model.max_position_embeddings': schema.POSITIVE,
+    'distill.teacher_model.type_vocab_size': schema.POSITIVE,
+    'distill.teacher_model.layer_norm_eps': schema.POSITIVE,
+}
+CHOICES = {'distill.teacher_model.gelu': ('erf', 'tanh')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,4 +229,4 @@ class _Bound:
 OBJECTIVE = objectives.register(objectives.Objective(
     name='distill', batch_spec=batch_spec, head=unconfigured, losses=unconfigured,
     loss=unconfigured, metrics=unconfigured, flops=unconfigured, counts=counts,
-    masks_inputs=True, configure=configure, frozen=(TEACHER,)))
+    masks_inputs=True, configure=configure, frozen=(TEACHER,), ranges=RANGES, choices=CHOICES))

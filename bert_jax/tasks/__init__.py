@@ -8,7 +8,7 @@ edit here.
 """
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bert_jax.core import registry
@@ -26,6 +26,10 @@ class TaskKind:
   build: Callable[[Any], Any]  # The run's ConfigDict -> its tasks.base.Task.
   # {a name sweep.finetune.tasks takes: the config file (with arguments) that fine-tunes it}.
   sweep_configs: Callable[[], dict[str, str]] = dict
+  # The valid values of the config.task keys it reads ({'task.doc_stride': core.schema.Range},
+  # {'task.version': ('1.1', '2.0')}), checked in every fine-tuning config by config_lib.
+  ranges: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
 
 REGISTRY = registry.Registry('task kind', __name__, BUILTIN)
@@ -33,6 +37,29 @@ register = REGISTRY.register
 unregister = REGISTRY.unregister
 get = REGISTRY.get
 available = REGISTRY.available
+
+
+def check(config) -> None:
+  """What every kind shares (tasks/base.py: the head's settings), then config.task.kind's own
+  check (its files exist, its settings fit together)."""
+  from bert_jax.tasks import base  # pylint: disable=g-import-not-at-top
+  base.check_head(config.task)
+  get(config.task.kind).check(config)
+
+
+def ranges() -> dict:
+  """{key: Range} of the config.task keys: every kind's (TaskKind.ranges) and the ones every
+  kind reads (tasks/base.py)."""
+  from bert_jax.tasks import base  # pylint: disable=g-import-not-at-top
+  out = dict(base.RANGES)
+  for name in available():
+    out.update(get(name).ranges)
+  return out
+
+
+def choices() -> dict:
+  """{key: valid values} of every kind's config.task keys (TaskKind.choices)."""
+  return {key: valid for name in available() for key, valid in get(name).choices.items()}
 
 
 def sweep_configs() -> dict[str, str]:

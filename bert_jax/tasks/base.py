@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from bert_jax.core import errors
+from bert_jax.core import schema
 from bert_jax.core import files
 from bert_jax.models import heads
 
@@ -62,6 +63,26 @@ def check_path(key: str, value: str, what: str, directory: bool = False) -> None
                              'the shared data folder before loading the config).')
   if not exists:
     raise errors.ConfigError(f'config.{key}={value!r} does not exist; it should be {what}.')
+
+
+# The config.task keys every kind reads, and their valid values: how many training examples, the
+# dev share split off, and the head (models/heads.py: a feature-based BiLSTM, or one on top).
+RANGES = {
+    'task.max_train_examples': schema.NON_NEGATIVE, 'task.split_dev_fraction': schema.BELOW_ONE,
+    'task.feature_layers': schema.NON_NEGATIVE, 'task.feature_lstm_units': schema.POSITIVE,
+    'task.feature_lstm_layers': schema.POSITIVE, 'task.lstm_layers': schema.NON_NEGATIVE,
+    'task.lstm_units': schema.POSITIVE,
+}
+
+
+def check_head(task) -> None:
+  """config.task's head: a BiLSTM on the fine-tuned encoder, or the feature-based mode's own."""
+  if task.lstm_layers and task.feature_layers:
+    raise errors.ConfigError(
+        f'config.task.lstm_layers={task.lstm_layers} with config.task.feature_layers='
+        f'{task.feature_layers}: the feature-based mode has its own BiLSTM '
+        '(config.task.feature_lstm_layers); set lstm_layers=0 for it, or feature_layers=0 to '
+        'fine-tune the encoder with a BiLSTM on top.')
 
 
 def refuse_feature_layers(task, what: str) -> None:

@@ -511,4 +511,5 @@ def build(config) -> GlueTask:
 
 tasks_lib.register(tasks_lib.TaskKind(
     'glue', check_config, build,
-    sweep_configs=lambda: {name: f'configs/glue.py:task={name}' for name in TASKS}))
+    sweep_configs=lambda: {name: f'configs/glue.py:task={name}' for name in TASKS},
+    choices={'task.source': ('files', 'tfds')}))

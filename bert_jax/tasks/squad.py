@@ -22,6 +22,7 @@ import numpy as np
 from bert_jax import tasks as tasks_lib
 from bert_jax.core import errors
 from bert_jax.core import files
+from bert_jax.core import schema
 from bert_jax.tasks import base
 
 VERSIONS = ('1.1', '2.0')
@@ -573,4 +574,8 @@ def build(config) -> SquadTask:
 
 tasks_lib.register(tasks_lib.TaskKind(
     'squad', check_config, build,
-    sweep_configs=lambda: {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py'}))
+    sweep_configs=lambda: {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py'},
+    ranges={'task.doc_stride': schema.POSITIVE, 'task.max_query_length': schema.POSITIVE,
+            'task.n_best_size': schema.POSITIVE, 'task.max_answer_length': schema.POSITIVE,
+            'task.null_score_diff_threshold': schema.ANY_SIGN},
+    choices={'task.version': ('1.1', '2.0')}))

@@ -87,4 +87,5 @@ def encoder_flops(model, length: int) -> float:
 
 FAMILY = models.register(models.Family(name='albert', config_from=EncoderConfig.from_config,
                                        encoder=AlbertModel, flops=encoder_flops,
-                                       hf=albert_hf.LAYOUT))
+                                       hf=albert_hf.LAYOUT,
+                                       shared_layers=SHARED_LAYERS_REFUSAL))

@@ -1,10 +1,10 @@
 """Config checks that run before anything compiles; each error names key, value and what is valid."""
 
 import os
-import re
 
 from bert_jax import models
 from bert_jax.core import schema
+from bert_jax.core import xla_options
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
 # Re-exported: the ranges' names, as config_lib.POSITIVE etc.
 from bert_jax.core.schema import (  # noqa: F401  pylint: disable=unused-import
@@ -80,60 +80,9 @@ def validate(config) -> None:
   encoder.check_shape(config.model)
   _check_families(config)
   _checks().check_model(config.model, row_lengths(config))
-  _check_languages(config)
   _check_data(config)
   _check_sources(config)
-  xla_options(config)
-
-
-def xla_options(config) -> dict:
-  """config.train.xla_options ('name=value,...') as jit's compiler_options; checks the form.
-
-  Whether XLA knows each name and value is checked by check_xla_options, once JAX runs.
-  """
-  text = config.train.get('xla_options', '')
-  if not isinstance(text, str):
-    raise ConfigError(f'config.train.xla_options={text!r} must be a string of name=value items, '
-                      "e.g. 'xla_gpu_enable_triton_gemm=false'.")
-  options = {}
-  # A comma starts a new item only before an option name: values may hold commas themselves
-  # (xla_gpu_enable_command_buffer=FUSION,CUBLAS).
-  for item in filter(None, (part.strip() for part in re.split(r',(?=\s*-*xla_)', text))):
-    name, sep, value = item.partition('=')
-    name, value = name.strip().lstrip('-'), value.strip()
-    if not sep or not re.fullmatch(r'xla_[a-z0-9_]+', name):
-      raise ConfigError(
-          f'config.train.xla_options={text!r}: {item!r} is not name=value with an XLA debug '
-          "option's name (xla_...), e.g. 'xla_gpu_enable_triton_gemm=false'.")
-    if name in options:
-      raise ConfigError(f'config.train.xla_options={text!r} sets {name} twice.')
-    options[name] = _option_value(value)
-  return options
-
-
-def _option_value(text: str):
-  """'false' -> False, '2' -> 2, else the text: XLA takes typed values for typed options."""
-  if text.lower() in ('true', 'false'):
-    return text.lower() == 'true'
-  try:
-    return int(text)
-  except ValueError:
-    return text
-
-
-def check_xla_options(config) -> None:
-  """Compiles a one-op function with config.train.xla_options, so that a name or value XLA does
-  not know fails here, naming the key, rather than in the train step's compile."""
-  options = xla_options(config)
-  if not options:
-    return
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  try:
-    jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.zeros(())).compile()
-  except Exception as e:  # XLA's error names the option: pylint: disable=broad-except
-    raise ConfigError(f'config.train.xla_options={config.train.xla_options!r}: XLA refused it: '
-                      f'{str(e).splitlines()[0]}') from e
+  xla_options.parse(config)  # Its form; whether XLA knows it, validate_runtime.
 
 
 def write_config(config, workdir: str) -> None:
@@ -146,8 +95,8 @@ def write_config(config, workdir: str) -> None:
 
 def validate_and_adopt_source(config, validate_fn) -> None:
   """validate_fn(config); then, with config.init_from, the source's shape and vocab are adopted
-  and the result validated again. A run whose objective reads a teacher (distill) first adopts
-  the teacher's: the student is checked against it (interop/sources.py)."""
+  and the result validated again. A run whose objective reads a teacher first adopts the
+  teacher's: the student is checked against it (interop/sources.py)."""
   from bert_jax.interop import sources  # pylint: disable=g-import-not-at-top
   sources.adopt_teacher(config)
   validate_fn(config)
@@ -240,13 +189,6 @@ def _check_data(config) -> None:
   checks.check_pretraining(config)
 
 
-def _check_languages(config) -> None:
-  """The cross-lingual data keys, checked beside their reader (data/crosslingual.py); language
-  embeddings are XLM's unit's (models/xlm/config.py)."""
-  from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
-  crosslingual.check_config(config)
-
-
 def trained_batch_keys(config) -> list[str]:
   """The config.train keys of the batch sizes a run trains with: batch_size, and
   phase2_batch_size when phase 2 has its own."""
@@ -283,7 +225,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
   _checks().check_gpu_kernels(config)
-  check_xla_options(config)
+  xla_options.check(config)
   steps = config.train.grad_accum_steps
   for key in trained_batch_keys(config):
     size = config.train[key]
@@ -318,11 +260,9 @@ def validate_finetune(config) -> None:
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES, **tasks.choices(),
                        'task.kind': tuple(tasks.available())})
   _check_names(config)
-  # Pretraining-only model switches: fine-tuning builds the encoder without them (the family
-  # units' fields so marked, e.g. DeBERTa's mask decoder, whose table is dropped; rtd's sharing,
-  # whose tables are materialised, when loading a workdir).
-  switches = architecture.pretraining_only_defaults()
-  for key, off in (*switches.items(), ('embedding_sharing', 'shared')):
+  # Pretraining-only model switches: fine-tuning builds the encoder without them (the fields so
+  # marked, models/architecture.py).
+  for key, off in architecture.pretraining_only_defaults().items():
     if config.model.get(key, off) != off:
       raise ConfigError(f'config.model.{key}={config.model.get(key)!r}: it shapes pretraining '
                         f'only, and fine-tuning from its workdir builds the encoder without it; '

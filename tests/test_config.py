@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.core import xla_options
 from bert_jax.train import pretrain
 from bert_jax.train import xla
 from configs import base, finetune, glue, large, large_gpu, large_lamb, ner, squad, tiny
@@ -221,14 +222,14 @@ def test_xla_options_parse_into_compiler_options():
   config = valid_config()
   config.train.xla_options = (' xla_gpu_enable_triton_gemm=false, --xla_gpu_autotune_level=0,'
                               'xla_gpu_enable_command_buffer=FUSION,CUBLAS')
-  assert config_lib.xla_options(config) == {'xla_gpu_enable_triton_gemm': False,
+  assert xla_options.parse(config) == {'xla_gpu_enable_triton_gemm': False,
                                             'xla_gpu_autotune_level': 0,
                                             'xla_gpu_enable_command_buffer': 'FUSION,CUBLAS'}
-  config_lib.check_xla_options(config)  # XLA knows all three (GPU options compile on CPU too).
+  xla_options.check(config)  # XLA knows all three (GPU options compile on CPU too).
   config.train.xla_options = 'xla_gpu_enable_command_buffer='  # An empty value is a value.
-  assert config_lib.xla_options(config) == {'xla_gpu_enable_command_buffer': ''}
+  assert xla_options.parse(config) == {'xla_gpu_enable_command_buffer': ''}
   config.train.xla_options = ''
-  assert config_lib.xla_options(config) == {}
+  assert xla_options.parse(config) == {}
 
 
 @pytest.mark.parametrize('options, match', [

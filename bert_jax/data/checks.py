@@ -7,12 +7,15 @@ import os
 from bert_jax import objectives
 from bert_jax.core import files
 from bert_jax.core.errors import ConfigError
+from bert_jax.data import crosslingual
 
 
 def check_pretraining(config) -> None:
   """A pretraining config's data and masking keys fit the model and each other: rows within the
   position table and long enough for text, masking that fits the rows (when an objective masks
-  inputs), a prepared corpus that exists (phase 2 needs one), a corpus to read otherwise."""
+  inputs), a prepared corpus that exists (phase 2 needs one), a corpus to read otherwise;
+  first the cross-lingual keys, beside their reader (data/crosslingual.py)."""
+  crosslingual.check_config(config)
   data = config.data
   if data.max_seq_length > config.model.max_position_embeddings:
     raise ConfigError(

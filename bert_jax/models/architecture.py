@@ -39,10 +39,13 @@ def unit_ranges() -> dict:
 
 
 def pretraining_only_defaults() -> dict:
-  """{key: default} of the unit keys that only pretraining may set (fine-tuning builds the
-  encoder without them: DeBERTa's mask decoder)."""
-  return {key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
-          for key in unit.PRETRAINING_ONLY}
+  """{key: default} of the config.model keys that only pretraining may set (fine-tuning builds
+  the encoder without them: DeBERTa's mask decoder; rtd's embedding sharing, whose tables a
+  workdir's encoder holds materialised): the family units' and the shared encoder's."""
+  shared = {f.name: f.default for f in encoder.KEYS
+            if f.name in schema.pretraining_only(encoder.KEYS)}
+  return {**{key: unit.DEFAULTS[key] for unit in KEY_UNITS.values()
+             for key in unit.PRETRAINING_ONLY}, **shared}
 
 
 def check_units(config, objective_names: list[str]) -> None:

@@ -57,7 +57,7 @@ class EncoderConfig:
       50.0, range=schema.NON_NEGATIVE, owner='rtd',
       doc="Replaced-token detection: the weight of the discriminator's loss.")
   embedding_sharing: str = schema.field(
-      'shared', choices=('shared', 'gdes'), owner='rtd',
+      'shared', choices=('shared', 'gdes'), owner='rtd', pretraining_only=True,
       doc="How the generator and the discriminator share the embedding tables: 'shared' "
       "(ELECTRA) or 'gdes' (DeBERTa-v3's gradient-disentangled sharing).")
   # Not a config key: the family's. > 0 numbers real tokens from this position and gives padding

@@ -224,7 +224,8 @@ def check(config, names) -> None:
     return
   name = model.get('name', 'bert')
   if name not in models.available() or models.get(name).generator is None:
-    families = [n for n in models.available() if models.get(n).generator is not None]
+    families = [n for n in dict.fromkeys((*models.BUILTIN, *models.available()))
+                if models.get(n).generator is not None]  # electra, deberta: the shipped order.
     raise ConfigError(f"config.objectives={config.objectives!r} with config.model.name="
                       f"{name!r}: 'rtd' (replaced-token detection) trains a discriminator and a "
                       f"generator of {' or '.join(families)} (ELECTRA, DeBERTa-v3); set "

@@ -99,6 +99,7 @@ class Setup:
   def __init__(self, config):
     import numpy as np  # pylint: disable=g-import-not-at-top
     from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+    from bert_jax.core import xla_options  # pylint: disable=g-import-not-at-top
     from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
     from bert_jax import sharding  # pylint: disable=g-import-not-at-top
     from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
@@ -119,7 +120,7 @@ class Setup:
       batch_sharding = sharding.batch_sharding(self.mesh)
       self.step = steps.jit_pretraining_step(
           config, self.model, self.tx, shardings, batch_sharding,
-          compiler_options=config_lib.xla_options(config))
+          compiler_options=xla_options.parse(config))
       host_batches = ([random_batch(config, np.random.default_rng(0))] if not
                       config.data.prepared else corpus_batches(config, _REAL_BATCHES))
       self.real_tokens = float(np.mean([b['input_mask'].sum() for b in host_batches]))

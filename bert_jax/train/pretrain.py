@@ -38,6 +38,7 @@ from bert_jax.data import records
 from bert_jax.data import streaming
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.core import files
+from bert_jax.core import xla_options
 
 
 NonFiniteLossError = guard.NonFiniteLossError
@@ -417,7 +418,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
   max_skips = config.train.max_nonfinite_skips
   train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
-                                          compiler_options=config_lib.xla_options(config))
+                                          compiler_options=xla_options.parse(config))
   train_step = metrics_lib.announced(train_step, 'the train step')
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))

@@ -118,7 +118,7 @@ def jit_train_step(loss_fn, tx, state_shardings, batch_shardings, skip_nonfinite
                    counts_fn=None):
   """train_step jitted as it trains (and as aot.py compiles it): donated, sharded state.
 
-  compiler_options: XLA debug options for this computation (config_lib.xla_options).
+  compiler_options: XLA debug options for this computation (core/xla_options.parse).
   """
   step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, skip_nonfinite=skip_nonfinite,
                            dropout_rng_impl=dropout_rng_impl, grad_accum_steps=grad_accum_steps,
@@ -301,7 +301,7 @@ def _size(num_bytes: int) -> str:
 def lower_pretraining_step(config, mesh):
   """The pretraining train step lowered as pretrain.py jits and traces it, over `mesh` (shapes
   only: the mesh's devices need not be able to run anything)."""
-  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.core import xla_options  # pylint: disable=g-import-not-at-top
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   rules = sharding.logical_axis_rules(config.mesh.preset)
   model = build_model(config)
@@ -315,6 +315,6 @@ def lower_pretraining_step(config, mesh):
                       objectives=model.objectives, languages=bool(config.data.get('languages')))
   train_step = jit_pretraining_step(config, model, tx, state_shardings,
                                     sharding.batch_sharding(mesh),
-                                    compiler_options=config_lib.xla_options(config))
+                                    compiler_options=xla_options.parse(config))
   with sharding.activation_rules(mesh, rules):  # As pretrain.py traces it.
     return train_step.lower(state, batch)

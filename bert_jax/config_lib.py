@@ -225,7 +225,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'vocabulary ({tokenizer_vocab_size} tokens); set it to at least '
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
   _checks().check_gpu_kernels(config)
-  xla_options.check(config)
+  xla_options.check_with_xla(config)
   steps = config.train.grad_accum_steps
   for key in trained_batch_keys(config):
     size = config.train[key]

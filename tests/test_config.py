@@ -225,7 +225,7 @@ def test_xla_options_parse_into_compiler_options():
   assert xla_options.parse(config) == {'xla_gpu_enable_triton_gemm': False,
                                             'xla_gpu_autotune_level': 0,
                                             'xla_gpu_enable_command_buffer': 'FUSION,CUBLAS'}
-  xla_options.check(config)  # XLA knows all three (GPU options compile on CPU too).
+  xla_options.check_with_xla(config)  # XLA knows all three (GPU options compile on CPU too).
   config.train.xla_options = 'xla_gpu_enable_command_buffer='  # An empty value is a value.
   assert xla_options.parse(config) == {'xla_gpu_enable_command_buffer': ''}
   config.train.xla_options = ''

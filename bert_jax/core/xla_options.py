@@ -9,7 +9,7 @@ from bert_jax.core.errors import ConfigError
 def parse(config) -> dict:
   """config.train.xla_options ('name=value,...') as jit's compiler_options; checks the form.
 
-  Whether XLA knows each name and value is checked by `check`, once JAX runs.
+  Whether XLA knows each name and value is checked by `check_with_xla`, once JAX runs.
   """
   text = config.train.get('xla_options', '')
   if not isinstance(text, str):
@@ -41,7 +41,7 @@ def _option_value(text: str):
     return text
 
 
-def check(config) -> None:
+def check_with_xla(config) -> None:
   """Compiles a one-op function with config.train.xla_options, so that a name or value XLA does
   not know fails here, naming the key, rather than in the train step's compile."""
   options = parse(config)

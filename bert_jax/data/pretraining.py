@@ -74,10 +74,12 @@ class MaskingSettings:
 
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
-                  is_continuation: np.ndarray, **more):
+                  is_continuation: np.ndarray,
+                  run_objectives: objectives.ObjectiveSet | None = None, **more):
     """config.data and config.masking -> settings (`more`: a subclass's own fields). A run
-    none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows."""
-    run_objectives = objectives.resolve(config)
+    none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows.
+    run_objectives: the config's objectives already resolved (objectives.resolve(config))."""
+    run_objectives = run_objectives or objectives.resolve(config)
     masked = run_objectives.masks_inputs
     check_rows(config, run_objectives)
     return cls(

@@ -47,11 +47,12 @@ class PretrainingModel(nn.Module):
     return outputs
 
 
-def build(config) -> PretrainingModel:
-  """The pretraining model a run's config describes (config.model.name, config.objectives)."""
+def build(config, run_objectives: objectives_lib.ObjectiveSet | None = None) -> PretrainingModel:
+  """The pretraining model a run's config describes (config.model.name, config.objectives;
+  run_objectives: those already resolved, objectives.resolve(config))."""
   name = config.model.get('name', 'bert')
-  return PretrainingModel(models.get(name).config_from(config),
-                          objectives_lib.resolve(config).items, name)
+  run_objectives = run_objectives or objectives_lib.resolve(config)
+  return PretrainingModel(models.get(name).config_from(config), run_objectives.items, name)
 
 
 def objectives_of(model: PretrainingModel):

@@ -49,10 +49,11 @@ RunHealthError = health.RunHealthError
 add_stats = jax.jit(lambda total, stats: jax.tree.map(jnp.add, total, stats))
 
 
-def prepare_data(config, workdir: str):
-  """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
+def prepare_data(config, workdir: str, run_objectives: objectives.ObjectiveSet | None = None):
+  """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation.
+  run_objectives: the config's objectives when already resolved (objectives.resolve)."""
   if config.data.prepared:
-    return prepare_streaming(config)
+    return prepare_streaming(config, run_objectives=run_objectives)
   languages = crosslingual.parse_languages(config.data.languages)
   try:
     if languages:
@@ -98,7 +99,7 @@ def prepare_data(config, workdir: str):
   train_docs, eval_docs = split(encoded, config.data.eval_fraction, config.seed)
   settings = pretraining.MaskingSettings.from_config(config, tokenizer.special,
                                                      tokenizer.vocab_size,
-                                                     tokenizer.is_continuation())
+                                                     tokenizer.is_continuation(), run_objectives)
   stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed,
                                       build)
   stream.data_sha256 = identity.digest(encoded)  # The whole corpus's ids, before the split.
@@ -151,7 +152,8 @@ def keep_vocab(tokenizer, workdir: str) -> None:
   tokenizer_lib.keep(tokenizer, workdir)
 
 
-def prepare_streaming(config, with_eval: bool = True):
+def prepare_streaming(config, with_eval: bool = True,
+                      run_objectives: objectives.ObjectiveSet | None = None):
   """A prepared corpus -> (this process's Grain train stream, eval batches or None, tokenizer)."""
   directory = os.path.expanduser(config.data.prepared)
   languages = crosslingual.parse_languages(config.data.languages)
@@ -179,7 +181,8 @@ def prepare_streaming(config, with_eval: bool = True):
   else:
     train_docs, eval_docs = train_docs[0], eval_docs[0]
   count, index = jax.process_count(), jax.process_index()
-  settings = stream_settings(config, tokenizer, config.train.batch_size // count)
+  settings = stream_settings(config, tokenizer, config.train.batch_size // count,
+                             run_objectives)
   try:
     stream = streaming.TrainStream(train_docs, settings, config.seed, config.data.workers, index,
                                    count, config.data.input_shards, config.data.language_alpha)
@@ -203,10 +206,13 @@ def prepare_streaming(config, with_eval: bool = True):
   return stream, held_out, tokenizer
 
 
-def stream_settings(config, tokenizer, rows_per_batch: int) -> streaming.StreamSettings:
-  """The streaming pipeline's settings from the config."""
+def stream_settings(config, tokenizer, rows_per_batch: int,
+                    run_objectives: objectives.ObjectiveSet | None = None
+                    ) -> streaming.StreamSettings:
+  """The streaming pipeline's settings from the config (and its objectives, resolved)."""
   return streaming.StreamSettings.from_config(
       config, tokenizer.special, tokenizer.vocab_size, tokenizer.is_continuation(),
+      run_objectives,
       batch_size=rows_per_batch, packing=config.data.packing,
       max_pairs_per_row=config.data.max_pairs_per_row if config.data.packing else 1,
       dupe_factor=config.data.dupe_factor)
@@ -244,7 +250,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   stop_on = health.parse_stop(config.train.stop_on_alarms)
   xla.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
-  model, tx = steps.build_model(config), optim.for_pretraining(config)
+  run_objectives = objectives.resolve(config)  # Once: the model, optimizer and data read it.
+  model = steps.build_model(config, run_objectives)
+  tx = optim.for_pretraining(config, run_objectives)
   try:
     mesh = sharding.create_mesh(config.mesh)
     abstract_state = steps.check_state_divides(config, model, tx, mesh, rules)
@@ -253,14 +261,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   preemption = guard.Preemption()
   with preemption.handling(), guard.claim(workdir) as claim:
     checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
-    stream, held_out, tokenizer = prepare_data(config, workdir)
+    stream, held_out, tokenizer = prepare_data(config, workdir, run_objectives)
     config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
     logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
                  describe_batch(config))
     logging.info('%s', describe_schedule(config))
     with sharding.activation_rules(mesh, rules):
       return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
-                    claim, preemption, stop_on)
+                    claim, preemption, stop_on, run_objectives)
 
 
 def describe_batch(config) -> str:
@@ -353,9 +361,8 @@ def _nonfinite_steps(flags, first_step: int) -> list[int]:
 
 
 def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
-           preemption, stop_on: tuple[str, ...]) -> dict:
+           preemption, stop_on: tuple[str, ...], run_objectives: objectives.ObjectiveSet) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
-  run_objectives = objectives.resolve(config)
   vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
   state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
   batch_shardings = sharding.batch_sharding(mesh)
@@ -499,7 +506,8 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
   def enter(phase, position):
     """(batches, global-batch function, batch size, FLOPs per sequence) of a phase."""
-    phase_stream = stream if phase.index == 1 else prepare_streaming(phase.config, False)[0]
+    phase_stream = stream if phase.index == 1 else prepare_streaming(
+        phase.config, False, run_objectives)[0]
     if phase.index > 1:
       logging.info('Phase %d from step %d: seq %d, %d predictions, %s.', phase.index,
                    max(start_step, run_phases[phase.index - 2].last_step) + 1,

@@ -23,6 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness  # noqa: E402
+from bert_jax import objectives  # noqa: E402
 from bert_jax.train import pretrain  # noqa: E402
 from bert_jax.data import records  # noqa: E402
 from bert_jax.data import streaming  # noqa: E402
@@ -80,7 +81,8 @@ def main(argv):
       config.data.vocab_file or os.path.join(directory, 'vocab.txt'), config.data.lowercase)
   store = streaming.DocumentStore(directory, metadata)
   train_ids, _ = streaming.split_ids(len(store), config.data.eval_fraction, config.seed)
-  settings = pretrain.stream_settings(config, tokenizer, config.train.batch_size)
+  settings = pretrain.stream_settings(config, tokenizer, config.train.batch_size,
+                                    objectives.resolve(config))
   stream = streaming.TrainStream(streaming.SubsetDocuments(store, train_ids), settings,
                                  config.seed, config.data.workers)
   batches = stream.batches({'epoch': 0, 'batch': 0})

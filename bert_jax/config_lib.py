@@ -79,7 +79,7 @@ def validate(config) -> None:
   _objectives().check(config)
   encoder.check_shape(config.model)
   _check_families(config)
-  _checks().check_model(config.model, row_lengths(config))
+  _checks().check_model(config.model, _data_checks().row_lengths(config))
   _check_data(config)
   _check_sources(config)
   xla_options.parse(config)  # Its form; whether XLA knows it, validate_runtime.
@@ -137,14 +137,6 @@ def _check_known_keys(flat, reference, reference_file) -> None:
   schema.check_known_keys(flat, reference, reference_file, RENAMED)
 
 
-def row_lengths(config) -> list[int]:
-  """The row lengths a run's model sees: data.max_seq_length, and phase 2's when it has one."""
-  lengths = [config.data.max_seq_length]
-  if config.get('train', {}).get('phase2_fraction', 0):
-    lengths.append(config.data.phase2_max_seq_length)
-  return lengths
-
-
 def _objectives():
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   return objectives
@@ -183,10 +175,14 @@ def _check_families(config) -> None:
   architecture.check_units(config, _objectives().parse(config.objectives))
 
 
+def _data_checks():
+  from bert_jax.data import checks  # pylint: disable=g-import-not-at-top
+  return checks
+
+
 def _check_data(config) -> None:
   """The data and masking keys, checked beside their readers (data/checks.py)."""
-  from bert_jax.data import checks  # pylint: disable=g-import-not-at-top
-  checks.check_pretraining(config)
+  _data_checks().check_pretraining(config)
 
 
 def trained_batch_keys(config) -> list[str]:

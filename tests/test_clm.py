@@ -203,7 +203,8 @@ DOCUMENTS = [[np.arange(10, 10 + n, dtype=np.int32) for n in (5, 7, 4, 6)] for _
 
 def settings_of(config, **more):
   cls = batching.StreamSettings if more else data_lib.MaskingSettings
-  return cls.from_config(config, SPECIAL, 64, np.zeros(64, bool), **more)
+  return cls.from_config(config, SPECIAL, 64, np.zeros(64, bool), objectives.resolve(config),
+                         **more)
 
 
 def test_in_memory_rows_of_a_clm_run_are_unmasked():

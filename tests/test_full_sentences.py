@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax import objectives
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining
 from bert_jax.data import streaming
@@ -173,7 +174,8 @@ def test_full_sentences_refuse_pairs_packing_and_static_masks(key, value):
   section, _, name = key.rpartition('.')
   (config[section] if section else config)[name] = value
   with pytest.raises(config_lib.ConfigError, match=key.split('.')[-1]):
-    pretraining.MaskingSettings.from_config(config, SPECIAL, 99, None)
+    pretraining.MaskingSettings.from_config(config, SPECIAL, 99, None,
+                                            objectives.resolve(config))
 
 
 @pytest.mark.slow

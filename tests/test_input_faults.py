@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax import objectives
 from bert_jax.data import prepare
 from bert_jax.data import records
 from bert_jax.data import streaming
@@ -181,7 +182,8 @@ def test_a_corrupt_record_read_in_a_grain_worker_is_named(source, prepared, tmp_
   config = run_config(tmp_path, prepared, **{'data.workers': 1})
   tokenizer = tokenizer_lib.WordPieceTokenizer(source[1], True)
   stream = streaming.TrainStream(streaming.DocumentStore(prepared),
-                                 pretrain.stream_settings(config, tokenizer, 8), seed=0,
+                                 pretrain.stream_settings(config, tokenizer, 8,
+                                                         objectives.resolve(config)), seed=0,
                                  workers=1)
   try:
     with pytest.raises(records.PreparedCorpusError, match=r'in shard .*documents-0000\d'

@@ -106,7 +106,8 @@ def test_the_objectives_choose_the_pairs():
   settings = {}
   for names in ('mlm,nsp', 'mlm,sop', 'mlm'):
     config.objectives = names
-    settings[names] = pretraining.MaskingSettings.from_config(config, SPECIAL, 99, None)
+    settings[names] = pretraining.MaskingSettings.from_config(
+        config, SPECIAL, 99, None, objectives.resolve(config))
   assert settings['mlm,nsp'].nsp and settings['mlm,nsp'].pair_kind == 'next'
   assert settings['mlm,sop'].nsp and settings['mlm,sop'].pair_kind == 'order'
   assert not settings['mlm'].nsp

@@ -10,6 +10,14 @@ from bert_jax.core.errors import ConfigError
 from bert_jax.data import crosslingual
 
 
+def row_lengths(config) -> list[int]:
+  """The row lengths a run's model sees: data.max_seq_length, and phase 2's when it has one."""
+  lengths = [config.data.max_seq_length]
+  if config.get('train', {}).get('phase2_fraction', 0):
+    lengths.append(config.data.phase2_max_seq_length)
+  return lengths
+
+
 def check_pretraining(config) -> None:
   """A pretraining config's data and masking keys fit the model and each other: rows within the
   position table and long enough for text, masking that fits the rows (when an objective masks

@@ -74,12 +74,11 @@ class MaskingSettings:
 
   @classmethod
   def from_config(cls, config, special: SpecialIds, vocab_size: int,
-                  is_continuation: np.ndarray,
-                  run_objectives: objectives.ObjectiveSet | None = None, **more):
+                  is_continuation: np.ndarray, run_objectives: objectives.ObjectiveSet,
+                  **more):
     """config.data and config.masking -> settings (`more`: a subclass's own fields). A run
     none of whose objectives masks inputs (clm) gets mask_rate 0: unmasked rows.
-    run_objectives: the config's objectives already resolved (objectives.resolve(config))."""
-    run_objectives = run_objectives or objectives.resolve(config)
+    run_objectives: the config's objectives, objectives.resolve(config)."""
     masked = run_objectives.masks_inputs
     check_rows(config, run_objectives)
     return cls(

@@ -173,12 +173,12 @@ def leaf_shapes(config) -> dict:
   of config.objectives)."""
   name = config.model.get('name', 'bert')
   cfg = dataclasses.replace(models.get(name).config_from(config), scan_layers=False)
-  names = objectives.resolve(config).items
-  model = pretraining.PretrainingModel(cfg, names, name)
+  run_objectives = objectives.resolve(config)
+  model = pretraining.PretrainingModel(cfg, run_objectives.items, name)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
-                          pretraining.dummy_batch(1, 2, 1, objectives=names))
+                          pretraining.dummy_batch(1, 2, 1, objectives=run_objectives.items))
   # A frozen scope (a distillation teacher) is not the model's: never imported or exported.
-  frozen = objectives.resolve(config).frozen_scopes
+  frozen = run_objectives.frozen_scopes
   flat = param_tree.flatten(nn.meta.unbox(shapes['params']))
   return {k: tuple(v.shape) for k, v in flat.items() if k.split('/')[0] not in frozen}
 

@@ -47,11 +47,14 @@ class PretrainingModel(nn.Module):
     return outputs
 
 
-def build(config, run_objectives: objectives_lib.ObjectiveSet | None = None) -> PretrainingModel:
-  """The pretraining model a run's config describes (config.model.name, config.objectives;
-  run_objectives: those already resolved, objectives.resolve(config))."""
+def build(config) -> PretrainingModel:
+  """The pretraining model a run's config describes (config.model.name, config.objectives)."""
+  return build_from(config, objectives_lib.resolve(config))
+
+
+def build_from(config, run_objectives: objectives_lib.ObjectiveSet) -> PretrainingModel:
+  """build, with the config's objectives already resolved (objectives.resolve(config))."""
   name = config.model.get('name', 'bert')
-  run_objectives = run_objectives or objectives_lib.resolve(config)
   return PretrainingModel(models.get(name).config_from(config), run_objectives.items, name)
 
 

@@ -130,11 +130,9 @@ def create_optimizer(train_config, num_steps: int | None = None,
   return tx
 
 
-def for_pretraining(config, run_objectives=None):
+def for_pretraining(config):
   """A pretraining run's optimizer (create_optimizer of config.train) with the parameter scopes
   its objectives freeze (a distillation teacher, objectives.Objective.frozen) frozen; a run
-  whose objectives freeze nothing gets create_optimizer(config.train) itself. run_objectives:
-  the config's objectives already resolved (objectives.resolve(config))."""
+  whose objectives freeze nothing gets create_optimizer(config.train) itself."""
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  run_objectives = run_objectives or objectives.resolve(config)
-  return create_optimizer(config.train, frozen=run_objectives.frozen_scopes)
+  return create_optimizer(config.train, frozen=objectives.resolve(config).frozen_scopes)

@@ -49,11 +49,15 @@ RunHealthError = health.RunHealthError
 add_stats = jax.jit(lambda total, stats: jax.tree.map(jnp.add, total, stats))
 
 
-def prepare_data(config, workdir: str, run_objectives: objectives.ObjectiveSet | None = None):
-  """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation.
-  run_objectives: the config's objectives when already resolved (objectives.resolve)."""
+def prepare_data(config, workdir: str):
+  """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
+  return prepare_run_data(config, workdir, objectives.resolve(config))
+
+
+def prepare_run_data(config, workdir: str, run_objectives: objectives.ObjectiveSet):
+  """prepare_data, with the config's objectives already resolved (a run's, once)."""
   if config.data.prepared:
-    return prepare_streaming(config, run_objectives=run_objectives)
+    return prepare_run_streaming(config, True, run_objectives)
   languages = crosslingual.parse_languages(config.data.languages)
   try:
     if languages:
@@ -152,9 +156,13 @@ def keep_vocab(tokenizer, workdir: str) -> None:
   tokenizer_lib.keep(tokenizer, workdir)
 
 
-def prepare_streaming(config, with_eval: bool = True,
-                      run_objectives: objectives.ObjectiveSet | None = None):
+def prepare_streaming(config, with_eval: bool = True):
   """A prepared corpus -> (this process's Grain train stream, eval batches or None, tokenizer)."""
+  return prepare_run_streaming(config, with_eval, objectives.resolve(config))
+
+
+def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.ObjectiveSet):
+  """prepare_streaming, with the config's objectives already resolved (a run's, once)."""
   directory = os.path.expanduser(config.data.prepared)
   languages = crosslingual.parse_languages(config.data.languages)
   try:
@@ -207,9 +215,8 @@ def prepare_streaming(config, with_eval: bool = True,
 
 
 def stream_settings(config, tokenizer, rows_per_batch: int,
-                    run_objectives: objectives.ObjectiveSet | None = None
-                    ) -> streaming.StreamSettings:
-  """The streaming pipeline's settings from the config (and its objectives, resolved)."""
+                    run_objectives: objectives.ObjectiveSet) -> streaming.StreamSettings:
+  """The streaming pipeline's settings from the config and its objectives (objectives.resolve)."""
   return streaming.StreamSettings.from_config(
       config, tokenizer.special, tokenizer.vocab_size, tokenizer.is_continuation(),
       run_objectives,
@@ -251,8 +258,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   xla.apply_xla_flags(config)
   rules = sharding.logical_axis_rules(config.mesh.preset)
   run_objectives = objectives.resolve(config)  # Once: the model, optimizer and data read it.
-  model = steps.build_model(config, run_objectives)
-  tx = optim.for_pretraining(config, run_objectives)
+  model = steps.build_model_from(config, run_objectives)
+  tx = optim.create_optimizer(config.train, frozen=run_objectives.frozen_scopes)
   try:
     mesh = sharding.create_mesh(config.mesh)
     abstract_state = steps.check_state_divides(config, model, tx, mesh, rules)
@@ -261,7 +268,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   preemption = guard.Preemption()
   with preemption.handling(), guard.claim(workdir) as claim:
     checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
-    stream, held_out, tokenizer = prepare_data(config, workdir, run_objectives)
+    stream, held_out, tokenizer = prepare_run_data(config, workdir, run_objectives)
     config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
     logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
                  describe_batch(config))
@@ -506,7 +513,7 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
   def enter(phase, position):
     """(batches, global-batch function, batch size, FLOPs per sequence) of a phase."""
-    phase_stream = stream if phase.index == 1 else prepare_streaming(
+    phase_stream = stream if phase.index == 1 else prepare_run_streaming(
         phase.config, False, run_objectives)[0]
     if phase.index > 1:
       logging.info('Phase %d from step %d: seq %d, %d predictions, %s.', phase.index,

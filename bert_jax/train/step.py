@@ -133,6 +133,7 @@ def jit_train_step(loss_fn, tx, state_shardings, batch_shardings, skip_nonfinite
 # The pretraining model and its shape-only batches live with the objectives
 # (objectives/pretraining.py); the modes and tools reach them here.
 build_model = pretraining.build
+build_model_from = pretraining.build_from
 objectives_of = pretraining.objectives_of
 dummy_batch = pretraining.dummy_batch
 

@@ -3,8 +3,7 @@ XLA_FLAGS before JAX starts its backends, and the persistent compilation cache's
 
 import os
 
-from bert_jax import config_lib
-from bert_jax.config_lib import ConfigError
+from bert_jax.core.errors import ConfigError
 from bert_jax.ops import checks
 
 
@@ -43,9 +42,10 @@ def apply_compilation_cache(config) -> str:
 
 
 def needs_cudnn_outside_command_buffers(config) -> bool:
+  from bert_jax.data import checks as data_checks  # pylint: disable=g-import-not-at-top
   model = config.get('model') or {}
   return (model.get('attention_dropout_rate', 0) > 0
-          and checks.cudnn_attention_possible(model, config_lib.row_lengths(config)))
+          and checks.cudnn_attention_possible(model, data_checks.row_lengths(config)))
 
 
 def apply_xla_flags(config) -> None:

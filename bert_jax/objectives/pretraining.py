@@ -19,7 +19,7 @@ from bert_jax import objectives as objectives_lib
 class PretrainingModel(nn.Module):
   """Encoder + heads: batch -> {output name: array} (e.g. 'mlm_logits', 'nsp_logits')."""
   config: Any  # The encoder's frozen config (its family's config_from).
-  # Names in the objectives registry, or Objectives configured by the run (objectives.resolve(config).items).
+  # Names in the objectives registry, or Objectives configured by the run: ObjectiveSet.items.
   objectives: tuple = ('mlm', 'nsp')
   model: str = 'bert'  # Name in the models registry.
 
@@ -43,7 +43,7 @@ class PretrainingModel(nn.Module):
     encoded = objectives_lib.Encoded(sequence, pooled, encoder.attend)
     for name in self.objectives:
       outputs.update(objectives_lib.objective_of(name).head(self.config, encoded, batch,
-                                                       deterministic))
+                                                            deterministic))
     return outputs
 
 

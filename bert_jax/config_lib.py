@@ -3,6 +3,7 @@
 import os
 
 from bert_jax import models
+from bert_jax.core import cli
 from bert_jax.core import schema
 from bert_jax.core import xla_options
 from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigError.
@@ -247,12 +248,13 @@ FINETUNE_CHOICES = {
 
 
 def validate_finetune(config) -> None:
-  """Static checks of a fine-tuning config (configs/finetune.py's keys); ConfigError on the first
-  problem, before any file is read or anything compiles."""
-  from configs import finetune  # pylint: disable=g-import-not-at-top
-  flat = flatten(config)
-  _check_known_keys(flat, finetune.get_config(), 'configs/finetune.py')
+  """Static checks of a fine-tuning config (the keys of its task kind's config file, e.g.
+  configs/squad.py); ConfigError on the first problem, before any file is read or anything
+  compiles."""
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  flat = flatten(config)
+  reference = tasks.config_file(config.get('task', {}).get('kind', ''))
+  _check_known_keys(flat, cli.load_config_spec(reference), reference)
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES, **tasks.choices(),
                        'task.kind': tuple(tasks.available())})
   _check_names(config)

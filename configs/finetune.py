@@ -71,23 +71,16 @@ def get_config(arg=None):
   data.lowercase = True
   data.max_seq_length = 128  # Tokens per row, [CLS] and [SEP]s included.
 
+  # The keys every task kind reads; a kind's own keys are in its config file (configs/glue.py:
+  # source; configs/squad.py: version, doc_stride, ...), which a config of that kind starts from.
   config.task = task = ml_collections.ConfigDict()
   task.kind = 'glue'  # 'glue', 'squad', 'ner' or 'swag'.
   task.name = 'sst2'  # GLUE task (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli, stsb).
-  task.source = 'files'  # GLUE: 'files' (data_dir holds train.tsv, dev.tsv) or 'tfds' (glue/*).
   task.data_dir = ''  # GLUE: the task's folder, e.g. glue_data/SST-2; SWAG: train.csv, val.csv.
   task.train_file = ''  # SQuAD JSON / CoNLL file to train on.
   task.dev_file = ''  # SQuAD JSON / CoNLL file to evaluate on.
   task.test_file = ''  # CoNLL test file (optional; predictions written when given).
   task.max_train_examples = 0  # Train on the first N examples only (0: all).
-  task.version = '1.1'  # SQuAD: '1.1' or '2.0' (unanswerable questions, no-answer threshold).
-  # SQuAD without a training file: train on this share of the dev articles, evaluate on the rest.
-  task.split_dev_fraction = 0.0
-  task.doc_stride = 128  # SQuAD: tokens between the starts of a long context's windows.
-  task.max_query_length = 64  # SQuAD: question tokens kept.
-  task.n_best_size = 20  # SQuAD: start and end candidates considered per window.
-  task.max_answer_length = 30  # SQuAD: longest answer, in tokens.
-  task.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict no answer above this score gap.
   task.feature_layers = 0  # > 0: feature-based (frozen encoder, concat of the last N layers).
   task.feature_lstm_units = 384  # Feature-based: BiLSTM units per direction.
   task.feature_lstm_layers = 2  # Feature-based: BiLSTM layers (the paper: two).

@@ -20,6 +20,7 @@ ARGUMENTS = {**finetune.ARGUMENTS, 'task': 'task.name', 'source': 'task.source'}
 def get_config(arg=None):
   config = finetune.get_config()
   config.task.kind = 'glue'
+  config.task.source = 'files'  # 'files' (data_dir holds train.tsv, dev.tsv) or 'tfds' (glue/*).
   if arg:
     base.apply_arguments(config, arg, ARGUMENTS)
   name = config.task.name

@@ -17,8 +17,17 @@ ARGUMENTS = {**finetune.ARGUMENTS, 'version': 'task.version', 'train': 'task.tra
 
 def get_config(arg=None):
   config = finetune.get_config()
-  config.task.kind = 'squad'
-  config.task.name = 'squad'
+  task = config.task
+  task.kind = 'squad'
+  task.name = 'squad'
+  task.version = '1.1'  # '1.1' or '2.0' (unanswerable questions, no-answer threshold).
+  # Without a training file: train on this share of the dev articles, evaluate on the rest.
+  task.split_dev_fraction = 0.0
+  task.doc_stride = 128  # Tokens between the starts of a long context's windows.
+  task.max_query_length = 64  # Question tokens kept.
+  task.n_best_size = 20  # Start and end candidates considered per window.
+  task.max_answer_length = 30  # Longest answer, in tokens.
+  task.null_score_diff_threshold = 0.0  # SQuAD 2.0: predict no answer above this score gap.
   config.data.max_seq_length = 384
   config.train.learning_rate = 3e-5
   config.train.num_epochs = 2.0

@@ -182,8 +182,6 @@ def test_shipped_finetune_configs_have_valid_numbers(tmp_path):
     ('train.num_epochs', 0.0, 'a finite number > 0'),
     ('train.warmup_proportion', 1.0, 'a finite number in [0, 1)'),
     ('train.adam_b2', NAN, 'a finite number in [0, 1)'),
-    ('task.split_dev_fraction', 1.0, 'a finite number in [0, 1)'),
-    ('task.null_score_diff_threshold', NAN, 'a finite number'),
     ('model.hidden_dropout_rate', 1.0, 'a finite number in [0, 1)'),
     ('seeds', 0, 'an integer > 0'),
     ('task.lstm_layers', -1, 'an integer >= 0'),
@@ -199,6 +197,35 @@ def test_finetune_out_of_range_values_are_refused(tmp_path, key, value, valid):
   with pytest.raises(config_lib.ConfigError) as error:
     config_lib.validate_finetune(config)
   assert str(error.value) == f'config.{key}={value!r}: must be {valid}.'
+
+
+@pytest.mark.parametrize('key,value,valid', [
+    ('task.split_dev_fraction', 1.0, 'a finite number in [0, 1)'),
+    ('task.null_score_diff_threshold', NAN, 'a finite number'),
+    ('task.doc_stride', 0, 'an integer > 0'),
+])
+def test_a_task_kinds_own_keys_are_range_checked(key, value, valid):
+  """SQuAD's keys are its config file's (configs/squad.py), ranged by its TaskKind."""
+  config = squad.get_config()
+  config.task[key.split('.')[1]] = value
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.validate_finetune(config)
+  assert str(error.value) == f'config.{key}={value!r}: must be {valid}.'
+
+
+def test_a_config_holds_its_task_kinds_keys_only(tmp_path):
+  """A kind's own keys belong to its config file: SQuAD's in a GLUE config are unknown, and a
+  SQuAD config without them says which file to start from."""
+  config = glue_config(tmp_path)
+  config.task.doc_stride = 64
+  with pytest.raises(config_lib.ConfigError,
+                     match=r'Unknown config keys: config\.task\.doc_stride\b'):
+    config_lib.validate_finetune(config)
+  config = finetune.get_config()
+  config.task.kind = 'squad'
+  with pytest.raises(config_lib.ConfigError, match=r'Config lacks keys: task\.doc_stride, .*; '
+                                                  r'start from configs/squad\.py\.'):
+    config_lib.validate_finetune(config)
 
 
 def test_a_bilstm_on_top_of_the_feature_based_mode_is_refused(tmp_path):

@@ -26,6 +26,10 @@ class TaskKind:
   build: Callable[[Any], Any]  # The run's ConfigDict -> its tasks.base.Task.
   # {a name sweep.finetune.tasks takes: the config file (with arguments) that fine-tunes it}.
   sweep_configs: Callable[[], dict[str, str]] = dict
+  # The config file a config of this kind starts from: configs/finetune.py's keys and the
+  # kind's own config.task keys (configs/squad.py: doc_stride, ...), the keys validation
+  # expects. '': configs/finetune.py's keys only.
+  config_file: str = ''
   # The valid values of the config.task keys it reads ({'task.doc_stride': core.schema.Range},
   # {'task.version': ('1.1', '2.0')}), checked in every fine-tuning config by config_lib.
   ranges: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -60,6 +64,12 @@ def ranges() -> dict:
 def choices() -> dict:
   """{key: valid values} of every kind's config.task keys (TaskKind.choices)."""
   return {key: valid for name in available() for key, valid in get(name).choices.items()}
+
+
+def config_file(kind: str) -> str:
+  """The config file whose keys a config of `kind` holds (TaskKind.config_file); an unknown
+  kind's, or one without its own file: configs/finetune.py."""
+  return (kind in available() and get(kind).config_file) or 'configs/finetune.py'
 
 
 def sweep_configs() -> dict[str, str]:

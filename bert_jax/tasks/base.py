@@ -68,7 +68,7 @@ def check_path(key: str, value: str, what: str, directory: bool = False) -> None
 # The config.task keys every kind reads, and their valid values: how many training examples, the
 # dev share split off, and the head (models/heads.py: a feature-based BiLSTM, or one on top).
 RANGES = {
-    'task.max_train_examples': schema.NON_NEGATIVE, 'task.split_dev_fraction': schema.BELOW_ONE,
+    'task.max_train_examples': schema.NON_NEGATIVE,
     'task.feature_layers': schema.NON_NEGATIVE, 'task.feature_lstm_units': schema.POSITIVE,
     'task.feature_lstm_layers': schema.POSITIVE, 'task.lstm_layers': schema.NON_NEGATIVE,
     'task.lstm_units': schema.POSITIVE,

@@ -512,4 +512,4 @@ def build(config) -> GlueTask:
 tasks_lib.register(tasks_lib.TaskKind(
     'glue', check_config, build,
     sweep_configs=lambda: {name: f'configs/glue.py:task={name}' for name in TASKS},
-    choices={'task.source': ('files', 'tfds')}))
+    config_file='configs/glue.py', choices={'task.source': ('files', 'tfds')}))

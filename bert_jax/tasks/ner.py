@@ -239,4 +239,5 @@ def build(config) -> NerTask:
 
 tasks_lib.register(tasks_lib.TaskKind(
     'ner', check_config, build,
-    sweep_configs=lambda: {'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py'}))
+    sweep_configs=lambda: {'conll2003': 'configs/ner.py', 'ner': 'configs/ner.py'},
+    config_file='configs/ner.py'))

@@ -575,7 +575,8 @@ def build(config) -> SquadTask:
 tasks_lib.register(tasks_lib.TaskKind(
     'squad', check_config, build,
     sweep_configs=lambda: {'squad': 'configs/squad.py', 'squad1.1': 'configs/squad.py'},
-    ranges={'task.doc_stride': schema.POSITIVE, 'task.max_query_length': schema.POSITIVE,
+    config_file='configs/squad.py',
+    ranges={'task.split_dev_fraction': schema.BELOW_ONE, 'task.doc_stride': schema.POSITIVE, 'task.max_query_length': schema.POSITIVE,
             'task.n_best_size': schema.POSITIVE, 'task.max_answer_length': schema.POSITIVE,
             'task.null_score_diff_threshold': schema.ANY_SIGN},
     choices={'task.version': ('1.1', '2.0')}))

@@ -16,7 +16,6 @@ import os
 import numpy as np
 
 from bert_jax import tasks as tasks_lib
-from bert_jax.core import errors
 from bert_jax.tasks import base
 from bert_jax.tasks import glue
 from bert_jax.tasks import scoring
@@ -144,9 +143,6 @@ class SwagTask(base.Task):
 def check_config(config) -> None:
   """A SWAG run's settings: its CSV folder, and no feature-based mode."""
   task = config.task
-  if task.source != 'files':
-    raise errors.ConfigError(f'config.task.source={task.source!r}: SWAG is read from its CSV '
-                             "files only (source='files').")
   base.check_path('task.data_dir', task.data_dir, "SWAG's folder with train.csv and val.csv "
                   '(the full dataset is not in the shared data: supply it)', directory=True)
   base.refuse_feature_layers(task, 'SWAG fine-tunes the whole model (set it to 0)')
@@ -157,4 +153,5 @@ def build(config) -> SwagTask:
 
 
 tasks_lib.register(tasks_lib.TaskKind('swag', check_config, build,
-                                      sweep_configs=lambda: {'swag': 'configs/swag.py'}))
+                                      sweep_configs=lambda: {'swag': 'configs/swag.py'},
+                                      config_file='configs/swag.py'))

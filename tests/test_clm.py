@@ -24,6 +24,7 @@ from bert_jax.train import pretrain
 from bert_jax.train import step as steps
 from configs import base
 from configs import finetune
+from configs import glue
 from conftest import micro_config
 
 SPECIAL = data_lib.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
@@ -268,7 +269,7 @@ def test_causal_packing_is_refused():
 
 
 def test_causal_fine_tuning_refuses_fused_attention():
-  config = finetune.get_config()
+  config = glue.get_config()
   config.model.update(causal=True, attention_impl='cudnn')
   with pytest.raises(config_lib.ConfigError, match=r"attention_impl='xla' \(got 'cudnn'\)"):
     config_lib.validate_finetune(config)

@@ -65,10 +65,6 @@ RANGES = {
 }
 
 
-# Keys that no longer exist, and what replaced them.
-RENAMED = {'data.nsp': "now config.objectives: 'mlm,nsp' for NSP, 'mlm' without"}
-
-
 def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
@@ -135,7 +131,9 @@ def _check_schedule(train) -> None:
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:
-  schema.check_known_keys(flat, reference, reference_file, RENAMED)
+  """Unknown keys (with a close match, or a removed key's replacement: the units' RENAMED) and
+  missing ones."""
+  schema.check_known_keys(flat, reference, reference_file, _objectives().RENAMED)
 
 
 def _objectives():

@@ -22,6 +22,9 @@ from bert_jax.core.errors import ConfigError
 # The objectives shipped in this package (each registers itself on import).
 BUILTIN = ('clm', 'mlm', 'nsp', 'sop', 'distill', 'rtd', 'sbo')
 
+# Config keys that no longer exist whose role config.objectives took, and what replaced them.
+RENAMED = {'data.nsp': "now config.objectives: 'mlm,nsp' for NSP, 'mlm' without"}
+
 # Per-example trailing shapes and dtypes of batch keys: {'masked_lm_ids': ((P,), int32), ...}.
 BatchSpec = Mapping[str, tuple[tuple[int, ...], Any]]
 

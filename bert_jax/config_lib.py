@@ -24,7 +24,7 @@ VALID_CHOICES = {
     'masking.eval': ('train', 'reference'),
     'masking.spans': ('', 'geometric'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
-    'train.optimizer': ('adamw', 'lamb'),
+    'train.optimizer': ('adamw', 'lamb', 'stableadamw'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
 }
 

@@ -222,7 +222,9 @@ def get_config(arg=None):
   # needs data.prepared). One learning-rate schedule spans both phases.
   train.phase2_fraction = 0.0
   train.phase2_batch_size = 0  # Sequences per phase-2 step (0: train.batch_size).
-  train.optimizer = 'adamw'  # 'adamw' (the paper's) or 'lamb' (You et al., large batches).
+  # 'adamw' (the paper's), 'lamb' (You et al., large batches) or 'stableadamw' (AdamW with
+  # per-tensor update clipping: Wortsman et al., ModernBERT's).
+  train.optimizer = 'adamw'
   train.learning_rate = 1e-4  # Peak learning rate.
   # Linear warmup, then linear decay to 0 at num_steps. The paper fixes the warmup in steps
   # (10,000 of 1M, appendix A.2); `steps=N` keeps its share instead (1%: 30 steps at steps=3000),

@@ -1,6 +1,7 @@
-"""Optimizers: the schedule, the decay mask, LAMB's layer-wise trust ratio, and ELECTRA's
-layer-wise learning-rate decay."""
+"""Optimizers: the schedule, the decay mask, LAMB's layer-wise trust ratio, StableAdamW's update
+clipping, and ELECTRA's layer-wise learning-rate decay."""
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -58,6 +59,93 @@ def test_adamw_update_is_not_layer_adapted():
   assert abs(float(ratio) - 1e-2) > 1e-3  # Adam's step is ~lr per element, not lr * ||w||.
 
 
+def stable_adamw_reference(params, grads_per_step, lr, b1=0.9, b2=0.999, eps=1e-6, decay=0.01,
+                           num_steps=100):
+  """StableAdamW by hand (Wortsman et al. 2023, Algorithm 2; its debiased betas are Adam's bias
+  correction), in float64: per tensor, the step (m_hat / (sqrt(v_hat) + eps) + decay * w) at
+  learning rate lr_t / max(1, sqrt(mean(g^2 / max(v_hat, eps^2))))."""
+  flat = {k: np.asarray(v, np.float64) for k, v in flax.traverse_util.flatten_dict(params).items()}
+  m = {k: np.zeros_like(v) for k, v in flat.items()}
+  v = {k: np.zeros_like(w) for k, w in flat.items()}
+  clipped = []
+  for t, grads in enumerate(grads_per_step, start=1):
+    grads = {k: np.asarray(g, np.float64)
+             for k, g in flax.traverse_util.flatten_dict(grads).items()}
+    rate = lr * (1 - (t - 1) / num_steps)  # Linear decay from the peak, no warmup.
+    for k, g in grads.items():
+      m[k] = b1 * m[k] + (1 - b1) * g
+      v[k] = b2 * v[k] + (1 - b2) * g * g
+      m_hat, v_hat = m[k] / (1 - b1 ** t), v[k] / (1 - b2 ** t)
+      rms = np.sqrt(np.mean(g * g / np.maximum(v_hat, eps * eps)))
+      clipped.append(rms > 1)
+      step = m_hat / (np.sqrt(v_hat) + eps)
+      if k[-1] not in optim.NO_DECAY_LEAVES:
+        step = step + decay * flat[k]
+      flat[k] = flat[k] - rate / max(1.0, rms) * step
+  return flax.traverse_util.unflatten_dict(flat), any(clipped)
+
+
+def spiky_grads(params, steps=6, spike=4):
+  """Small gradients, then one 300x larger at step `spike`: its RMS against v_hat exceeds 1."""
+  rng = np.random.default_rng(2)
+  return [jax.tree.map(lambda p, s=step: jnp.asarray(
+      rng.normal(size=p.shape) * (0.3 if s == spike else 1e-3), jnp.float32), params)
+      for step in range(1, steps + 1)]
+
+
+def test_stable_adamw_equals_its_definition_and_clips_the_spike():
+  params, _ = params_and_grads()
+  grads = spiky_grads(params)
+  tx = optim.create_optimizer(train_config('stableadamw', 1e-2))
+  state, ours = tx.init(params), params
+  for g in grads:
+    updates, state = tx.update(g, state, ours)
+    ours = optax.apply_updates(ours, updates)
+  reference, clipped = stable_adamw_reference(params, grads, 1e-2)
+  assert clipped  # The spike's step was clipped: the test sees the clipping, not plain AdamW.
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(reference)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  # Plain AdamW takes the spike's full step: the two differ.
+  adamw = optim.create_optimizer(train_config('adamw', 1e-2))
+  plain, adam_state = params, adamw.init(params)
+  for g in grads:
+    updates, adam_state = adamw.update(g, adam_state, plain)
+    plain = optax.apply_updates(plain, updates)
+  assert not np.allclose(plain['dense']['kernel'], ours['dense']['kernel'], rtol=1e-4)
+
+
+def test_stable_adamw_resumes_exactly_from_its_saved_state():
+  """Its state is AdamW's (count, mu, nu and the decay's): serialised and restored mid-run, the
+  run goes on as if never stopped."""
+  params, _ = params_and_grads()
+  grads = spiky_grads(params)
+  tx = optim.create_optimizer(train_config('stableadamw', 1e-2))
+
+  def run(p, state, steps):
+    for g in steps:
+      updates, state = tx.update(g, state, p)
+      p = optax.apply_updates(p, updates)
+    return p, state
+
+  whole, _ = run(params, tx.init(params), grads)
+  half, state = run(params, tx.init(params), grads[:3])
+  saved = flax.serialization.to_bytes((half, state))
+  half, state = flax.serialization.from_bytes((params, tx.init(params)), saved)
+  resumed, _ = run(half, state, grads[3:])
+  for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_stable_adamw_leaves_a_frozen_scope_alone():
+  """A distillation teacher (a frozen scope) gets no step and no state under StableAdamW too."""
+  params, grads = params_and_grads()
+  params, grads = {'teacher': params, 'student': params}, {'teacher': grads, 'student': grads}
+  tx = optim.create_optimizer(train_config('stableadamw', 1e-2), frozen=('teacher',))
+  updates, _ = tx.update(grads, tx.init(params), params)
+  assert all(not np.any(u) for u in jax.tree.leaves(updates['teacher']))
+  assert all(np.any(u) for u in jax.tree.leaves(updates['student']))
+
+
 def test_lamb_recipe_config_phases():
   one, two = large_lamb.get_config(), large_lamb.get_config('phase=2,steps=10')
   assert (one.train.batch_size, one.data.max_seq_length, one.train.optimizer) == (65536, 128, 'lamb')
@@ -66,7 +154,7 @@ def test_lamb_recipe_config_phases():
     large_lamb.get_config('phase=3')
 
 
-@pytest.mark.parametrize('optimizer', ['adamw', 'lamb'])
+@pytest.mark.parametrize('optimizer', ['adamw', 'lamb', 'stableadamw'])
 def test_bfloat16_first_moment_stores_mu_only_in_bfloat16(optimizer):
   params, grads = params_and_grads()
   config = train_config(optimizer)

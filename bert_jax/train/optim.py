@@ -1,10 +1,15 @@
-"""BERT's optimizers: AdamW (the paper's) or LAMB (You et al.), warmup + linear decay.
+"""BERT's optimizers: AdamW (the paper's), LAMB (You et al.) or StableAdamW (Wortsman et al.,
+ModernBERT's), warmup + linear decay.
 
 AdamW: eps 1e-6, decoupled weight decay 0.01 not on LayerNorm or biases, as the original BERT
 (optax's has bias correction; the original AdamWeightDecayOptimizer had none).
 LAMB: the same Adam update and decay, then each parameter's update is scaled by the trust ratio
 ||w|| / ||update|| (layer-wise adaptation); LayerNorm parameters and biases are left out of the
 adaptation and the decay, as in You et al.'s BERT recipe.
+StableAdamW: AdamW whose step on each parameter tensor (its update and its decay) is divided by
+max(1, RMS), RMS = sqrt(mean(g^2 / max(v_hat, eps^2))) over the tensor: Adafactor's update
+clipping (Wortsman et al. 2023, "Stable and low-precision training for large-scale
+vision-language models", Algorithm 2, whose debiased betas are Adam's bias correction).
 Layer-wise learning-rate decay (fine-tuning, ELECTRA's recipe): each parameter's update scaled by
 its depth in the encoder (`scale_by_layer_depth`).
 """
@@ -94,18 +99,47 @@ def lamb(learning_rate, b1, b2, eps, weight_decay, mu_dtype=None) -> optax.Gradi
       optax.scale_by_learning_rate(learning_rate))
 
 
+def scale_by_stable_adam(b1: float, b2: float, eps: float, weight_decay: float, mask,
+                         mu_dtype=None) -> optax.GradientTransformation:
+  """StableAdamW's step before the learning rate: per tensor, (m_hat / (sqrt(v_hat) + eps) +
+  weight_decay * param where `mask` is True) / max(1, RMS), RMS = sqrt(mean(g^2 / max(v_hat,
+  eps^2))). Its state is optax's: (ScaleByAdamState, the decay's), as AdamW's."""
+  inner = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
+                      optax.add_decayed_weights(weight_decay, mask=mask))
+
+  def update_fn(grads, state, params):
+    steps, state = inner.update(grads, state, params)
+    adam = state[0]
+    debias = 1 - b2 ** adam.count.astype(jnp.float32)
+
+    def clip(step, grad, nu):  # One tensor: its step / max(1, RMS).
+      rms = jnp.sqrt(jnp.mean(jnp.square(grad) / jnp.maximum(nu / debias, eps * eps)))
+      return step / jnp.maximum(1.0, rms).astype(step.dtype)
+
+    return jax.tree.map(clip, steps, grads, adam.nu), state
+
+  return optax.GradientTransformation(inner.init, update_fn)
+
+
+def stable_adamw(learning_rate, b1, b2, eps, weight_decay,
+                 mu_dtype=None) -> optax.GradientTransformation:
+  """StableAdamW with decay on weight_decay_mask's parameters only."""
+  return optax.chain(scale_by_stable_adam(b1, b2, eps, weight_decay, weight_decay_mask, mu_dtype),
+                     optax.scale_by_learning_rate(learning_rate))
+
+
 def create_optimizer(train_config, num_steps: int | None = None,
                      warmup_steps: int | None = None, frozen: tuple[str, ...] = (),
                      num_layers: int = 0):
-  """Global-norm clipping then AdamW or LAMB under the warmup + linear-decay schedule: the one
-  optimizer of every mode.
+  """Global-norm clipping then AdamW, LAMB or StableAdamW under the warmup + linear-decay
+  schedule: the one optimizer of every mode.
 
-  train_config: config.train (learning_rate, adam_b1/b2/eps, weight_decay, max_grad_norm;
-  optimizer 'adamw' (default) or 'lamb'; adam_mu_dtype). num_steps and warmup_steps default to
+  train_config: config.train (learning_rate, adam_b1/b2/eps, weight_decay, max_grad_norm; optimizer
+  'adamw' (default), 'lamb' or 'stableadamw'; adam_mu_dtype). num_steps and warmup_steps default to
   train_config.num_steps and warmup_steps (pretraining); fine-tuning passes its own. frozen: top
-  level parameter subtrees that never change and carry no optimizer state (the feature-based
-  mode's encoder, 'bert'). train_config.layerwise_lr_decay (fine-tuning; absent or 0: off)
-  scales each update by its depth among the encoder's num_layers layers (scale_by_layer_depth).
+  level parameter subtrees that never change and carry no optimizer state (the feature-based mode's
+  encoder, 'bert'). train_config.layerwise_lr_decay (fine-tuning; absent or 0: off) scales each
+  update by its depth among the encoder's num_layers layers (scale_by_layer_depth).
   """
   num_steps = train_config.num_steps if num_steps is None else num_steps
   warmup_steps = train_config.warmup_steps if warmup_steps is None else warmup_steps
@@ -113,9 +147,11 @@ def create_optimizer(train_config, num_steps: int | None = None,
   # Adam's first moment may be stored in bfloat16 (train.adam_mu_dtype); the second moment and
   # the master weights stay in their own (float32) dtype.
   mu_dtype = jnp.dtype(train_config.get('adam_mu_dtype', 'float32'))
-  if train_config.get('optimizer', 'adamw') == 'lamb':
-    update = lamb(schedule, train_config.adam_b1, train_config.adam_b2, train_config.adam_eps,
-                  train_config.weight_decay, mu_dtype)
+  name = train_config.get('optimizer', 'adamw')
+  if name in ('lamb', 'stableadamw'):
+    update = (lamb if name == 'lamb' else stable_adamw)(
+        schedule, train_config.adam_b1, train_config.adam_b2, train_config.adam_eps,
+        train_config.weight_decay, mu_dtype)
   else:
     update = optax.adamw(schedule, b1=train_config.adam_b1, b2=train_config.adam_b2,
                          eps=train_config.adam_eps, weight_decay=train_config.weight_decay,

@@ -43,6 +43,11 @@ class Registry:
     """Every name get() takes."""
     return sorted(set(self.builtin) | set(self._items))
 
+  def merged(self, field: str) -> dict:
+    """The union of every item's `field` (a dict, e.g. the ranges of its config keys)."""
+    return {key: value for name in self.available()
+            for key, value in getattr(self.get(name), field).items()}
+
 
 def lazy_attributes(module: str):
   """A unit package's module `__getattr__`: a name the package does not define is `module`'s

@@ -136,12 +136,12 @@ def parse(text: str) -> tuple[str, ...]:
 
 def ranges() -> dict:
   """{key: Range} of every registered objective's own keys (Objective.ranges)."""
-  return {key: valid for name in available() for key, valid in get(name).ranges.items()}
+  return REGISTRY.merged('ranges')
 
 
 def choices() -> dict:
   """{key: valid values} of every registered objective's own keys (Objective.choices)."""
-  return {key: valid for name in available() for key, valid in get(name).choices.items()}
+  return REGISTRY.merged('choices')
 
 
 def check(config) -> None:

@@ -55,15 +55,12 @@ def ranges() -> dict:
   """{key: Range} of the config.task keys: every kind's (TaskKind.ranges) and the ones every
   kind reads (tasks/base.py)."""
   from bert_jax.tasks import base  # pylint: disable=g-import-not-at-top
-  out = dict(base.RANGES)
-  for name in available():
-    out.update(get(name).ranges)
-  return out
+  return {**base.RANGES, **REGISTRY.merged('ranges')}
 
 
 def choices() -> dict:
   """{key: valid values} of every kind's config.task keys (TaskKind.choices)."""
-  return {key: valid for name in available() for key, valid in get(name).choices.items()}
+  return REGISTRY.merged('choices')
 
 
 def config_file(kind: str) -> str:

@@ -69,7 +69,7 @@ def validate(config) -> None:
   """Static checks of a pretraining config; raises ConfigError on the first problem found."""
   flat = flatten(config)
   _check_known_keys(flat, base.get_config(), 'configs/base.py')
-  _check_ranges(flat, {**VALID_CHOICES, **_objectives().choices()})
+  _check_ranges(flat, {**VALID_CHOICES, **_objectives().choices()}, _objectives().ranges())
   _check_schedule(config.train)
   _check_names(config)
   _check_accumulation(config)
@@ -112,12 +112,19 @@ def ranges() -> dict:
   """{key: Range} of every numeric config key: RANGES and the units' own (the family units',
   the objectives', the task kinds'), read at each call: a unit registered since counts."""
   from bert_jax import tasks  # pylint: disable=g-import-not-at-top
-  return {**RANGES, **architecture.unit_ranges(), **_objectives().ranges(), **tasks.ranges()}
+  return {**_model_ranges(), **_objectives().ranges(), **tasks.ranges()}
 
 
-def _check_ranges(flat, choices) -> None:
-  """Choices, then ranges(), of the flattened config's keys; every number must be finite."""
-  schema.check_ranges(flat, choices, ranges())
+def _model_ranges() -> dict:
+  """RANGES and the family units' ranges: what both modes' configs hold."""
+  return {**RANGES, **architecture.unit_ranges()}
+
+
+def _check_ranges(flat, choices, unit_ranges) -> None:
+  """Choices, then the ranges of the common keys and `unit_ranges` (the mode's units': the
+  objectives' or the task kinds'), of the flattened config's keys; every number must be
+  finite."""
+  schema.check_ranges(flat, choices, {**_model_ranges(), **unit_ranges})
 
 
 def _check_schedule(train) -> None:
@@ -254,7 +261,7 @@ def validate_finetune(config) -> None:
   reference = tasks.config_file(config.get('task', {}).get('kind', ''))
   _check_known_keys(flat, cli.load_config_spec(reference), reference)
   _check_ranges(flat, {**VALID_CHOICES, **FINETUNE_CHOICES, **tasks.choices(),
-                       'task.kind': tuple(tasks.available())})
+                       'task.kind': tuple(tasks.available())}, tasks.ranges())
   _check_names(config)
   # Pretraining-only model switches: fine-tuning builds the encoder without them (the fields so
   # marked, models/architecture.py).

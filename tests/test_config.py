@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.core import schema
 from bert_jax.core import xla_options
 from bert_jax.train import pretrain
 from bert_jax.train import xla
@@ -174,7 +175,7 @@ def glue_config(tmp_path):
 def test_shipped_finetune_configs_have_valid_numbers(tmp_path):
   config_lib.validate_finetune(glue_config(tmp_path))
   for get_config in (squad.get_config, ner.get_config):
-    config_lib._check_ranges(config_lib.flatten(get_config()), {})
+    schema.check_ranges(config_lib.flatten(get_config()), {}, config_lib.ranges())
 
 
 @pytest.mark.parametrize('key,value,valid', [

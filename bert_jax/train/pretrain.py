@@ -7,11 +7,9 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -22,6 +20,7 @@ from bert_jax.train import health
 from bert_jax import config_lib
 from bert_jax.interop import init_from
 from bert_jax.interop import teacher
+from bert_jax.train import loop
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import optim
 from bert_jax import objectives
@@ -43,11 +42,6 @@ from bert_jax.core import xla_options
 
 NonFiniteLossError = guard.NonFiniteLossError
 RunHealthError = health.RunHealthError
-
-# The logging interval's running sums of the step's stats: one dispatch a step, however many
-# leaves the objectives report (ELECTRA's AUC histograms are two of them).
-add_stats = jax.jit(lambda total, stats: jax.tree.map(jnp.add, total, stats))
-
 
 def prepare_data(config, workdir: str):
   """Corpus -> tokenizer -> (train stream, eval batches, tokenizer). Host-side, no compilation."""
@@ -362,11 +356,6 @@ def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: 
         'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
 
 
-def _nonfinite_steps(flags, first_step: int) -> list[int]:
-  """Steps of an interval whose loss or gradients were not finite (flags: per-step 0/1)."""
-  return [first_step + i for i, ok in enumerate(jax.device_get(flags)) if not ok]
-
-
 def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
            preemption, stop_on: tuple[str, ...], run_objectives: objectives.ObjectiveSet) -> dict:
   """The step loop under the mesh and rules; see train_and_evaluate."""
@@ -428,17 +417,12 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
   layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
   data_source = guard.data_layout(config, DATA_SOURCE_KEYS)
   vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
-  state_finite = jax.jit(guard.all_finite)
-
-  max_skips = config.train.max_nonfinite_skips
   train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
                                           compiler_options=xla_options.parse(config))
   train_step = metrics_lib.announced(train_step, 'the train step')
   eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
                       in_shardings=(state_shardings.params, batch_shardings))
   eval_step = metrics_lib.announced(eval_step, 'the evaluation step')
-  schedule = optim.learning_rate_schedule(config.train.learning_rate, config.train.warmup_steps,
-                                          config.train.num_steps)
   if isinstance(stream, pipeline.PretrainingStream):
     first_epoch = stream.epoch_examples(0)
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
@@ -456,8 +440,17 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
 
   # What a model that learned nothing scores on the held-out set, beside every evaluation.
   unigram = health.unigram_loss(held_out, config.model.vocab_size)
+  settings = loop.Settings(
+      num_steps=config.train.num_steps, log_every=config.train.log_every,
+      max_nonfinite_skips=config.train.max_nonfinite_skips,
+      warmup_steps=config.train.warmup_steps,
+      peak_flops=config.train.peak_flops or metrics_lib.measure_peak_flops(),
+      schedule=optim.learning_rate_schedule(config.train.learning_rate,
+                                            config.train.warmup_steps, config.train.num_steps),
+      stop_on=stop_on,
+      stop_on_setting=f'config.train.stop_on_alarms={config.train.stop_on_alarms!r}')
 
-  def evaluate(step):
+  def evaluate(step, state):
     totals = None
     for batch in held_out:
       stats = eval_step(state.params, sharding.global_batch(batch, batch_shardings))
@@ -478,41 +471,27 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     parts = [p[:-1] + f'; most-frequent-token baseline {baseline:.3f})' if p.startswith('mlm ')
              else p for p in parts]
     logging.info('eval step %d | loss %.4f | %s', step, values['loss'], ' | '.join(parts))
-    raise_alarms(alarms)
+    loop.raise_alarms(alarms, settings, writer, checkpointer)
     return values
 
-  def raise_alarms(alarms):
-    """Logs each alarm; stops the run on one that train.stop_on_alarms names."""
-    for alarm in alarms:
-      logging.warning('ALARM %s at step %d: %s.', alarm.name, alarm.step, alarm.message)
-    stopping = [a for a in alarms if a.name in stop_on]
-    if stopping:
-      writer.close()
-      raise health.RunHealthError(
-          f'Stopped at step {stopping[0].step} by the alarm {stopping[0].name} '
-          f'(config.train.stop_on_alarms={config.train.stop_on_alarms!r}): '
-          f'{stopping[0].message}; {checkpointer.describe_latest()}.')
-
-  peak_flops = config.train.peak_flops or metrics_lib.measure_peak_flops()
   writer = metrics_lib.MetricWriter(workdir, start_step)
   # The evaluations before a resume count toward an alarm's two in a row.
   eval_history = _eval_records(workdir) if start_step else []
-  previous_train = None  # (step, loss) of the last train interval: the spike alarm's reference.
   num_steps = config.train.num_steps
   last_eval = {}
   if start_step == 0:
-    last_eval = evaluate(0)
+    last_eval = evaluate(0, state)
   elif start_step >= num_steps:
     logging.info('The checkpoint is at step %d of %d: nothing left to train.', start_step,
                  num_steps)
     # A run stopped between its last save and its final evaluation evaluates now.
-    last_eval = metrics_lib.read_record(workdir, start_step, 'eval') or evaluate(start_step)
+    last_eval = metrics_lib.read_record(workdir, start_step, 'eval') or evaluate(start_step, state)
 
   run_phases = phases(config)
   phase = next((p for p in run_phases if start_step < p.last_step), run_phases[-1])
 
   def enter(phase, position):
-    """(batches, global-batch function, batch size, FLOPs per sequence) of a phase."""
+    """The stretch of a phase, its stream read from `position`."""
     phase_stream = stream if phase.index == 1 else prepare_run_streaming(
         phase.config, False, run_objectives)[0]
     if phase.index > 1:
@@ -523,109 +502,40 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
     rows = phase.config.train.batch_size
     make_global = to_global or functools.partial(sharding.global_batch_from_local,
                                                  global_rows=rows)
-    return (phase_stream, phase_stream.batches(position), make_global, rows,
-            metrics_lib.model_flops_per_sequence(phase.config))
+    return loop.Stretch(phase.last_step, phase_stream.batches(position),
+                        lambda batch: make_global(batch, batch_shardings), rows,
+                        metrics_lib.model_flops_per_sequence(phase.config), phase_stream,
+                        phase.index)
 
-  if position.get('phase', 1) != phase.index:  # Saved at the last step of the phase before.
-    position = {'epoch': 0, 'batch': 0}
-  phase_stream, batches, make_global, batch_size, flops_per_seq = enter(phase, position)
-  stopped_at = None
-  if preemption.requested and start_step < num_steps:
-    logging.warning('Stopped by SIGTERM before the first step, at step %d of %d; rerun the same '
-                    'command to resume.', start_step, num_steps)
-    writer.close()
-    return last_eval
-  # Throughput counts train steps only: the first step's compilation, evals and saves are
-  # excluded from the interval's time.
-  accumulated, finite_flags, timed_steps = None, [], 0
-  interval_start, excluded = time.perf_counter(), 0.0
+  def stretches():
+    # A checkpoint saved at the last step of the phase before starts this phase afresh.
+    yield enter(phase, position if position.get('phase', 1) == phase.index
+                else {'epoch': 0, 'batch': 0})
+    for later in run_phases[phase.index:]:
+      yield enter(later, {'epoch': 0, 'batch': 0})
+
+  def saved_fields(step, stretch, position, skipped):
+    del step
+    stream_state = (stretch.source.checkpoint_state()
+                    if hasattr(stretch.source, 'checkpoint_state') else {})
+    return {**position, **stream_state, 'phase': stretch.phase, 'nonfinite_skips': skipped,
+            'vocab_sha256': vocab_sha256, 'vocab_file': vocab_record, 'layout': layout,
+            'data_sha256': stream.data_sha256, 'data_source': data_source}
+
+  hooks = loop.Hooks(
+      summarize=lambda stats, applied: steps.summarize(model, stats),
+      evaluate=evaluate,
+      evaluate_at=lambda step: step % config.train.eval_every == 0 or step == num_steps,
+      saved_fields=saved_fields,
+      log_line=lambda step, values, eta: metrics_lib.log_train_line(step, num_steps, values,
+                                                                    eta))
   with checkpoint_lib.closing(checkpointer):
-    for step in range(start_step + 1, num_steps + 1):
-      if step > phase.last_step:
-        if hasattr(phase_stream, 'close'):
-          phase_stream.close()
-        phase = run_phases[phase.index]
-        phase_stream, batches, make_global, batch_size, flops_per_seq = enter(
-            phase, {'epoch': 0, 'batch': 0})
-      batch, position = next(batches)
-      step_start = time.perf_counter()
-      state, stats = train_step(state, make_global(batch, batch_shardings))
-      if step == start_step + 1 or step == run_phases[0].last_step + 1:  # Compiles.
-        jax.block_until_ready(add_stats(stats, stats))  # Compiles the adding too.
-        excluded += time.perf_counter() - step_start
-      else:
-        timed_steps += 1
-      finite_flags.append(stats['finite'])
-      accumulated = stats if accumulated is None else add_stats(accumulated, stats)
-      final = step == num_steps
-      preempted = preemption.reached(step, checkpointer)
-      # The last step of a phase is saved: a resume then starts the next phase's stream afresh.
-      save = checkpointer.should_save(step, final or step == phase.last_step) or preempted
-      if step % config.train.log_every == 0 or final or save:
-        # Every save is preceded by this check: a non-finite step is never checkpointed.
-        bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)
-        if bad and (skipped + len(bad) > max_skips):
-          raise NonFiniteLossError(
-              f'The loss or the gradients were NaN or inf at step {bad[0]}'
-              + (f' (and {len(bad) - 1} more up to step {step})' if len(bad) > 1 else '')
-              + (f', beyond config.train.max_nonfinite_skips={max_skips} ({skipped} skipped '
-                 'before)' if max_skips else '')
-              + f'; {checkpointer.describe_latest()}. Lower train.learning_rate, check the data, '
-              'or set train.max_nonfinite_skips to skip such steps.')
-        if not state_finite(state.params, state.opt_state):
-          raise NonFiniteLossError(
-              f'The parameters or the optimizer state became NaN or inf by step {step} (after '
-              f'step {step - len(finite_flags)}, with a finite loss and gradients); '
-              f'{checkpointer.describe_latest()}. Lower train.learning_rate or check the '
-              'optimizer settings.')
-        if bad:
-          skipped += len(bad)
-          logging.warning('Skipped the update of step(s) %s: loss or gradients not finite '
-                          '(%d skipped in all, at most %d allowed).', bad, skipped, max_skips)
-        stats = jax.device_get(accumulated)
-        elapsed = time.perf_counter() - interval_start - excluded
-        seq_per_s = timed_steps * batch_size / elapsed if timed_steps else 0.0
-        values = steps.summarize(model, stats)
-        values.update(learning_rate=float(schedule(step - 1)),
-                      grad_norm=float(stats['grad_norm']) / max(len(finite_flags) - len(bad), 1),
-                      seq_per_s=seq_per_s, mfu=seq_per_s * flops_per_seq / peak_flops)
-        if max_skips:
-          values['nonfinite_skips'] = skipped
-        alarms = health.train_alarms(step, values['loss'], previous_train, bad,
-                                     config.train.warmup_steps)
-        if alarms:
-          values['alarms'] = [a.name for a in alarms]
-        previous_train = (step, values['loss'])
-        writer.write(step, 'train', values)
-        eta = (num_steps - step) * batch_size / seq_per_s if seq_per_s else 0.0
-        metrics_lib.log_train_line(step, num_steps, values, eta)
-        raise_alarms(alarms)
-        accumulated, finite_flags, timed_steps = None, [], 0
-        interval_start, excluded = time.perf_counter(), 0.0
-      pause_start = time.perf_counter()
-      if (step % config.train.eval_every == 0 or final) and not preempted:
-        last_eval = evaluate(step)
-      if save:
-        writer.sync()  # gs://: the records this checkpoint covers are uploaded before it.
-        stream_state = (phase_stream.checkpoint_state()
-                        if hasattr(phase_stream, 'checkpoint_state') else {})
-        checkpointer.save(step, state, {**position, **stream_state, 'phase': phase.index,
-                                        'nonfinite_skips': skipped,
-                                        'vocab_sha256': vocab_sha256,
-                                        'vocab_file': vocab_record, 'layout': layout,
-                                        'data_sha256': stream.data_sha256,
-                                        'data_source': data_source})
-      excluded += time.perf_counter() - pause_start
-      if preempted:
-        stopped_at = step
-        break
+    outcome = loop.run(state, train_step, stretches(), start_step=start_step, settings=settings, hooks=hooks,
+                       checkpointer=checkpointer, writer=writer, preemption=preemption,
+                       last_eval=last_eval, skipped=skipped)
   writer.close()
-  if hasattr(phase_stream, 'close'):
-    phase_stream.close()
-  if stopped_at is not None:
-    logging.warning('Preempted: stopped after step %d of %d with its checkpoint saved in %s; '
-                    'rerun the same command to resume.', stopped_at, num_steps,
-                    checkpointer.directory)
+  last_eval = outcome.last_eval
+  if outcome.stopped_at is not None:
     return last_eval
   if last_eval and jax.process_index() == 0:
     files.write_text(os.path.join(workdir, 'eval_results.json'), json.dumps(last_eval, indent=2))

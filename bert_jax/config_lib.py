@@ -72,7 +72,7 @@ def validate(config) -> None:
   _check_ranges(flat, {**VALID_CHOICES, **_objectives().choices()}, _objectives().ranges())
   _check_schedule(config.train)
   _check_names(config)
-  _check_accumulation(config)
+  _check_accumulation(config, trained_batch_keys(config))
   _objectives().check(config)
   encoder.check_shape(config.model)
   _check_families(config)
@@ -198,13 +198,14 @@ def trained_batch_keys(config) -> list[str]:
                            and config.train.phase2_batch_size else [])
 
 
-def _check_accumulation(config) -> None:
-  """train.grad_accum_steps splits every trained batch into equal micro-batches (whether each
-  objective gives the counts a micro-batch's loss divides by is objectives.check's)."""
+def _check_accumulation(config, keys) -> None:
+  """train.grad_accum_steps splits every trained batch (config.train's `keys`) into equal
+  micro-batches (whether each objective gives the counts a micro-batch's loss divides by is
+  objectives.check's)."""
   steps = config.train.grad_accum_steps
   if steps == 1:
     return
-  for key in trained_batch_keys(config):
+  for key in keys:
     size = config.train[key]
     if size % steps:
       divisors = [n for n in range(2, min(size, 64) + 1) if size % n == 0][:6]
@@ -228,8 +229,14 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
         f'{tokenizer_vocab_size} (a multiple of 128 is fastest).')
   _checks().check_gpu_kernels(config)
   xla_options.check_with_xla(config)
+  check_batch_divides(config, trained_batch_keys(config), batch_divisor)
+
+
+def check_batch_divides(config, keys, batch_divisor: int) -> None:
+  """Each trained batch (config.train's `keys`), or each of its micro-batches, splits evenly
+  over the batch_divisor devices (data x fsdp mesh axes)."""
   steps = config.train.grad_accum_steps
-  for key in trained_batch_keys(config):
+  for key in keys:
     size = config.train[key]
     if steps == 1 and size % batch_divisor:
       raise ConfigError(
@@ -280,6 +287,7 @@ def validate_finetune(config) -> None:
     raise ConfigError(
         f'config.data.max_seq_length={config.data.max_seq_length} exceeds '
         f'config.model.max_position_embeddings={config.model.max_position_embeddings}.')
+  _check_accumulation(config, ['batch_size'])
   tasks.check(config)
   _check_sources(config)
 

@@ -94,6 +94,9 @@ def get_config(arg=None):
 
   config.train = train = ml_collections.ConfigDict()
   train.batch_size = 32  # Sequences per step (the paper: 16 or 32).
+  # Micro-batches each step's batch is split into, run in turn and their gradients summed: the
+  # batch's step with one micro-batch's activation memory (dropout masks differ per micro-batch).
+  train.grad_accum_steps = 1
   train.eval_batch_size = 0  # Rows per eval step (0: batch_size).
   train.num_epochs = 3.0  # Passes over the training rows (the paper: 2 to 4).
   train.learning_rate = 2e-5  # Peak, when learning_rates is empty.
@@ -112,6 +115,10 @@ def get_config(arg=None):
   train.adam_eps = 1e-6
   train.max_grad_norm = 1.0  # Global-norm clipping.
   train.log_every = 100  # Steps between train records in metrics.jsonl.
+  # Steps with a NaN or inf loss or gradient whose update is skipped before the seed stops
+  # (0: stop at the first).
+  train.max_nonfinite_skips = 0
+  train.peak_flops = 0.0  # Device peak FLOP/s for MFU; 0 measures a matmul at start.
   train.eval_every_epoch = True  # Evaluate after every epoch (always after the last step).
   train.checkpoint_every = 0  # Steps between checkpoints (0: at the end of every epoch).
   train.keep_checkpoints = 1  # Newest checkpoints kept per seed.

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import finetune
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.tasks import base as tasks_base
@@ -91,8 +92,8 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   with caplog.at_level('INFO'):
     results = finetune.run(config, workdir)
   # Each logged step says what is left of its seed.
-  assert re.search(r'seed 1 step \d+/\d+ \| loss [\d.]+ \| lr \S+ \| [\d.]+ seq/s \| ETA '
-                   r'\d+m\d\ds', caplog.text), caplog.text[-2000:]
+  assert re.search(r'seed 1 step \d+/\d+ \| loss [\d.]+ \| lr \S+ \| [\d.]+ seq/s \| mfu '
+                   r'[\d.]+% \| ETA \d+m\d\ds', caplog.text), caplog.text[-2000:]
   # One line at the end: the score beside the majority class's, and where the results are.
   done = re.search(r'Done\. sst2 dev accuracy ([\d.]+) \(input-ignoring baseline ([\d.]+)\): '
                    r'median of 2 seeds at lr 0\.005; results in (\S+)\.', caplog.text)
@@ -113,6 +114,9 @@ def test_glue_learns_the_task_and_reports_each_seed_and_the_median(tmp_path, voc
   records = read_jsonl(os.path.join(workdir, 'seed_0', 'metrics.jsonl'))
   train_losses = [r['loss'] for r in records if r['split'] == 'train']
   assert train_losses[-1] < 0.5 * train_losses[0]
+  # Throughput and MFU as pretraining reports them (the first step's compile excluded).
+  trains = [r for r in records if r['split'] == 'train']
+  assert all(r['seq_per_s'] > 0 and 0 < r['mfu'] < 1 and r['grad_norm'] > 0 for r in trains)
   evals = [r for r in records if r['split'] == 'eval']
   assert [r['epoch'] for r in evals] == [1.0, 2.0, 3.0, 4.0]
   predictions = os.path.join(workdir, 'seed_0', 'predictions', 'SST-2.tsv')
@@ -187,6 +191,32 @@ def test_rerun_skips_finished_seeds(tmp_path, vocab_file, monkeypatch):
     assert json.load(f)['seed'] == 0
   assert [n for n in os.listdir(os.path.join(workdir, 'seed_0'))
           if n.startswith('results.json.unreadable-')]
+
+
+@pytest.mark.slow
+def test_micro_batches_fine_tune_as_the_whole_batch(tmp_path, vocab_file):
+  # Without dropout (each micro-batch draws its own masks) two micro-batches of 8 rows give each
+  # step the gradient of the batch of 16: the same scores and weights, to float rounding.
+  runs = {}
+  for steps in (1, 2):
+    config = sst2_config(tmp_path, vocab_file, num_epochs=1.0, grad_accum_steps=steps)
+    config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.0
+    workdir = str(tmp_path / f'micro_batches_{steps}')
+    runs[steps] = (finetune.run(config, workdir),
+                   checkpoint_lib.read_step(os.path.join(workdir, 'seed_0', 'checkpoints'),
+                                            16)[0]['params'])
+  (whole, whole_params), (micro, micro_params) = runs[1], runs[2]
+  assert micro['per_seed'] == whole['per_seed']
+  for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  curve = lambda r: [p['loss'] for p in r['by_rate']['0.005']['curves'][0]]  # noqa: E731
+  np.testing.assert_allclose(curve(micro), curve(whole), rtol=1e-5)
+  # A batch the micro-batches cannot split is refused before anything compiles.
+  config = sst2_config(tmp_path, vocab_file, grad_accum_steps=3)
+  with pytest.raises(config_lib.ConfigError, match=r'batch_size=16 is not divisible by '
+                     r'config\.train\.grad_accum_steps=3'):
+    finetune.run(config, str(tmp_path / 'refused'))
+  assert not os.path.exists(tmp_path / 'refused')
 
 
 class Interrupt(Exception):

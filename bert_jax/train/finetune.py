@@ -11,6 +11,7 @@ command skips finished seeds and resumes an unfinished one. The machinery is pre
 same mesh and sharding presets, sharded state creation, checkpoints and metric writer.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -29,6 +30,7 @@ from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.core import files
 from bert_jax.core import schema
 from bert_jax.train import guard
+from bert_jax.train import loop
 from bert_jax.train import lr_grid
 from bert_jax import config_lib
 from bert_jax.models import heads
@@ -75,20 +77,33 @@ def create_optimizer(train_config, num_steps: int, frozen_encoder: bool, num_lay
   return tx, optim.learning_rate_schedule(train_config.learning_rate, warmup, num_steps)
 
 
-def task_loss(head: str, outputs, batch):
+def task_loss(head: str, outputs, batch, counts=None):
   """Mean loss of the head over the batch (token head: over labelled first pieces; multiple
-  choice: the softmax over each example's choices)."""
+  choice: the softmax over each example's choices). counts (task_counts of the whole batch): a
+  micro-batch's sum divided by the whole batch's count, so that micro-batches add up to it."""
   ce = optax.softmax_cross_entropy_with_integer_labels
-  if head in ('classification', 'multiple_choice'):
-    return jnp.mean(ce(outputs['logits'], batch['label']))
-  if head == 'regression':
-    return jnp.mean((outputs['logits'][:, 0] - batch['label']) ** 2)
   if head == 'token':
     weights = batch['label_weights']  # [batch, length]
-    return jnp.sum(ce(outputs['logits'], batch['labels']) * weights) / jnp.maximum(
-        jnp.sum(weights), 1.0)
-  return 0.5 * jnp.mean(ce(outputs['start_logits'], batch['start_positions'])
-                        + ce(outputs['end_logits'], batch['end_positions']))
+    total = counts['label_weights'] if counts else jnp.sum(weights)
+    return jnp.sum(ce(outputs['logits'], batch['labels']) * weights) / jnp.maximum(total, 1.0)
+  if head in ('classification', 'multiple_choice'):
+    per_row = ce(outputs['logits'], batch['label'])
+  elif head == 'regression':
+    per_row = (outputs['logits'][:, 0] - batch['label']) ** 2
+  else:
+    if counts:
+      return 0.5 * jnp.sum(ce(outputs['start_logits'], batch['start_positions'])
+                           + ce(outputs['end_logits'], batch['end_positions'])) / counts['rows']
+    return 0.5 * jnp.mean(ce(outputs['start_logits'], batch['start_positions'])
+                          + ce(outputs['end_logits'], batch['end_positions']))
+  return jnp.sum(per_row) / counts['rows'] if counts else jnp.mean(per_row)
+
+
+def task_counts(head: str, batch) -> dict:
+  """What task_loss divides a batch's sum by: its labelled pieces (token head) or rows."""
+  if head == 'token':
+    return {'label_weights': jnp.sum(batch['label_weights'])}
+  return {'rows': jnp.float32(batch['input_ids'].shape[0])}
 
 
 def _apply(model, params, batch, deterministic, rngs=None):
@@ -98,8 +113,8 @@ def _apply(model, params, batch, deterministic, rngs=None):
 
 def task_loss_fn(model):
   """loss_fn for step.train_step: the head's loss (no other stats)."""
-  def loss_fn(params, batch, rngs):
-    return task_loss(model.head, _apply(model, params, batch, False, rngs), batch), {}
+  def loss_fn(params, batch, rngs, counts=None):
+    return task_loss(model.head, _apply(model, params, batch, False, rngs), batch, counts), {}
   return loss_fn
 
 
@@ -146,12 +161,25 @@ class SeedRun:
     self.abstract_state = nn.meta.unbox(state_lib.abstract(init_boxed))
     self._init = state_lib.jit_init(init_boxed, self.state_shardings)
     self.batch_shardings = sharding.batch_sharding(mesh)
-    train_step = steps.jit_train_step(task_loss_fn(model), tx, self.state_shardings,
-                                      self.batch_shardings)
+    train_step = steps.jit_train_step(
+        task_loss_fn(model), tx, self.state_shardings, self.batch_shardings,
+        skip_nonfinite=config.train.max_nonfinite_skips > 0,
+        grad_accum_steps=config.train.grad_accum_steps,
+        counts_fn=functools.partial(task_counts, model.head))
     self.train_step = metrics_lib.announced(train_step, 'the fine-tuning step')
     predict_step = jax.jit(functools.partial(eval_step, model=model),
                            in_shardings=(self.state_shardings.params, self.batch_shardings))
     self.eval_step = metrics_lib.announced(predict_step, 'the evaluation step')
+
+  @property
+  def flops_per_seq(self) -> float:
+    """Model FLOPs of one training row: the encoder's forward and backward (forward only when
+    frozen, feature-based), each of a multiple-choice example's choices; the head's are few."""
+    forward = models.get(self.config.model.get('name', 'bert')).flops(
+        self.config.model, self.config.data.max_seq_length)
+    passes = 1.0 if self.config.task.feature_layers else 3.0
+    rows = self.task.num_outputs if self.task.head == 'multiple_choice' else 1
+    return passes * forward * rows
 
   def fresh_state(self, seed: int):
     """A new state for `seed`; the encoder's weights from init_from when given."""
@@ -285,11 +313,12 @@ def run(config, workdir: str) -> dict:
     mesh = sharding.create_mesh(config.mesh)
   except sharding.MeshError as e:
     raise config_lib.ConfigError(str(e)) from e
-  for name, value in (('batch_size', batch_size), ('eval_batch_size', _eval_batch(config))):
-    if value % sharding.batch_divisor(mesh):
-      raise config_lib.ConfigError(
-          f'config.train.{name}={value} is not divisible by the {sharding.batch_divisor(mesh)} '
-          'devices the batch is split over (mesh data x fsdp).')
+  divisor = sharding.batch_divisor(mesh)
+  config_lib.check_batch_divides(config, ['batch_size'], divisor)
+  if _eval_batch(config) % divisor:
+    raise config_lib.ConfigError(
+        f'config.train.eval_batch_size={_eval_batch(config)} is not divisible by the {divisor} '
+        'devices the batch is split over (mesh data x fsdp).')
   model = build_model(config, task)
   # The rate is a constant of the optimizer's schedule: each rate has its own (and compiles
   # its own steps); all are built here so that a problem shows before anything is written.
@@ -297,6 +326,12 @@ def run(config, workdir: str) -> dict:
                                        config.task.feature_layers > 0, config.model.num_layers)
                 for rate in rates}
   rules = sharding.logical_axis_rules(config.mesh.preset)
+  settings = loop.Settings(
+      num_steps=num_steps, log_every=config.train.log_every,
+      max_nonfinite_skips=config.train.max_nonfinite_skips,
+      warmup_steps=int(config.train.warmup_proportion * num_steps),
+      peak_flops=config.train.peak_flops or metrics_lib.measure_peak_flops(),
+      schedule=None)  # Each rate's.
   preemption = guard.Preemption()
   per_rate = {}
   check_seed_settings(config, workdir, rates, grid)
@@ -317,9 +352,10 @@ def run(config, workdir: str) -> dict:
       with sharding.activation_rules(mesh, rules):  # The steps trace (and compile) in here.
         for offset in range(config.seeds):
           seed = config.seed + offset
-          result = _run_seed(config, runner, train, evals, test, seed, num_steps,
-                             steps_per_epoch, schedule, os.path.join(rate_dir, f'seed_{seed}'),
-                             preemption, seed_settings(config, rate))
+          result = _run_seed(config, runner, train, evals, test, seed, steps_per_epoch,
+                             dataclasses.replace(settings, schedule=schedule),
+                             os.path.join(rate_dir, f'seed_{seed}'), preemption,
+                             seed_settings(config, rate))
           if result is None:
             return {}
           per_rate[rate].append(result)
@@ -405,7 +441,9 @@ DATA_LAYOUT_KEYS = ('task.kind', 'task.name', 'task.max_train_examples', 'train.
 _BOOKKEEPING_KEYS = frozenset({
     'task.write_predictions', 'train.learning_rates', 'train.eval_batch_size', 'train.log_every',
     'train.eval_every_epoch', 'train.checkpoint_every', 'train.keep_checkpoints',
-    'train.compilation_cache_dir'})
+    'train.compilation_cache_dir', 'train.peak_flops'})
+# Settings added after seeds were recorded without them: such a seed ran with these values.
+SETTING_DEFAULTS = {'train.grad_accum_steps': 1, 'train.max_nonfinite_skips': 0}
 
 
 SETTINGS_FILE = 'settings.json'  # In each seed's directory: what its files were run with.
@@ -440,7 +478,7 @@ def check_seed_settings(config, workdir: str, rates, grid: bool) -> None:
         raise config_lib.ConfigError(
             f'{os.path.join(seed_dir, SETTINGS_FILE)} is not JSON ({e}); the seed\'s files '
             'cannot be matched to this run: give a new --workdir.') from e
-      changed = guard.layout_changes(saved, settings, 'the seed\'s')
+      changed = guard.layout_changes({**SETTING_DEFAULTS, **saved}, settings, 'the seed\'s')
       if changed:
         raise config_lib.ConfigError(
             f'Seed {seed} in {seed_dir} was run with other settings: ' + '; '.join(changed)
@@ -448,8 +486,9 @@ def check_seed_settings(config, workdir: str, rates, grid: bool) -> None:
             '(config.json), or give a new --workdir.')
 
 
-def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, steps_per_epoch,
-              schedule, seed_dir, preemption, settings: dict) -> dict | None:
+def _run_seed(config, runner: SeedRun, train, evals, test, seed, steps_per_epoch,
+              loop_settings: loop.Settings, seed_dir, preemption,
+              settings: dict) -> dict | None:
   """Trains and evaluates one seed (or reads its finished results, whose settings
   check_seed_settings compared); returns them, or None when SIGTERM stopped it (its checkpoint
   saved)."""
@@ -469,6 +508,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   if jax.process_index() == 0:
     files.write_text(os.path.join(seed_dir, SETTINGS_FILE), json.dumps(settings, indent=1))
   task, batch_size = runner.task, config.train.batch_size
+  num_steps = loop_settings.num_steps
   checkpointer = checkpoint_lib.Checkpointer(
       os.path.join(seed_dir, 'checkpoints'),
       config.train.checkpoint_every or steps_per_epoch, config.train.keep_checkpoints)
@@ -478,9 +518,11 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
   # {eval split: an eval record per epoch}: the convergence evidence, kept in each checkpoint
   # so that a resumed seed still has the epochs before it.
   curve = {}
+  skipped = 0  # Steps whose update was skipped for a non-finite loss or gradient.
   if restored is not None:
     state, saved = restored
     curve = saved.get('curve', {})
+    skipped = int(saved.get('nonfinite_skips', 0))
     changed = guard.layout_changes(saved.get('layout'), layout)
     if changed:
       raise config_lib.ConfigError(
@@ -489,11 +531,11 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
           '(config.json), or start a new --workdir.')
     logging.info('Seed %d: resumed from step %d.', seed, int(state.step))
   start_step = int(state.step)
-  state_finite = jax.jit(guard.all_finite)
   writer = metrics_lib.MetricWriter(seed_dir, start_step)
   train_inputs = {k: train.features[k] for k in INPUT_KEYS + heads.TARGETS[task.head]}
 
-  def evaluate(step, epoch):
+  def evaluate(step, state):
+    epoch = step / steps_per_epoch
     out = {}
     for name, split in evals.items():
       outputs = runner.predict(state.params, split, _eval_batch(config))
@@ -509,74 +551,53 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, num_steps, step
                    ', '.join(f'{k} {v:.2f}' for k, v in metrics.items()))
     return out
 
-  train_seconds, timed_steps, interval_loss, interval_steps = 0.0, 0, 0.0, 0
-  clock = None  # Start of the current timed stretch of train steps.
-  last_eval, step = None, start_step
-  with checkpoint_lib.closing(checkpointer):
-    while step < num_steps:
-      epoch, skip = divmod(step, steps_per_epoch)
+  def batches():
+    """(batch, position) from the step after start_step on, epoch after epoch."""
+    epoch, skip = divmod(start_step, steps_per_epoch)
+    while True:
       for index, batch in enumerate(train_batches(train_inputs, batch_size, seed, epoch)):
-        if index < skip:
-          continue
-        state, stats = runner.train_step(state, sharding.global_batch(batch,
-                                                                      runner.batch_shardings))
-        step += 1
-        interval_loss += stats['loss']
-        interval_steps += 1
-        if clock is None:  # The first step compiles: the clock starts once it is done.
-          jax.block_until_ready(stats)
-          clock = time.perf_counter()
-        else:
-          timed_steps += 1
-        end_of_epoch = step % steps_per_epoch == 0 or step == num_steps
-        log = step % config.train.log_every == 0 or end_of_epoch
-        pause = (end_of_epoch and config.train.eval_every_epoch or step == num_steps
-                 or checkpointer.should_save(step, step == num_steps))
-        if log or pause:  # Steps run ahead asynchronously; here the device catches up.
-          jax.block_until_ready(stats)
-          train_seconds += time.perf_counter() - clock
-        if log:
-          loss = float(interval_loss) / interval_steps
-          if not np.isfinite(loss):
-            raise guard.NonFiniteLossError(
-                f'Seed {seed}: the loss was {loss} by step {step}; '
-                f'{checkpointer.describe_latest()}. Lower config.train.learning_rate (with a '
-                'grid: train.learning_rates).')
-          seq_per_s = timed_steps * batch_size / train_seconds if train_seconds else 0.0
-          writer.write(step, 'train', {'loss': loss, 'learning_rate': float(schedule(step - 1)),
-                                       'seq_per_s': seq_per_s})
-          eta = (num_steps - step) * batch_size / seq_per_s if seq_per_s else 0.0
-          logging.info('seed %d step %d/%d | loss %.4f | lr %.2e | %.1f seq/s | ETA %s', seed,
-                       step, num_steps, loss, float(schedule(step - 1)), seq_per_s,
-                       metrics_lib.format_duration(eta))
-          interval_loss, interval_steps = 0.0, 0
-        if end_of_epoch and config.train.eval_every_epoch or step == num_steps:
-          last_eval = evaluate(step, step / steps_per_epoch)
-        preempted = preemption.reached(step, checkpointer)
-        if checkpointer.should_save(step, step == num_steps) or preempted:
-          if not state_finite(state.params, state.opt_state):
-            raise guard.NonFiniteLossError(
-                f'Seed {seed}: the parameters or the optimizer state became NaN or inf by step '
-                f'{step}; {checkpointer.describe_latest()}. Lower config.train.learning_rate '
-                '(with a grid: train.learning_rates).')
-          checkpointer.save(step, state, {'epoch': epoch, 'batch': index + 1, 'layout': layout,
-                                          'curve': curve})
-        if preempted:
-          logging.warning('Preempted: seed %d stopped after step %d of %d with its checkpoint '
-                          'saved in %s; rerun the same command to resume.', seed, step,
-                          num_steps, checkpointer.directory)
-          writer.close()
-          return None
-        if log or pause:  # Evaluation, saving and logging are not training time.
-          clock = time.perf_counter()
-        if step == num_steps:
-          break
+        if index >= skip:
+          yield batch, {'epoch': epoch, 'batch': index + 1}
+      epoch, skip = epoch + 1, 0
+
+  def evaluate_at(step):
+    return step % steps_per_epoch == 0 and config.train.eval_every_epoch or step == num_steps
+
+  stretch = loop.Stretch(num_steps, batches(),
+                         lambda batch: sharding.global_batch(batch, runner.batch_shardings),
+                         batch_size, runner.flops_per_seq)
+  hooks = loop.Hooks(
+      summarize=lambda stats, applied: {'loss': float(stats['loss']) / max(applied, 1)},
+      evaluate=evaluate, evaluate_at=evaluate_at,
+      saved_fields=lambda step, stretch, position, skipped: {
+          **position, 'layout': layout, 'curve': curve, 'nonfinite_skips': skipped},
+      log_line=lambda step, values, eta: metrics_lib.log_train_line(
+          step, num_steps, values, eta, prefix=f'seed {seed} '),
+      log_at=lambda step: step % steps_per_epoch == 0,
+      subject=f'seed {seed} ',
+      remedy='Lower config.train.learning_rate (with a grid: train.learning_rates), or set '
+             'train.max_nonfinite_skips to skip such steps.')
+  last_eval = None
+  if evaluate_at(start_step) and start_step and not any(
+      p['step'] == start_step for points in curve.values() for p in points):
+    # Preempted at an evaluation's step, which a preemption skips: it evaluates now.
+    last_eval = evaluate(start_step, state)
+  with checkpoint_lib.closing(checkpointer):
+    outcome = loop.run(state, runner.train_step, iter([stretch]), start_step=start_step,
+                       settings=loop_settings,
+                       hooks=hooks, checkpointer=checkpointer, writer=writer,
+                       preemption=preemption, last_eval=last_eval, skipped=skipped)
+  state, last_eval = outcome.state, outcome.last_eval
+  if outcome.stopped_at is not None:
+    writer.close()
+    return None
   if last_eval is None:  # Resumed at the end: evaluate the restored state.
-    last_eval = evaluate(step, step / steps_per_epoch)
+    last_eval = evaluate(num_steps, state)
   writer.close()
+  train_seconds = outcome.train_seconds
   result = {'seed': seed, 'metrics': {name: m for name, (m, _) in last_eval.items()},
             'train_seconds': train_seconds, 'train_seq_per_s':
-            timed_steps * batch_size / train_seconds if train_seconds else 0.0, 'curve': curve}
+            outcome.timed_rows / train_seconds if train_seconds else 0.0, 'curve': curve}
   if jax.process_index() == 0 and config.task.write_predictions:
     for name, (_, predictions) in last_eval.items():
       task.write_predictions(name, predictions, os.path.join(seed_dir, 'predictions'))

@@ -244,8 +244,11 @@ def objective_parts(values: dict) -> list[str]:
   return parts
 
 
-def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float) -> None:
-  parts = [f'step {step}/{num_steps}', f'loss {values["loss"]:.4f}', *objective_parts(values)]
+def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float,
+                   prefix: str = '') -> None:
+  """'step 100/1000 | loss ... | ETA 1m40s'; prefix names the run ('seed 2 ') where several share
+  a log."""
+  parts = [f'{prefix}step {step}/{num_steps}', f'loss {values["loss"]:.4f}', *objective_parts(values)]
   parts += [f'lr {values["learning_rate"]:.2e}', f'{values["seq_per_s"]:.1f} seq/s',
             f'mfu {100 * values["mfu"]:.1f}%', f'ETA {format_duration(eta_seconds)}']
   logging.info(' | '.join(parts))

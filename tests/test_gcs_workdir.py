@@ -208,8 +208,6 @@ def test_url_workdirs_other_than_a_gs_directory_are_refused():
   for workdir in ('s3://bucket/run', 'gs://bucket', 'gs://bucket/'):
     with pytest.raises(guard.WorkdirError, match='only gs://BUCKET/DIR'):
       guard.check_workdir(workdir, 'pretrain')
-  with pytest.raises(guard.WorkdirError, match='fine-tuning writes a local workdir'):
-    guard.check_workdir('gs://bucket/run', 'finetune')
 
 
 def test_a_prepared_corpus_on_gs_is_refused_naming_gcsfuse():
@@ -336,3 +334,28 @@ def test_sigkill_of_a_gs_run_then_the_same_command_ends_as_a_local_run(emulator,
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Took over' in result.stderr and 'Resumed from step' in result.stderr
   assert without_timing(read_metrics(remote)) == without_timing(read_metrics(local))
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_a_gs_workdir_stopped_and_resumed_ends_as_a_local_run(emulator, tmp_path):
+  from bert_jax.core import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import guard  # pylint: disable=g-import-not-at-top
+  import test_finetune  # pylint: disable=g-import-not-at-top  # Its tiny SST-2 task.
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join(test_finetune.SPECIAL + list(test_finetune.WORDS)) + '\n')
+  config = lambda: test_finetune.sst2_config(tmp_path, str(vocab), num_epochs=1.0)  # noqa: E731
+  local = finetune.run(config(), str(tmp_path / 'local'))
+  remote = f'gs://{BUCKET}/runs/sst2'
+  with pytest.MonkeyPatch.context() as patch:  # As by SIGTERM after step 7: saved, then stopped.
+    patch.setattr(guard.Preemption, 'reached', lambda self, step, checkpointer: step == 7)
+    assert finetune.run(config(), remote) == {}
+  assert files.listdir(f'{remote}/seed_0/checkpoints') == ['7']
+  resumed = finetune.run(config(), remote)
+  assert resumed['per_seed'] == local['per_seed']
+  assert resumed['by_rate'] == local['by_rate']  # The dev curve too.
+  assert json.loads(files.read_text(f'{remote}/results.json'))['median'] == local['median']
+  assert {'config.json', 'results.json', 'seed_0'} <= set(files.listdir(remote))
+  assert {'metrics.jsonl', 'settings.json', 'results.json', 'checkpoints',
+          'predictions'} <= set(files.listdir(f'{remote}/seed_0'))
+  assert files.listdir(f'{remote}/seed_0/predictions') == ['sst2_dev.tsv']

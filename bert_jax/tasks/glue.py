@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from bert_jax.core import files
 from bert_jax import tasks as tasks_lib
 from bert_jax.core import errors
 from bert_jax.tasks import base
@@ -483,7 +484,7 @@ class GlueTask(base.Task):
     """
     parts = predictions.items() if isinstance(predictions, dict) else [(split_name, predictions)]
     submissions = dict(self.spec.submissions)
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)  # A gs:// workdir's too.
     paths = []
     for part, values in parts:
       path = os.path.join(directory, submissions.get(part, f'{self.name}_{part}.tsv'))

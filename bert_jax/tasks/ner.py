@@ -211,7 +211,7 @@ class NerTask(base.Task):
     if [len(s.words) for s in sentences] != [len(p) for p in predictions]:
       raise base.TaskError(f'{len(predictions)} predicted sentences do not match the '
                            f'{len(sentences)} sentences of {self.files[split_name]}.')
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)  # A gs:// workdir's too.
     path = os.path.join(directory, f'{self.name}_{split_name}.txt')
     files.write_text(path, ''.join(
         ''.join(f'{word} {gold} {predicted}\n'

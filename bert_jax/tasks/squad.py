@@ -529,7 +529,7 @@ class SquadTask(base.Task):
 
   def write_predictions(self, split_name: str, predictions: Any, directory: str) -> list[str]:
     directory = os.path.expanduser(directory)
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)  # A gs:// workdir's too.
     prefix = '' if split_name == 'dev' else f'{split_name}_'
     outputs = [('predictions.json', predictions['predictions']),
                ('nbest_predictions.json', predictions['nbest'])]

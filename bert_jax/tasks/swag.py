@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from bert_jax.core import files
 from bert_jax import tasks as tasks_lib
 from bert_jax.tasks import base
 from bert_jax.tasks import glue
@@ -135,7 +136,7 @@ class SwagTask(base.Task):
   def write_predictions(self, split_name: str, predictions: list[int],
                         directory: str) -> list[str]:
     """Writes `index<TAB>prediction` rows: each example's row in its file and chosen ending."""
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)  # A gs:// workdir's too.
     return [base.write_index_predictions(
         os.path.join(directory, f'{self.name}_{split_name}.tsv'), predictions)]
 

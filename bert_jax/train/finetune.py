@@ -469,11 +469,11 @@ def check_seed_settings(config, workdir: str, rates, grid: bool) -> None:
     rate_dir = os.path.join(workdir, lr_grid.directory(rate)) if grid else workdir
     for seed in range(config.seed, config.seed + config.seeds):
       seed_dir = os.path.join(rate_dir, f'seed_{seed}')
-      try:
-        with open(os.path.join(seed_dir, SETTINGS_FILE), encoding='utf-8') as f:
-          saved = json.load(f)
-      except FileNotFoundError:
+      path = os.path.join(seed_dir, SETTINGS_FILE)
+      if not files.isfile(path):
         continue
+      try:
+        saved = json.loads(files.read_text(path))
       except ValueError as e:
         raise config_lib.ConfigError(
             f'{os.path.join(seed_dir, SETTINGS_FILE)} is not JSON ({e}); the seed\'s files '
@@ -493,10 +493,9 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, steps_per_epoch
   check_seed_settings compared); returns them, or None when SIGTERM stopped it (its checkpoint
   saved)."""
   results_path = os.path.join(seed_dir, 'results.json')
-  if os.path.isfile(results_path):
+  if files.isfile(results_path):
     try:
-      with open(results_path, encoding='utf-8') as f:
-        result = json.load(f)
+      result = json.loads(files.read_text(results_path))
       logging.info('Seed %d is finished (%s); skipping it.', seed, results_path)
       return result
     except ValueError as e:  # Cut short or damaged on disk: the seed's results are redone.
@@ -504,7 +503,7 @@ def _run_seed(config, runner: SeedRun, train, evals, test, seed, steps_per_epoch
       logging.warning('Seed %d: %s cannot be read (%s); moved it to %s and running the seed '
                       'again (it resumes from its checkpoint, if one is kept).', seed,
                       results_path, e, aside)
-  os.makedirs(seed_dir, exist_ok=True)
+  files.makedirs(seed_dir)
   if jax.process_index() == 0:
     files.write_text(os.path.join(seed_dir, SETTINGS_FILE), json.dumps(settings, indent=1))
   task, batch_size = runner.task, config.train.batch_size

@@ -103,9 +103,6 @@ def check_workdir(workdir: str, mode: str) -> str:
       raise WorkdirError(f'--workdir={workdir!r}: of URLs only gs://BUCKET/DIR (Cloud Storage, '
                          'a directory of its own in the bucket) is supported; or mount the '
                          'bucket (gcsfuse) and pass the mounted path.')
-    if mode == 'finetune':  # Its seed_N/ files are written with os/open().
-      raise WorkdirError(f'--workdir={workdir!r}: fine-tuning writes a local workdir; give a '
-                         'local path (or a gcsfuse mount). Its init_from may be gs://.')
   else:
     path = os.path.abspath(os.path.expanduser(workdir))
     if path == os.path.abspath(os.sep) or path == os.path.expanduser('~'):

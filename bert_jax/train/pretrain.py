@@ -261,15 +261,48 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise config_lib.ConfigError(str(e)) from e
   preemption = guard.Preemption()
   with preemption.handling(), guard.claim(workdir) as claim:
-    checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
-    stream, held_out, tokenizer = prepare_run_data(config, workdir, run_objectives)
-    config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
-    logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
-                 describe_batch(config))
-    logging.info('%s', describe_schedule(config))
+    run = preflight(config, workdir, model, tx, mesh, rules, abstract_state, run_objectives)
+    claim.commit()  # Every check passed: from here on the run writes its files.
     with sharding.activation_rules(mesh, rules):
-      return _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
-                    claim, preemption, stop_on, run_objectives)
+      return _train(config, workdir, run, model, tx, mesh, preemption, stop_on, run_objectives)
+
+
+@dataclasses.dataclass
+class Preflight:
+  """A run as its checks leave it, nothing written yet: its data, the state it starts from
+  (restored, or initialised from init_from or a distillation teacher) and where its data
+  resumes."""
+  stream: Any
+  held_out: list
+  tokenizer: Any
+  checkpointer: checkpoint_lib.Checkpointer  # Restored from; saves the run's.
+  state: Any
+  state_shardings: Any
+  position: dict  # The data position ({'epoch', 'batch'}, + 'stream', 'phase' on a resume).
+  skipped: int  # Steps whose update was skipped for a non-finite loss or gradient, before.
+
+
+def preflight(config, workdir, model, tx, mesh, rules, abstract_state,
+              run_objectives: objectives.ObjectiveSet) -> Preflight:
+  """The checks a run needs beyond its config's, in one place before the workdir is written
+  (guard.claim's commit): room for a checkpoint, the data and tokenizer (a trained vocab is
+  staged outside), the checks against them (validate_runtime), and a resume's against its
+  checkpoint (vocab, input streams, data layout and digest)."""
+  checkpoint_lib.check_writable(workdir, checkpoint_lib.state_bytes(abstract_state))
+  stream, held_out, tokenizer = prepare_run_data(config, workdir, run_objectives)
+  config_lib.validate_runtime(config, tokenizer.vocab_size, sharding.batch_divisor(mesh))
+  logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
+               describe_batch(config))
+  logging.info('%s', describe_schedule(config))
+  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                             config.train.checkpoint_every,
+                                             config.train.keep_checkpoints)
+  with sharding.activation_rules(mesh, rules):
+    state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
+    state, position, skipped = _starting_state(config, workdir, checkpointer, state,
+                                               state_shardings, stream, tokenizer, run_objectives)
+  return Preflight(stream, held_out, tokenizer, checkpointer, state, state_shardings, position,
+                   skipped)
 
 
 def describe_batch(config) -> str:
@@ -356,16 +389,11 @@ def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: 
         'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
 
 
-def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules, claim,
-           preemption, stop_on: tuple[str, ...], run_objectives: objectives.ObjectiveSet) -> dict:
-  """The step loop under the mesh and rules; see train_and_evaluate."""
-  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
-  state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
-  batch_shardings = sharding.batch_sharding(mesh)
-
-  checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                             config.train.checkpoint_every,
-                                             config.train.keep_checkpoints)
+def _starting_state(config, workdir, checkpointer, state, state_shardings, stream, tokenizer,
+                    run_objectives: objectives.ObjectiveSet) -> tuple[Any, dict, int]:
+  """(state, data position, skipped steps) a run starts from: its newest checkpoint's, checked
+  against this run's vocab, streams, layout and data; else init_from's or a teacher's weights."""
+  vocab_sha256 = tokenizer.vocab_hash()
   position = {'epoch': 0, 'batch': 0}
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, state_shardings))
   skipped = 0  # Steps whose update was skipped for a non-finite loss or gradient.
@@ -409,8 +437,19 @@ def _train(config, workdir, stream, held_out, tokenizer, model, tx, mesh, rules,
       except init_from.InitFromError as e:
         raise config_lib.ConfigError(str(e)) from e
     state = state.replace(params=jax.device_put(params, state_shardings.params))
+  return state, position, skipped
+
+
+def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
+           stop_on: tuple[str, ...], run_objectives: objectives.ObjectiveSet) -> dict:
+  """The step loop under the mesh and rules; see train_and_evaluate."""
+  stream, held_out, tokenizer = run.stream, run.held_out, run.tokenizer
+  state, state_shardings, position, skipped = (run.state, run.state_shardings, run.position,
+                                               run.skipped)
+  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
+  batch_shardings = sharding.batch_sharding(mesh)
+  checkpointer = run.checkpointer
   start_step = int(state.step)
-  claim.commit()  # Every check passed: from here on the run writes its files.
   if jax.process_index() == 0:
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)

@@ -14,6 +14,7 @@ import pytest
 from bert_jax import config_lib
 from bert_jax.core import checkpoint as checkpoint_lib
 from bert_jax.train import finetune
+from bert_jax.train import guard
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.tasks import base as tasks_base
 from configs import glue as glue_config
@@ -332,6 +333,38 @@ def test_ner_fine_tuning_and_feature_based_tag_entities(tmp_path, vocab_file, fe
   assert results['main_metric'] == 'f1'
   assert results['median']['dev']['f1'] > 80.0, results['median']
   assert results['feature_layers'] == features
+
+
+@pytest.mark.slow
+def test_a_nan_step_stops_the_seed_or_is_skipped_when_configured(tmp_path, vocab_file,
+                                                                  monkeypatch, caplog):
+  batches = finetune.train_batches
+
+  def poisoned(*args, **kwargs):  # Epoch 0's batch 5 (step 5) has NaN label weights.
+    for index, batch in enumerate(batches(*args, **kwargs)):
+      if args[3] == 0 and index == 4:
+        batch = {**batch, 'label_weights': np.full_like(batch['label_weights'], np.nan)}
+      yield batch
+  monkeypatch.setattr(finetune, 'train_batches', poisoned)
+  config = ner_config.get_config()
+  config.task.train_file = write_conll(tmp_path / 'train.txt', 128, 0)
+  config.task.dev_file = write_conll(tmp_path / 'dev.txt', 32, 1)
+  config.task.test_file = ''
+  config = tiny(config, vocab_file, num_epochs=1.0, checkpoint_every=4)
+  # Without skips the NaN reaches the weights: every later step is NaN too.
+  with pytest.raises(guard.NonFiniteLossError, match=r'Seed 0: The loss or the gradients were '
+                     r'NaN or inf at step 5 \(and 3 more up to step 8\); last good checkpoint: '
+                     r'step 4'):
+    finetune.run(config, str(tmp_path / 'stopped'))
+  config.train.max_nonfinite_skips = 1
+  with caplog.at_level('WARNING'):
+    results = finetune.run(config, str(tmp_path / 'skipped'))
+  assert 'Skipped the update of step(s) [5]' in caplog.text
+  records = read_jsonl(os.path.join(tmp_path, 'skipped', 'seed_0', 'metrics.jsonl'))
+  trains = [r for r in records if r['split'] == 'train']
+  assert all(np.isfinite(r['loss']) for r in trains)
+  assert [r['nonfinite_skips'] for r in trains if r['step'] in (4, 8)] == [0, 1]
+  assert results['num_steps'] == 8
 
 
 @pytest.mark.slow

@@ -105,6 +105,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
   """
   num_steps, max_skips = settings.num_steps, settings.max_nonfinite_skips
   subject = hooks.subject
+  who = f'{subject.strip().capitalize()}: ' if subject else ''  # Starts an error's message.
   if preemption.requested and start_step < num_steps:
     logging.warning('Stopped by SIGTERM before the first step, at step %d of %d; rerun the same '
                     'command to resume.', start_step, num_steps)
@@ -142,16 +143,14 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)
       if bad and (skipped + len(bad) > max_skips):
         raise guard.NonFiniteLossError(
-            f'{subject.capitalize()}{": " if subject else ""}'
-            f'The loss or the gradients were NaN or inf at step {bad[0]}'
+            f'{who}The loss or the gradients were NaN or inf at step {bad[0]}'
             + (f' (and {len(bad) - 1} more up to step {step})' if len(bad) > 1 else '')
             + (f', beyond config.train.max_nonfinite_skips={max_skips} ({skipped} skipped '
                'before)' if max_skips else '')
             + f'; {checkpointer.describe_latest()}. {hooks.remedy}')
       if not state_finite(state.params, state.opt_state):
         raise guard.NonFiniteLossError(
-            f'{subject.capitalize()}{": " if subject else ""}'
-            f'The parameters or the optimizer state became NaN or inf by step {step} (after '
+            f'{who}The parameters or the optimizer state became NaN or inf by step {step} (after '
             f'step {step - len(finite_flags)}, with a finite loss and gradients); '
             f'{checkpointer.describe_latest()}. {hooks.remedy}')
       if bad:

@@ -25,6 +25,8 @@ VALID_CHOICES = {
     'masking.spans': ('', 'geometric'),
     'mesh.preset': ('data', 'fsdp', 'fsdp_tensor'),
     'train.optimizer': ('adamw', 'lamb', 'stableadamw'),
+    'train.schedule': ('linear', 'wsd'),  # optim.learning_rate_schedule's kinds and shapes.
+    'train.decay_shape': ('linear', 'cosine', '1-sqrt'),
     'train.adam_mu_dtype': ('float32', 'bfloat16'),
 }
 
@@ -51,6 +53,7 @@ RANGES = {
     'train.num_steps': POSITIVE, 'train.phase2_fraction': BELOW_ONE,
     'train.phase2_batch_size': NON_NEGATIVE, 'train.learning_rate': POSITIVE,
     'train.warmup_steps': NON_NEGATIVE, 'train.weight_decay': NON_NEGATIVE,
+    'train.decay_steps': NON_NEGATIVE,
     'train.adam_b1': BELOW_ONE, 'train.adam_b2': BELOW_ONE, 'train.adam_eps': POSITIVE,
     # optax's clipping to a norm of 0 zeroes every update (NaN for a zero gradient).
     'train.max_grad_norm': POSITIVE,
@@ -128,13 +131,22 @@ def _check_ranges(flat, choices, unit_ranges) -> None:
 
 
 def _check_schedule(train) -> None:
-  """The warmup fits in the run: past num_steps the learning rate would never reach its peak."""
+  """The warmup fits in the run (past num_steps the learning rate would never reach its peak);
+  a warmup-stable-decay schedule's decay fits after it."""
   if train.warmup_steps > train.num_steps:
     raise ConfigError(
         f'config.train.warmup_steps={train.warmup_steps} exceeds config.train.num_steps='
         f'{train.num_steps}: the learning rate would never reach config.train.learning_rate='
         f'{train.learning_rate}; set warmup_steps to at most {train.num_steps} (the config '
         'argument steps=N scales the warmup with the steps).')
+  if train.schedule != 'wsd':
+    return
+  stable = train.num_steps - train.warmup_steps - train.decay_steps
+  if train.decay_steps < 1 or stable < 0:
+    raise ConfigError(
+        f'config.train.decay_steps={train.decay_steps} with config.train.schedule=\'wsd\': the '
+        f'decay needs 1 to {train.num_steps - train.warmup_steps} steps (config.train.num_steps='
+        f'{train.num_steps} less the warmup of {train.warmup_steps}), the stable phase the rest.')
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:

@@ -230,6 +230,13 @@ def get_config(arg=None):
   # (10,000 of 1M, appendix A.2); `steps=N` keeps its share instead (1%: 30 steps at steps=3000),
   # unless `warmup=` is given (`steps=N,warmup=paper` keeps the paper's 10,000 steps).
   train.warmup_steps = 10_000
+  # 'linear': decay from the warmup's end to 0 at num_steps (BERT's). 'wsd': warmup-stable-decay
+  # (ModernBERT's trapezoid): the peak until the last train.decay_steps steps, which fall to 0 by
+  # train.decay_shape ('linear', 'cosine' or '1-sqrt'). Its schedule up to the decay is the same
+  # for any num_steps: a decay branches from a stable-phase checkpoint (docs/pretraining.md).
+  train.schedule = 'linear'
+  train.decay_steps = 0
+  train.decay_shape = 'linear'
   train.weight_decay = 0.01  # Decoupled decay; not on LayerNorm or biases.
   train.adam_b1 = 0.9  # Adam moments (LAMB uses the same three).
   train.adam_b2 = 0.999

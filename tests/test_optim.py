@@ -35,6 +35,38 @@ def test_schedule_warms_up_then_decays_to_zero():
                              [0.0, 0.5, 1.0, 0.5, 0.0], atol=1e-6)
 
 
+@pytest.mark.parametrize('shape', ['linear', 'cosine', '1-sqrt'])
+def test_warmup_stable_decay_is_its_formula_at_every_step(shape):
+  peak, warmup, decay, num_steps = 0.5, 10, 40, 100
+  decayed = {'linear': lambda x: 1 - x, 'cosine': lambda x: 0.5 * (1 + np.cos(np.pi * x)),
+             '1-sqrt': lambda x: 1 - np.sqrt(x)}[shape]
+
+  def reference(step):  # Written from the definition, not from optax's parts.
+    if step < warmup:
+      return peak * step / warmup
+    if step < num_steps - decay:
+      return peak
+    return peak * decayed(min(step - (num_steps - decay), decay) / decay)
+  schedule = optim.learning_rate_schedule(peak, warmup, num_steps, 'wsd', decay, shape)
+  steps = np.arange(num_steps + 5)
+  np.testing.assert_allclose([float(schedule(s)) for s in steps],
+                             [reference(s) for s in steps], atol=1e-7)
+  # Up to its decay, a WSD schedule is that of any longer run: the point of branching a decay.
+  longer = optim.learning_rate_schedule(peak, warmup, 3 * num_steps, 'wsd', decay, shape)
+  assert [float(longer(s)) for s in range(num_steps - decay + 1)] == [
+      float(schedule(s)) for s in range(num_steps - decay + 1)]
+
+
+def test_the_config_selects_the_schedule():
+  train = train_config('adamw', 1.0)
+  train.update(num_steps=100, warmup_steps=10)
+  linear = optim.schedule_of(train)
+  train.update(schedule='wsd', decay_steps=20, decay_shape='cosine')
+  wsd = optim.schedule_of(train)
+  assert float(linear(55)) == pytest.approx(0.5) and float(wsd(55)) == 1.0
+  assert float(wsd(90)) == pytest.approx(0.5 * (1 + np.cos(np.pi / 2)))
+
+
 def test_lamb_scales_each_decayed_update_to_lr_times_weight_norm():
   params, grads = params_and_grads()
   lr = 1e-2

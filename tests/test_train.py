@@ -156,3 +156,42 @@ def test_losses_fall_on_the_builtin_corpus(long_reference):
   evals = [r for r in read_metrics(long_reference) if r['split'] == 'eval']
   assert evals[-1]['mlm_loss'] < 0.9 * evals[0]['mlm_loss']
   assert evals[-1]['nsp_loss'] < evals[0]['nsp_loss']
+
+
+# Warmup-stable-decay: 4 steps of warmup, the last 6 decay; a checkpoint every 3 steps, all kept.
+WSD = {'train.schedule': 'wsd', 'train.decay_steps': 6, 'train.decay_shape': '1-sqrt',
+       'train.warmup_steps': 4, 'train.log_every': 2, 'train.eval_every': 100,
+       'train.checkpoint_every': 3, 'train.keep_checkpoints': 20}
+
+
+def copy_up_to(workdir, step, target):
+  """A copy of `workdir` whose newest checkpoint is `step`: where a rerun resumes."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.copytree(workdir, target)
+  for name in os.listdir(os.path.join(target, 'checkpoints')):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(target, 'checkpoints', name))
+  return target
+
+
+def test_a_decay_branched_from_a_stable_checkpoint_equals_the_run_that_decayed_there(tmp_path):
+  decayed = str(tmp_path / 'decayed')  # 12 steps: stable to step 6, then the decay.
+  run(decayed, **WSD, **{'train.num_steps': 12})
+  stable = str(tmp_path / 'stable')  # 30 steps: stable to step 24.
+  run(stable, **WSD, **{'train.num_steps': 30})
+  # The stable run's step-6 checkpoint, rerun as a 12-step run: the decay branches there.
+  branch = copy_up_to(stable, 6, str(tmp_path / 'branch'))
+  result = run(branch, **WSD, **{'train.num_steps': 12})
+  assert 'Resumed from step 6' in result.stderr
+  assert 'held to step 6, then 1-sqrt decay to 0 over the last 6 steps' in result.stderr
+  assert_trees_equal(final_params(branch, 12), final_params(decayed, 12))
+  assert without_timing(read_metrics(branch)) == without_timing(read_metrics(decayed))
+  rate = {r['step']: r['learning_rate'] for r in read_metrics(decayed) if r['split'] == 'train'}
+  # Steps 2, 4: warming up; 6: the peak; 8-12: decaying.
+  assert rate[2] < rate[4] < rate[6] > rate[8] > rate[10] > rate[12] > 0
+  # Stopped mid-warmup (step 3) or mid-decay (step 9) and rerun: the same end.
+  for step in (3, 9):
+    resumed = copy_up_to(decayed, step, str(tmp_path / f'resumed_{step}'))
+    run(resumed, **WSD, **{'train.num_steps': 12})
+    assert_trees_equal(final_params(resumed, 12), final_params(decayed, 12))
+    assert without_timing(read_metrics(resumed)) == without_timing(read_metrics(decayed))

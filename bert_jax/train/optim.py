@@ -1,5 +1,5 @@
 """BERT's optimizers: AdamW (the paper's), LAMB (You et al.) or StableAdamW (Wortsman et al.,
-ModernBERT's), warmup + linear decay.
+ModernBERT's), warmup + linear decay or warmup-stable-decay.
 
 AdamW: eps 1e-6, decoupled weight decay 0.01 not on LayerNorm or biases, as the original BERT
 (optax's has bias correction; the original AdamWeightDecayOptimizer had none).
@@ -26,11 +26,39 @@ from bert_jax.models import albert
 NO_DECAY_LEAVES = ('bias', 'scale', 'output_bias')
 
 
-def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to `peak`, then linear decay to 0 at `num_steps`."""
+def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int, kind: str = 'linear',
+                           decay_steps: int = 0, decay_shape: str = 'linear') -> optax.Schedule:
+  """Linear warmup from 0 to `peak`, then to 0 at `num_steps`: kind 'linear' decays linearly
+  from the warmup's end (BERT's); 'wsd' (warmup-stable-decay, ModernBERT's trapezoid) holds the
+  peak until the last `decay_steps` steps, which fall to 0 by `decay_shape`: 'linear', 'cosine'
+  (half a cosine) or '1-sqrt' (1 - sqrt(t / decay_steps)). A WSD schedule is the same as that of
+  a longer run up to its decay, so a decay can branch from any stable-phase checkpoint."""
   warmup = optax.linear_schedule(0.0, peak, max(warmup_steps, 1))
-  decay = optax.linear_schedule(peak, 0.0, max(num_steps - warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [warmup_steps])
+  if kind == 'linear':
+    decay = optax.linear_schedule(peak, 0.0, max(num_steps - warmup_steps, 1))
+    return optax.join_schedules([warmup, decay], [warmup_steps])
+  length = max(decay_steps, 1)
+  if decay_shape == 'cosine':
+    decay = optax.cosine_decay_schedule(peak, length)
+  elif decay_shape == '1-sqrt':
+    decay = lambda count: peak * (1.0 - jnp.sqrt(jnp.clip(count / length, 0.0, 1.0)))  # noqa: E731
+  else:
+    decay = optax.linear_schedule(peak, 0.0, length)
+  stable = optax.constant_schedule(peak)
+  return optax.join_schedules([warmup, stable, decay],
+                              [warmup_steps, num_steps - decay_steps])
+
+
+def schedule_of(train_config, num_steps: int | None = None,
+                warmup_steps: int | None = None) -> optax.Schedule:
+  """The learning-rate schedule config.train sets (its num_steps and warmup_steps unless given:
+  fine-tuning passes its own)."""
+  return learning_rate_schedule(
+      train_config.learning_rate,
+      train_config.warmup_steps if warmup_steps is None else warmup_steps,
+      train_config.num_steps if num_steps is None else num_steps,
+      train_config.get('schedule', 'linear'), train_config.get('decay_steps', 0),
+      train_config.get('decay_shape', 'linear'))
 
 
 def weight_decay_mask(params):
@@ -131,8 +159,8 @@ def stable_adamw(learning_rate, b1, b2, eps, weight_decay,
 def create_optimizer(train_config, num_steps: int | None = None,
                      warmup_steps: int | None = None, frozen: tuple[str, ...] = (),
                      num_layers: int = 0):
-  """Global-norm clipping then AdamW, LAMB or StableAdamW under the warmup + linear-decay
-  schedule: the one optimizer of every mode.
+  """Global-norm clipping then AdamW, LAMB or StableAdamW under config.train's schedule
+  (schedule_of): the one optimizer of every mode.
 
   train_config: config.train (learning_rate, adam_b1/b2/eps, weight_decay, max_grad_norm; optimizer
   'adamw' (default), 'lamb' or 'stableadamw'; adam_mu_dtype). num_steps and warmup_steps default to
@@ -141,9 +169,7 @@ def create_optimizer(train_config, num_steps: int | None = None,
   encoder, 'bert'). train_config.layerwise_lr_decay (fine-tuning; absent or 0: off) scales each
   update by its depth among the encoder's num_layers layers (scale_by_layer_depth).
   """
-  num_steps = train_config.num_steps if num_steps is None else num_steps
-  warmup_steps = train_config.warmup_steps if warmup_steps is None else warmup_steps
-  schedule = learning_rate_schedule(train_config.learning_rate, warmup_steps, num_steps)
+  schedule = schedule_of(train_config, num_steps, warmup_steps)
   # Adam's first moment may be stored in bfloat16 (train.adam_mu_dtype); the second moment and
   # the master weights stay in their own (float32) dtype.
   mu_dtype = jnp.dtype(train_config.get('adam_mu_dtype', 'float32'))

@@ -318,8 +318,12 @@ def describe_schedule(config) -> str:
   steps; configs' `steps=N` keeps its share unless `warmup=` is given)."""
   train = config.train
   share = 100 * train.warmup_steps / max(train.num_steps, 1)
+  then = 'then linear decay to 0'
+  if train.schedule == 'wsd':
+    then = (f'held to step {train.num_steps - train.decay_steps}, then {train.decay_shape} decay '
+            f'to 0 over the last {train.decay_steps} steps')
   return (f'Schedule: {train.num_steps} steps, warmup {train.warmup_steps} ({share:.3g}% of '
-          f'them) to a peak lr of {train.learning_rate:g}, then linear decay to 0.')
+          f'them) to a peak lr of {train.learning_rate:g}, {then}.')
 
 
 # What decides which examples make each batch: a resume with another value would repeat or skip
@@ -484,8 +488,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       max_nonfinite_skips=config.train.max_nonfinite_skips,
       warmup_steps=config.train.warmup_steps,
       peak_flops=config.train.peak_flops or metrics_lib.measure_peak_flops(),
-      schedule=optim.learning_rate_schedule(config.train.learning_rate,
-                                            config.train.warmup_steps, config.train.num_steps),
+      schedule=optim.schedule_of(config.train),
       stop_on=stop_on,
       stop_on_setting=f'config.train.stop_on_alarms={config.train.stop_on_alarms!r}')
 

@@ -2,6 +2,8 @@
 
 import os
 
+import ml_collections
+
 from bert_jax import models
 from bert_jax.core import cli
 from bert_jax.core import schema
@@ -81,6 +83,7 @@ def validate(config) -> None:
   _check_families(config)
   _checks().check_model(config.model, _data_checks().row_lengths(config))
   _check_data(config)
+  _check_phase2_model(config)
   _check_sources(config)
   xla_options.parse(config)  # Its form; whether XLA knows it, validate_runtime.
 
@@ -201,6 +204,64 @@ def _data_checks():
 def _check_data(config) -> None:
   """The data and masking keys, checked beside their readers (data/checks.py)."""
   _data_checks().check_pretraining(config)
+
+
+def phase2_model(config) -> dict:
+  """train.phase2_model's 'key=value,...' as {config.model key: value in that key's type}: the
+  model settings phase 2 changes (a context extension's rotary theta or local window).
+  ConfigError naming a key config.model lacks, a value of another type, or a key that shapes
+  parameters (a phase continues the same weights)."""
+  text = config.train.get('phase2_model', '')
+  changes = {}
+  for item in (part.strip() for part in text.split(',')):
+    if not item:
+      continue
+    key, sep, value = (part.strip() for part in item.partition('='))
+    where = f'config.train.phase2_model={text!r}'
+    if not sep or key not in config.model:
+      raise ConfigError(f'{where}: {item!r} is not KEY=VALUE of a config.model key (e.g. a '
+                        'rotary theta or a local window of the modern encoder).')
+    if key == 'name' or key in architecture.SHAPE_KEYS:
+      raise ConfigError(f'{where}: model.{key} shapes the parameters, which phase 2 continues; '
+                        'a phase changes settings such as rotary thetas and local windows.')
+    current = config.model[key]
+    try:
+      if isinstance(current, bool):
+        if value.lower() not in ('true', 'false'):
+          raise ValueError(value)
+        changes[key] = value.lower() == 'true'
+      else:
+        changes[key] = type(current)(value)
+    except ValueError as e:
+      kind = {bool: 'true or false', int: 'whole number'}.get(type(current), 'number')
+      raise ConfigError(f'{where}: model.{key}={value!r} does not read as a {kind} (its value: '
+                        f'{current!r}).') from e
+  if changes and not config.train.phase2_fraction:
+    raise ConfigError(f'config.train.phase2_model={text!r} needs a phase 2 '
+                      '(config.train.phase2_fraction > 0).')
+  return changes
+
+
+def phase2_config(config):
+  """The run's config as phase 2 trains it: the phase-2 seq length, predictions and batch size,
+  and the model settings of train.phase2_model."""
+  second = ml_collections.ConfigDict(config.to_dict())
+  second.data.max_seq_length = config.data.phase2_max_seq_length
+  second.data.max_predictions_per_seq = config.data.phase2_max_predictions_per_seq
+  second.train.batch_size = config.train.phase2_batch_size or config.train.batch_size
+  second.model.update(phase2_model(config))
+  return second
+
+
+def _check_phase2_model(config) -> None:
+  """Phase 2's model (train.phase2_model) passes its family's checks at the phase-2 length."""
+  if not phase2_model(config):
+    return
+  second = phase2_config(config)
+  _check_ranges(flatten(second), {**VALID_CHOICES, **_objectives().choices()},
+                _objectives().ranges())
+  architecture.check_units(second, _objectives().parse(config.objectives))
+  _checks().check_model(second.model, [second.data.max_seq_length])
 
 
 def trained_batch_keys(config) -> list[str]:

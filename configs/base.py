@@ -222,6 +222,10 @@ def get_config(arg=None):
   # needs data.prepared). One learning-rate schedule spans both phases.
   train.phase2_fraction = 0.0
   train.phase2_batch_size = 0  # Sequences per phase-2 step (0: train.batch_size).
+  # Model settings phase 2 changes, 'key=value,...' of config.model keys that shape no parameter:
+  # a context extension's rotary theta and local window (ModernBERT's: configs/modernbert.py's
+  # theta at 8,192 tokens; docs/pretraining.md). '' = phase 1's model.
+  train.phase2_model = ''
   # 'adamw' (the paper's), 'lamb' (You et al., large batches) or 'stableadamw' (AdamW with
   # per-tensor update clipping: Wortsman et al., ModernBERT's).
   train.optimizer = 'adamw'

@@ -398,3 +398,23 @@ def test_main_reports_bad_value_before_compiling(tmp_path):
 def test_a_url_workdir_other_than_gs_is_refused_before_anything_runs(tmp_path):
   with pytest.raises(config_lib.ConfigError, match=r"s3://bucket/run.*only gs://BUCKET/DIR"):
     pretrain.train_and_evaluate(valid_config(), 's3://bucket/run')
+
+
+@pytest.mark.parametrize('value, match', [
+    ('theta=1', r"'theta=1' is not KEY=VALUE of a config.model key"),
+    ('hidden_size=64', 'model.hidden_size shapes the parameters'),
+    ('local_window=wide', r"model.local_window='wide' does not read as a whole number"),
+])
+def test_a_bad_phase2_model_is_named(value, match):
+  config = valid_config()
+  config.train.phase2_fraction = 0.1
+  config.train.phase2_model = value
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.phase2_model(config)
+
+
+def test_phase2_model_needs_a_phase_2():
+  config = valid_config()
+  config.train.phase2_model = 'local_window=16'
+  with pytest.raises(config_lib.ConfigError, match=r'needs a phase 2 \(config.train.phase2_fraction'):
+    config_lib.validate(config)

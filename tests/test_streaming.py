@@ -321,6 +321,51 @@ def test_two_phases_switch_shapes_and_resume_in_either(prepared, tmp_path):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# A micro modern encoder (rotary positions, local windows) in two phases: 9 steps at seq 32,
+# then 3 at 64.
+MODERN = {'model.name': 'modernbert', 'model.positions': 'rotary', 'model.rope_theta': 10000.0,
+          'model.local_rope_theta': 10000.0, 'model.local_window': 8, 'model.global_every': 2,
+          'model.scan_layers': False, 'model.use_bias': False, 'model.feed_forward': 'geglu',
+          'model.type_vocab_size': 1, 'data.max_seq_length': 32,
+          'data.max_predictions_per_seq': 5, 'train.phase2_fraction': 0.25,
+          'data.phase2_max_seq_length': 64, 'data.phase2_max_predictions_per_seq': 10,
+          'train.phase2_batch_size': 4, 'train.keep_checkpoints': 5}
+
+
+@pytest.mark.slow
+def test_a_context_extension_phase_changes_the_model_of_phase_2_only(prepared, tmp_path,
+                                                                     caplog):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+
+  def modern(phase2_model=''):
+    config = tiny_config(prepared, **MODERN, **{'train.phase2_model': phase2_model})
+    config.objectives = 'mlm'
+    return config
+  runs = {}
+  for name, change in (('plain', ''), ('same', 'rope_theta=10000'),
+                       ('extended', 'rope_theta=160000,local_window=16')):
+    runs[name] = str(tmp_path / name)
+    with caplog.at_level('INFO'):
+      pretrain.train_and_evaluate(modern(change), runs[name])
+  assert ('Phase 2 from step 10: seq 64, 10 predictions, batch 4, model.rope_theta=160000.0, '
+          'model.local_window=16.') in caplog.text
+  same = lambda a, b, step: all(  # noqa: E731
+      np.array_equal(np.asarray(x), np.asarray(y))
+      for x, y in zip(jax.tree.leaves(final_params(runs[a], step)),
+                      jax.tree.leaves(final_params(runs[b], step)), strict=True))
+  # Phase 1 is the same run; phase 2 trains with the new theta and window (phase 1's own values
+  # given again change nothing).
+  assert same('plain', 'extended', 9) and not same('plain', 'extended', 12)
+  assert same('plain', 'same', 12)
+  # Stopped inside phase 2 and rerun: the extended model again, to the same end.
+  runs['resumed'] = str(tmp_path / 'resumed')
+  shutil.copytree(runs['extended'], runs['resumed'])
+  shutil.rmtree(os.path.join(runs['resumed'], 'checkpoints', '12'))
+  pretrain.train_and_evaluate(modern('rope_theta=160000,local_window=16'), runs['resumed'])
+  assert same('resumed', 'extended', 12)
+
+
 def test_a_truncated_or_missing_shard_is_an_error_naming_it(tmp_path):
   directory = write_prepared(tmp_path / 'prepared')
   shard = os.path.join(directory, records.SHARD_PATTERN.format(index=1))

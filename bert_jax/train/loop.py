@@ -36,6 +36,7 @@ class Stretch:
   flops_per_seq: float  # Model FLOPs of one sequence's forward and backward.
   source: Any = None  # The input, when it has close() (streams end their workers).
   phase: int = 1
+  train_step: Callable | None = None  # Its own step (another model's settings); None: run's.
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       stretch, first_of_stretch = next(stretches), step
     batch, position = next(stretch.batches)
     step_start = time.perf_counter()
-    state, stats = train_step(state, stretch.to_global(batch))
+    state, stats = (stretch.train_step or train_step)(state, stretch.to_global(batch))
     if step == first_of_stretch:  # Compiles.
       jax.block_until_ready(add_stats(stats, stats))  # Compiles the adding too.
       excluded += time.perf_counter() - step_start

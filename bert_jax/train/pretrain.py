@@ -9,8 +9,8 @@ import shutil
 import tempfile
 from typing import Any
 
+import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -233,11 +233,8 @@ def phases(config) -> list[Phase]:
   phase2_steps = int(round(config.train.phase2_fraction * num_steps))
   if not phase2_steps:
     return [Phase(1, num_steps, config)]
-  second = ml_collections.ConfigDict(config.to_dict())
-  second.data.max_seq_length = config.data.phase2_max_seq_length
-  second.data.max_predictions_per_seq = config.data.phase2_max_predictions_per_seq
-  second.train.batch_size = config.train.phase2_batch_size or config.train.batch_size
-  return [Phase(1, num_steps - phase2_steps, config), Phase(2, num_steps, second)]
+  return [Phase(1, num_steps - phase2_steps, config),
+          Phase(2, num_steps, config_lib.phase2_config(config))]
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -294,6 +291,7 @@ def preflight(config, workdir, model, tx, mesh, rules, abstract_state,
   logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
                describe_batch(config))
   logging.info('%s', describe_schedule(config))
+  _check_phase_models(config, tx, abstract_state, run_objectives)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                              config.train.checkpoint_every,
                                              config.train.keep_checkpoints)
@@ -393,6 +391,26 @@ def _check_vocab(saved: dict, tokenizer, vocab_sha256: str, step: int, workdir: 
         'mean other words. Pass the original config.data.vocab_file, or another --workdir.')
 
 
+def _check_phase_models(config, tx, abstract_state, run_objectives) -> None:
+  """Phase 2's model (train.phase2_model) has phase 1's parameters, shape for shape: the phase
+  continues the same weights. Shapes only; nothing compiles."""
+  if not config_lib.phase2_model(config):
+    return
+  shapes = lambda tree: jax.tree.map(lambda x: (x.shape, str(x.dtype)), tree)  # noqa: E731
+  first = jax.tree_util.tree_flatten_with_path(shapes(abstract_state.params))[0]
+  for phase in phases(config)[1:]:
+    boxed = steps.abstract_train_state(
+        phase.config, steps.build_model_from(phase.config, run_objectives), tx)
+    later = jax.tree_util.tree_flatten_with_path(shapes(nn.meta.unbox(boxed).params))[0]
+    if later != first:
+      differs = next((jax.tree_util.keystr(a[0]) for a, b in zip(first, later) if a != b),
+                     'the parameter tree')
+      raise config_lib.ConfigError(
+          f'config.train.phase2_model={config.train.phase2_model!r} changes {differs} of the '
+          'model\'s parameters; phase 2 continues phase 1\'s weights, so it may change only '
+          'settings that shape none (rotary thetas, local windows).')
+
+
 def _starting_state(config, workdir, checkpointer, state, state_shardings, stream, tokenizer,
                     run_objectives: objectives.ObjectiveSet) -> tuple[Any, dict, int]:
   """(state, data position, skipped steps) a run starts from: its newest checkpoint's, checked
@@ -460,12 +478,29 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
   data_source = guard.data_layout(config, DATA_SOURCE_KEYS)
   vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
-  train_step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings,
+  run_phases = phases(config)
+
+  def jitted_steps(phase_config, phase_model, which: str = ''):
+    train_fn = steps.jit_pretraining_step(phase_config, phase_model, tx, state_shardings,
+                                          batch_shardings,
                                           compiler_options=xla_options.parse(config))
-  train_step = metrics_lib.announced(train_step, 'the train step')
-  eval_step = jax.jit(functools.partial(steps.eval_step, model=model),
+    eval_fn = jax.jit(functools.partial(steps.eval_step, model=phase_model),
                       in_shardings=(state_shardings.params, batch_shardings))
-  eval_step = metrics_lib.announced(eval_step, 'the evaluation step')
+    return (metrics_lib.announced(train_fn, f'the train step{which}'),
+            metrics_lib.announced(eval_fn, f'the evaluation step{which}'))
+
+  # Each phase's steps: phase 1's, unless train.phase2_model changes phase 2's model settings.
+  phase_steps = {1: jitted_steps(config, model)}
+  for later in run_phases[1:]:
+    phase_steps[later.index] = (jitted_steps(
+        later.config, steps.build_model_from(later.config, run_objectives),
+        f' of phase {later.index}') if config_lib.phase2_model(config) else phase_steps[1])
+  train_step = phase_steps[1][0]
+
+  def eval_step(step, params, batch):
+    """The evaluation of the model that trained up to `step` (its phase's)."""
+    phase = next((p for p in run_phases if step <= p.last_step), run_phases[-1])
+    return phase_steps[phase.index][1](params, batch)
   if isinstance(stream, pipeline.PretrainingStream):
     first_epoch = stream.epoch_examples(0)
     baseline = pipeline.baseline_accuracy(held_out, pipeline.most_frequent_label(first_epoch))
@@ -495,7 +530,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   def evaluate(step, state):
     totals = None
     for batch in held_out:
-      stats = eval_step(state.params, sharding.global_batch(batch, batch_shardings))
+      stats = eval_step(step, state.params, sharding.global_batch(batch, batch_shardings))
       totals = stats if totals is None else jax.tree.map(np.add, totals, stats)
     values = steps.summarize(model, totals)
     if 'mlm_loss' in values:
@@ -529,7 +564,6 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
     # A run stopped between its last save and its final evaluation evaluates now.
     last_eval = metrics_lib.read_record(workdir, start_step, 'eval') or evaluate(start_step, state)
 
-  run_phases = phases(config)
   phase = next((p for p in run_phases if start_step < p.last_step), run_phases[-1])
 
   def enter(phase, position):
@@ -537,17 +571,19 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
     phase_stream = stream if phase.index == 1 else prepare_run_streaming(
         phase.config, False, run_objectives)[0]
     if phase.index > 1:
-      logging.info('Phase %d from step %d: seq %d, %d predictions, %s.', phase.index,
+      changes = config_lib.phase2_model(config)
+      logging.info('Phase %d from step %d: seq %d, %d predictions, %s%s.', phase.index,
                    max(start_step, run_phases[phase.index - 2].last_step) + 1,
                    phase.config.data.max_seq_length,
-                   phase.config.data.max_predictions_per_seq, describe_batch(phase.config))
+                   phase.config.data.max_predictions_per_seq, describe_batch(phase.config),
+                   ''.join(f', model.{k}={v}' for k, v in changes.items()))
     rows = phase.config.train.batch_size
     make_global = to_global or functools.partial(sharding.global_batch_from_local,
                                                  global_rows=rows)
     return loop.Stretch(phase.last_step, phase_stream.batches(position),
                         lambda batch: make_global(batch, batch_shardings), rows,
                         metrics_lib.model_flops_per_sequence(phase.config), phase_stream,
-                        phase.index)
+                        phase.index, phase_steps[phase.index][0])
 
   def stretches():
     # A checkpoint saved at the last step of the phase before starts this phase afresh.

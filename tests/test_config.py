@@ -418,3 +418,15 @@ def test_phase2_model_needs_a_phase_2():
   config.train.phase2_model = 'local_window=16'
   with pytest.raises(config_lib.ConfigError, match=r'needs a phase 2 \(config.train.phase2_fraction'):
     config_lib.validate(config)
+
+
+@pytest.mark.parametrize('decay_steps', [0, 95])
+def test_a_wsd_decay_must_fit_after_the_warmup(decay_steps):
+  config = valid_config()
+  config.train.update(schedule='wsd', num_steps=100, warmup_steps=10, decay_steps=decay_steps)
+  with pytest.raises(config_lib.ConfigError, match=(
+      rf"decay_steps={decay_steps} with config.train.schedule='wsd': the decay needs 1 to 90 "
+      r'steps \(config.train.num_steps=100 less the warmup of 10\)')):
+    config_lib.validate(config)
+  config.train.decay_steps = 90  # No stable phase: warmup, then decay.
+  config_lib.validate(config)

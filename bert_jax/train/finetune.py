@@ -90,12 +90,9 @@ def task_loss(head: str, outputs, batch, counts=None):
     per_row = ce(outputs['logits'], batch['label'])
   elif head == 'regression':
     per_row = (outputs['logits'][:, 0] - batch['label']) ** 2
-  else:
-    if counts:
-      return 0.5 * jnp.sum(ce(outputs['start_logits'], batch['start_positions'])
-                           + ce(outputs['end_logits'], batch['end_positions'])) / counts['rows']
-    return 0.5 * jnp.mean(ce(outputs['start_logits'], batch['start_positions'])
-                          + ce(outputs['end_logits'], batch['end_positions']))
+  else:  # Span: the mean of the start's and the end's cross-entropy.
+    per_row = 0.5 * (ce(outputs['start_logits'], batch['start_positions'])
+                     + ce(outputs['end_logits'], batch['end_positions']))
   return jnp.sum(per_row) / counts['rows'] if counts else jnp.mean(per_row)
 
 

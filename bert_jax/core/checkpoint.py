@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from typing import Any
 
 import jax
@@ -312,7 +313,7 @@ class Checkpointer:
     if step is not None and jax.process_index() == 0 and files.exists(self.directory):
       for name in files.listdir(self.directory):
         if name.startswith(f'{step}.orbax-checkpoint-tmp'):
-          files.remove_tree(os.path.join(self.directory, name))
+          _remove_partial(os.path.join(self.directory, name))
     self._manager.reload()
     return CheckpointError(
         f'Saving the checkpoint of step {step} in {self.directory} failed '
@@ -337,6 +338,24 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self._manager.close()
+
+
+def _remove_partial(path: str, tries: int = 20) -> None:
+  """Removes a failed save's directory. Orbax's writer threads of the other arrays may still be
+  finishing after the failure surfaced (rmtree then meets a file created behind it): retried a
+  few times, then left with a warning, never hiding the failure being reported."""
+  for attempt in range(tries):
+    try:
+      files.remove_tree(path)
+      return
+    except FileNotFoundError:
+      return
+    except OSError as e:
+      if attempt == tries - 1:
+        logging.warning('Could not remove the failed save\'s %s (%s); remove it by hand.', path,
+                        e)
+        return
+      time.sleep(0.1)
 
 
 def read_step(directory: str, step: int) -> tuple[Any, dict]:

@@ -276,6 +276,7 @@ class Preflight:
   state: Any
   state_shardings: Any
   position: dict  # The data position ({'epoch', 'batch'}, + 'stream', 'phase' on a resume).
+  vocab_sha256: str  # The tokenizer's vocab digest, checked against a resumed checkpoint's.
   skipped: int  # Steps whose update was skipped for a non-finite loss or gradient, before.
 
 
@@ -297,10 +298,12 @@ def preflight(config, workdir, model, tx, mesh, rules, abstract_state,
                                              config.train.keep_checkpoints)
   with sharding.activation_rules(mesh, rules):
     state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
+    vocab_sha256 = tokenizer.vocab_hash()
     state, position, skipped = _starting_state(config, workdir, checkpointer, state,
-                                               state_shardings, stream, tokenizer, run_objectives)
+                                               state_shardings, stream, tokenizer, vocab_sha256,
+                                               run_objectives)
   return Preflight(stream, held_out, tokenizer, checkpointer, state, state_shardings, position,
-                   skipped)
+                   vocab_sha256, skipped)
 
 
 def describe_batch(config) -> str:
@@ -412,10 +415,10 @@ def _check_phase_models(config, tx, abstract_state, run_objectives) -> None:
 
 
 def _starting_state(config, workdir, checkpointer, state, state_shardings, stream, tokenizer,
+                    vocab_sha256: str,
                     run_objectives: objectives.ObjectiveSet) -> tuple[Any, dict, int]:
   """(state, data position, skipped steps) a run starts from: its newest checkpoint's, checked
   against this run's vocab, streams, layout and data; else init_from's or a teacher's weights."""
-  vocab_sha256 = tokenizer.vocab_hash()
   position = {'epoch': 0, 'batch': 0}
   restored = checkpointer.restore(checkpoint_lib.abstract_like(state, state_shardings))
   skipped = 0  # Steps whose update was skipped for a non-finite loss or gradient.
@@ -468,7 +471,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   stream, held_out, tokenizer = run.stream, run.held_out, run.tokenizer
   state, state_shardings, position, skipped = (run.state, run.state_shardings, run.position,
                                                run.skipped)
-  vocab_sha256 = tokenizer.vocab_hash()  # Saved with each checkpoint, checked on resume.
+  vocab_sha256 = run.vocab_sha256  # Saved with each checkpoint, checked on resume.
   batch_shardings = sharding.batch_sharding(mesh)
   checkpointer = run.checkpointer
   start_step = int(state.step)

@@ -188,3 +188,46 @@ def write_swag(directory, train: int = 12, dev: int = 7) -> str:
     with open(os.path.join(directory, name), 'w', encoding='utf-8', newline='') as f:
       csv.writer(f).writerows([SWAG_HEADER, *swag_rows(n, seed)])
   return str(directory)
+
+
+def dot_flops(jaxpr, times=1) -> int:
+  """2 x multiply-adds of every dot_general a jaxpr runs, scan bodies times their length: the
+  FLOPs a family's or objective's `flops` must equal."""
+  import jax  # pylint: disable=g-import-not-at-top  # After the XLA flags above.
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      (contract, _), _ = eqn.params['dimension_numbers']
+      lhs = eqn.invars[0].aval.shape
+      total += 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[a] for a in contract])
+    repeat = eqn.params.get('length', 1) if eqn.primitive.name == 'scan' else 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(sub, 'jaxpr', sub)
+        if isinstance(inner, jax.extend.core.Jaxpr):
+          total += dot_flops(inner, repeat)
+  return total * times
+
+
+def random_pretraining_batch(config, rows=4, seed=0, seq=None, predictions=None, vocab=200):
+  """A hand-made pretraining batch of the config's shapes (or `seq` tokens, `predictions`
+  masked positions), with the keys its objectives read: padded tails, two segments, masked
+  positions, NotNext labels 0/1 (the data side's swapped pairs give the same keys)."""
+  from bert_jax.train import step as steps  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  s = seq or config.data.max_seq_length
+  p = predictions or config.data.max_predictions_per_seq
+  lengths = rng.integers(s // 2, s + 1, rows)
+  mask = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
+  batch = {
+      'input_ids': rng.integers(5, vocab, (rows, s)).astype(np.int32) * mask,
+      'input_mask': mask,
+      'segment_ids': ((np.arange(s)[None] >= lengths[:, None] // 2) * mask).astype(np.int32),
+      'masked_lm_positions': np.stack([rng.choice(np.arange(1, n), p, replace=False)
+                                       for n in lengths]).astype(np.int32),
+      'masked_lm_ids': rng.integers(5, vocab, (rows, p)).astype(np.int32),
+      'masked_lm_weights': np.ones((rows, p), np.float32),
+      'next_sentence_labels': rng.integers(0, 2, rows).astype(np.int32),
+  }
+  objectives = steps.build_model(config).objectives
+  return {k: v for k, v in batch.items() if k in steps.dummy_batch(1, s, p, objectives=objectives)}

@@ -90,7 +90,7 @@ def random_batches(num_batches, seed=0, seq=SEQ):
 def train(config, batches, devices):
   """As pretrain._train: sharded state, jitted step with shardings and donation, rules in scope.
 
-  Returns (per-step losses, final state).
+  Returns (per-step losses, final state, the last step's stats).
   """
   mesh = sharding.create_mesh(config.mesh, devices)
   rules = sharding.logical_axis_rules(config.mesh.preset)
@@ -107,7 +107,7 @@ def train(config, batches, devices):
     for batch in batches:
       state, stats = train_step(state, sharding.global_batch(batch, batch_shardings))
       losses.append(float(jax.device_get(stats['loss'])))
-  return losses, state
+  return losses, state, jax.device_get(stats)
 
 
 def max_diffs(reference, losses, state):
@@ -194,11 +194,11 @@ def mesh_mismatch_error(config=None):
 def compare_preset(preset):
   """The mesh shapes of `preset` (PRESET_SHAPES) against the same steps on one device."""
   batches = random_batches(NUM_STEPS)
-  ref_losses, ref_state = train(micro_config(preset), batches, jax.devices()[:1])
+  ref_losses, ref_state, _ = train(micro_config(preset), batches, jax.devices()[:1])
   reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
   cases = {}
   for shape in PRESET_SHAPES[preset]:
-    losses, state = train(micro_config(preset, shape), batches, jax.devices())
+    losses, state, _ = train(micro_config(preset, shape), batches, jax.devices())
     cases[case_name(preset, shape)] = {
         'losses': losses, 'reference_losses': ref_losses,
         'diff': max_diffs(reference, losses, state),
@@ -231,8 +231,8 @@ def compare_fused_kernels():
                           num_heads=2, num_layers=1)
       if preset == 'data':  # fused_ffn's kernel needs whole feed-forward rows (no tensor axis).
         config.model.update(ffn_impl='pallas', gelu='tanh')
-    ref_losses, ref_state = train(one, batches, jax.devices()[:1])
-    losses, state = train(many, batches, jax.devices())
+    ref_losses, ref_state, _ = train(one, batches, jax.devices()[:1])
+    losses, state, _ = train(many, batches, jax.devices())
     reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
     cases[fused_kernel_case_name(preset, shape, seq)] = {
         'losses': losses, 'reference_losses': ref_losses,

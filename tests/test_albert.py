@@ -1,9 +1,8 @@
-"""ALBERT ('albert') and SOP: transformers' AlbertForPreTraining in and out, one shared layer under
-scan or not, remat and every sharding preset, counts, FLOPs, a pretraining step and fine-tuning
-heads on the encoder."""
+"""ALBERT ('albert') and SOP beyond what every family owes (tests/conformance/): transformers'
+AlbertForPreTraining in and out, one shared layer under scan or not, remat and every sharding
+preset, the recipe's counts, FLOPs with SOP, and a pretraining step."""
 
 import functools
-import importlib
 import json
 import os
 import subprocess
@@ -16,29 +15,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hf_parity
+import sharding_check
+from conftest import dot_flops, random_pretraining_batch
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax import objectives
-from bert_jax import sharding
 from bert_jax.interop import hf
 from bert_jax.interop import init_from
-from bert_jax.models import heads
-from bert_jax.train import finetune
 from bert_jax.train import metrics
-from bert_jax.train import optim
 from bert_jax.train import step as steps
 from configs import albert, base, tiny
+from hf_parity import max_diff, torch, transformers
 
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
-
-
-torch = require('torch')
-transformers = require('transformers')
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Odd sizes (none of BERT's tests' sizes), E apart from H so a missing projection cannot pass.
@@ -48,22 +37,12 @@ HF_SIZES = dict(num_hidden_layers=3, hidden_size=48, num_attention_heads=3, inte
 IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
 
 
-def randomise(model):
-  """Every parameter random (HF's zero biases and unit LayerNorms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'LayerNorm.weight' in name or 'layer_norm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.05 + (1.0 if norm else 0.0))
-  return model.eval()
-
-
 @pytest.fixture(scope='module')
 def hf_model(tmp_path_factory):
   """(a random AlbertForPreTraining in eval mode, the dir it was saved to)."""
-  model = randomise(transformers.AlbertForPreTraining(transformers.AlbertConfig(**HF_SIZES)))
   directory = str(tmp_path_factory.mktemp('albert'))
-  model.save_pretrained(directory)
+  model = hf_parity.random_model(transformers.AlbertConfig(**HF_SIZES).to_dict(), directory,
+                                 cls=transformers.AlbertForPreTraining)
   return model, directory
 
 
@@ -80,46 +59,23 @@ def our_config(scan_layers=True, objective_names='mlm,sop', **model):
 @pytest.fixture(scope='module')
 def inputs():
   """3 x 13 ids with padding in two rows, two segments, 4 prediction positions a row."""
-  rng = np.random.default_rng(0)
-  ids = rng.integers(5, HF_SIZES['vocab_size'], (3, 13)).astype(np.int32)
-  mask = np.ones((3, 13), np.int32)
-  mask[1, 9:] = mask[2, 5:] = 0
-  ids[mask == 0] = 0
-  segments = (np.arange(13) >= rng.integers(3, 10, (3, 1))).astype(np.int32) * mask
-  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-  return ids, segments, mask, positions
+  return hf_parity.as_tuple(hf_parity.batch(HF_SIZES))
 
 
 def run_hf(model, inputs):
   """(MLM logits at the positions, SOP logits or None, last hidden states) of a transformers
   ALBERT."""
-  ids, segments, mask, positions = inputs
-  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-  with torch.no_grad():
-    out = model(input_ids=as_long(ids), token_type_ids=as_long(segments),
-                attention_mask=as_long(mask), output_hidden_states=True)
+  out = hf_parity.hf_outputs(model, inputs)
   logits = out.prediction_logits if hasattr(out, 'prediction_logits') else out.logits
-  mlm = np.take_along_axis(logits.numpy(), positions[..., None], axis=1)
+  mlm = np.take_along_axis(logits.numpy(), inputs[3][..., None], axis=1)
   sop = out.sop_logits.numpy() if hasattr(out, 'sop_logits') else None
   return mlm, sop, out.hidden_states[-1].numpy()
 
 
 def run_ours(params, config, inputs):
   """(MLM logits, SOP logits or None, sequence output) of our model."""
-  model = steps.build_model(config)
-  encoder = models.get('albert').encoder(model.config)
-
-  def forward(p, ids, segments, mask, positions):
-    out = model.apply({'params': p}, {'input_ids': ids, 'segment_ids': segments,
-                                      'input_mask': mask, 'masked_lm_positions': positions})
-    return out, encoder.apply({'params': p['bert']}, ids, segments, mask)[0]
-  out, sequence = jax.jit(forward)(params, *inputs)
-  sop = np.asarray(out['sop_logits']) if 'sop_logits' in out else None
-  return np.asarray(out['mlm_logits']), sop, np.asarray(sequence)
-
-
-def max_diff(a, b):
-  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+  out, sequence = hf_parity.our_outputs(params, config, inputs)
+  return out['mlm_logits'], out.get('sop_logits'), sequence
 
 
 def diffs(ours, theirs):
@@ -165,25 +121,22 @@ def test_masked_lm_and_base_checkpoints_import(hf_model, inputs, tmp_path):
                   run_hf(hf_model[0], inputs)[2]) < IMPORT_TOLERANCE
 
 
-@pytest.mark.parametrize('objective_names,cls', [
-    ('mlm,sop', 'AlbertForPreTraining'),
-    pytest.param('mlm', 'AlbertForMaskedLM', marks=pytest.mark.slow)])
-def test_export_from_a_random_init_loads_in_transformers_and_round_trips(
-    inputs, tmp_path, objective_names, cls):
-  config = our_config(objective_names=objective_names)
+def test_export_with_sop_loads_in_transformers_and_round_trips(inputs, tmp_path):
+  """AlbertForPreTraining, SOP's head and the pooler it reads included (AlbertForMaskedLM:
+  conformance/)."""
+  config = our_config()
   params = hf.init_params(config, seed=3)
   hf.export_hf(params, config, str(tmp_path))
   written = json.loads((tmp_path / 'config.json').read_text())
-  assert written['model_type'] == 'albert' and written['architectures'] == [cls]
+  assert written['model_type'] == 'albert' and written['architectures'] == ['AlbertForPreTraining']
   assert written['embedding_size'] == 24 and written['hidden_act'] == 'gelu_new'
-  loaded, info = getattr(transformers, cls).from_pretrained(str(tmp_path),
-                                                            output_loading_info=True)
+  loaded, info = transformers.AlbertForPreTraining.from_pretrained(str(tmp_path),
+                                                                   output_loading_info=True)
   assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
   found = diffs(run_ours(params, config, inputs), run_hf(loaded.eval(), inputs))
   assert max(found.values()) < EXPORT_TOLERANCE, found
   state_dict, hf_config = hf.load_hf_state_dict(str(tmp_path))
   again, _ = hf.import_hf(state_dict, config, hf_config=hf_config)
-  again = hf.merge_missing(again, params, config)  # AlbertForMaskedLM holds no pooler.
   assert jax.tree.structure(again) == jax.tree.structure(params)
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
                                                   jax.tree.leaves(again)))
@@ -246,7 +199,7 @@ def test_gradients_agree_under_scan_remat_and_unrolled_layers():
   """The shared layer's gradient is the sum over its applications however it is computed."""
   config = our_config()
   params = hf.init_params(config, seed=2)
-  batch = random_batch(config, seq=12, predictions=3)
+  batch = random_pretraining_batch(config, seq=12, predictions=3, vocab=97)
   reference = grads(config, params, batch)
   for scan, remat in ((False, 'none'), (True, 'full')):
     found = grads(our_config(scan, remat_policy=remat), params, batch)
@@ -293,67 +246,16 @@ def test_init_from_adopts_albert_and_loads(hf_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_fine_tuning_loads_the_encoder_and_each_head_builds(hf_model, inputs):
-  config = our_config()
-  config.init_from = f'hf:{hf_model[1]}'
-  ids, segments, mask, _ = inputs
-  cfg = models.get('albert').config_from(config)
-  for head, outputs, key in (('classification', 3, 'logits'), ('token', 5, 'logits'),
-                             ('span', 2, 'start_logits')):
-    model = heads.BertForFineTuning(cfg, head, outputs, model='albert')
-    variables = model.init(jax.random.PRNGKey(0), ids, segments, mask)
-    assert np.all(np.isfinite(model.apply(variables, ids, segments, mask)[key])), head
-  model = heads.BertForFineTuning(cfg, 'classification', 3, model='albert')
-  encoder = finetune.load_encoder_params(config, model)
-  state_dict, hf_config = hf.load_hf_state_dict(hf_model[1])
-  direct, _ = hf.import_hf(state_dict, config, hf_config=hf_config)
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(encoder),
-                                                  jax.tree.leaves(direct['bert'])))
-
-
-def random_batch(config, rows=4, seed=0, seq=None, predictions=None):
-  """A hand-made 'mlm,sop' batch: padded tails, two segments, masked positions, SOP labels 0/1
-  (the data side's swapped pairs would give the same keys)."""
-  rng = np.random.default_rng(seed)
-  s = seq or config.data.max_seq_length
-  p = predictions or config.data.max_predictions_per_seq
-  v = min(config.model.vocab_size, 97)
-  lengths = rng.integers(s // 2, s + 1, rows)
-  mask = (np.arange(s)[None] < lengths[:, None]).astype(np.int32)
-  return {
-      'input_ids': rng.integers(5, v, (rows, s)).astype(np.int32) * mask,
-      'input_mask': mask,
-      'segment_ids': ((np.arange(s)[None] >= lengths[:, None] // 2) * mask).astype(np.int32),
-      'masked_lm_positions': np.stack([rng.choice(np.arange(1, n), p, replace=False)
-                                       for n in lengths]).astype(np.int32),
-      'masked_lm_ids': rng.integers(5, v, (rows, p)).astype(np.int32),
-      'masked_lm_weights': np.ones((rows, p), np.float32),
-      'next_sentence_labels': rng.integers(0, 2, rows).astype(np.int32),
-  }
-
-
-@pytest.mark.slow
 def test_a_pretraining_step_runs_on_cpu_with_mlm_and_sop():
   config = tiny.get_config()
   config.objectives = 'mlm,sop'
   config.model.update(name='albert', embedding_size=32, gelu='tanh')
   config.train.update(learning_rate=1e-2, warmup_steps=1, num_steps=10, batch_size=4)
   config_lib.validate(config)
-  batch = random_batch(config)
-  mesh = sharding.create_mesh(config.mesh, jax.devices()[:1])
-  rules = sharding.logical_axis_rules(config.mesh.preset)
-  model = steps.build_model(config)
-  tx = optim.create_optimizer(config.train)
-  with sharding.activation_rules(mesh, rules):
-    state, state_shardings = steps.create_train_state(config, model, tx, mesh, rules)
-    batch_shardings = sharding.batch_sharding(mesh)
-    step = steps.jit_pretraining_step(config, model, tx, state_shardings, batch_shardings)
-    losses, fields = [], None
-    for _ in range(3):
-      state, stats = step(state, sharding.global_batch(batch, batch_shardings))
-      losses.append(float(stats['loss']))
-      fields = steps.summarize(model, {k: v for k, v in stats.items()
-                                       if k.startswith(('mlm_', 'sop_'))})
+  losses, _, stats = sharding_check.train(config, [random_pretraining_batch(config, vocab=97)] * 3,
+                                          jax.devices()[:1])
+  fields = steps.summarize(steps.build_model(config),
+                           {k: v for k, v in stats.items() if k.startswith(('mlm_', 'sop_'))})
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
   assert {'mlm_loss', 'mlm_accuracy', 'sop_loss', 'sop_accuracy', 'loss'} <= set(fields)
 
@@ -376,10 +278,10 @@ def albert(preset, mesh, scan, remat):
 batches = sharding_check.random_batches(sharding_check.NUM_STEPS)
 out = []
 for preset, scan, remat in json.loads(sys.argv[1]):
-  ref_losses, ref_state = sharding_check.train(albert(preset, (1, 1, 1), scan, remat), batches,
-                                               jax.devices()[:1])
-  losses, state = sharding_check.train(albert(preset, (2, 2, 2), scan, remat), batches,
-                                       jax.devices())
+  ref_losses, ref_state, _ = sharding_check.train(albert(preset, (1, 1, 1), scan, remat),
+                                                  batches, jax.devices()[:1])
+  losses, state, _ = sharding_check.train(albert(preset, (2, 2, 2), scan, remat), batches,
+                                          jax.devices())
   reference = (ref_losses, jax.tree.leaves(jax.device_get(ref_state.params)))
   kernel = state.params['bert']['encoder']['shared_layer']['intermediate']['dense']['kernel']
   out.append({'diff': sharding_check.max_diffs(reference, losses, state),
@@ -435,23 +337,6 @@ def test_parameter_counts_equal_transformers(size, millions):
   assert num_params(params['sop_classifier']) == count(theirs.sop_classifier)
   assert num_params(params) == count(theirs)  # The decoder tied to the embeddings in both.
   assert round(num_params(params) / 1e6) == millions  # The paper's Table 1.
-
-
-def dot_flops(jaxpr, times=1):
-  """2 x multiply-adds of every dot_general a jaxpr runs, scan bodies times their length."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == 'dot_general':
-      (contract, _), _ = eqn.params['dimension_numbers']
-      lhs = eqn.invars[0].aval.shape
-      total += 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[a] for a in contract])
-    repeat = eqn.params.get('length', 1) if eqn.primitive.name == 'scan' else 1
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        inner = getattr(sub, 'jaxpr', sub)
-        if isinstance(inner, jax.extend.core.Jaxpr):
-          total += dot_flops(inner, repeat)
-  return total * times
 
 
 @pytest.mark.parametrize('scan', [True, pytest.param(False, marks=pytest.mark.slow)])

@@ -2,11 +2,15 @@
 bucketed distances, v1-style separate position projections with absolute positions), the
 relative index against transformers', FLOPs against the jaxpr, and the config checks."""
 
+import functools
+
 import flax
 import jax
 import numpy as np
 import pytest
 
+import hf_parity
+from conftest import dot_flops
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
@@ -15,11 +19,7 @@ from bert_jax.models import hf_layout
 from bert_jax.models import layers
 from bert_jax.train import step as steps
 from configs import base
-# The HF directory import and the difference every interop test takes.
-from test_distilbert import imported, max_diff  # pylint: disable=g-bad-import-order
-
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
+from hf_parity import imported, max_diff, torch, transformers
 
 # Odd sizes, so a transposed or mis-split axis cannot line up; few buckets and a short span, so
 # that rows of 13 tokens reach the logarithmic buckets and the clipping.
@@ -34,67 +34,26 @@ VARIANTS = {
     'v1': dict(max_relative_positions=5, share_att_key=False, pos_att_type=['c2p', 'p2c'],
                norm_rel_ebd='none', position_biased_input=True),
 }
-IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
+BATCH = hf_parity.batch(HF_SIZES)
 
 
 def hf_config(variant):
   return transformers.DebertaV2Config(**HF_SIZES, **VARIANTS[variant])
 
 
-def randomise(model):
-  """Every parameter random (zero biases and unit LayerNorms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'LayerNorm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.1 + (1.0 if norm else 0.0))
-  return model.eval()
-
-
 @pytest.fixture(scope='module', name='hf_models')
 def fixture_hf_models(tmp_path_factory):
-  out = {}
-  for variant in VARIANTS:
-    model = randomise(transformers.DebertaV2ForMaskedLM(hf_config(variant)))
-    directory = str(tmp_path_factory.mktemp(variant))
-    model.save_pretrained(directory)
-    out[variant] = (model, directory)
-  return out
+  """variant -> (a random DebertaV2ForMaskedLM, the directory it is saved in)."""
+  return hf_parity.saved_models(tmp_path_factory, {v: hf_config(v) for v in VARIANTS},
+                                transformers.DebertaV2ForMaskedLM, scale=0.1)
 
 
 def our_config(variant='v3', scan_layers=True):
-  config = base.get_config()
-  config.model.update(hf.hf_config_to_model_overrides(hf_config(variant).to_dict()))
-  config.model.scan_layers = scan_layers
-  config.objectives = 'mlm'
-  config.data.corpus = 'builtin'
-  config.data.max_seq_length = 64
-  return config
+  return hf_parity.our_config(hf_config(variant).to_dict(), scan_layers=scan_layers)
 
 
-def inputs():
-  rng = np.random.default_rng(0)
-  mask = np.ones((3, 13), np.int32)
-  mask[1, 9:] = mask[2, 5:] = 0
-  ids = rng.integers(1, 97, (3, 13)).astype(np.int32) * mask
-  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-  return ids, mask, positions
-
-
-def run_ours(params, config):
-  ids, mask, positions = inputs()
-  out = steps.build_model(config).apply({'params': params}, {
-      'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
-      'masked_lm_positions': positions})
-  return np.asarray(out['mlm_logits'])
-
-
-def run_hf(model):
-  ids, mask, positions = inputs()
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-  return np.take_along_axis(logits, positions[..., None], axis=1)
+run_ours = functools.partial(hf_parity.run_ours, inputs=BATCH)  # (params, config) -> logits
+run_hf = functools.partial(hf_parity.run_hf, inputs=BATCH)  # (model) -> logits
 
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
@@ -134,15 +93,11 @@ def test_scores_by_distance_equal_the_gathered_table(variant, from_key):
 @pytest.mark.parametrize('variant', list(VARIANTS))
 @pytest.mark.parametrize('scan_layers', [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_import_gives_transformers_mlm_logits(hf_models, variant, scan_layers):
-  model, directory = hf_models[variant]
+  """v3's and v1's relative attention (transformers' default class, without: conformance/)."""
   config = our_config(variant, scan_layers)
   config_lib.validate(config)
-  params, report = imported(directory, config)
+  _, report = hf_parity.assert_imports(*hf_models[variant], config, BATCH)
   assert report.layout == 'DebertaV2ForMaskedLM' and not report.missing_heads
-  difference = max_diff(run_ours(params, config), run_hf(model))
-  print(f'DebertaV2ForMaskedLM ({variant}) import, MLM logits max |ours - transformers|: '
-        f'{difference:.2e}')
-  assert difference < IMPORT_TOLERANCE
 
 
 def test_the_relative_terms_matter(hf_models):
@@ -158,25 +113,13 @@ def test_the_relative_terms_matter(hf_models):
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_export_loads_in_transformers_and_round_trips(hf_models, variant, tmp_path):
-  _, directory = hf_models[variant]
   config = our_config(variant)
-  params, _ = imported(directory, config)
-  hf.export_hf(params, config, str(tmp_path))
-  reloaded, info = transformers.DebertaV2ForMaskedLM.from_pretrained(
-      str(tmp_path), output_loading_info=True)
-  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
-  difference = max_diff(run_hf(reloaded.eval()), run_ours(params, config))
-  print(f'DebertaV2ForMaskedLM ({variant}) export -> transformers, MLM logits max diff: '
-        f'{difference:.2e}')
-  assert difference < EXPORT_TOLERANCE
-  again, _ = imported(str(tmp_path), config)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
-    np.testing.assert_array_equal(a, b)
+  params, _ = imported(hf_models[variant][1], config)
+  hf_parity.assert_exports(params, config, tmp_path / 'hf', BATCH)
 
 
 @pytest.mark.slow
 def test_flops_are_the_matmuls_the_model_runs():
-  from test_albert import dot_flops  # pylint: disable=g-import-not-at-top
   config = our_config('v1', scan_layers=False)
   s = 13
   config.data.update(max_seq_length=s, max_predictions_per_seq=4)
@@ -215,9 +158,7 @@ def mask_decoder_model(positions='none'):
   config.model.enhanced_mask_decoder = True
   config_lib.validate(config)
   model = steps.build_model(config)
-  ids, mask, positions_ = inputs()
-  batch = {'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
-           'masked_lm_positions': positions_}
+  batch = BATCH
   params = jax.tree.map(np.asarray, model.init(jax.random.PRNGKey(0), batch)['params'])
   return config, model, flax.linen.meta.unbox(params), batch
 

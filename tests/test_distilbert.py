@@ -1,141 +1,41 @@
-"""DistilBERT ('distilbert'): transformers' DistilBertForMaskedLM in and out, DistilBertModel, the
-tree, and DistilBertForSequenceClassification's and DistilBertForMultipleChoice's heads in
-fine-tuning."""
+"""DistilBERT ('distilbert') beyond what every family owes (tests/conformance/): DistilBertModel,
+the tree, DistilBertForSequenceClassification's and DistilBertForMultipleChoice's heads in
+fine-tuning, and the recipe student's count."""
 
 import json
 
 import flax.linen as nn
 import jax
 import numpy as np
-import pytest
 
+import hf_parity
 from bert_jax.interop import hf
 from bert_jax.models import heads
 from bert_jax.models import hf_layout
 from bert_jax.train import finetune
 from bert_jax.train import step as steps
-from configs import base
+from hf_parity import IMPORT_TOLERANCE, max_diff, randomise, torch, transformers
 
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
-
-# Odd sizes, so a transposed or mis-split axis cannot line up.
+# Odd sizes in DistilBertConfig's names (the masked LM in and out: tests/conformance/).
 HF_SIZES = dict(n_layers=3, dim=48, n_heads=3, hidden_dim=80, vocab_size=97,
                 max_position_embeddings=17)
-IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
 
 
-def randomise(model):
-  """Every parameter random (zero biases and unit LayerNorms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'layer_norm.weight' in name or 'LayerNorm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.05 + (1.0 if norm else 0.0))
-  return model.eval()
-
-
-@pytest.fixture(scope='module', name='hf_model')
-def fixture_hf_model(tmp_path_factory):
-  model = randomise(transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(**HF_SIZES)))
-  directory = str(tmp_path_factory.mktemp('distilbert'))
-  model.save_pretrained(directory)
-  return model, directory
-
-
-def our_config(scan_layers=True):
-  config = base.get_config()
-  config.model.update(hf.hf_config_to_model_overrides(
-      transformers.DistilBertConfig(**HF_SIZES).to_dict()))
-  config.model.scan_layers = scan_layers
-  config.objectives = 'mlm'
-  return config
+def our_config():
+  return hf_parity.our_config(transformers.DistilBertConfig(**HF_SIZES).to_dict())
 
 
 def inputs():
-  rng = np.random.default_rng(0)
-  mask = np.ones((3, 13), np.int32)
-  mask[1, 9:] = mask[2, 5:] = 0
-  ids = rng.integers(1, 97, (3, 13)).astype(np.int32) * mask
-  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-  return ids, mask, positions
+  batch = hf_parity.batch({'vocab_size': HF_SIZES['vocab_size']})
+  return batch['input_ids'], batch['input_mask'], batch['masked_lm_positions']
 
 
-def run_ours(params, config):
-  ids, mask, positions = inputs()
-  model = steps.build_model(config)
-  out = model.apply({'params': params}, {'input_ids': ids, 'input_mask': mask,
-                                         'segment_ids': np.zeros_like(ids),
-                                         'masked_lm_positions': positions})
-  return np.asarray(out['mlm_logits'])
-
-
-def run_hf(model):
-  ids, mask, positions = inputs()
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-  return np.take_along_axis(logits, positions[..., None], axis=1)
-
-
-def imported(directory, config):
-  state_dict, hf_config = hf.load_hf_state_dict(directory)
-  return hf.import_hf(state_dict, config, hf_config=hf_config)
-
-
-def max_diff(a, b):
-  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-
-
-@pytest.mark.parametrize('scan_layers', [True, False])
-def test_import_gives_transformers_mlm_logits(hf_model, scan_layers):
-  model, directory = hf_model
-  config = our_config(scan_layers)
-  params, report = imported(directory, config)
-  assert report.layout == 'DistilBertForMaskedLM' and not report.missing_heads
-  difference = max_diff(run_ours(params, config), run_hf(model))
-  print(f'DistilBertForMaskedLM import, MLM logits max |ours - transformers|: {difference:.2e}')
-  assert difference < IMPORT_TOLERANCE
-
-
-def test_the_tree_has_no_segment_table_and_no_pooler(hf_model):
-  params, _ = imported(hf_model[1], our_config())
+def test_the_tree_has_no_segment_table_and_no_pooler(tmp_path):
+  hf_parity.random_model(hf.model_to_hf_config(our_config()), str(tmp_path))
+  params, _ = hf_parity.imported(str(tmp_path), our_config())
   assert set(params['bert']) == {'embeddings', 'encoder'}
   assert set(params['bert']['embeddings']) == {'word_embeddings', 'position_embeddings',
                                                'LayerNorm'}
-
-
-def test_export_loads_in_transformers_and_round_trips(hf_model, tmp_path):
-  model, directory = hf_model
-  config = our_config()
-  params, _ = imported(directory, config)
-  hf.export_hf(params, config, str(tmp_path))
-  reloaded, info = transformers.DistilBertForMaskedLM.from_pretrained(
-      str(tmp_path), output_loading_info=True)
-  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
-  difference = max_diff(run_hf(reloaded.eval()), run_ours(params, config))
-  print(f'DistilBertForMaskedLM export -> transformers, MLM logits max diff: {difference:.2e}')
-  assert difference < EXPORT_TOLERANCE
-  again, _ = imported(str(tmp_path), config)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
-    np.testing.assert_array_equal(a, b)
-
-
-def test_a_distilbert_model_checkpoint_imports_without_heads(tmp_path):
-  base_model = randomise(transformers.DistilBertModel(transformers.DistilBertConfig(**HF_SIZES)))
-  base_model.save_pretrained(str(tmp_path))
-  params, report = imported(str(tmp_path), our_config())
-  assert report.layout == 'DistilBertModel' and report.missing_heads == ['predictions']
-  ids, mask, _ = inputs()
-  config = our_config()
-  cfg = steps.build_model(config).config
-  from bert_jax import models  # pylint: disable=g-import-not-at-top
-  ours = models.get('distilbert').encoder(cfg).apply({'params': params['bert']}, ids,
-                                                     np.zeros_like(ids), mask)[0]
-  with torch.no_grad():
-    theirs = base_model(input_ids=torch.tensor(ids, dtype=torch.long),
-                        attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
-  assert max_diff(ours, theirs.numpy()) < IMPORT_TOLERANCE
 
 
 def test_fine_tuning_gives_transformers_sequence_classification_logits(tmp_path):

@@ -1,14 +1,14 @@
-"""ELECTRA and transformers: ElectraForPreTraining (discriminator), ElectraForMaskedLM (generator)
-and ElectraModel in; an ELECTRA run out as both; fine-tuning from an HF discriminator equal to
-ElectraForSequenceClassification."""
+"""ELECTRA and transformers beyond what every family owes (tests/conformance/):
+ElectraForPreTraining (discriminator) and ElectraForMaskedLM (generator) in; an ELECTRA run out
+as both; fine-tuning from an HF discriminator equal to ElectraForSequenceClassification."""
 
-import importlib
 import os
 
 import jax
 import numpy as np
 import pytest
 
+import hf_parity
 from bert_jax import sharding
 from bert_jax.interop import hf
 from bert_jax.interop import param_tree
@@ -18,17 +18,8 @@ from bert_jax.train import finetune
 from bert_jax.train import step as steps
 from configs import base
 from configs import glue as glue_config
+from hf_parity import max_diff, randomise, torch, transformers
 
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
-
-
-torch = require('torch')
-transformers = require('transformers')
 
 # Odd sizes: vocab 103, E 24 apart from H 40 (5 heads) so a missing projection cannot pass.
 HF_SIZES = dict(num_hidden_layers=2, hidden_size=40, num_attention_heads=5, intermediate_size=72,
@@ -36,16 +27,6 @@ HF_SIZES = dict(num_hidden_layers=2, hidden_size=40, num_attention_heads=5, inte
 # A generator of the same E: H_g 10 (one head, feed-forward 40), as generator_fraction 0.25.
 GEN_SIZES = dict(HF_SIZES, hidden_size=10, num_attention_heads=1, intermediate_size=40)
 IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
-
-
-def randomise(model):
-  """Every parameter random (zero biases and unit LayerNorms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'LayerNorm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.05 + (1.0 if norm else 0.0))
-  return model.eval()
 
 
 def save(model, tmp_path_factory, name):
@@ -77,22 +58,11 @@ def our_config(hf_sizes, objective_names, **model):
 @pytest.fixture(scope='module')
 def inputs():
   """3 x 13 ids with padding in two rows, two segments, 4 prediction positions a row."""
-  rng = np.random.default_rng(0)
-  ids = rng.integers(5, HF_SIZES['vocab_size'], (3, 13)).astype(np.int32)
-  mask = np.ones((3, 13), np.int32)
-  mask[1, 9:] = mask[2, 5:] = 0
-  ids[mask == 0] = 0
-  segments = (np.arange(13) >= rng.integers(3, 10, (3, 1))).astype(np.int32) * mask
-  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-  return ids, segments, mask, positions
+  return hf_parity.as_tuple(hf_parity.batch(HF_SIZES))
 
 
 def run_hf(model, inputs):
-  ids, segments, mask, _ = inputs
-  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-  with torch.no_grad():
-    out = model(input_ids=as_long(ids), token_type_ids=as_long(segments),
-                attention_mask=as_long(mask), output_hidden_states=True)
+  out = hf_parity.hf_outputs(model, inputs)
   return out.logits.numpy(), out.hidden_states[-1].numpy()
 
 
@@ -109,10 +79,6 @@ def run_ours(params, config, inputs):
                                                       mask)[0]
   logits = out['rtd_disc_logits'] if 'rtd_disc_logits' in out else out['mlm_logits']
   return np.asarray(logits), np.asarray(sequence)
-
-
-def max_diff(a, b):
-  return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
 def import_dir(directory, config):
@@ -148,18 +114,6 @@ def test_electra_for_masked_lm_imports_as_a_generator_and_matches(generator, inp
   differences = (max_diff(logits, theirs), max_diff(hidden[mask], their_hidden[mask]))
   print(f'ElectraForMaskedLM import: logits {differences[0]:.1e}, hidden {differences[1]:.1e}')
   assert max(differences) < IMPORT_TOLERANCE
-
-
-def test_electra_model_imports_its_backbone(discriminator, tmp_path, inputs):
-  model, _ = discriminator
-  model.electra.save_pretrained(str(tmp_path))
-  config = our_config(HF_SIZES, 'rtd')
-  params, report = import_dir(str(tmp_path), config)
-  assert report.layout == 'ElectraModel'
-  _, hidden = run_ours(params, config, inputs)
-  _, their_hidden = run_hf(model, inputs)
-  mask = inputs[2] > 0
-  assert max_diff(hidden[mask], their_hidden[mask]) < IMPORT_TOLERANCE
 
 
 @pytest.mark.parametrize('embedding_sharing', ['shared', 'gdes'])

@@ -64,15 +64,21 @@ UNIT = types.SimpleNamespace(DEFAULTS=schema.defaults(FIELDS),
                              ARCHITECTURE=schema.architecture(FIELDS), check=check)
 
 
-@pytest.fixture
-def scaled_family(monkeypatch):
-  monkeypatch.setitem(architecture.KEY_UNITS, NAME, UNIT)
-  family = models.register(models.Family(
+def register() -> models.Family:
+  """Adds the unit and registers the family, as a package outside bert_jax would (also
+  tests/registered_families.py, for tests/conformance/)."""
+  architecture.KEY_UNITS[NAME] = UNIT
+  return models.register(models.Family(
       name=NAME, config_from=ScaledConfig.from_config, encoder=ScaledBert,
       flops=bert.encoder_flops, config=ScaledConfig,
       hf=dataclasses.replace(hf_layout.for_family('bert'), family=NAME)))
-  yield family
+
+
+@pytest.fixture
+def scaled_family():
+  yield register()
   models.REGISTRY.unregister(NAME)
+  del architecture.KEY_UNITS[NAME]
 
 
 def test_every_config_carries_the_units_key_and_validation_checks_it(scaled_family):

@@ -1,23 +1,21 @@
-"""The modern encoder ('modernbert'): transformers' ModernBertForMaskedLM in and out (GeGLU and
-SwiGLU, with and without biases, local and global layers), packed rows, and the config checks of
-its switches."""
+"""The modern encoder ('modernbert') beyond what every family owes (tests/conformance/):
+transformers' ModernBertForMaskedLM in and out with GeGLU and SwiGLU, with and without biases,
+and a window the rows reach; packed rows; the config checks of its switches."""
 
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
+import hf_parity
+from conftest import dot_flops
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
 from bert_jax.models import hf_layout
 from bert_jax.train import step as steps
 from configs import base
-# The HF directory import and the difference every interop test takes.
-from test_distilbert import imported, max_diff  # pylint: disable=g-bad-import-order
-
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
+from hf_parity import IMPORT_TOLERANCE, imported, max_diff, torch, transformers
 
 # Odd sizes, so a transposed or mis-split axis cannot line up; a window of 6 (3 tokens each side)
 # and small thetas, so that rows of 13 tokens see both the window and the rotation.
@@ -30,65 +28,26 @@ VARIANTS = {
     'swiglu_biases': dict(hidden_activation='silu', attention_bias=True, mlp_bias=True,
                           norm_bias=True, classifier_bias=True),
 }
-IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
+BATCH = hf_parity.batch(HF_SIZES)  # <pad> is 1.
 
 
 def hf_config(variant):
   return transformers.ModernBertConfig(**HF_SIZES, **VARIANTS[variant])
 
 
-def randomise(model):
-  """Every parameter random (zero biases and unit norms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'norm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.1 + (1.0 if norm else 0.0))
-  return model.eval()
-
-
 @pytest.fixture(scope='module', name='hf_models')
 def fixture_hf_models(tmp_path_factory):
-  out = {}
-  for variant in VARIANTS:
-    model = randomise(transformers.ModernBertForMaskedLM(hf_config(variant)))
-    directory = str(tmp_path_factory.mktemp(variant))
-    model.save_pretrained(directory)
-    out[variant] = (model, directory)
-  return out
+  """variant -> (a random ModernBertForMaskedLM, the directory it is saved in)."""
+  return hf_parity.saved_models(tmp_path_factory, {v: hf_config(v) for v in VARIANTS},
+                                transformers.ModernBertForMaskedLM, scale=0.1)
 
 
-def our_config(variant='geglu_no_bias'):
-  config = base.get_config()
-  config.model.update(hf.hf_config_to_model_overrides(hf_config(variant).to_dict()))
-  config.objectives = 'mlm'
-  config.data.corpus = 'builtin'
-  return config
-
-
-def inputs():
-  rng = np.random.default_rng(0)
-  mask = np.ones((3, 13), np.int32)
-  mask[1, 9:] = mask[2, 5:] = 0
-  ids = rng.integers(3, 97, (3, 13)).astype(np.int32) * mask + (1 - mask)  # <pad> is 1.
-  positions = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-  return ids, mask, positions
+def our_config(variant='geglu_no_bias', scan_layers=False):
+  return hf_parity.our_config(hf_config(variant).to_dict(), scan_layers=scan_layers)
 
 
 def run_ours(params, config, batch=None):
-  ids, mask, positions = inputs()
-  batch = batch or {'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
-                    'masked_lm_positions': positions}
-  out = steps.build_model(config).apply({'params': params}, batch)
-  return np.asarray(out['mlm_logits'])
-
-
-def run_hf(model):
-  ids, mask, positions = inputs()
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                   attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-  return np.take_along_axis(logits, positions[..., None], axis=1)
+  return hf_parity.run_ours(params, config, BATCH if batch is None else batch)
 
 
 def test_the_config_reads_the_layer_pattern_thetas_and_switches():
@@ -105,16 +64,13 @@ def test_the_config_reads_the_layer_pattern_thetas_and_switches():
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_import_gives_transformers_mlm_logits(hf_models, variant):
-  model, directory = hf_models[variant]
+  """GeGLU and SwiGLU, with and without biases, a window the rows reach (transformers' default
+  class: conformance/)."""
   config = our_config(variant)
   config_lib.validate(config)
-  params, report = imported(directory, config)
+  params, report = hf_parity.assert_imports(*hf_models[variant], config, BATCH)
   assert report.layout == 'ModernBertForMaskedLM' and not report.missing_heads
   assert 'attn_norm' not in params['bert']['encoder']['layer_0']
-  difference = max_diff(run_ours(params, config), run_hf(model))
-  print(f'ModernBertForMaskedLM ({variant}) import, MLM logits max |ours - transformers|: '
-        f'{difference:.2e}')
-  assert difference < IMPORT_TOLERANCE
 
 
 def test_the_window_and_the_rotation_matter(hf_models):
@@ -122,7 +78,7 @@ def test_the_window_and_the_rotation_matter(hf_models):
   notice either one wrong."""
   model, directory = hf_models['geglu_no_bias']
   params, _ = imported(directory, our_config())
-  reference = run_hf(model)
+  reference = hf_parity.run_hf(model, BATCH)
   for key, value in (('local_window', 0), ('local_rope_theta', 1000.0)):
     config = our_config()
     config.model[key] = value
@@ -131,20 +87,9 @@ def test_the_window_and_the_rotation_matter(hf_models):
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
 def test_export_loads_in_transformers_and_round_trips(hf_models, variant, tmp_path):
-  _, directory = hf_models[variant]
   config = our_config(variant)
-  params, _ = imported(directory, config)
-  hf.export_hf(params, config, str(tmp_path))
-  reloaded, info = transformers.ModernBertForMaskedLM.from_pretrained(
-      str(tmp_path), output_loading_info=True)
-  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
-  difference = max_diff(run_hf(reloaded.eval()), run_ours(params, config))
-  print(f'ModernBertForMaskedLM ({variant}) export -> transformers, MLM logits max diff: '
-        f'{difference:.2e}')
-  assert difference < EXPORT_TOLERANCE
-  again, _ = imported(str(tmp_path), config)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
-    np.testing.assert_array_equal(a, b)
+  params, _ = imported(hf_models[variant][1], config)
+  hf_parity.assert_exports(params, config, tmp_path / 'hf', BATCH)
 
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
@@ -152,14 +97,13 @@ def test_a_scanned_stack_imports_and_exports_as_transformers(hf_models, variant,
   """model.scan_layers: one traced layer selects each layer's mask, rotation and first-layer
   norm; transformers' logits both ways, the first layer's unread norm filled and dropped."""
   model, directory = hf_models[variant]
-  config = our_config(variant)
-  config.model.scan_layers = True
+  config = our_config(variant, scan_layers=True)
   config_lib.validate(config)
   params, _ = imported(directory, config)
   stacked = params['bert']['encoder']['layer']
   assert stacked['attn_norm']['scale'].shape == (4, 42)
   np.testing.assert_array_equal(stacked['attn_norm']['scale'][0], 1.0)  # Never read.
-  difference = max_diff(run_ours(params, config), run_hf(model))
+  difference = max_diff(run_ours(params, config), hf_parity.run_hf(model, BATCH))
   print(f'ModernBertForMaskedLM ({variant}) import into scanned layers, MLM logits max diff: '
         f'{difference:.2e}')
   assert difference < IMPORT_TOLERANCE
@@ -167,37 +111,18 @@ def test_a_scanned_stack_imports_and_exports_as_transformers(hf_models, variant,
   reloaded, info = transformers.ModernBertForMaskedLM.from_pretrained(
       str(tmp_path), output_loading_info=True)
   assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
-  assert max_diff(run_hf(reloaded.eval()), run_hf(model)) == 0.0
+  assert max_diff(hf_parity.run_hf(reloaded.eval(), BATCH), hf_parity.run_hf(model, BATCH)) == 0.0
 
 
 @pytest.mark.slow
 def test_scanned_and_unrolled_stacks_agree_in_outputs_and_gradients(hf_models):
-  from bert_jax.interop import param_tree  # pylint: disable=g-import-not-at-top
-  _, directory = hf_models['geglu_no_bias']
+  """With the window the rows reach; the first layer's norm, stacked but never read, has a zero
+  gradient and is dropped unstacked."""
   unrolled = our_config()
-  params, _ = imported(directory, unrolled)
-  scanned = our_config()
-  scanned.model.scan_layers = True
-  stacked = param_tree.unflatten(param_tree.stack_layers(param_tree.flatten(params), 4))
-  ids, mask, positions = inputs()
-  batch = {'input_ids': ids, 'input_mask': mask, 'segment_ids': np.zeros_like(ids),
-           'masked_lm_positions': positions}
-
-  def loss(p, config):
-    return steps.build_model(config).apply({'params': p}, batch)['mlm_logits'].sum()
-
-  logits = steps.build_model(unrolled).apply({'params': params}, batch)['mlm_logits']
-  logits_scanned = steps.build_model(scanned).apply({'params': stacked}, batch)['mlm_logits']
-  assert max_diff(logits_scanned, logits) < 1e-5
-  grads = jax.grad(loss)(params, unrolled)
-  grads_scanned = jax.grad(loss)(stacked, scanned)
-  flat = param_tree.unstack_layers(param_tree.flatten(grads_scanned))
-  expected = param_tree.flatten(grads)
-  assert set(flat) == set(expected)  # The first layer's norm is dropped: it has no gradient.
-  np.testing.assert_array_equal(
-      param_tree.flatten(grads_scanned)['bert/encoder/layer/attn_norm/scale'][0], 0.0)
-  for key, grad in expected.items():
-    np.testing.assert_allclose(flat[key], grad, rtol=1e-4, atol=1e-5, err_msg=key)
+  params, _ = imported(hf_models['geglu_no_bias'][1], unrolled)
+  grads = hf_parity.assert_scanned_equals_unrolled(params, unrolled,
+                                                   our_config(scan_layers=True), BATCH)
+  np.testing.assert_array_equal(grads['bert/encoder/layer/attn_norm/scale'][0], 0.0)
 
 
 @pytest.mark.slow
@@ -222,23 +147,6 @@ def test_a_packed_row_equals_its_sequences_alone(hf_models):
       'pair_ids': np.array([[1] * 7 + [2] * 6], np.int32),
       'masked_lm_positions': np.array([[1, 5, 7, 11]], np.int32)})
   assert max_diff(packed, np.concatenate(alone, axis=1)) < 1e-5
-
-
-def test_a_modernbert_model_checkpoint_imports_without_heads(tmp_path):
-  base_model = randomise(transformers.ModernBertModel(hf_config('geglu_no_bias')))
-  base_model.save_pretrained(str(tmp_path))
-  config = our_config()
-  params, report = imported(str(tmp_path), config)
-  assert report.layout == 'ModernBertModel' and report.missing_heads == ['predictions']
-  ids, mask, _ = inputs()
-  cfg = steps.build_model(config).config
-  ours = models.get('modernbert').encoder(cfg).apply({'params': params['bert']}, ids,
-                                                     np.zeros_like(ids), mask)[0]
-  with torch.no_grad():
-    theirs = base_model(input_ids=torch.tensor(ids, dtype=torch.long),
-                        attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
-  real = mask.astype(bool)
-  assert max_diff(np.asarray(ours)[real], theirs.numpy()[real]) < IMPORT_TOLERANCE
 
 
 def test_an_unsupported_layer_pattern_is_refused():
@@ -340,7 +248,6 @@ def test_the_recipe_validates_and_counts_the_paper_s_parameters(size, millions):
 def test_flops_are_the_matmuls_the_model_runs(feed_forward):
   """The family's FLOPs (projections, the gated or plain feed-forward, attention over the whole
   row) equal the dot products XLA is given; the MLM head's are MLM's."""
-  from test_albert import dot_flops  # pylint: disable=g-import-not-at-top
   from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   config = our_config()
   config.model.feed_forward = feed_forward

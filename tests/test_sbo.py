@@ -18,7 +18,7 @@ from bert_jax.objectives import sbo
 from bert_jax.train import metrics
 from bert_jax.train import pretrain
 from bert_jax.train import step as steps
-from conftest import micro_config
+from conftest import dot_flops, micro_config
 from configs import spanbert
 
 B, S, P, H, V = 3, 13, 5, 8, 11  # Odd sizes: a mixed-up axis cannot line up.
@@ -87,22 +87,6 @@ def test_loss_is_the_mean_over_real_predictions_within_the_offset_table():
   assert {k: float(v) for k, v in sbo.counts(batch).items()} == {'sbo_weight': 9.0}
   fields = sbo.metrics({k: float(v) for k, v in stats.items()})
   assert set(fields) == {'sbo_loss', 'sbo_accuracy'} and 0 <= fields['sbo_accuracy'] <= 1
-
-
-def dot_flops(jaxpr):
-  """2 x multiply-adds of every dot_general in a jaxpr (its sub-jaxprs included)."""
-  total = 0
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == 'dot_general':
-      (contract, _), _ = eqn.params['dimension_numbers']
-      lhs = eqn.invars[0].aval.shape
-      total += 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[a] for a in contract])
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        inner = getattr(sub, 'jaxpr', sub)
-        if isinstance(inner, jax.extend.core.Jaxpr):
-          total += dot_flops(inner)
-  return total
 
 
 def test_flops_are_the_matmuls_the_heads_run():

@@ -17,16 +17,12 @@ from bert_jax.data import crosslingual
 from bert_jax.data import pretraining
 from bert_jax.interop import hf
 from bert_jax.interop import init_from
-from bert_jax.interop import param_tree
 from bert_jax.models import hf_layout
 from bert_jax.train import step as steps
 from configs import base, xlm
 from conftest import MICRO  # pylint: disable=g-bad-import-order
-# The HF directory import and the difference every interop test takes.
-from test_distilbert import imported, max_diff  # pylint: disable=g-bad-import-order
-
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
+import hf_parity  # pylint: disable=g-bad-import-order
+from hf_parity import EXPORT_TOLERANCE, IMPORT_TOLERANCE, imported, max_diff, torch, transformers
 
 PAD = 1  # XLM-R's <pad>: fairseq's padding_idx.
 # Odd sizes (none of the other families' tests' shapes), so a transposed or mis-split axis
@@ -34,7 +30,6 @@ PAD = 1  # XLM-R's <pad>: fairseq's padding_idx.
 HF_SIZES = dict(num_hidden_layers=3, hidden_size=36, num_attention_heads=3, intermediate_size=68,
                 vocab_size=89, max_position_embeddings=19, type_vocab_size=1,
                 layer_norm_eps=1e-5, pad_token_id=PAD)
-IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
 LENGTH = 15  # Tokens a row.
 
 # The parallel sample: English sentences and their French translations, made word for word from
@@ -302,15 +297,10 @@ def test_pretraining_the_xlm_recipe_lowers_the_held_out_loss(tmp_path):
 @pytest.fixture(scope='module', name='hf_model')
 def fixture_hf_model(tmp_path_factory):
   """(a random XLMRobertaForMaskedLM in eval mode, the dir it was saved to)."""
-  model = transformers.XLMRobertaForMaskedLM(transformers.XLMRobertaConfig(**HF_SIZES))
-  torch.manual_seed(0)
-  with torch.no_grad():  # Every parameter random: unit LayerNorms would hide a swapped leaf.
-    for name, param in model.named_parameters():
-      norm = 'LayerNorm.weight' in name or 'layer_norm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.05 + (1.0 if norm else 0.0))
   directory = str(tmp_path_factory.mktemp('xlmr'))
-  model.save_pretrained(directory)
-  return model.eval(), directory
+  model = hf_parity.random_model(transformers.XLMRobertaConfig(**HF_SIZES).to_dict(), directory,
+                                 cls=transformers.XLMRobertaForMaskedLM)
+  return model, directory
 
 
 def our_config(scan_layers=True, **model):
@@ -372,19 +362,6 @@ def differences(ours, theirs) -> dict:
   return {name: max_diff(a, b) for name, a, b in zip(('mlm', 'hidden'), ours, theirs)}
 
 
-@pytest.mark.parametrize('scan_layers', [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_xlm_roberta_checkpoint_imports_and_matches_transformers(hf_model, scan_layers):
-  config = our_config(scan_layers)
-  assert (config.model.name, config.model.num_languages) == ('xlm', 0)
-  params, report = imported(hf_model[1], config)
-  assert report.layout == 'XLMRobertaForMaskedLM' and report.missing_heads == ['bert/pooler']
-  params = hf.merge_missing(params, hf.init_params(config, seed=1), config)
-  diffs = differences(run_ours(params, config, inputs()), run_hf(hf_model[0], inputs()))
-  print(f'XLMRobertaForMaskedLM import (scan_layers={scan_layers}), max |ours - transformers|: '
-        + ', '.join(f'{k} {v:.2e}' for k, v in diffs.items()))
-  assert max(diffs.values()) < IMPORT_TOLERANCE, diffs
-
-
 def test_translation_rows_read_their_position_ids_as_transformers_does(hf_model):
   """Positions restarting at token 7 (a TLM row) give transformers' outputs at the same
   positions; without them (fairseq's numbering from the mask) the outputs differ."""
@@ -441,26 +418,17 @@ def test_fine_tuning_an_xlm_r_directory_reads_its_sentencepiece_as_transformers_
     assert row.tolist() == theirs(a, b)['input_ids']
 
 
-def test_export_loads_in_transformers_as_xlm_roberta_and_round_trips(tmp_path):
+def test_an_export_reads_translation_rows_positions_as_ours(tmp_path):
+  """XLMRobertaForMaskedLM out (conformance/), and given a translation row's position ids it
+  computes our logits and states."""
   config = our_config()
-  params = hf.init_params(config, seed=3)
-  hf.export_hf(params, config, str(tmp_path))
-  written = json.loads((tmp_path / 'config.json').read_text())
-  assert (written['model_type'], written['architectures']) == (
-      'xlm-roberta', ['XLMRobertaForMaskedLM'])
-  loaded, info = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path),
-                                                                   output_loading_info=True)
-  assert type(loaded).__name__ == 'XLMRobertaForMaskedLM'
-  assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys'))
-  for batch in (inputs(), inputs(reset_at=7)):
-    diffs = differences(run_ours(params, config, batch), run_hf(loaded.eval(), batch))
-    print('XLMRobertaForMaskedLM export -> transformers, max |ours - transformers|: '
-          + ', '.join(f'{k} {v:.2e}' for k, v in diffs.items()))
-    assert max(diffs.values()) < EXPORT_TOLERANCE, diffs
-  again, _ = imported(str(tmp_path), config)
-  flat, flat_again = param_tree.flatten(params), param_tree.flatten(again)
-  assert set(flat_again) == {k for k in flat if '/pooler/' not in k}
-  assert all(np.array_equal(flat[k], flat_again[k]) for k in flat_again)
+  params = hf_parity.random_params(config)
+  loaded = hf_parity.assert_exports(params, config, tmp_path / 'hf', inputs())
+  batch = inputs(reset_at=7)
+  diffs = differences(run_ours(params, config, batch), run_hf(loaded, batch))
+  print('XLMRobertaForMaskedLM export, rows with positions reset at 7, max |ours - '
+        'transformers|: ' + ', '.join(f'{k} {v:.2e}' for k, v in diffs.items()))
+  assert max(diffs.values()) < EXPORT_TOLERANCE, diffs
 
 
 def test_language_embeddings_add_each_token_s_language_row():

@@ -327,9 +327,9 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
   The family is config.model.name's. Raises CheckpointMismatchError listing every missing,
   unexpected and misshapen key (and, when hf_config is given, every architecture field that
   disagrees with config.model) before building. Backbone-only checkpoints (BertModel, ...) have
-  no heads, and RobertaForMaskedLM / AlbertForMaskedLM no pooler: those subtrees are left out
-  and named in report.missing_heads, as are heads of objectives the checkpoint has none for;
-  merge_missing fills them.
+  no heads, and the masked-LM classes of BERT, RoBERTa and ALBERT no pooler: those subtrees are
+  left out and named in report.missing_heads, as are heads of objectives the checkpoint has none
+  for; merge_missing fills them.
   """
   report = ImportReport(layout='')
   state_dict = _canonical_keys(state_dict, report)
@@ -378,8 +378,8 @@ def init_params(config, seed: int = 0):
 def merge_missing(params, fresh_params, config=None):
   """Fills the subtrees absent from `params` that import_hf may leave out from `fresh_params`:
   heads (anything beside the encoder's `bert/`), and for a family whose head models drop the
-  pooler (config.model.name 'roberta', 'albert'; BERT without `config`) `bert/pooler`. Anything
-  else missing is an error."""
+  pooler (BERT's masked LM, which `config=None` means, RoBERTa's, ALBERT's) `bert/pooler`.
+  Anything else missing is an error."""
   layout = bert_hf.LAYOUT if config is None else hf_layout.for_config(config)
   fresh = param_tree.flatten(nn.meta.unbox(fresh_params))
   flat = param_tree.flatten(params)

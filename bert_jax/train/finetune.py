@@ -211,8 +211,9 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
   head's weights where the source is an HF <family>ForSequenceClassification (or a
   ForMultipleChoice with the same head keys, as BERT's) whose head fits this task, else {}).
 
-  The encoder lacks `pooler` when the source has none (RobertaForMaskedLM, AlbertForMaskedLM):
-  the model's fresh init fills it. RoBERTa's classification head brings the pooler (its dense).
+  The encoder lacks `pooler` when the source has none (the masked-LM classes of BERT, RoBERTa,
+  ALBERT): the model's fresh init fills it. RoBERTa's classification head brings the pooler (its
+  dense).
   """
   if not config.init_from:
     return None, {}
@@ -230,10 +231,11 @@ def load_source_params(config, model) -> tuple[dict | None, dict]:
       pretrain_params = param_tree.unflatten(
           {k: v for k, v in param_tree.flatten(pretrain_params).items() if k not in dropped})
   else:
-    # Converted through the pretraining layout (NSP head included, so any checkpoint fits);
-    # its heads are not used here.
+    # Converted through the pretraining layout with the masked-LM head alone, which every
+    # family's head classes hold (BertForMaskedLM no NSP head): a head it lacks would be a
+    # missing key, one it has beside is skipped. No head is used here.
     config = ml_collections.ConfigDict(config.to_dict())
-    config.objectives = 'mlm,nsp'
+    config.objectives = 'mlm'
     pretrain_params, classifier = init_from.import_for_finetuning(config)
   ids = jax.ShapeDtypeStruct(heads.input_shape(model.head, model.num_outputs, 1, 2), jnp.int32)
   target = jax.eval_shape(functools.partial(model.init, deterministic=True),

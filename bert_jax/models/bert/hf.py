@@ -97,7 +97,10 @@ def bert_hf_config(config) -> dict:
 
 LAYOUT = Layout(
     family='bert', model_type='bert', display='BERT', prefix='bert.', base_class='BertModel',
-    head_classes=(('BertForPreTraining', 'cls.'),), table=TABLE,
+    head_classes=(('BertForPreTraining', 'cls.seq_relationship.'),
+                  ('BertForMaskedLM', 'cls.predictions.')), table=TABLE,
     heads={'predictions': 'mlm', 'seq_relationship': 'nsp'}, ignored=hf_layout.buffers('bert.'),
-    optional_pooler=False, to_overrides=bert_overrides, to_hf_config=bert_hf_config,
-    exports_pooler=lambda config: True, tokenizer='wordpiece', classifier=LINEAR_CLASSIFIER)
+    # BertForMaskedLM and BertLMHeadModel hold no pooler: only NSP trains and reads it.
+    optional_pooler=True, to_overrides=bert_overrides, to_hf_config=bert_hf_config,
+    exports_pooler=lambda config: 'nsp' in hf_layout.objective_names(config),
+    tokenizer='wordpiece', classifier=LINEAR_CLASSIFIER)

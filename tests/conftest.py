@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+import importlib
+import json
 import os
 import pathlib
 
@@ -231,3 +233,37 @@ def random_pretraining_batch(config, rows=4, seed=0, seq=None, predictions=None,
   }
   objectives = steps.build_model(config).objectives
   return {k: v for k, v in batch.items() if k in steps.dummy_batch(1, s, p, objectives=objectives)}
+
+
+def run_records(workdir) -> dict[str, list[dict]]:
+  """A run's metrics.jsonl records by split: {'train': [...], 'eval': [...]}, in order."""
+  records = {'train': [], 'eval': []}
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    for line in f:
+      record = json.loads(line)
+      records.setdefault(record['split'], []).append(record)
+  return records
+
+
+def require(module: str):
+  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 (CI) makes a missing package
+  fail."""
+  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
+    return importlib.import_module(module)
+  return pytest.importorskip(module)
+
+
+def micro_run(tmp_path, **overrides) -> str:
+  """Trains micro_config(tmp_path, **overrides) into tmp_path/run; returns the workdir."""
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  pretrain.train_and_evaluate(micro_config(tmp_path, **overrides), workdir)
+  return workdir
+
+
+def assert_refused(config, match: str) -> None:
+  """config_lib.validate(config) raises a ConfigError whose message matches `match` (a regex),
+  before anything is built."""
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.validate(config)

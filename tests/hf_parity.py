@@ -1,17 +1,13 @@
 """The Hugging Face parity harness every family's tests share: random odd-sized transformers
 models, the batch both sides read, their MLM logits and ours, a directory's import, and the
-counts (parameters, dot-product FLOPs) held against transformers and the jaxpr.
+counts of parameters held against transformers'.
 
 tests/conformance/ runs it over every registered family with transformers' default settings of
 the family's class; a family's own test file runs it over the variants only that family has.
 """
 
-import importlib
-import os
-
 import jax
 import numpy as np
-import pytest
 
 from bert_jax import models
 from bert_jax.interop import hf
@@ -19,6 +15,7 @@ from bert_jax.interop import param_tree
 from bert_jax.models import hf_layout
 from bert_jax.train import step as steps
 from configs import base
+from conftest import require
 
 # Odd sizes, none a multiple of another, so that a transposed or mis-split axis cannot line up:
 # 3 heads of 14 (even, for rotary positions), a feed-forward of 50, a vocab of 97.
@@ -28,13 +25,6 @@ IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
 # 3 rows of 13 tokens, two of them padded; 4 predicted positions a row.
 ROWS, LENGTH = 3, 13
 POSITIONS = np.array([[1, 4, 7, 12], [0, 2, 3, 8], [1, 2, 3, 4]], np.int32)
-
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
 
 
 torch = require('torch')
@@ -257,3 +247,27 @@ def saved_models(tmp_path_factory, hf_configs: dict, cls, scale=0.05) -> dict:
     directory = str(tmp_path_factory.mktemp(name))
     out[name] = random_model(hf_config.to_dict(), directory, scale, cls), directory
   return out
+
+
+def features(split) -> tuple:
+  """(ids, segments, mask) of a fine-tuning split's features, for hf_outputs."""
+  return tuple(split.features[k] for k in ('input_ids', 'segment_ids', 'input_mask'))
+
+
+def hf_pretraining_outputs(model, inputs: tuple) -> tuple:
+  """(MLM logits at the positions, the sentence head's logits (NSP's, SOP's) or None, the last
+  hidden states) of a transformers model on (ids, segments, mask, positions)."""
+  out = hf_outputs(model, inputs)
+  logits = out.prediction_logits if hasattr(out, 'prediction_logits') else out.logits
+  mlm = np.take_along_axis(logits.numpy(), inputs[3][..., None], axis=1)
+  sentence = next((getattr(out, k).numpy() for k in ('seq_relationship_logits', 'sop_logits')
+                   if getattr(out, k, None) is not None), None)
+  return mlm, sentence, out.hidden_states[-1].numpy()
+
+
+def our_pretraining_outputs(params, config, inputs: tuple) -> tuple:
+  """hf_pretraining_outputs' three of our model: MLM logits, NSP's or SOP's or None, the
+  sequence output."""
+  out, sequence = our_outputs(params, config, inputs)
+  sentence = next((out[k] for k in ('nsp_logits', 'sop_logits') if k in out), None)
+  return out['mlm_logits'], sentence, sequence

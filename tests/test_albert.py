@@ -40,42 +40,24 @@ IMPORT_TOLERANCE, EXPORT_TOLERANCE = 1e-4, 1e-5
 @pytest.fixture(scope='module')
 def hf_model(tmp_path_factory):
   """(a random AlbertForPreTraining in eval mode, the dir it was saved to)."""
-  directory = str(tmp_path_factory.mktemp('albert'))
-  model = hf_parity.random_model(transformers.AlbertConfig(**HF_SIZES).to_dict(), directory,
-                                 cls=transformers.AlbertForPreTraining)
-  return model, directory
+  return hf_parity.saved_models(tmp_path_factory, {'albert': transformers.AlbertConfig(
+      **HF_SIZES)}, transformers.AlbertForPreTraining)['albert']
 
 
 def our_config(scan_layers=True, objective_names='mlm,sop', **model):
   """configs/base.py shaped and named as HF_SIZES' ALBERT."""
-  config = base.get_config()
-  config.model.update(hf.hf_config_to_model_overrides(
-      transformers.AlbertConfig(**HF_SIZES).to_dict()))
-  config.model.update(scan_layers=scan_layers, **model)
-  config.objectives = objective_names
-  return config
+  return hf_parity.our_config(transformers.AlbertConfig(**HF_SIZES).to_dict(), objective_names,
+                              scan_layers, **model)
 
 
-@pytest.fixture(scope='module')
-def inputs():
-  """3 x 13 ids with padding in two rows, two segments, 4 prediction positions a row."""
+@pytest.fixture(scope='module', name='inputs')
+def fixture_inputs():
+  """(ids, segments, mask, positions): 3 x 13 ids, padding in two rows, 4 predictions a row."""
   return hf_parity.as_tuple(hf_parity.batch(HF_SIZES))
 
 
-def run_hf(model, inputs):
-  """(MLM logits at the positions, SOP logits or None, last hidden states) of a transformers
-  ALBERT."""
-  out = hf_parity.hf_outputs(model, inputs)
-  logits = out.prediction_logits if hasattr(out, 'prediction_logits') else out.logits
-  mlm = np.take_along_axis(logits.numpy(), inputs[3][..., None], axis=1)
-  sop = out.sop_logits.numpy() if hasattr(out, 'sop_logits') else None
-  return mlm, sop, out.hidden_states[-1].numpy()
-
-
-def run_ours(params, config, inputs):
-  """(MLM logits, SOP logits or None, sequence output) of our model."""
-  out, sequence = hf_parity.our_outputs(params, config, inputs)
-  return out['mlm_logits'], out.get('sop_logits'), sequence
+# (MLM logits, SOP logits or None, last hidden states) of transformers' ALBERT and ours.
+run_hf, run_ours = hf_parity.hf_pretraining_outputs, hf_parity.our_pretraining_outputs
 
 
 def diffs(ours, theirs):

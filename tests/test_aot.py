@@ -22,7 +22,6 @@ MICRO = ('--config.model.vocab_size=512', '--config.model.hidden_size=32',
          '--config.model.intermediate_size=64', '--config.train.batch_size=16')
 
 
-@pytest.fixture(scope='module', autouse=True)
 def require_libtpu():
   """Skips without libtpu (jax[tpu]); fails instead when BERT_JAX_REQUIRE_DATA=1 (CI)."""
   if importlib.util.find_spec('libtpu') is None:
@@ -30,6 +29,12 @@ def require_libtpu():
     if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
       pytest.fail(f'BERT_JAX_REQUIRE_DATA=1 but {reason}')
     pytest.skip(reason)
+
+
+@pytest.fixture(scope='module', autouse=True, name='libtpu')
+def fixture_libtpu():
+  """Every test here compiles for TPU topologies."""
+  require_libtpu()
 
 
 def run_aot(*args: str) -> subprocess.CompletedProcess:

@@ -1,14 +1,13 @@
 """Tests for bert_jax.convert: HF checkpoints in and out, numerically equal to transformers."""
 
 import csv
-import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-from conftest import shared_data_dir
+from conftest import require, shared_data_dir
 import hf_parity
 import jax
 import numpy as np
@@ -21,13 +20,6 @@ from bert_jax.models import bert as model_lib
 from bert_jax.models.encoder import EncoderConfig
 from bert_jax.tools import convert
 from configs import base
-
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
 
 
 torch = require('torch')
@@ -83,18 +75,8 @@ def inputs():
   return ids, segments, mask, positions
 
 
-def run_hf(model, inputs):
-  """(MLM logits at the positions, NSP logits, last hidden states) of an HF model."""
-  out = hf_parity.hf_outputs(model, inputs)
-  mlm = np.take_along_axis(out.prediction_logits.numpy(), inputs[3][..., None], axis=1)
-  nsp = out.seq_relationship_logits.numpy() if hasattr(out, 'seq_relationship_logits') else None
-  return mlm, nsp, out.hidden_states[-1].numpy()
-
-
-def run_ours(params, config, inputs):
-  """(MLM logits, NSP logits or None, sequence output) of our model."""
-  out, sequence = hf_parity.our_outputs(params, config, inputs)
-  return out['mlm_logits'], out.get('nsp_logits'), sequence
+# (MLM logits, NSP logits or None, last hidden states) of transformers' BERT and ours.
+run_hf, run_ours = hf_parity.hf_pretraining_outputs, hf_parity.our_pretraining_outputs
 
 
 def max_diff(a, b):

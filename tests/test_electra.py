@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import micro_config
+from conftest import assert_refused, micro_config, micro_run, run_records
 from benchmarks import electra_reference
 from configs import base
 from configs import electra as electra_configs
@@ -334,24 +334,27 @@ def test_gdes_with_zero_deltas_computes_what_shared_embeddings_do(built, built_g
     np.testing.assert_array_equal(ours[key], shared[key])
 
 
+def loss_term_grads(model, params, batch, which, seed):
+  """{path: gradient} of the generator's loss term alone (which='generator') or the
+  discriminator's, dropout on with PRNGKey(seed)."""
+  def loss(p):
+    outputs = model.apply({'params': p}, batch, deterministic=False,
+                          rngs={'dropout': jax.random.PRNGKey(seed)})
+    stats = rtd.losses(outputs, batch)
+    if which == 'generator':
+      return stats['rtd_gen_loss_sum'] / stats['rtd_gen_weight']
+    return stats['rtd_disc_weighted_sum'] / stats['rtd_disc_count']
+  return flat_paths(jax.grad(loss)(params))
+
+
 def test_gdes_keeps_each_loss_off_the_other_models_embeddings(built_gdes):
   _, model, params, batch, _ = built_gdes
   leaves, tree = jax.tree.flatten(params)
   rng = np.random.default_rng(4)
   params = jax.tree.unflatten(tree, [x + rng.normal(size=x.shape).astype(np.float32) * 0.05
                                      for x in leaves])
-
-  def term(which):
-    def loss(p):
-      outputs = model.apply({'params': p}, batch, deterministic=False,
-                            rngs={'dropout': jax.random.PRNGKey(5)})
-      stats = rtd.losses(outputs, batch)
-      if which == 'generator':
-        return stats['rtd_gen_loss_sum'] / stats['rtd_gen_weight']
-      return stats['rtd_disc_weighted_sum'] / stats['rtd_disc_count']
-    return flat_paths(jax.grad(loss)(params))
-
-  generator, discriminator = term('generator'), term('discriminator')
+  generator, discriminator = (loss_term_grads(model, params, batch, which, 5)
+                              for which in ('generator', 'discriminator'))
   prefix = 'bert/embeddings/'
   shared = [prefix + t for t in ('word_embeddings', 'position_embeddings',
                                  'token_type_embeddings', 'LayerNorm/scale', 'LayerNorm/bias')]
@@ -413,34 +416,27 @@ def test_bad_electra_settings_are_refused_before_compiling(overrides, match):
     for parent in parents:
       node = node[parent]
     node[leaf] = value
-  with pytest.raises(config_lib.ConfigError, match=match):
-    config_lib.validate(config)
+  assert_refused(config, match)
 
 
 @pytest.fixture(scope='module')
 def rtd_workdir(tmp_path_factory):
-  tmp_path = tmp_path_factory.mktemp('rtd')
-  workdir = str(tmp_path / 'run')
-  config = micro_config(tmp_path, objectives='rtd', **{
+  return micro_run(tmp_path_factory.mktemp('rtd'), objectives='rtd', **{
       'model.name': 'electra', 'model.embedding_size': 16, 'model.generator_fraction': 0.5,
       'masking.mask_token_fraction': 0.85, 'masking.random_token_fraction': 0.0,
       'masking.keep_fraction': 0.15,
       'train.num_steps': 30, 'train.log_every': 10, 'train.eval_every': 30,
       'train.checkpoint_every': 30})
-  pretrain.train_and_evaluate(config, workdir)
-  return workdir
 
 
 @pytest.mark.slow
 def test_rtd_pretraining_logs_falling_losses_and_the_auc(rtd_workdir):
-  with open(os.path.join(rtd_workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    records = [json.loads(line) for line in f]
-  evals = [r for r in records if r['split'] == 'eval']
-  train = [r for r in records if r['split'] == 'train']
+  records = run_records(rtd_workdir)
+  evals, train = records['eval'], records['train']
   assert [r['step'] for r in evals] == [0, 30] and len(train) == 3
   fields = {'rtd_loss', 'rtd_gen_loss', 'rtd_gen_accuracy', 'rtd_disc_loss',
             'rtd_disc_accuracy', 'rtd_disc_auc', 'rtd_replaced_fraction'}
-  for r in records:
+  for r in evals + train:
     assert fields <= set(r) and 'mlm_loss' not in r
     assert all(np.isfinite(r[k]) for k in fields)
     assert r['loss'] == pytest.approx(r['rtd_loss'])

@@ -16,7 +16,6 @@ from bert_jax.models import electra
 from bert_jax.models import sharing
 from bert_jax.train import finetune
 from bert_jax.train import step as steps
-from configs import base
 from configs import glue as glue_config
 from hf_parity import max_diff, randomise, torch, transformers
 
@@ -48,11 +47,8 @@ def generator(tmp_path_factory):
 
 
 def our_config(hf_sizes, objective_names, **model):
-  config = base.get_config()
-  config.model.update(hf.hf_config_to_model_overrides(
-      transformers.ElectraConfig(**hf_sizes).to_dict()), **model)
-  config.objectives = objective_names
-  return config
+  return hf_parity.our_config(transformers.ElectraConfig(**hf_sizes).to_dict(), objective_names,
+                              **model)
 
 
 @pytest.fixture(scope='module')

@@ -3,13 +3,12 @@ taken from the source, rows equal to transformers' fast tokenizers, classificati
 multiple-choice logits equal to transformers' <family>ForSequenceClassification and
 <family>ForMultipleChoice, and runs (GLUE, SWAG) from hf:DIR and from a workdir."""
 
-import functools
-import importlib
 import json
 import os
 import shutil
 
-from conftest import micro_config
+import hf_parity
+from conftest import micro_config, require
 from conftest import shared_data_dir
 from conftest import write_swag
 import jax
@@ -27,13 +26,6 @@ from bert_jax.tasks import swag
 from bert_jax.train import finetune
 from configs import glue as glue_config
 from configs import swag as swag_config
-
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
 
 
 torch = require('torch')
@@ -75,26 +67,18 @@ def reference_tokenizer(kind, directory, **kwargs):
   return transformers.AlbertTokenizerFast.from_pretrained(directory, **kwargs)
 
 
-def randomise(model):
-  """Every parameter random (zero biases and unit LayerNorms would hide a swapped leaf)."""
-  torch.manual_seed(0)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      norm = 'LayerNorm.weight' in name or 'layer_norm.weight' in name
-      param.copy_(torch.randn_like(param) * 0.1 + (1.0 if norm else 0.0))
-  return model.eval()
-
-
-def hf_classifier(kind, vocab_size):
-  """A random transformers <family>ForSequenceClassification of SIZES."""
+def hf_head_model(kind, vocab_size, head='ForSequenceClassification'):
+  """A random transformers <family><head> (RoBERTa's for 'bpe', ALBERT's else) of SIZES."""
+  sizes = SIZES if head == 'ForSequenceClassification' else {
+      k: v for k, v in SIZES.items() if k != 'num_labels'}
   if kind == 'bpe':
-    config = transformers.RobertaConfig(**SIZES, vocab_size=vocab_size, type_vocab_size=1,
+    config = transformers.RobertaConfig(**sizes, vocab_size=vocab_size, type_vocab_size=1,
                                         max_position_embeddings=SEQ + 2, layer_norm_eps=1e-5,
                                         pad_token_id=1)
-    return randomise(transformers.RobertaForSequenceClassification(config))
-  config = transformers.AlbertConfig(**SIZES, vocab_size=vocab_size, embedding_size=24,
+    return hf_parity.randomise(getattr(transformers, 'Roberta' + head)(config), scale=0.1)
+  config = transformers.AlbertConfig(**sizes, vocab_size=vocab_size, embedding_size=24,
                                      max_position_embeddings=SEQ, pad_token_id=0)
-  return randomise(transformers.AlbertForSequenceClassification(config))
+  return hf_parity.randomise(getattr(transformers, 'Albert' + head)(config), scale=0.1)
 
 
 @pytest.fixture(scope='module', name='hf_dirs')
@@ -104,7 +88,7 @@ def fixture_hf_dirs(tmp_path_factory, trained):
   for kind in KINDS:
     tokenizer = tokenizer_lib.load_tokenizer(
         kind, tokenizer_lib.vocab_path(kind, trained[kind]), LOWERCASE[kind])
-    model = hf_classifier(kind, tokenizer.vocab_size)
+    model = hf_head_model(kind, tokenizer.vocab_size)
     directory = str(tmp_path_factory.mktemp(f'hf-{kind}'))
     model.save_pretrained(directory)
     for name in tokenizer_lib.KEPT_FILES[kind]:
@@ -265,24 +249,11 @@ def test_classification_logits_equal_transformers(hf_dirs, glue_dev, kind):
   assert np.std(theirs) > 1e-2  # Logits that differ between rows: a real comparison.
 
 
-def hf_multiple_choice(kind, vocab_size):
-  """A random transformers <family>ForMultipleChoice of SIZES."""
-  sizes = {k: v for k, v in SIZES.items() if k != 'num_labels'}
-  if kind == 'bpe':
-    config = transformers.RobertaConfig(**sizes, vocab_size=vocab_size, type_vocab_size=1,
-                                        max_position_embeddings=SEQ + 2, layer_norm_eps=1e-5,
-                                        pad_token_id=1)
-    return randomise(transformers.RobertaForMultipleChoice(config))
-  config = transformers.AlbertConfig(**sizes, vocab_size=vocab_size, embedding_size=24,
-                                     max_position_embeddings=SEQ, pad_token_id=0)
-  return randomise(transformers.AlbertForMultipleChoice(config))
-
-
 @pytest.mark.parametrize('kind', KINDS)
 def test_multiple_choice_logits_equal_transformers(tmp_path, trained, kind):
   tokenizer = tokenizer_lib.load_tokenizer(
       kind, tokenizer_lib.vocab_path(kind, trained[kind]), LOWERCASE[kind])
-  hf_model = hf_multiple_choice(kind, tokenizer.vocab_size)
+  hf_model = hf_head_model(kind, tokenizer.vocab_size, 'ForMultipleChoice')
   directory = str(tmp_path / 'hf')
   hf_model.save_pretrained(directory)
   for name in tokenizer_lib.KEPT_FILES[kind]:
@@ -293,11 +264,7 @@ def test_multiple_choice_logits_equal_transformers(tmp_path, trained, kind):
   split = swag.encode(swag.read_examples(os.path.join(data, 'val.csv')),
                       finetune.load_tokenizer(config), 32)  # 7 questions of 4 rows.
   ours = fine_tuning_logits(config, split, 'multiple_choice', swag.CHOICES)
-  f = {k: torch.from_numpy(split.features[k].astype(np.int64))
-       for k in ('input_ids', 'segment_ids', 'input_mask')}
-  with torch.no_grad():
-    theirs = hf_model(input_ids=f['input_ids'], attention_mask=f['input_mask'],
-                      token_type_ids=f['segment_ids']).logits.numpy()
+  theirs = hf_parity.hf_outputs(hf_model, hf_parity.features(split)).logits.numpy()
   assert ours.shape == theirs.shape == (7, swag.CHOICES)
   difference = float(np.max(np.abs(ours - theirs)))
   print(f'{FAMILY[kind]} multiple-choice logits, max |ours - transformers|: {difference:.2e}')
@@ -359,19 +326,26 @@ def test_swag_fine_tunes_from_an_hf_dir(tmp_path, hf_dirs, kind):
   assert round(results['median']['dev']['accuracy'] * 7 / 100, 6).is_integer()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('kind', KINDS)
-def test_fine_tuning_runs_from_a_pretraining_workdir(tmp_path, kind):
-  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
-  pretraining = micro_config(tmp_path, **{
+def pretraining_config(tmp_path, kind, steps):
+  """A micro MLM pretraining run of the kind's family on the wiki sample, with its own
+  tokenizer, a log line a step or two and one evaluation and checkpoint at its end."""
+  config = micro_config(tmp_path, **{
       'model.name': FAMILY[kind], 'data.tokenizer': kind, 'data.lowercase': LOWERCASE[kind],
       'data.corpus': wiki(), 'data.max_documents': 12, 'objectives': 'mlm',
       'model.type_vocab_size': 1 if kind == 'bpe' else 2,
       'model.max_position_embeddings': 34 if kind == 'bpe' else 32,
-      'train.num_steps': 2, 'train.warmup_steps': 1, 'train.log_every': 1,
-      'train.eval_every': 2, 'train.checkpoint_every': 2})
+      'train.num_steps': steps, 'train.warmup_steps': 1, 'train.log_every': steps // 2,
+      'train.eval_every': steps, 'train.checkpoint_every': steps})
   if kind == 'sentencepiece':
-    pretraining.model.embedding_size = 16
+    config.model.embedding_size = 16
+  return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', KINDS)
+def test_fine_tuning_runs_from_a_pretraining_workdir(tmp_path, kind):
+  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
+  pretraining = pretraining_config(tmp_path, kind, 2)
   source = tmp_path / 'pretrain'
   pretrain.train_and_evaluate(pretraining, str(source))
   results, saved = run_sst2(tmp_path, str(source))

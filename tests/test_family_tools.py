@@ -5,7 +5,7 @@ encodes with as ours."""
 import os
 import shutil
 
-from conftest import micro_config
+from conftest import require
 import numpy as np
 import pytest
 
@@ -16,7 +16,7 @@ from bert_jax.tools import convert
 from bert_jax.tools import predict as predict_lib
 # The shared vocabs (module-scoped fixtures) and reference tokenizers of the fine-tuning tests.
 from test_family_finetune import FAMILY, KINDS, LOWERCASE, fixture_glue_dev, fixture_trained  # pylint: disable=unused-import
-from test_family_finetune import reference_tokenizer, require, wiki
+from test_family_finetune import pretraining_config, reference_tokenizer, wiki
 
 torch = require('torch')
 transformers = require('transformers')
@@ -165,15 +165,8 @@ def test_a_lowercased_fairseq_vocab_exports_no_tokenizer_it_would_not_match(tmp_
 @pytest.mark.parametrize('kind', KINDS)
 def test_a_workdir_predicts_as_its_export_and_the_export_tokenizes_as_ours(tmp_path, kind):
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
-  config = micro_config(tmp_path, **{
-      'model.name': FAMILY[kind], 'data.tokenizer': kind, 'data.lowercase': LOWERCASE[kind],
-      'data.corpus': wiki(), 'data.max_documents': 12, 'objectives': 'mlm',
-      'model.type_vocab_size': 1 if kind == 'bpe' else 2,
-      'model.max_position_embeddings': 34 if kind == 'bpe' else 32,
-      'train.num_steps': 4, 'train.warmup_steps': 1, 'train.log_every': 2,
-      'train.eval_every': 4, 'train.checkpoint_every': 4})
+  config = pretraining_config(tmp_path, kind, 4)
   if kind == 'sentencepiece':
-    config.model.embedding_size = 16
     config.model.gelu = 'tanh'
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
   pretrain.train_and_evaluate(config, workdir)

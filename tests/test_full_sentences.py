@@ -183,18 +183,13 @@ def test_full_sentences_refuse_pairs_packing_and_static_masks(key, value):
 def test_roberta_rows_train_a_few_steps(tmp_path, path):
   import conftest  # pylint: disable=g-import-not-at-top
   import test_streaming  # pylint: disable=g-import-not-at-top
-  from bert_jax.data import records  # pylint: disable=g-import-not-at-top
   from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
   recipe = {'data.rows': 'full_sentences', 'train.num_steps': 4, 'train.warmup_steps': 2,
             'train.log_every': 2, 'train.eval_every': 4, 'train.checkpoint_every': 4}
   if path == 'in_memory':
     config = conftest.micro_config(tmp_path, **recipe)
   else:
-    prepared = test_streaming.write_prepared(tmp_path / 'prepared', num_documents=60,
-                                             sentences=6, length=20)
-    metadata = records.read_metadata(prepared)
-    metadata.vocab_sha256 = test_streaming.write_vocab(prepared)
-    records.write_metadata(prepared, metadata)
+    prepared = test_streaming.write_prepared_with_vocab(tmp_path / 'prepared', 60)
     config = test_streaming.tiny_config(prepared, **recipe)
   config.objectives = 'mlm'
   last_eval = pretrain.train_and_evaluate(config, str(tmp_path / 'run'))

@@ -16,6 +16,7 @@ from bert_jax.train import finetune
 from bert_jax.train import pretrain
 from configs import glue
 import conftest
+from conftest import assert_refused
 
 # conftest's micro config, three steps (one of warmup), no evaluation or checkpoint before the
 # end.
@@ -61,8 +62,7 @@ def test_init_from_nothing_is_a_clear_error(tmp_path):
                       ('hf:' + str(tmp_path / 'no-model'), 'is not a directory'),
                       ('tf:' + str(tmp_path / 'bert_model.ckpt'), r'ckpt.index.*does not exist')]:
     config = micro_config(tmp_path, init_from=spec)
-    with pytest.raises(config_lib.ConfigError, match=match):
-      config_lib.validate(config)
+    assert_refused(config, match)
 
 
 def minilm_dir():
@@ -146,36 +146,38 @@ def test_init_from_hf_names_a_config_json_that_is_not_json(tmp_path):
     init_from.load_params(config, fresh_params={})
 
 
-def test_init_from_hf_with_a_missing_weight_is_one_error_naming_it(tmp_path):
+def damaged_minilm(tmp_path, damage):
+  """A run config from a copy of MiniLM whose weights damage(state dict, the first layer's
+  query kernel's key) changed, and that key."""
   import safetensors.numpy  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
   model = tmp_path / 'model'
   shutil.copytree(minilm_dir(), model)
   state_dict, _ = hf.load_hf_state_dict(str(model))
   name = next(k for k in state_dict if k.endswith('attention.self.query.weight'))
   os.remove(model / 'model.safetensors')
-  safetensors.numpy.save_file({k: v for k, v in state_dict.items() if k != name},
-                              str(model / 'model.safetensors'))
+  safetensors.numpy.save_file(damage(state_dict, name), str(model / 'model.safetensors'))
   config = micro_config(tmp_path, init_from=f'hf:{model}')
   config_lib.validate_and_adopt_source(config, config_lib.validate)
+  return config, name
+
+
+def test_init_from_hf_with_a_missing_weight_is_one_error_naming_it(tmp_path):
+  from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
+  config, _ = damaged_minilm(
+      tmp_path, lambda state_dict, name: {k: v for k, v in state_dict.items() if k != name})
   with pytest.raises(init_from.InitFromError, match=r'config\.init_from=.*problem'):
     init_from.load_params(config, fresh_params={})
 
 
 def test_init_from_hf_refuses_weights_holding_nan_naming_them(tmp_path):
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  model = tmp_path / 'model'
-  shutil.copytree(minilm_dir(), model)
-  state_dict, _ = hf.load_hf_state_dict(str(model))
-  name = next(k for k in state_dict if k.endswith('attention.self.query.weight'))
-  state_dict[name] = state_dict[name].copy()
-  state_dict[name][3, 5] = np.nan
-  os.remove(model / 'model.safetensors')
-  safetensors.numpy.save_file(state_dict, str(model / 'model.safetensors'))
-  config = micro_config(tmp_path, init_from=f'hf:{model}')
-  config_lib.validate_and_adopt_source(config, config_lib.validate)
+
+  def one_nan(state_dict, name):
+    state_dict[name] = state_dict[name].copy()
+    state_dict[name][3, 5] = np.nan
+    return state_dict
+
+  config, name = damaged_minilm(tmp_path, one_nan)
   with pytest.raises(init_from.InitFromError,
                      match=rf'1 weight\(s\) hold NaN or inf \({re.escape(name)}\) in .*model: '
                            'the checkpoint is damaged'):

@@ -144,12 +144,8 @@ def test_two_processes_stream_their_own_documents_as_one_process_and_resume_on_o
   documents), and the run equals one process streaming both; the checkpoint holds both shards'
   states, so the run resumes exactly on one process (as after losing a host)."""
   import json  # pylint: disable=g-import-not-at-top
-  from test_streaming import write_prepared, write_vocab  # pylint: disable=g-import-not-at-top
-  from bert_jax.data import records  # pylint: disable=g-import-not-at-top
-  prepared = write_prepared(tmp_path / 'prepared', num_documents=60, sentences=6, length=20)
-  metadata = records.read_metadata(prepared)
-  metadata.vocab_sha256 = write_vocab(prepared)
-  records.write_metadata(prepared, metadata)
+  from test_streaming import write_prepared_with_vocab  # pylint: disable=g-import-not-at-top
+  prepared = write_prepared_with_vocab(tmp_path / 'prepared', 60)
   flags = {**OVERRIDES, **STEPS, **DATA_MESH, 'data.prepared': prepared, 'data.corpus': '',
            'data.max_documents': 0, 'data.packing': True, 'data.input_shards': 2}
   one, two = str(tmp_path / 'one'), str(tmp_path / 'two')

@@ -1,25 +1,17 @@
 """Tests for bert_jax.predict: fill-mask and NSP equal transformers', and bad input is refused."""
 
 import functools
-import importlib
 import json
 import os
 import subprocess
 import sys
 
-from conftest import micro_config
+from conftest import micro_config, require
 import numpy as np
 import pytest
 
 from bert_jax import predict
 from bert_jax.tools import predict as predict_lib
-
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
 
 
 torch = require('torch')

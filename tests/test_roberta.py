@@ -16,11 +16,10 @@ from conftest import random_pretraining_batch
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
-from bert_jax.interop import init_from
 from bert_jax.models import bert
 from bert_jax.train import metrics
 from bert_jax.train import step as steps
-from configs import base, roberta, tiny
+from configs import roberta, tiny
 from hf_parity import imported, max_diff, torch, transformers
 
 PAD = 1  # RoBERTa's <pad>: fairseq's padding_idx.
@@ -33,10 +32,8 @@ HF_SIZES = dict(num_hidden_layers=3, hidden_size=48, num_attention_heads=3, inte
 @pytest.fixture(scope='module')
 def hf_model(tmp_path_factory):
   """(a random RobertaForMaskedLM in eval mode, the dir it was saved to)."""
-  directory = str(tmp_path_factory.mktemp('roberta'))
-  model = hf_parity.random_model(transformers.RobertaConfig(**HF_SIZES).to_dict(), directory,
-                                 cls=transformers.RobertaForMaskedLM)
-  return model, directory
+  return hf_parity.saved_models(tmp_path_factory, {'roberta': transformers.RobertaConfig(
+      **HF_SIZES)}, transformers.RobertaForMaskedLM)['roberta']
 
 
 def our_config(hf_config=None, scan_layers=True):
@@ -88,22 +85,6 @@ def test_positions_count_real_tokens_from_two_and_padding_reads_row_one():
   assert position_rows(mask) == [[2, 3, 4, 1, 1], [2, 3, 4, 5, 6]]
   packed = jnp.array([[0, 1, 0, 1, 2]], jnp.int32)  # Two pairs in a row, each from 0.
   assert position_rows(jnp.array([[1, 1, 1, 1, 0]], jnp.int32), packed) == [[2, 3, 2, 3, 1]]
-
-
-@pytest.mark.slow
-def test_init_from_adopts_the_family_and_shape_from_config_json(hf_model, tmp_path):
-  config = base.get_config()  # A BERT config: the checkpoint's family wins.
-  config.init_from = f'hf:{hf_model[1]}'
-  config.data.vocab_file = str(tmp_path / 'vocab.json')
-  init_from.adopt_source(config)
-  m = config.model
-  assert (m.name, m.num_layers, m.hidden_size, m.vocab_size, m.type_vocab_size,
-          m.max_position_embeddings, m.layer_norm_eps) == ('roberta', 3, 48, 97, 1, 17, 1e-5)
-  config.objectives = 'mlm'
-  fresh = hf.init_params(config, seed=1)
-  params = init_from.load_params(config, fresh)
-  direct, _ = imported(hf_model[1], config)
-  assert jax.tree.structure(params) == jax.tree.structure(direct)
 
 
 def tiny_roberta(**model):

@@ -181,11 +181,7 @@ def test_albert_recipe_trains_a_few_steps(tmp_path, path):
   if path == 'in_memory':
     config = conftest.micro_config(tmp_path, **recipe)
   else:
-    prepared = test_streaming.write_prepared(tmp_path / 'prepared', num_documents=60,
-                                             sentences=6, length=20)
-    metadata = records.read_metadata(prepared)
-    metadata.vocab_sha256 = test_streaming.write_vocab(prepared)
-    records.write_metadata(prepared, metadata)
+    prepared = test_streaming.write_prepared_with_vocab(tmp_path / 'prepared', 60)
     config = test_streaming.tiny_config(prepared, **{k: v for k, v in recipe.items()
                                                      if k != 'objectives'})
     config.objectives = 'mlm,sop'

@@ -221,14 +221,19 @@ def write_vocab(directory):
     return hashlib.sha256(f.read()).hexdigest()
 
 
-@pytest.fixture(scope='module')
-def prepared(tmp_path_factory):
-  directory = write_prepared(tmp_path_factory.mktemp('prepared'), num_documents=90,
-                             sentences=6, length=20)
+def write_prepared_with_vocab(directory, num_documents=90):
+  """write_prepared's short documents (6 sentences of 20 tokens) with their vocab.txt, its
+  sha256 recorded in the metadata as prepare_data records it."""
+  directory = write_prepared(directory, num_documents=num_documents, sentences=6, length=20)
   metadata = records.read_metadata(directory)
   metadata.vocab_sha256 = write_vocab(directory)
   records.write_metadata(directory, metadata)
   return directory
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  return write_prepared_with_vocab(tmp_path_factory.mktemp('prepared'))
 
 
 def tiny_config(prepared_dir, **overrides):

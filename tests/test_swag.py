@@ -3,7 +3,6 @@ a run from a pretraining workdir, and the multiple-choice logits against transfo
 BertForMultipleChoice."""
 
 import csv
-import importlib
 import json
 import os
 import subprocess
@@ -32,13 +31,6 @@ ID = {token: i for i, token in enumerate(TOKENS)}
 # A tiny encoder, odd sizes: 1 layer, hidden 24, 3 heads, FFN 40.
 TINY = {'vocab_size': 32, 'hidden_size': 24, 'num_layers': 1, 'num_heads': 3,
         'intermediate_size': 40, 'max_position_embeddings': 32}
-
-
-def require(module: str):
-  """pytest.importorskip, except that BERT_JAX_REQUIRE_DATA=1 makes a missing package fail."""
-  if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-    return importlib.import_module(module)
-  return pytest.importorskip(module)
 
 
 @pytest.fixture(scope='module', name='vocab')
@@ -173,19 +165,14 @@ def test_swag_trains_through_main_and_writes_accuracy_per_seed_and_median(tmp_pa
 
 
 def test_multiple_choice_logits_equal_transformers_bert_for_multiple_choice(tmp_path, vocab):
-  torch = require('torch')
-  transformers = require('transformers')
+  import hf_parity  # pylint: disable=g-import-not-at-top  # Needs torch: this test alone.
+  transformers = hf_parity.transformers
   hf_config = transformers.BertConfig(
       vocab_size=len(TOKENS), hidden_size=40, num_hidden_layers=2, num_attention_heads=5,
       intermediate_size=72, max_position_embeddings=40, type_vocab_size=2)
-  torch.manual_seed(0)
-  hf_model = transformers.BertForMultipleChoice(hf_config)
-  with torch.no_grad():  # Every parameter random: a zero bias or a unit LayerNorm hides a swap.
-    for name, param in hf_model.named_parameters():
-      param.copy_(torch.randn_like(param) * 0.1 + (1.0 if 'LayerNorm.weight' in name else 0.0))
-  hf_model.eval()
   hf_dir = tmp_path / 'hf'
-  hf_model.save_pretrained(hf_dir)
+  hf_model = hf_parity.random_model(hf_config.to_dict(), str(hf_dir), scale=0.1,
+                                    cls=transformers.BertForMultipleChoice)
   (hf_dir / 'vocab.txt').write_text(''.join(t + '\n' for t in TOKENS), encoding='utf-8')
   config = swag_config.get_config(f'init=hf:{hf_dir},data_dir={write_swag(tmp_path / "swag")},'
                                   'seq=19')
@@ -203,11 +190,7 @@ def test_multiple_choice_logits_equal_transformers_bert_for_multiple_choice(tmp_
   runner = finetune.SeedRun(config, task, model, tx, mesh, rules, encoder, head)
   with sharding.activation_rules(mesh, rules):
     ours = runner.predict(runner.fresh_state(0).params, split, 4)['logits']  # [7, 4]
-  f = {k: torch.from_numpy(split.features[k].astype(np.int64))
-       for k in ('input_ids', 'segment_ids', 'input_mask')}
-  with torch.no_grad():
-    theirs = hf_model(input_ids=f['input_ids'], token_type_ids=f['segment_ids'],
-                      attention_mask=f['input_mask']).logits.numpy()
+  theirs = hf_parity.hf_outputs(hf_model, hf_parity.features(split)).logits.numpy()
   assert ours.shape == theirs.shape == (7, swag.CHOICES)
   difference = float(np.max(np.abs(ours - theirs)))
   print(f'BertForMultipleChoice logits, max |ours - transformers|: {difference:.2e}')

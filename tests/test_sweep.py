@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -305,9 +304,11 @@ def test_pod_commands_list_every_run_after_its_prerequisites(tmp_path):
   assert script.index('pretrain/ltr') < script.index('finetune/ltr_bilstm/sst2')
 
 
-def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
-  """A sweep stopped by SIGTERM (a timeout, a preempted VM) passes it to its running jobs and
-  waits for them: none outlives it to hold its workdir's lock against the rerun."""
+def start_stub_sweep(tmp_path, exit_code_when_stopped=None):
+  """A sweep of two fine-tuning runs at once in its own process, each run a stub that writes
+  <run>.started, then on SIGTERM <run>.stopped and exits; returns (the process, the .started
+  files) once both runs have started. With `exit_code_when_stopped` the sweep exits with it when
+  runner.Stopped reaches it."""
   _data_root()
   child = ('import signal, sys, time\n'
            'out = sys.argv[1]\n'
@@ -316,6 +317,9 @@ def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
            'open(out + ".started", "w").close()\n'
            'time.sleep(120)\n')
   workdir = str(tmp_path / 'sweep')
+  run = f'runner.run(spec.plan(sweep, {workdir!r}), {workdir!r}, parallel=2)\n'
+  if exit_code_when_stopped is not None:
+    run = f'try:\n  {run}except runner.Stopped:\n  sys.exit({exit_code_when_stopped})\n'
   script = tmp_path / 'sweep_stub.py'
   script.write_text(
       'import os, sys\n'
@@ -326,59 +330,42 @@ def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
       f'    os.path.join({str(tmp_path)!r}, job.name.replace("/", "_"))]\n'
       f'sweep = spec.load_file({os.path.join(REPO, "sweeps", "table5.py")!r})\n'
       'sweep.arms = {"random": {"label": "No pretraining", "init": "random"}}\n'
-      'sweep.order = "random"\n'
-      'try:\n'
-      f'  runner.run(spec.plan(sweep, {workdir!r}), {workdir!r}, parallel=2)\n'
-      'except runner.Stopped:\n'
-      '  sys.exit(7)\n')
+      'sweep.order = "random"\n' + run)
   process = subprocess.Popen([sys.executable, str(script)])
   deadline = time.monotonic() + 60
   while len(glob.glob(str(tmp_path / '*.started'))) < 2 and time.monotonic() < deadline:
     time.sleep(0.2)
   started = sorted(glob.glob(str(tmp_path / '*.started')))
   assert len(started) == 2, started  # Two fine-tuning runs at once.
-  process.send_signal(signal.SIGTERM)
-  assert process.wait(timeout=60) == 7
+  return process, started
+
+
+def stopped_runs(tmp_path, started) -> list[str]:
+  """The runs that wrote .stopped, as the .started files name them."""
   stopped = sorted(glob.glob(str(tmp_path / '*.stopped')))
   assert [s[:-len('.stopped')] for s in stopped] == [s[:-len('.started')] for s in started]
+  return stopped
+
+
+def test_sigterm_stops_the_running_jobs_and_the_sweep_with_them(tmp_path):
+  """A sweep stopped by SIGTERM (a timeout, a preempted VM) passes it to its running jobs and
+  waits for them: none outlives it to hold its workdir's lock against the rerun."""
+  process, started = start_stub_sweep(tmp_path, exit_code_when_stopped=7)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=60) == 7
+  stopped_runs(tmp_path, started)
 
 
 def test_a_killed_sweeps_runs_stop_with_it(tmp_path):
   """SIGKILL leaves the sweep no chance to pass a signal on: its runs get SIGTERM from the kernel
   (a checkpoint and a clean exit) instead of running on as orphans that hold their workdirs."""
-  _data_root()
-  child = ('import signal, sys, time\n'
-           'out = sys.argv[1]\n'
-           'signal.signal(signal.SIGTERM, lambda *_: (open(out + ".stopped", "w").close(), '
-           'sys.exit(0)))\n'
-           'open(out + ".started", "w").close()\n'
-           'time.sleep(120)\n')
-  workdir = str(tmp_path / 'sweep')
-  script = tmp_path / 'sweep_stub.py'
-  script.write_text(
-      'import os, sys\n'
-      f'sys.path.insert(0, {REPO!r})\n'
-      'from bert_jax.sweep import runner, spec\n'
-      'runner.command = lambda job, workdir, peak_flops=0.0: [\n'
-      f'    sys.executable, "-c", {child!r},\n'
-      f'    os.path.join({str(tmp_path)!r}, job.name.replace("/", "_"))]\n'
-      f'sweep = spec.load_file({os.path.join(REPO, "sweeps", "table5.py")!r})\n'
-      'sweep.arms = {"random": {"label": "No pretraining", "init": "random"}}\n'
-      'sweep.order = "random"\n'
-      f'runner.run(spec.plan(sweep, {workdir!r}), {workdir!r}, parallel=2)\n')
-  process = subprocess.Popen([sys.executable, str(script)])
-  deadline = time.monotonic() + 60
-  while len(glob.glob(str(tmp_path / '*.started'))) < 2 and time.monotonic() < deadline:
-    time.sleep(0.2)
-  started = sorted(glob.glob(str(tmp_path / '*.started')))
-  assert len(started) == 2, started
+  process, started = start_stub_sweep(tmp_path)
   process.kill()
   process.wait(timeout=10)
   deadline = time.monotonic() + 30
   while len(glob.glob(str(tmp_path / '*.stopped'))) < 2 and time.monotonic() < deadline:
     time.sleep(0.2)
-  stopped = sorted(glob.glob(str(tmp_path / '*.stopped')))
-  assert [s[:-len('.stopped')] for s in stopped] == [s[:-len('.started')] for s in started]
+  stopped_runs(tmp_path, started)
 
 
 def test_a_rerun_waits_for_a_run_that_still_holds_its_workdir(tmp_path):

@@ -2,7 +2,6 @@
 their jnp reference, their dropout draws, their declared costs, the model and config wiring, a
 mesh, and (slow tier) AOT compiles of the train step with them for TPU topologies."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -17,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import assert_refused
+
 from bert_jax import config_lib
 from bert_jax.kernels.tpu import fused_attention
 from bert_jax.models import layers
@@ -26,6 +27,7 @@ from bert_jax.ops import checks
 from bert_jax.tools import kernel_costs
 from configs import tiny
 import test_fused_norm  # pylint: disable=g-bad-import-order  (tests/, on pytest's path)
+from test_aot import require_libtpu  # pylint: disable=g-bad-import-order
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 16, 2, 8
@@ -270,9 +272,7 @@ def test_config_takes_the_tpu_attention_with_dropout_scans_remat_and_causal():
 def test_config_refuses_bad_tpu_attention_settings_before_compiling(monkeypatch):
   config = tiny.get_config()
   config.model.attention_impl = 'tpus'
-  with pytest.raises(config_lib.ConfigError,
-                     match=r"attention_impl.*'tpus'.*'xla', 'cudnn', 'pallas', 'tpu'"):
-    config_lib.validate(config)
+  assert_refused(config, r"attention_impl.*'tpus'.*'xla', 'cudnn', 'pallas', 'tpu'")
   config.model.update(attention_impl='pallas', causal=True, scan_layers=False)
   with pytest.raises(config_lib.ConfigError, match=r"causal=True needs config.model."
                      r"attention_impl='xla' \(got 'pallas'\), or 'tpu' on TPUs"):
@@ -335,14 +335,6 @@ def test_kernels_on_a_mesh_equal_one_device():
       'XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'))
   assert result['shard_mapped']
   assert result['diff'] < 1e-5, result
-
-
-def require_libtpu():
-  if importlib.util.find_spec('libtpu') is None:
-    reason = 'libtpu is not installed; pip install "jax[tpu]" to compile for TPU topologies.'
-    if os.environ.get('BERT_JAX_REQUIRE_DATA') == '1':
-      pytest.fail(f'BERT_JAX_REQUIRE_DATA=1 but {reason}')
-    pytest.skip(reason)
 
 
 KERNEL_AOT_SCRIPT = """

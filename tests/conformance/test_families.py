@@ -20,7 +20,9 @@ from conftest import dot_flops
 from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
+from bert_jax.interop import init_from
 from bert_jax.interop import param_tree
+from bert_jax.models import architecture
 from bert_jax.models import heads
 from bert_jax.models import hf_layout
 from bert_jax.train import finetune
@@ -168,6 +170,30 @@ def test_the_backbone_class_imports_without_heads(name, tmp_path):
   if getattr(theirs, 'pooler_output', None) is not None:
     assert 'bert/pooler' not in report.missing_heads
     assert hf_parity.max_diff(pooled, theirs.pooler_output.numpy()) < hf_parity.IMPORT_TOLERANCE
+
+
+@pytest.mark.parametrize('name', HF_FAMILIES)
+def test_init_from_an_hf_directory_adopts_the_family_and_loads_its_weights(saved, name, tmp_path):
+  """init_from='hf:DIR' on BERT's config: the family, its architecture keys and its vocab's
+  tokenizer kind come from config.json; the weights loaded are the import's."""
+  _, directory, _ = saved(name)
+  config = base.get_config('corpus=builtin')
+  config.objectives = 'mlm'
+  config.init_from = f'hf:{directory}'
+  config.data.vocab_file = str(tmp_path / 'vocab')  # The tokenizer's files are not the test's.
+  init_from.adopt_source(config)
+  expected = family_config(name)
+  assert {k: config.model[k] for k in architecture.ARCHITECTURE_KEYS} == {
+      k: expected.model[k] for k in architecture.ARCHITECTURE_KEYS}
+  layout = hf_layout.for_family(name)
+  assert init_from.source_tokenizer(config.init_from)[0] == layout.tokenizer
+  params = init_from.load_params(config, hf.init_params(config, seed=1))
+  direct, _ = hf_parity.imported(directory, config)
+  flat, expected_flat = param_tree.flatten(params), param_tree.flatten(direct)
+  assert flat.keys() == expected_flat.keys()
+  for key, value in expected_flat.items():
+    if not key.startswith('bert/pooler/'):  # A masked-LM class has none: a fresh one.
+      np.testing.assert_array_equal(flat[key], value, err_msg=key)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ def test_families_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
       [TESTS, os.path.dirname(TESTS), os.environ.get('PYTHONPATH', '')])}
   subprocess.run(
       [sys.executable, '-m', 'pytest', os.path.join(TESTS, 'conformance', 'test_families.py'),
-       '-p', 'registered_families', '-p', 'no:cacheprovider', '-q', '-k',
+       '-p', 'registered_families', '-p', 'no:cacheprovider', '-q', '-m', 'not slow', '-k',
        f'{CAMEMBERT} or {SCALED} or {MISCOUNTED}', f'--junitxml={report}'],
       cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True, check=False)
   outcomes = {}
@@ -36,12 +36,12 @@ def test_families_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
   family = lambda name: {k: v for k, v in outcomes.items() if f'[{name}' in k}  # noqa: E731
   camembert, scaled, miscounted = family(CAMEMBERT), family(SCALED), family(MISCOUNTED)
   every = {k.replace(f'[{CAMEMBERT}', '[') for k in camembert}
-  assert len(camembert) >= 8 and set(camembert.values()) == {'passed'}, camembert
+  assert len(camembert) >= 5 and set(camembert.values()) == {'passed'}, camembert
   assert any(k.startswith('test_import_gives_transformers') for k in camembert), camembert
-  # No transformers class of its own: FLOPs scanned and unrolled, scanned against unrolled.
-  assert set(scaled.values()) == {'passed'} and len(scaled) == 3, scaled
+  # No transformers class of its own: FLOPs, scanned and unrolled (the fast tier's checks).
+  assert set(scaled.values()) == {'passed'} and len(scaled) == 2, scaled
   assert {k.replace(f'[{SCALED}', '[') for k in scaled} < every
   assert {k: v for k, v in miscounted.items() if v == 'failed'} == {
       f'test_flops_are_the_dot_products_the_encoder_runs[{MISCOUNTED}-{scan}]': 'failed'
       for scan in ('True', 'False')}, miscounted
-  assert len(miscounted) == 3, miscounted
+  assert len(miscounted) == 2, miscounted

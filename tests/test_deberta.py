@@ -91,10 +91,9 @@ def test_scores_by_distance_equal_the_gathered_table(variant, from_key):
 
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
-@pytest.mark.parametrize('scan_layers', [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_import_gives_transformers_mlm_logits(hf_models, variant, scan_layers):
+def test_import_gives_transformers_mlm_logits(hf_models, variant):
   """v3's and v1's relative attention (transformers' default class, without: conformance/)."""
-  config = our_config(variant, scan_layers)
+  config = our_config(variant)
   config_lib.validate(config)
   _, report = hf_parity.assert_imports(*hf_models[variant], config, BATCH)
   assert report.layout == 'DebertaV2ForMaskedLM' and not report.missing_heads

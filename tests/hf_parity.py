@@ -103,11 +103,7 @@ def batch(hf_config: dict, seed=0) -> dict:
 
 def run_hf(model, inputs: dict) -> np.ndarray:
   """A transformers model's MLM logits at the predicted positions."""
-  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-  extra = {'token_type_ids': as_long(inputs['segment_ids'])} if inputs['segment_ids'].any() else {}
-  with torch.no_grad():
-    out = model(input_ids=as_long(inputs['input_ids']),
-                attention_mask=as_long(inputs['input_mask']), **extra)
+  out = hf_outputs(model, as_tuple(inputs))
   logits = out.prediction_logits if hasattr(out, 'prediction_logits') else out.logits
   return np.take_along_axis(logits.numpy(), inputs['masked_lm_positions'][..., None], axis=1)
 
@@ -217,12 +213,14 @@ def as_tuple(inputs: dict) -> tuple:
 
 
 def hf_outputs(model, inputs: tuple):
-  """transformers' output of `model` on (ids, segments, mask, ...), every layer's states in it."""
+  """transformers' output of `model` on (ids, segments, mask, ...), every layer's states in it;
+  the segments only where one is not 0 (classes without a segment table take none)."""
   ids, segments, mask = inputs[:3]
   as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+  extra = {'token_type_ids': as_long(segments)} if np.any(segments) else {}
   with torch.no_grad():
-    return model(input_ids=as_long(ids), token_type_ids=as_long(segments),
-                 attention_mask=as_long(mask), output_hidden_states=True)
+    return model(input_ids=as_long(ids), attention_mask=as_long(mask), output_hidden_states=True,
+                 **extra)
 
 
 def our_outputs(params, config, inputs: tuple) -> tuple[dict, np.ndarray]:

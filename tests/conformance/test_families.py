@@ -159,12 +159,7 @@ def test_the_backbone_class_imports_without_heads(name, tmp_path):
   sequence, pooled = family.encoder(steps.build_model(config).config).apply(
       {'params': params[family.scope]}, inputs['input_ids'], inputs['segment_ids'],
       inputs['input_mask'])
-  as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-  with torch.no_grad():
-    theirs = model(input_ids=as_long(inputs['input_ids']),
-                   attention_mask=as_long(inputs['input_mask']),
-                   **({'token_type_ids': as_long(inputs['segment_ids'])}
-                      if inputs['segment_ids'].any() else {}))
+  theirs = hf_parity.hf_outputs(model, hf_parity.as_tuple(inputs))
   real = inputs['input_mask'] > 0
   assert hf_parity.max_diff(np.asarray(sequence)[real],
                             theirs.last_hidden_state.numpy()[real]) < hf_parity.IMPORT_TOLERANCE

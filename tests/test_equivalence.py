@@ -51,6 +51,28 @@ def test_a_path_further_from_the_reference_than_another_seed_is_not_equivalent()
   assert '| faulty | all | | | | | NOT equivalent |' in text
 
 
+def test_an_accuracy_over_few_held_out_predictions_gets_its_binomial_noise():
+  # CI's micro BERT (80 held-out masked predictions, accuracy at chance): the seeds tied at 1/80,
+  # a yardstick of 0, and the bf16 kernel path's 3/80 was failed on two predictions.
+  runs = curves(**{REF: [(0, 7.6, 0.0), (50, 6.95, 0.0125), (100, 6.76, 0.0)],
+                   SEED: [(0, 7.61, 0.0), (50, 6.94, 0.0125), (100, 6.76, 0.0)],
+                   FAST: [(0, 7.6, 0.0), (50, 6.95, 0.0375), (100, 6.76, 0.0)]})
+  verdict = equivalence.judge(runs)
+  assert verdict['yardstick']['mlm_accuracy'] == 0.0
+  # n <= 80 (values 1/80 apart), p(1 - p) at 1/80: 2 sqrt(2 x 0.0123 / 80) = 0.035.
+  assert verdict['sampling_floor']['mlm_accuracy'] == pytest.approx(
+      2 * (2 * 0.0125 * 0.9875 / 80) ** 0.5)
+  assert verdict['sampling_floor']['loss'] == 0.0
+  assert verdict['paths'][FAST]['gaps']['mlm_accuracy']['within'] is True
+  # Over 100,000 predictions the same share of them is no noise: the gap is refused.
+  for path in runs.values():
+    for step, record in path.items():
+      record['mlm_accuracy'] = {0.0: 0.5, 0.0125: 0.50001, 0.0375: 0.525}[record['mlm_accuracy']]
+  verdict = equivalence.judge(runs)
+  assert verdict['sampling_floor']['mlm_accuracy'] < 0.01
+  assert verdict['paths'][FAST]['gaps']['mlm_accuracy']['within'] is False
+
+
 def test_a_nan_is_the_largest_gap_and_judging_needs_both_references():
   runs = curves(**{REF: [(10, 6.0, 0.1)], SEED: [(10, 6.1, 0.1)],
                    FAST: [(10, float('nan'), 0.1)]})

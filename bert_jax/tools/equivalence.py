@@ -15,9 +15,11 @@ The yardstick is measured, not guessed: for each held-out metric, the largest ga
 two reference runs over the evaluations after step 0 (what another initialisation alone moves
 it by). A path is equivalent when, for every metric, its largest gap to the reference stays
 within TOLERANCE_FACTOR x that yardstick plus RELATIVE_FLOOR of the metric's size (for a
-metric both seeds sit on one plateau of). The table has each evaluation's values per path and, per path and metric, the largest
-gap, its step, the tolerance and the verdict; WORKDIR/equivalence.json keeps it all. Exit
-status 0 when every path is equivalent, 1 otherwise.
+metric both seeds sit on one plateau of) plus, for an accuracy, its held-out sampling floor (two
+models that predict alike differ by binomial noise over the few predictions a small held-out set
+has; two seeds can tie there by chance). The table has each evaluation's values per path and,
+per path and metric, the largest gap, its step, the tolerance and the verdict;
+WORKDIR/equivalence.json keeps it all. Exit status 0 when every path is equivalent, 1 otherwise.
 
 Other paths: `--path=NAME:KEY=VALUE,KEY=VALUE` (config keys, as --config.KEY=VALUE), e.g.
 `--path=xla_bf16:model.dtype=bfloat16,model.attention_impl=xla`. `--notrain` judges the runs
@@ -51,6 +53,11 @@ TOLERANCE_FACTOR = 1.5
 # measures no noise; a larger share would hide faults (a doubled learning rate moves configs/
 # tiny.py's MLM loss 0.05 off, 4.6x its seeds' gap of 0.011, and 1% of it is 0.065).
 RELATIVE_FLOOR = 2.0**-8
+# An accuracy (a share of the held-out set's n predictions) may move by this many standard errors
+# of a difference of two such shares, sqrt(2 p (1 - p) / n), with p its reference values' and
+# n at most 1 / the smallest step between the values any path reports (k/n apart). Without it, a
+# micro BERT's 80 held-out predictions at chance (the seeds tied at 1/80) failed a 2/80 gap.
+SAMPLING_Z = 2.0
 # Eval-record fields that are not training outcomes (settings, timing, the data's floors).
 NOT_METRICS = frozenset({
     'step', 'split', 'seq_per_s', 'mfu', 'learning_rate', 'mlm_baseline_accuracy',
@@ -143,11 +150,27 @@ def largest_gap(runs: dict, path: str, metric: str) -> tuple[float, int | None]:
   return worst, at
 
 
+def sampling_floor(runs: dict[str, dict[int, dict]], metric: str) -> float:
+  """SAMPLING_Z standard errors of a difference of two accuracies over the held-out set (0.0
+  for a metric that is not an accuracy, or with fewer than two distinct values to size n by)."""
+  if not metric.endswith('_accuracy'):
+    return 0.0
+  values = sorted({r[metric] for evals in runs.values() for r in evals.values()
+                   if isinstance(r.get(metric), (int, float)) and r[metric] == r[metric]})
+  steps = [b - a for a, b in zip(values, values[1:]) if b - a > 1e-9]
+  if not steps:
+    return 0.0
+  n = 1.0 / min(steps)  # At most the predictions' count: the floor errs wide.
+  variance = max(p * (1.0 - p) for p in (
+      min(max(r[metric], 0.0), 1.0) for r in runs[REFERENCE_PATH].values() if metric in r))
+  return SAMPLING_Z * (2.0 * variance / n) ** 0.5
+
+
 def judge(runs: dict[str, dict[int, dict]], factor: float = TOLERANCE_FACTOR) -> dict:
   """Per path but the two references: per metric the largest gap to the reference, its step,
   the tolerance (factor x the references' largest gap + RELATIVE_FLOOR x the metric's largest
-  reference value) and whether it is within; and `equivalent` (None when no evaluation after
-  step 0 is shared)."""
+  reference value + an accuracy's `sampling_floor`) and whether it is within; and `equivalent`
+  (None when no evaluation after step 0 is shared)."""
   for needed in (REFERENCE_PATH, SEED_PATH):
     if needed not in runs:
       raise ValueError(f'judge needs the {needed!r} path: the yardstick is the gap between '
@@ -156,7 +179,8 @@ def judge(runs: dict[str, dict[int, dict]], factor: float = TOLERANCE_FACTOR) ->
   yardstick = {m: largest_gap(runs, SEED_PATH, m)[0] for m in metrics}
   size = {m: max((abs(r[m]) for s, r in runs[REFERENCE_PATH].items() if s and m in r),
                  default=0.0) for m in metrics}
-  out = {'yardstick': yardstick, 'factor': factor, 'paths': {}}
+  floor = {m: sampling_floor(runs, m) for m in metrics}
+  out = {'yardstick': yardstick, 'sampling_floor': floor, 'factor': factor, 'paths': {}}
   for path in runs:
     if path in (REFERENCE_PATH, SEED_PATH):
       continue
@@ -165,7 +189,7 @@ def judge(runs: dict[str, dict[int, dict]], factor: float = TOLERANCE_FACTOR) ->
       gap, step = largest_gap(runs, path, metric)
       if step is None:
         continue
-      tolerance = factor * yardstick[metric] + RELATIVE_FLOOR * size[metric]
+      tolerance = factor * yardstick[metric] + RELATIVE_FLOOR * size[metric] + floor[metric]
       gaps[metric] = {'largest_gap': gap, 'at_step': step, 'tolerance': tolerance,
                       'within': gap <= tolerance}
     out['paths'][path] = {'gaps': gaps,

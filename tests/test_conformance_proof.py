@@ -1,9 +1,12 @@
-"""tests/conformance/ takes whatever the registries hold when it is collected: three families
-registered from outside bert_jax by a plugin (tests/registered_families.py), with no edit to the
-suite, are held to every family's contract. CamemBERT, a family of a dozen lines, passes every
-check, transformers' included; the scaled BERT, which borrows BERT's model_type, passes the
-checks that need no transformers class; the BERT with miscounted FLOPs fails the FLOPs check and
-nothing else."""
+"""tests/conformance/ takes whatever the registries hold when it is collected: families,
+objectives and task kinds registered from outside bert_jax by plugins
+(tests/registered_families.py, tests/registered_objectives.py, tests/registered_tasks.py), with
+no edit to the suite, are held to the contract of each. CamemBERT, a family of a dozen lines,
+passes every check, transformers' included; the scaled BERT, which borrows BERT's model_type,
+passes the checks that need no transformers class; the BERT with miscounted FLOPs fails the FLOPs
+check and nothing else. The segment objective passes every check; the one whose stats are means
+fails the pooling check and nothing else. The cue-word task kind passes every check; the one
+whose train split lacks its labels fails the check of its encoded splits and nothing else."""
 
 import os
 import subprocess
@@ -14,26 +17,36 @@ import pytest
 
 from test_family_unit import NAME as SCALED  # pylint: disable=g-bad-import-order
 from registered_families import CAMEMBERT, MISCOUNTED  # pylint: disable=g-bad-import-order
+from registered_objectives import MEAN  # pylint: disable=g-bad-import-order
+from registered_tasks import UNLABELLED  # pylint: disable=g-bad-import-order
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.slow
-def test_families_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
-  report = tmp_path / 'report.xml'
+def outcomes(tmp_path, suite: str, plugin: str, names) -> dict[str, str]:
+  """{test name: 'passed' | 'failed' | 'skipped'} of tests/conformance/`suite`'s fast tier for
+  the ids holding `names`, run in a pytest of its own with `plugin` loaded before collection."""
+  report = tmp_path / f'{plugin}.xml'
   env = {**os.environ, 'PYTHONPATH': os.pathsep.join(
       [TESTS, os.path.dirname(TESTS), os.environ.get('PYTHONPATH', '')])}
   subprocess.run(
-      [sys.executable, '-m', 'pytest', os.path.join(TESTS, 'conformance', 'test_families.py'),
-       '-p', 'registered_families', '-p', 'no:cacheprovider', '-q', '-m', 'not slow', '-k',
-       f'{CAMEMBERT} or {SCALED} or {MISCOUNTED}', f'--junitxml={report}'],
+      [sys.executable, '-m', 'pytest', os.path.join(TESTS, 'conformance', suite),
+       '-p', plugin, '-p', 'no:cacheprovider', '-q', '-m', 'not slow', '-k',
+       ' or '.join(names), f'--junitxml={report}'],
       cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True, check=False)
-  outcomes = {}
+  found = {}
   for case in ElementTree.parse(report).getroot().iter('testcase'):
     failed = case.find('failure') is not None or case.find('error') is not None
-    outcomes[case.get('name')] = 'failed' if failed else (
+    found[case.get('name')] = 'failed' if failed else (
         'skipped' if case.find('skipped') is not None else 'passed')
-  family = lambda name: {k: v for k, v in outcomes.items() if f'[{name}' in k}  # noqa: E731
+  return found
+
+
+@pytest.mark.slow
+def test_families_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
+  found = outcomes(tmp_path, 'test_families.py', 'registered_families',
+                   (CAMEMBERT, SCALED, MISCOUNTED))
+  family = lambda name: {k: v for k, v in found.items() if f'[{name}' in k}  # noqa: E731
   camembert, scaled, miscounted = family(CAMEMBERT), family(SCALED), family(MISCOUNTED)
   every = {k.replace(f'[{CAMEMBERT}', '[') for k in camembert}
   assert len(camembert) >= 5 and set(camembert.values()) == {'passed'}, camembert
@@ -45,3 +58,26 @@ def test_families_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
       f'test_flops_are_the_dot_products_the_encoder_runs[{MISCOUNTED}-{scan}]': 'failed'
       for scan in ('True', 'False')}, miscounted
   assert len(miscounted) == 2, miscounted
+
+
+@pytest.mark.slow
+def test_objectives_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
+  found = outcomes(tmp_path, 'test_objectives.py', 'registered_objectives', ('segment',))
+  segment = {k: v for k, v in found.items() if k.endswith('[segment]')}
+  mean = {k: v for k, v in found.items() if k.endswith(f'[{MEAN}]')}
+  assert len(segment) >= 3 and set(segment.values()) == {'passed'}, found
+  assert {k.replace('[segment]', '') for k in segment} == {
+      k.replace(f'[{MEAN}]', '') for k in mean}, found
+  assert {k for k, v in mean.items() if v == 'failed'} == {
+      f'test_its_stats_pool_exactly_over_rows[{MEAN}]'}, found
+
+
+@pytest.mark.slow
+def test_task_kinds_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
+  found = outcomes(tmp_path, 'test_tasks.py', 'registered_tasks', ('cue_word',))
+  cue_word = {k: v for k, v in found.items() if k.endswith('[cue_word]')}
+  unlabelled = {k: v for k, v in found.items() if k.endswith(f'[{UNLABELLED}]')}
+  assert len(cue_word) == 3 and set(cue_word.values()) == {'passed'}, found
+  assert {k for k, v in unlabelled.items() if v == 'failed'} == {
+      f'test_its_task_encodes_its_heads_targets_and_scores_its_main_metric[{UNLABELLED}]'}, found
+  assert len(unlabelled) == 3, found

@@ -30,7 +30,6 @@ import optax
 import pytest
 
 from bert_jax import config_lib
-from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax.train import optim
 from bert_jax.train import pretrain
@@ -145,24 +144,6 @@ def test_micro_batch_i_holds_rows_i_plus_multiples_of_n():
   rows = steps.split_rows(jnp.arange(12 * 2).reshape(12, 2), 3)
   assert rows.shape == (3, 4, 2)
   np.testing.assert_array_equal(rows[1, :, 0], [2, 8, 14, 20])  # Rows 1, 4, 7, 10.
-
-
-@pytest.mark.parametrize('names', ['mlm,nsp', 'mlm', 'clm'])
-def test_each_objectives_counts_are_those_its_losses_report(names):
-  """Objective.counts, from the batch alone, equals the count stats of losses: the whole-batch
-  counts a micro-batch's loss divides by are the ones the whole batch's loss would use."""
-  objs = [objectives.get(n) for n in objectives.parse(names)]
-  batch = {k: jnp.asarray(v) for k, v in random_batches(1)[0].items()}
-  rng = np.random.default_rng(1)
-  outputs = {'mlm_logits': rng.normal(size=(BATCH, PREDICTIONS, VOCAB)),
-             'nsp_logits': rng.normal(size=(BATCH, 2)),
-             'clm_logits': rng.normal(size=(BATCH, SEQ, VOCAB))}
-  stats = objectives.losses(objs, {k: jnp.asarray(v, jnp.float32) for k, v in outputs.items()},
-                            batch)
-  counts = objectives.counts(objs, batch)
-  assert counts and set(counts) < set(stats)
-  for key, value in counts.items():
-    assert float(value) == float(stats[key]), key
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ class CueWordTask(tasks_base.Task):
     return []
 
 
-def _check_cue_word(config):
+def check_cue_word(config):
   if config.task.max_train_examples > 1000:
     raise config_lib.ConfigError(f'config.task.max_train_examples='
                                  f'{config.task.max_train_examples}: cue_word makes at most 1000.')
@@ -67,7 +67,7 @@ def _check_cue_word(config):
 @pytest.fixture(name='cue_word')
 def fixture_cue_word():
   tasks.register(tasks.TaskKind(
-      'cue_word', _check_cue_word, lambda config: CueWordTask(config.task.max_train_examples),
+      'cue_word', check_cue_word, lambda config: CueWordTask(config.task.max_train_examples),
       sweep_configs=lambda: {'cue_word': 'configs/cue_word.py'}))
   yield
   tasks.unregister('cue_word')

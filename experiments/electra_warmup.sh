@@ -6,6 +6,9 @@
 # wheels in .whl, the vocab and corpus under runs/issue78/data), e.g.
 #   CORPUS="runs/issue78/data/corpus/enwiki-2015-wikiextractor/*.xz,runs/issue78/data/corpus/gutenberg/*.xz" \
 #   LIMIT=470 bash experiments/electra_warmup.sh
+# With CKPT=500 each run checkpoints every 500 steps, and the same command again on the still-warm
+# machine (runs/ stays there between calls) resumes every run from its last checkpoint: two calls
+# take the runs past the 2-4k steps where discriminators died.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$PWD/.site" .whl/*.whl
@@ -20,7 +23,7 @@ COMMON=(--config.objectives=rtd --config.model.name=electra --config.model.embed
   --config.masking.random_token_fraction=0.0 --config.masking.keep_fraction=0.15
   --config.train.learning_rate=5e-4 --config.train.adam_eps=1e-6 --config.train.eval_every=250
   --config.train.log_every=250 "--config.data.corpus=$CORPUS" --config.data.workers=0
-  --config.masking.eval=reference --config.train.checkpoint_every=100000)
+  --config.masking.eval=reference "--config.train.checkpoint_every=${CKPT:-100000}")
 LIMIT=${LIMIT:-480}
 run() {
   local name=$1 warmup=$2 seed=$3
@@ -30,9 +33,11 @@ run() {
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 start=$(date +%s)
-for seed in 0 1 2 3; do
-  run "w1k_s$seed" 1000 "$seed"
-  run "w10k_s$seed" 10000 "$seed"
+# SEEDS and WARMUPS pick the arms (fewer runs side by side go further in the same time).
+for seed in ${SEEDS:-0 1 2 3}; do
+  for warmup in ${WARMUPS:-1000 10000}; do
+    run "w$((warmup / 1000))k_s$seed" "$warmup" "$seed"
+  done
 done
 wait
 echo "runs took $(( $(date +%s) - start )) s" >> "$OUT/gpu.txt"

@@ -1,7 +1,8 @@
 """A new user's chain at tiny size, each phase reading the last one's output, through the command
 lines README shows: prepare the built-in corpus -> stream it into a pretraining run -> fine-tune
-that run on MRPC, and export it -> predict from the export; and a sweep at size tiny -> its
-report. Each phase must say what it is doing (progress, compile notices, a one-line end)."""
+that run on MRPC, and export it -> predict from the export. Each phase must say what it is
+doing (progress, compile notices, a one-line end). A sweep at size tiny through its command line
+is test_readme.py's; `sweep report` on a finished sweep, test_sweep.py's."""
 
 import json
 import os
@@ -65,16 +66,3 @@ def test_prepare_stream_finetune_export_predict_at_tiny_size(tmp_path):
   (top,) = sentence['masks']  # One [MASK]: its --top_k tokens, most probable first.
   probabilities = [t['probability'] for t in top]
   assert len(top) == 5 and probabilities == sorted(probabilities, reverse=True)
-
-
-@pytest.mark.slow
-def test_a_sweep_at_size_tiny_then_its_report(tmp_path):
-  shared_data_dir()  # The vocab the random-init arm takes.
-  sweep = tmp_path / 'sweep'
-  # Its pretraining runs, 2 steps each (size tiny gives 300 for the base's 20,000 steps).
-  _ok(['bert_jax.sweep', 'run', '--sweep=sweeps/masking_rate.py', '--sweep.size=tiny',
-       '--sweep.steps=134', '--sweep.finetune.tasks=', f'--workdir={sweep}'],
-      tmp_path, '[sweep] prepare: started', 'done in', '(the sweep at size tiny)')
-  os.remove(sweep / 'report.md')
-  _ok(['bert_jax.sweep', 'report', f'--workdir={sweep}'], tmp_path, 'size tiny')
-  assert os.path.isfile(sweep / 'report.md') and os.path.isfile(sweep / 'plots' / 'curves.png')

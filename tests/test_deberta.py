@@ -269,35 +269,10 @@ def test_the_recipe_validates_and_counts_transformers_parameters(size, millions)
 
 
 @pytest.mark.slow
-def test_a_pretraining_run_fine_tunes_and_exports(tmp_path):
-  """Two pretraining steps of the DeBERTa-v3 encoder, SST-2 fine-tuning from the workdir, and
-  the export loading in transformers' AutoModelForMaskedLM."""
-  from conftest import micro_config  # pylint: disable=g-import-not-at-top
-  from test_family_finetune import run_sst2, wiki  # pylint: disable=g-import-not-at-top
-  from bert_jax.tools import convert  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import pretrain  # pylint: disable=g-import-not-at-top
-  pretraining = micro_config(tmp_path, **{
-      'model.name': 'deberta', 'data.corpus': wiki(), 'data.max_documents': 12,
-      'objectives': 'mlm', 'model.positions': 'none', 'model.relative_attention': 'c2p|p2c',
-      'model.relative_buckets': 8, 'model.share_relative_key': True,
-      'model.relative_norm': True, 'train.num_steps': 2, 'train.warmup_steps': 1,
-      'train.log_every': 1, 'train.eval_every': 2, 'train.checkpoint_every': 2})
-  source = tmp_path / 'pretrain'
-  pretrain.train_and_evaluate(pretraining, str(source))
-  results, saved = run_sst2(tmp_path, str(source))
-  assert saved['model']['name'] == 'deberta' and saved['model']['relative_buckets'] == 8
-  assert np.isfinite(results['median']['dev']['accuracy'])
-  out = tmp_path / 'hf'
-  convert.main(['export', f'--workdir={source}', f'--out={out}'])
-  model = transformers.AutoModelForMaskedLM.from_pretrained(str(out)).eval()
-  assert type(model).__name__ == 'DebertaV2ForMaskedLM'
-  with torch.no_grad():
-    logits = model(input_ids=torch.tensor([[2, 7, 9, 3]])).logits
-  assert logits.shape[-1] == pretraining.model.vocab_size and torch.isfinite(logits).all()
-
-
-@pytest.mark.slow
 def test_a_run_with_the_mask_decoder_fine_tunes_and_exports_without_it(tmp_path):
+  """Two pretraining steps of the DeBERTa-v3 encoder with its enhanced mask decoder (scanned
+  layers), SST-2 fine-tuning from the workdir, and the export loading in transformers'
+  AutoModelForMaskedLM: the decoder's position table trains and is left behind after."""
   from conftest import micro_config  # pylint: disable=g-import-not-at-top
   from test_family_finetune import run_sst2, wiki  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import init_from  # pylint: disable=g-import-not-at-top
@@ -316,12 +291,17 @@ def test_a_run_with_the_mask_decoder_fine_tunes_and_exports_without_it(tmp_path)
   assert 'position_embeddings' in init_from.workdir_params(str(source))['bert']['embeddings']
   results, saved = run_sst2(tmp_path, str(source))
   assert not saved['model']['enhanced_mask_decoder']
+  assert saved['model']['name'] == 'deberta' and saved['model']['relative_buckets'] == 8
   assert np.isfinite(results['median']['dev']['accuracy'])
   out = tmp_path / 'hf'
   convert.main(['export', f'--workdir={source}', f'--out={out}'])
   model, info = transformers.AutoModelForMaskedLM.from_pretrained(str(out),
                                                                   output_loading_info=True)
   assert not any(info[k] for k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')), info
+  assert type(model).__name__ == 'DebertaV2ForMaskedLM'
+  with torch.no_grad():
+    logits = model.eval()(input_ids=torch.tensor([[2, 7, 9, 3]])).logits
+  assert logits.shape[-1] == pretraining.model.vocab_size and torch.isfinite(logits).all()
 
 
 def test_the_fused_feed_forward_computes_the_same_layers(hf_models):

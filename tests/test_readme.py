@@ -146,7 +146,7 @@ COMMANDS = {
         # 20,000); test_sweep.py fine-tunes every shipped sweep at size tiny.
         'sweep_tiny', needs_data=True, append=('--sweep.steps=134', '--sweep.finetune.tasks='),
         files=('runs/t5_tiny/report.md', 'runs/t5_tiny/pretrain/ltr/checkpoints/2'),
-        prints=('(the sweep at size tiny)',)),
+        prints=('[sweep] prepare: started', 'done in', '(the sweep at size tiny)')),
     # Fine-tune.
     'export BERT_JAX_DATA=../shared/data': NotRun(
         'sets $BERT_JAX_DATA for the commands after it; they run with the value this test has '

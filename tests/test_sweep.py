@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -542,6 +543,15 @@ def test_table5_sweep_runs_reports_and_redoes_only_unfinished_runs(tmp_path, com
              for line in ends), ends
   text = report.write(workdir)
   assert all(arm['label'] in text for arm in plan.summary['arms'])
+  # `sweep report` rebuilds the report and its curves from the workdir alone.
+  written = (tmp_path / 'report.md').read_text(encoding='utf-8')
+  os.remove(tmp_path / 'report.md')
+  shutil.rmtree(tmp_path / 'plots', ignore_errors=True)
+  result = subprocess.run([sys.executable, '-m', 'bert_jax.sweep', 'report',
+                           f'--workdir={workdir}'], capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (tmp_path / 'report.md').read_text(encoding='utf-8') == written
+  assert os.path.isfile(tmp_path / 'plots' / 'curves.png')
   # As if killed before the MLM arm's fine-tuning finished, and before 'ltr' had pretrained.
   os.remove(tmp_path / 'finetune' / 'mlm' / 'mrpc' / 'results.json')
   os.remove(tmp_path / 'pretrain' / 'ltr' / 'eval_results.json')

@@ -75,14 +75,20 @@ def test_another_size_names_tiny_among_the_valid_ones():
   assert base.TINY['hidden'] == 128
 
 
+@pytest.fixture(scope='module', name='vocab_cache')
+def fixture_vocab_cache(tmp_path_factory):
+  """One vocab cache for the runs below: families of one tokenizer kind train it once."""
+  return str(tmp_path_factory.mktemp('vocab-cache'))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name, extra', FAMILIES, ids=IDS)
-def test_each_tiny_family_trains_from_its_shipped_config(name, extra, tmp_path):
+def test_each_tiny_family_trains_from_its_shipped_config(name, extra, tmp_path, vocab_cache):
   """A few steps of the tiny recipe as a user runs it (`--config=configs/NAME.py:size=tiny`),
   its vocab trained on the built-in corpus: finite losses that fall."""
   config = tiny_config(name, extra, 'steps=12')
   config.train.update(log_every=4, eval_every=12, eval_batches=2, checkpoint_every=12)
-  config.data.tokenizer_cache_dir = str(tmp_path / 'vocab-cache')
+  config.data.tokenizer_cache_dir = vocab_cache
   workdir = str(tmp_path / 'run')
   pretrain.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:

@@ -100,6 +100,7 @@ def outputs_on(config, task, split):
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+@pytest.mark.slow  # Reads and encodes a task's files.
 @pytest.mark.parametrize('kind', KINDS)
 def test_its_task_encodes_its_heads_targets_and_scores_its_main_metric(kind):
   found = built(kind)

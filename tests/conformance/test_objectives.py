@@ -153,4 +153,3 @@ def test_micro_batches_over_its_counts_add_up_to_the_batchs_loss(name):
                             **counts}))
       for part in (slice(0, 1), slice(1, 3), slice(3, ROWS)))
   assert accumulated == pytest.approx(float(objective.loss(stats)), rel=1e-5)
-

@@ -11,14 +11,14 @@ metric, with predictions; its baseline, where it has one, scores the same metric
 """
 
 import functools
-import importlib
 
-import jax
 import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax import sharding
 from bert_jax import tasks
+from bert_jax.core import cli
 from bert_jax.models import heads
 from bert_jax.tasks import base as tasks_base
 from bert_jax.train import finetune
@@ -27,13 +27,6 @@ from conftest import shared_data_dir
 KINDS = tasks.available()
 MICRO_ENCODER = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 LENGTH, TRAIN_EXAMPLES = 64, 16
-
-
-def load(where: str):
-  """'configs/glue.py:task=sst2' -> that config."""
-  path, _, arg = where.partition(':')
-  module = importlib.import_module(path[:-len('.py')].replace('/', '.'))
-  return module.get_config(arg or None)
 
 
 def config_files(kind: str) -> dict[str, str]:
@@ -45,12 +38,12 @@ def config_files(kind: str) -> dict[str, str]:
 @pytest.mark.parametrize('kind', KINDS)
 def test_its_config_files_load_as_its_kind(kind):
   for name, where in config_files(kind).items():
-    assert load(where).task.kind == kind, (name, where)
+    assert cli.load_config_spec(where).task.kind == kind, (name, where)
 
 
 @pytest.mark.parametrize('kind', KINDS)
 def test_its_settings_are_task_keys_of_its_config_file_and_its_defaults_valid(kind):
-  task = load(tasks.config_file(kind)).task
+  task = cli.load_config_spec(tasks.config_file(kind)).task
   settings = tasks.get(kind)
   for key in {**settings.ranges, **settings.choices}:
     section, _, leaf = key.partition('.')
@@ -63,7 +56,7 @@ def test_its_settings_are_task_keys_of_its_config_file_and_its_defaults_valid(ki
 
 def data_config(where: str):
   """A fine-tuning config of `where` on the BERT vocab, a micro encoder, few train examples."""
-  config = load(where)
+  config = cli.load_config_spec(where)
   config.data.vocab_file = str(shared_data_dir() / 'vocab' / 'bert-base-uncased-vocab.txt')
   config.data.max_seq_length = LENGTH
   config.model.update(MICRO_ENCODER)
@@ -88,16 +81,15 @@ def built(kind: str):
 
 
 def outputs_on(config, task, split):
-  """A random micro encoder with the task's head: its outputs on every row of `split`."""
+  """A random micro encoder with the task's head: its outputs on every row of `split`, as the
+  trainer predicts them."""
   model = finetune.build_model(config, task)
-  ids = np.zeros(heads.input_shape(task.head, task.num_outputs, 1, LENGTH), np.int32)
-  params = model.init(jax.random.key(0), ids, ids, ids, deterministic=True)['params']
-  step = jax.jit(functools.partial(finetune.eval_step, model=model))
-  parts = []
-  for batch, count in finetune.padded_batches(
-      {k: split.features[k] for k in finetune.INPUT_KEYS}, 256):
-    parts.append(jax.tree.map(lambda x, n=count: np.asarray(x)[:n], step(params, batch)))
-  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  mesh = sharding.create_mesh(config.mesh)
+  rules = sharding.logical_axis_rules(config.mesh.preset)
+  tx, _ = finetune.create_optimizer(config.train, 1, False)
+  runner = finetune.SeedRun(config, task, model, tx, mesh, rules, None)
+  with sharding.activation_rules(mesh, rules):
+    return runner.predict(runner.fresh_state(0).params, split, 256)
 
 
 @pytest.mark.slow  # Reads and encodes a task's files.

@@ -60,10 +60,16 @@ def our_config(hf_config: dict, objectives='mlm', scan_layers=True, name=None, *
   config.model.update(hf.hf_config_to_model_overrides(hf_config))
   config.model.update(scan_layers=scan_layers, **({'name': name} if name else {}), **model)
   config.objectives = objectives
-  # Rows within the position table (RoBERTa's starts at row 2), and longer than the test batch.
+  config.data.corpus = 'builtin'
+  return rows_within_positions(config)
+
+
+def rows_within_positions(config):
+  """`config` with its rows within the position table (RoBERTa's starts at row 2), and still
+  longer than the test batch."""
   offset = models.get(config.model.name).position_offset
-  config.data.update(corpus='builtin', max_seq_length=min(
-      config.data.max_seq_length, config.model.max_position_embeddings - offset))
+  config.data.max_seq_length = min(config.data.max_seq_length,
+                                   config.model.max_position_embeddings - offset)
   return config
 
 

@@ -60,8 +60,7 @@ def family_config(name: str, scan_layers=True):
     config = base.get_config('corpus=builtin')
     config.model.update(name=name, scan_layers=scan_layers, **hf_parity.ODD_SIZES)
     config.objectives = 'mlm'
-    config.data.max_seq_length = (hf_parity.ODD_SIZES['max_position_embeddings']
-                                  - models.get(name).position_offset)
+    hf_parity.rows_within_positions(config)
   config_lib.validate(config)
   return config
 

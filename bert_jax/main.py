@@ -102,8 +102,14 @@ def main(argv):
                    cache_reads['hits'], cache_reads['requests'])
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command: `python -m bert_jax.main`, or the last line of a launcher that first registers
+  its own attention kernels, objectives, task kinds or families (docs/ARCHITECTURE.md)."""
   chips.quiet_absent_tpu()  # Before JAX starts.
   errors.quiet_closed_loop_echoes()
   # One-line errors for bad flags and config files; --help adds the config keys.
   app.run(main, flags_parser=cli.flags_parser(__name__))
+
+
+if __name__ == '__main__':
+  run()

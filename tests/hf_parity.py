@@ -9,6 +9,7 @@ the family's class; a family's own test file runs it over the variants only that
 import jax
 import numpy as np
 
+from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
 from bert_jax.interop import param_tree
@@ -70,6 +71,25 @@ def rows_within_positions(config):
   offset = models.get(config.model.name).position_offset
   config.data.max_seq_length = min(config.data.max_seq_length,
                                    config.model.max_position_embeddings - offset)
+  return config
+
+
+def has_layout(name: str) -> bool:
+  """Whether family `name` has a Hugging Face layout."""
+  return any(layout.family == name for layout in hf_layout.layouts())
+
+
+def family_config(name: str, scan_layers=True):
+  """The family at odd sizes, MLM only: switched as transformers' default of its class where it
+  has one, else as configs/base.py."""
+  if has_layout(name):
+    config = our_config(family_hf_config(name), name=name, scan_layers=scan_layers)
+  else:
+    config = base.get_config('corpus=builtin')
+    config.model.update(name=name, scan_layers=scan_layers, **ODD_SIZES)
+    config.objectives = 'mlm'
+    rows_within_positions(config)
+  config_lib.validate(config)
   return config
 
 

@@ -1,12 +1,15 @@
 """tests/conformance/ takes whatever the registries hold when it is collected: families,
-objectives and task kinds registered from outside bert_jax by plugins
-(tests/registered_families.py, tests/registered_objectives.py, tests/registered_tasks.py), with
+objectives, task kinds and attention kernels registered from outside bert_jax by plugins
+(tests/registered_families.py, registered_objectives.py, registered_tasks.py,
+registered_kernels.py), with
 no edit to the suite, are held to the contract of each. CamemBERT, a family of a dozen lines,
 passes every check, transformers' included; the scaled BERT, which borrows BERT's model_type,
 passes the checks that need no transformers class; the BERT with miscounted FLOPs fails the FLOPs
 check and nothing else. The segment objective passes every check; the one whose stats are means
 fails the pooling check and nothing else. The cue-word task kind passes every check; the one
-whose train split lacks its labels fails the check of its encoded splits and nothing else."""
+whose train split lacks its labels fails the check of its encoded splits and nothing else. The
+Pallas attention kernel passes in BERT, causal BERT and ModernBERT, DeBERTa refusing it; the same
+kernel without the keys' gradient fails there."""
 
 import os
 import subprocess
@@ -17,10 +20,12 @@ import pytest
 
 from test_family_unit import NAME as SCALED  # pylint: disable=g-bad-import-order
 from registered_families import CAMEMBERT, MISCOUNTED  # pylint: disable=g-bad-import-order
+from registered_kernels import EINSUM_DROPOUT, NO_KEY_GRADIENT, PALLAS_ROWS
 from registered_objectives import MEAN  # pylint: disable=g-bad-import-order
 from registered_tasks import UNLABELLED  # pylint: disable=g-bad-import-order
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+CAUSAL = 'bert_causal'  # conformance/test_kernels.py's causal BERT row.
 
 
 def outcomes(tmp_path, suite: str, plugin: str, names, tier='not slow') -> dict[str, str]:
@@ -82,3 +87,22 @@ def test_task_kinds_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
   assert {k for k, v in unlabelled.items() if v == 'failed'} == {
       f'test_its_task_encodes_its_heads_targets_and_scores_its_main_metric[{UNLABELLED}]'}, found
   assert len(unlabelled) == 3, found
+
+
+@pytest.mark.slow
+def test_attention_kernels_registered_by_a_plugin_are_held_to_the_suite(tmp_path):
+  # BERT, causal BERT, ModernBERT (windows in the bias) and DeBERTa, which refuses them.
+  found = outcomes(tmp_path, 'test_kernels.py', 'registered_kernels',
+                   ('-bert', 'modernbert', 'deberta', 'masks'), tier='')
+  kernel = lambda name: {k.split('[')[1][len(name) + 1:-1]: v  # noqa: E731
+                         for k, v in found.items() if f'[{name}-' in k}
+  skipped = {'deberta': 'skipped'}
+  assert kernel(PALLAS_ROWS.name) == {
+      'bert': 'passed', CAUSAL: 'passed', 'modernbert': 'passed', **skipped}, found
+  assert kernel(NO_KEY_GRADIENT.name) == {
+      'bert': 'failed', CAUSAL: 'failed', 'modernbert': 'failed', **skipped}, found
+  assert kernel(EINSUM_DROPOUT.name) == {
+      'bert': 'passed', CAUSAL: 'passed', 'modernbert': 'passed', **skipped}, found
+  # Only the kernel with dropout owes the dropout check.
+  assert {k: v for k, v in found.items() if 'masks' in k} == {
+      f'test_its_dropout_masks_come_from_the_dropout_stream[{EINSUM_DROPOUT.name}]': 'passed'}

@@ -34,7 +34,8 @@ SEED = Range(lambda x: 0 <= x < 2**63, 'in [0, 2**63)')
 INIT_SEED = Range(lambda x: x == -1 or 0 <= x < 2**63, 'in [0, 2**63), or -1 (config.seed)')
 
 
-def field(default, *, range: Range | None = None, choices: tuple | None = None,  # pylint: disable=redefined-builtin
+def field(default, *, range: Range | None = None,  # pylint: disable=redefined-builtin
+          choices: tuple | Callable[[], tuple] | None = None,
           architecture: bool | str = False, pretraining_only: bool = False, owner: str = '',
           doc: str = ''):
   """A unit's config key: its default, valid range or choices, whether it describes the
@@ -42,7 +43,8 @@ def field(default, *, range: Range | None = None, choices: tuple | None = None, 
   states, True or 'switch' for a key whose default a source that lacks it implies), whether
   only pretraining may set it (fine-tuning builds the encoder without it: its default there),
   the unit that sets it beyond its default where shared code reads it (the shared encoder's
-  keys: 'albert', 'rtd', ...), and what it means."""
+  keys: 'albert', 'rtd', ...), and what it means. choices: the valid values, or a function
+  returning them when validation runs (a registry's names, which grow after import)."""
   return dataclasses.field(default=default, metadata={
       'range': range, 'choices': choices, 'architecture': architecture,
       'pretraining_only': pretraining_only, 'owner': owner, 'doc': doc})
@@ -80,8 +82,9 @@ def ranges(fields: list[dataclasses.Field], prefix: str) -> dict[str, Range]:
           if f.metadata.get('range') is not None}
 
 
-def choices(fields: list[dataclasses.Field], prefix: str) -> dict[str, tuple]:
-  """{prefix + name: the valid values} of the fields that declare them."""
+def choices(fields: list[dataclasses.Field], prefix: str) -> dict[str, tuple | Callable]:
+  """{prefix + name: the valid values, or the function returning them} of the fields that
+  declare them."""
   return {prefix + f.name: f.metadata['choices'] for f in fields
           if f.metadata.get('choices') is not None}
 
@@ -115,6 +118,8 @@ def flatten(config, prefix='') -> dict:
 def check_ranges(flat: dict, choices_by_key: dict, ranges_by_key: dict) -> None:
   """Choices, then ranges, of the flattened config's keys; every number must be finite."""
   for key, valid in choices_by_key.items():
+    if callable(valid):
+      valid = valid()
     if key in flat and flat[key] not in valid:
       raise ConfigError(f'config.{key}={flat[key]!r} is not valid; choose one of {valid}.')
   for key, value in flat.items():

@@ -88,8 +88,9 @@ class EncoderConfig:
       False, architecture='switch', owner='clm',
       doc='Each token attends to itself and earlier tokens; the pooler reads the last real token.')
   attention_impl: str = schema.field(
-      'xla', choices=ops.ATTENTION_IMPLS,
-      doc="'xla', 'cudnn', 'pallas' (GPU), 'tpu' or 'splash' (TPU): how attention is computed.")
+      'xla', choices=ops.attention_impls,
+      doc="'xla', 'cudnn', 'pallas' (GPU), 'tpu' or 'splash' (TPU), or a registered kernel "
+      '(ops.register_attention): how attention is computed.')
   long_attention_backward: str = schema.field(
       'triton', choices=ops.ATTENTION_BACKWARDS,
       doc="The backward of rows over 128 tokens with attention_impl='pallas'.")

@@ -12,6 +12,8 @@
 - 'splash': JAX's splash attention (Pallas TPU; bert_jax.kernels.tpu.local_attention), which
   skips the score blocks outside a sliding window: the modern encoder's local and global layers,
   rows in whole tiles of 128, no dropout. Off TPUs it runs interpreted (tests).
+- a registered kernel's name (ops.register_attention): its `attend` on the three projections and
+  the additive bias, every row.
 """
 
 import functools
@@ -46,6 +48,13 @@ def _local():
   # Imported when chosen, as _fused.
   from bert_jax.kernels.tpu import local_attention  # pylint: disable=g-import-not-at-top
   return local_attention
+
+
+def draws_dropout_rng(impl: str) -> bool:
+  """Whether `impl` drops attention probabilities with keys of the 'dropout' rng stream (the
+  einsums, the TPU kernels and registered kernels; cuDNN seeds its own, and 'pallas' draws its
+  keys through dropout_keys)."""
+  return impl in ('xla', 'tpu') or ops.registered_attention(impl) is not None
 
 
 def takes_segment_ids(impl: str, length: int, head_dim: int, causal: bool = False) -> bool:
@@ -117,7 +126,7 @@ def attention(impl: str, query, key, value, bias, *, rate: float, deterministic:
               dropout_rng, dtype, cudnn_seed: int = 0, causal: bool = False, window: int = 0):
   """Attention of separate projections: 'xla' (einsums), cuDNN's for 'cudnn' and for the rows
   'pallas' leaves to it, the TPU kernels for 'tpu' (bias: segment ids) and 'xla' for the rows
-  'tpu' leaves to it.
+  'tpu' leaves to it, a registered kernel's attend for its name.
 
   query, key, value: [batch, length, heads, head_dim]; bias: [batch, 1, 1 or length, length]
   (additive), or [batch, length] segment ids for the rows takes_segment_ids('tpu', ...) says;
@@ -126,6 +135,11 @@ def attention(impl: str, query, key, value, bias, *, rate: float, deterministic:
   otherwise); window: 'splash''s keys each side of a query (0: the whole row; in the additive
   bias otherwise). Returns [batch, length, heads, head_dim].
   """
+  kernel = ops.registered_attention(impl)
+  if kernel is not None:
+    rate = 0.0 if deterministic else rate
+    return kernel.attend(query, key, value, bias, rate=rate,
+                         dropout_rng=dropout_rng if rate > 0 else None)
   if impl == 'splash' and bias.ndim == 2:
     return local_attention(query, key, value, bias, window=window)
   if impl == 'tpu' and bias.ndim == 2:

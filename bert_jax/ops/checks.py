@@ -3,6 +3,7 @@ key, its value and what would work instead."""
 
 import jax
 
+from bert_jax import ops
 from bert_jax.core.errors import ConfigError
 from bert_jax.ops import attention
 from bert_jax.ops import ffn
@@ -22,13 +23,21 @@ def cudnn_attention_possible(model, lengths) -> bool:
 def check_model(model, lengths) -> None:
   """The kernel settings of config.model fit together for rows of these lengths (no devices
   needed)."""
-  if model.get('causal', False) and model.attention_impl not in ('xla', 'tpu'):
+  if (model.get('causal', False) and model.attention_impl not in ('xla', 'tpu')
+      and ops.registered_attention(model.attention_impl) is None):
     # cuDNN gets key lengths and the GPU fused kernels segment ids: neither takes the causal
-    # bias; the TPU kernels apply the causal mask themselves.
+    # bias; the TPU kernels apply the causal mask themselves, a registered kernel gets it in its
+    # bias.
     raise ConfigError(
         f"config.model.causal=True needs config.model.attention_impl='xla' (got "
         f"{model.attention_impl!r}), or 'tpu' on TPUs: the causal mask is an attention bias, "
         "which the GPU kernels do not take. Set attention_impl='xla'.")
+  kernel = ops.registered_attention(model.attention_impl)
+  if kernel is not None and not kernel.dropout and model.attention_dropout_rate > 0:
+    raise ConfigError(
+        f'config.model.attention_impl={kernel.name!r} is a registered kernel without dropout; '
+        f'got config.model.attention_dropout_rate={model.attention_dropout_rate}. Set it to 0.0 '
+        "(a departure from the paper's 0.1), or attention_impl='xla'.")
   # 'pallas' runs the rows fused_attention does not take through cuDNN; its own kernels draw
   # their dropout from the rng stream, so scans and remat keep their masks.
   if cudnn_attention_possible(model, lengths) and model.attention_dropout_rate > 0:
@@ -101,11 +110,18 @@ def check_tpu_kernels(config, device_kind: str) -> None:
 
 
 def check_gpu_kernels(config) -> None:
-  """model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
+  """A registered attention kernel runs on the backends it names (AttentionKernel.platforms).
+  model.layer_norm_impl and attention_impl 'pallas' run Triton kernels: NVIDIA GPUs only;
   ffn_impl 'pallas' and the attention kernels set to 'mosaic' Mosaic GPU kernels: Hopper
   GPUs only (any number: on a mesh each GPU runs them on its rows of the batch under
   shard_map)."""
   backend, count = jax.default_backend(), jax.device_count()
+  kernel = ops.registered_attention(config.model.get('attention_impl', 'xla'))
+  if kernel is not None and backend not in kernel.platforms:
+    raise ConfigError(
+        f'config.model.attention_impl={kernel.name!r} is a registered kernel that runs on '
+        f"{' and '.join(kernel.platforms)} devices; this run has {count} {backend} device(s). "
+        f"Use attention_impl='xla' (any device), or run on {' or '.join(kernel.platforms)}.")
   if backend == 'tpu':
     check_tpu_kernels(config, jax.devices()[0].device_kind)
   if backend == 'gpu' and config.model.get('attention_impl') in ('tpu', 'splash'):

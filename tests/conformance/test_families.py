@@ -17,7 +17,6 @@ import pytest
 
 import hf_parity
 from conftest import dot_flops
-from bert_jax import config_lib
 from bert_jax import models
 from bert_jax.interop import hf
 from bert_jax.interop import init_from
@@ -34,35 +33,16 @@ torch, transformers = hf_parity.torch, hf_parity.transformers
 FAMILIES = models.available()
 
 
-def has_layout(name: str) -> bool:
-  return any(layout.family == name for layout in hf_layout.layouts())
-
-
 def owns_its_model_type(name: str) -> bool:
   """Whether the family's HF layout is the one its config.json's model_type leads to (a family
   that borrows another's model_type cannot import that type's checkpoints as its own)."""
-  if not has_layout(name):
+  if not hf_parity.has_layout(name):
     return False
   model_type = hf_layout.for_family(name).model_type
   return hf_layout.for_hf_config({'model_type': model_type}).family == name
 
 
 HF_FAMILIES = [name for name in FAMILIES if owns_its_model_type(name)]
-
-
-def family_config(name: str, scan_layers=True):
-  """The family at odd sizes, MLM only: switched as transformers' default of its class where it
-  has one, else as configs/base.py."""
-  if has_layout(name):
-    config = hf_parity.our_config(hf_parity.family_hf_config(name), name=name,
-                                  scan_layers=scan_layers)
-  else:
-    config = base.get_config('corpus=builtin')
-    config.model.update(name=name, scan_layers=scan_layers, **hf_parity.ODD_SIZES)
-    config.objectives = 'mlm'
-    hf_parity.rows_within_positions(config)
-  config_lib.validate(config)
-  return config
 
 
 @pytest.fixture(scope='module', name='saved')
@@ -83,20 +63,20 @@ def fixture_saved(tmp_path_factory):
 @pytest.mark.parametrize('name', HF_FAMILIES)
 def test_import_gives_transformers_mlm_logits(saved, name):
   model, directory, hf_config = saved(name)
-  _, report = hf_parity.assert_imports(model, directory, family_config(name))
+  _, report = hf_parity.assert_imports(model, directory, hf_parity.family_config(name))
   assert report.layout == hf_config['architectures'][0], report.layout
   assert set(report.missing_heads) <= {'bert/pooler'}, report.missing_heads
 
 
 @pytest.mark.parametrize('name', HF_FAMILIES)
 def test_export_loads_in_transformers_and_round_trips(name, tmp_path):
-  config = family_config(name)
+  config = hf_parity.family_config(name)
   hf_parity.assert_exports(hf_parity.random_params(config), config, tmp_path / 'hf')
 
 
 @pytest.mark.parametrize('name', HF_FAMILIES)
 def test_parameter_count_equals_transformers(name):
-  config = family_config(name)
+  config = hf_parity.family_config(name)
   hf_config = hf.model_to_hf_config(config)
   with torch.device('meta'):
     theirs = hf_parity.hf_class(hf_config)(hf_parity.hf_config_object(hf_config))
@@ -109,7 +89,7 @@ def test_flops_are_the_dot_products_the_encoder_runs(name, scan_layers):
   """Family.flops of one sequence equals 2 x the multiply-adds of every dot_general the
   encoder's jaxpr runs for its sequence output (a scanned body times its layers), with its pooler
   or without (a pooler runs in pretraining only under a sentence objective)."""
-  config = family_config(name, scan_layers)
+  config = hf_parity.family_config(name, scan_layers)
   length = hf_parity.LENGTH
   config.data.max_seq_length = length
   model = steps.build_model(config)
@@ -131,7 +111,7 @@ def test_flops_are_the_dot_products_the_encoder_runs(name, scan_layers):
 def test_a_scanned_stack_computes_the_unrolled_one(name):
   """The same parameters, stacked for scan: MLM logits and every parameter's gradient equal the
   unrolled stack's (dropout off)."""
-  unrolled, scanned = family_config(name, scan_layers=False), family_config(name)
+  unrolled, scanned = hf_parity.family_config(name, scan_layers=False), hf_parity.family_config(name)
   inputs = hf_parity.batch({'vocab_size': 97, 'type_vocab_size': unrolled.model.get(
       'type_vocab_size', 0)})
   hf_parity.assert_scanned_equals_unrolled(hf_parity.random_params(unrolled), unrolled, scanned,
@@ -148,7 +128,7 @@ def test_the_backbone_class_imports_without_heads(name, tmp_path):
   hf_config = hf_parity.family_hf_config(name)
   model = hf_parity.random_model(hf_config, str(tmp_path),
                                  cls=getattr(transformers, layout.base_class))
-  config = family_config(name)
+  config = hf_parity.family_config(name)
   params, report = hf_parity.imported(str(tmp_path), config)
   assert report.layout == layout.base_class
   family = models.get(name)
@@ -178,7 +158,7 @@ def test_init_from_an_hf_directory_adopts_the_family_and_loads_its_weights(saved
   config.init_from = f'hf:{directory}'
   config.data.vocab_file = str(tmp_path / 'vocab')  # The tokenizer's files are not the test's.
   init_from.adopt_source(config)
-  expected = family_config(name)
+  expected = hf_parity.family_config(name)
   assert {k: config.model[k] for k in architecture.ARCHITECTURE_KEYS} == {
       k: expected.model[k] for k in architecture.ARCHITECTURE_KEYS}
   layout = hf_layout.for_family(name)
@@ -199,7 +179,7 @@ def test_each_fine_tuning_head_runs_on_the_encoder_of_an_hf_directory(saved, nam
   the family's pooled state (classification, multiple choice) run on it; the token and span
   heads read the sequence output, which the imports above compare."""
   _, directory, hf_config = saved(name)
-  config = family_config(name)
+  config = hf_parity.family_config(name)
   config.init_from = f'hf:{directory}'
   inputs = hf_parity.batch(hf_config)
   ids, segments, mask = inputs['input_ids'], inputs['segment_ids'], inputs['input_mask']

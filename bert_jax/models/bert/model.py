@@ -152,7 +152,7 @@ class BertSelfAttention(nn.Module):
         kernel_init=cfg.init, flatten=cfg.flat_matmuls, name=name)(x)
     query, key, value = project('query'), project('key'), project('value')
     dropout_rng = None
-    if (cfg.attention_impl in ('xla', 'tpu') and not deterministic
+    if (attention_ops.draws_dropout_rng(cfg.attention_impl) and not deterministic
         and cfg.attention_dropout_rate > 0):
       dropout_rng = self.make_rng('dropout')
     return attention_ops.attention(

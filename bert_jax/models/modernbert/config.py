@@ -12,6 +12,7 @@ fields (models/encoder.py), owned here: `check` refuses them under another famil
 
 import dataclasses
 
+from bert_jax import ops
 from bert_jax.core import schema
 from bert_jax.core.errors import ConfigError
 from bert_jax.models import checks
@@ -91,7 +92,9 @@ def check(config, objective_names: list[str]) -> None:
           f'configs/modernbert.py); {name} takes '
           + ', '.join(f'{key}={off!r}' for key, off in DEFAULTS.items()) + '.')
     return
-  problems = checks.segmentless_xla_problems(config, objective_names, kernels=('splash',))
+  # Registered kernels take its windows in the additive bias, as 'xla' does.
+  problems = checks.segmentless_xla_problems(
+      config, objective_names, kernels=('splash', *ops.ATTENTION_KERNELS.available()))
   if model.attention_impl == 'splash':
     if model.attention_dropout_rate > 0:
       problems.append(f"attention_impl='splash' with attention_dropout_rate="

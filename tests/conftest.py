@@ -65,9 +65,12 @@ def pytest_collection_modifyitems(config, items):
   """Under -n, a test that uses a module-scoped fixture of its own module (a trained workdir, a
   reference run, the sharding subprocesses' results) joins its module's xdist group unless it
   names one: the fixture is then built on one worker, not on each. Autouse fixtures, which
-  every test of a module takes, do not group it."""
+  every test of a module takes, do not group it. The slow tier goes first (the workers take
+  tests and groups in this order): its runs of minutes start early and the fast tests fill
+  the end, so that no worker waits idle while the other finishes a long run."""
   if not getattr(config.option, 'loadgroup', False):
     return
+  items.sort(key=lambda item: item.get_closest_marker('slow') is None)  # Stable.
   for item in items:
     if item.get_closest_marker('xdist_group') or not hasattr(item, '_fixtureinfo'):
       continue

@@ -304,6 +304,7 @@ def run_sst2(tmp_path, init, **data):
     return results, json.load(f)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', KINDS)
 def test_fine_tuning_runs_from_an_hf_dir(tmp_path, hf_dirs, kind):
   _, directory = hf_dirs[kind]
@@ -312,6 +313,7 @@ def test_fine_tuning_runs_from_an_hf_dir(tmp_path, hf_dirs, kind):
   assert 0.0 <= results['median']['dev']['accuracy'] <= 100.0 and results['num_steps'] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', KINDS)
 def test_swag_fine_tunes_from_an_hf_dir(tmp_path, hf_dirs, kind):
   _, directory = hf_dirs[kind]

@@ -185,6 +185,7 @@ def test_two_workers_write_identical_shards(tmp_path, vocab_file):
   assert shard_bytes(tmp_path / 'one') == shard_bytes(tmp_path / 'two')
 
 
+@pytest.mark.slow
 def test_rerun_redoes_only_the_missing_unit(tmp_path, vocab_file):
   inputs = tmp_path / 'in'
   for i in range(4):

@@ -62,6 +62,7 @@ def test_length_probabilities_are_the_clipped_renormalised_geometric():
   assert masking.span_length_probabilities(1.0, 10)[0] == 1.0  # Every span one word.
 
 
+@pytest.mark.slow
 def test_span_lengths_follow_the_clipped_geometric_law_on_real_text(wiki):
   scipy_stats = pytest.importorskip('scipy.stats')
   rows, tokenizer = wiki

@@ -369,6 +369,7 @@ def test_a_killed_sweeps_runs_stop_with_it(tmp_path):
   stopped_runs(tmp_path, started)
 
 
+@pytest.mark.slow
 def test_a_rerun_waits_for_a_run_that_still_holds_its_workdir(tmp_path):
   """A run of a killed sweep may still be saving its checkpoint when the sweep is rerun: the
   rerun waits for it instead of starting a run that the lock refuses (reported FAILED)."""

@@ -202,6 +202,7 @@ def small_config(**overrides):
   return test_fused_norm.small_config(**{'num_heads': 2, **overrides})
 
 
+@pytest.mark.slow
 def test_model_with_the_tpu_attention_computes_the_same_function():
   """A whole pretraining model (dropout off): logits and every parameter's gradient equal the
   'xla' model's, on rows with padding; the parameter trees are the same."""

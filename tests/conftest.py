@@ -26,18 +26,23 @@ if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
 # `train.compilation_cache_dir` still uses that one (train/xla.apply_compilation_cache), which
 # is what the tests of the cache itself check. A cache the caller set stands, and is kept.
 SESSION_CACHE_ENV = 'BERT_JAX_TEST_SESSION_CACHE'
+SESSION_CACHE_OWNER_ENV = 'BERT_JAX_TEST_SESSION_CACHE_OWNER'  # The pid that made it.
 if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
   import tempfile  # pylint: disable=g-import-not-at-top
   os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='bert_jax_tests_xla_')
   os.environ[SESSION_CACHE_ENV] = os.environ['JAX_COMPILATION_CACHE_DIR']
+  os.environ[SESSION_CACHE_OWNER_ENV] = str(os.getpid())
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 
 def pytest_unconfigure(config):
-  """Removes the session's compilation cache (the controller's, once every worker is done)."""
+  """Removes the session's compilation cache in the process that made it (xdist's controller,
+  once every worker is done): not in a worker, nor in a pytest a test runs in a subprocess
+  (the conformance proofs), which inherit the variables and would remove it mid-session."""
   directory = os.environ.get(SESSION_CACHE_ENV)
-  if directory and not hasattr(config, 'workerinput'):
+  if (directory and not hasattr(config, 'workerinput')
+      and os.environ.get(SESSION_CACHE_OWNER_ENV) == str(os.getpid())):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+import conftest
 from test_family_unit import NAME as SCALED  # pylint: disable=g-bad-import-order
 from registered_families import CAMEMBERT, MISCOUNTED  # pylint: disable=g-bad-import-order
 from registered_kernels import EINSUM_DROPOUT, NO_KEY_GRADIENT, PALLAS_ROWS
@@ -40,6 +41,9 @@ def outcomes(tmp_path, suite: str, plugin: str, names, tier='not slow') -> dict[
        '-p', plugin, '-p', 'no:cacheprovider', '-q', '-m', tier, '-k',
        ' or '.join(names), f'--junitxml={report}'],
       cwd=os.path.dirname(TESTS), env=env, capture_output=True, text=True, check=False)
+  # It inherits this session's compilation cache (conftest.py) and leaves it in place.
+  cache = os.environ.get(conftest.SESSION_CACHE_ENV)
+  assert not cache or os.path.isdir(cache), f'the pytest in a subprocess removed {cache}'
   found = {}
   for case in ElementTree.parse(report).getroot().iter('testcase'):
     failed = case.find('failure') is not None or case.find('error') is not None

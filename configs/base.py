@@ -49,6 +49,9 @@ def get_config(arg=None):
   # workdir. The model's shape and, unless data.vocab_file is set, the vocab come from it.
   config.init_from = ''
   config.init_resize_vocab = False  # Resize the source's vocab rows to model.vocab_size.
+  # With init_from and a data.vocab_file that is not the source's (a new tokenizer): each
+  # token takes the source's rows of the same token, a token the source lacks their mean.
+  config.init_vocab_by_token = False
   # Pretraining objectives (bert_jax/objectives), comma separated: 'mlm,nsp' is BERT's (sentence
   # pairs, masked LM + next-sentence prediction); 'mlm' alone trains on single segments.
   config.objectives = 'mlm,nsp'

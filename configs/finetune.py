@@ -54,6 +54,9 @@ def get_config(arg=None):
   # vocab come with it). '' fine-tunes a randomly initialised encoder (a floor to compare with).
   config.init_from = ''
   config.init_resize_vocab = False  # Resize the source's vocab rows to model.vocab_size.
+  # With init_from and a data.vocab_file that is not the source's (a new tokenizer): each
+  # token takes the source's rows of the same token, a token the source lacks their mean.
+  config.init_vocab_by_token = False
   config.model = pretraining.model  # The encoder, as in pretraining (dropout 0.1 in fine-tuning).
   config.mesh = pretraining.mesh  # Devices and sharding preset, as in pretraining.
 

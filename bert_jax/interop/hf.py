@@ -131,6 +131,7 @@ class ImportReport:
   tied_checked: list = dataclasses.field(default_factory=list)  # Tied copies found equal.
   vocab_rows_added: int = 0
   vocab_rows_removed: int = 0
+  vocab_rows_carried: int = 0  # Rows moved by token into another vocab (init_vocab_by_token).
 
   def summary(self) -> str:
     """A few lines for logs and the CLI."""
@@ -144,7 +145,10 @@ class ImportReport:
       lines.append(f'read {len(self.renamed)} legacy LayerNorm gamma/beta keys as weight/bias')
     if self.tied_checked:
       lines.append(f'tied copies equal to their parameter: {self.tied_checked}')
-    if self.vocab_rows_added or self.vocab_rows_removed:
+    if self.vocab_rows_carried:
+      lines.append(f'vocab by token: {self.vocab_rows_carried} rows from the same token, '
+                   f'{self.vocab_rows_added} tokens new (the mean row)')
+    elif self.vocab_rows_added or self.vocab_rows_removed:
       lines.append(f'vocab resized: {self.vocab_rows_added} rows added, '
                    f'{self.vocab_rows_removed} removed')
     return '\n'.join(lines)
@@ -321,7 +325,7 @@ def _tied_problems(state_dict, tied, table, report):
 
 
 def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
-              resize_vocab: bool = False, seed: int = 0):
+              resize_vocab: bool = False, seed: int = 0, vocab_rows=None):
   """HF state dict -> (params, ImportReport): float32 numpy in our layout, scanned per config.
 
   The family is config.model.name's. Raises CheckpointMismatchError listing every missing,
@@ -333,7 +337,8 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
   """
   report = ImportReport(layout='')
   state_dict = _canonical_keys(state_dict, report)
-  load, shapes, vocab = _plan(state_dict, config, hf_config, resize_vocab, report)
+  load, shapes, vocab = _plan(state_dict, config, hf_config,
+                              resize_vocab or vocab_rows is not None, report)
   flat = {}
   for e in load:
     shape = list(shapes[e.path])
@@ -342,11 +347,28 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
     value = np.asarray(state_dict[e.hf_key], dtype=np.float32)
     flat[e.path] = np.ascontiguousarray(_to_ours(e.transform, value, tuple(shape)))
   report.loaded = len(load)
-  if vocab != config.model.vocab_size:
+  if vocab_rows is not None:
+    _carry_vocab_rows(flat, np.asarray(vocab_rows), report)
+  elif vocab != config.model.vocab_size:
     _resize_vocab(flat, config, seed, report)
   if config.model.scan_layers:
     flat = param_tree.stack_layers(flat, config.model.num_layers)
   return param_tree.unflatten(flat), report
+
+
+def _carry_vocab_rows(flat, rows, report):
+  """The vocab leaves in the run's vocab: row i is the source's row rows[i], or with rows[i] = -1
+  (a token the source lacks) the mean of the source's rows."""
+  report.vocab_rows_carried = int(np.sum(rows >= 0))
+  report.vocab_rows_added = int(np.sum(rows < 0))
+  report.vocab_rows_removed = 0
+  for path in VOCAB_PATHS:
+    if path not in flat:  # A BertModel checkpoint has no output bias.
+      continue
+    source = flat[path]
+    mean = source.mean(axis=0, keepdims=True)
+    flat[path] = np.where((rows >= 0).reshape((-1,) + (1,) * (source.ndim - 1)),
+                          source[np.maximum(rows, 0)], mean).astype(np.float32)
 
 
 def _resize_vocab(flat, config, seed, report):

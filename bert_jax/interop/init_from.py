@@ -247,8 +247,19 @@ def adopt_gelu(config) -> None:
 
 def adopt_source(config) -> None:
   """Takes the model's shape (and, unless given, the vocab; in fine-tuning the tokenizer's kind)
-  from the source checkpoint."""
+  from the source checkpoint. A vocab given (config.data.vocab_file) must be the source's, or
+  keep its tokens' ids (one that extends it), or carry the rows by token
+  (config.init_vocab_by_token): InitFromError otherwise, since the source's rows would be read
+  as other tokens. With init_resize_vocab or init_vocab_by_token, model.vocab_size is the
+  config's (by token: the new vocab's size), not the source's."""
+  by_token = config.get('init_vocab_by_token', False)
+  if by_token and config.get('init_resize_vocab', False):
+    raise InitFromError('config.init_vocab_by_token=True and config.init_resize_vocab=True: '
+                        'the rows move either by token or by id; set one of them.')
+  kept = ('vocab_size',) if by_token or config.get('init_resize_vocab', False) else ()
   for key, value in source_architecture(config.init_from).items():
+    if key in kept:
+      continue
     if config.model[key] != value:
       logging.info('init_from: config.model.%s = %s (was %s), from the checkpoint.', key, value,
                    config.model[key])
@@ -272,6 +283,70 @@ def adopt_source(config) -> None:
           'their own vocab: set config.data.vocab_file.')
     logging.info('init_from: config.data.vocab_file = %s, the checkpoint\'s vocab.', vocab)
     config.data.vocab_file = vocab
+  _check_vocab(config, kind, by_token)
+
+
+def vocab_tokens(config, vocab_file: str) -> list[str]:
+  """The tokens of `vocab_file` by id, read with the run's tokenizer kind and casing."""
+  tokenizer = tokenizer_lib.load_tokenizer(config.data.get('tokenizer') or 'wordpiece',
+                                           vocab_file, config.data.lowercase)
+  return [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+
+
+def _check_vocab(config, kind: str, by_token: bool) -> None:
+  """config.data.vocab_file against the source's vocab: the same tokens at the same ids, or
+  carried by token (model.vocab_size then the new vocab's size)."""
+  tokenizer = config.data.get('tokenizer') or 'wordpiece'
+  source = source_vocab(config.init_from, tokenizer)
+  if by_token and (kind == 'workdir' or source is None):
+    raise InitFromError(
+        f'config.init_vocab_by_token=True needs the source\'s vocab beside its weights '
+        f'({_vocab_name(tokenizer)} in an hf: directory or beside a tf: checkpoint); '
+        f'config.init_from={config.init_from!r} has none'
+        + (' (export the workdir first: python -m bert_jax.convert export).'
+           if kind == 'workdir' else '.'))
+  if source is None or os.path.abspath(source) == os.path.abspath(config.data.vocab_file):
+    return
+  old, new = vocab_tokens(config, source), vocab_tokens(config, config.data.vocab_file)
+  if by_token:
+    shared = len(set(new) & set(old))
+    logging.info('init_from: config.model.vocab_size = %d (was %d), the new vocab\'s: %d of its '
+                 'tokens take the checkpoint\'s rows of the same token, %d their mean.',
+                 len(new), config.model.vocab_size, shared, len(new) - shared)
+    config.model.vocab_size = len(new)
+    return
+  moved = sum(1 for i, token in enumerate(new) if i >= len(old) or old[i] != token)
+  if (all(old[i] == new[i] for i in range(min(len(old), len(new))))
+      and len(new) > config.model.vocab_size and not config.get('init_resize_vocab', False)):
+    raise InitFromError(
+        f'config.data.vocab_file={config.data.vocab_file!r} extends the vocab of '
+        f'config.init_from={config.init_from!r} by {len(new) - len(old)} tokens, beyond its '
+        f'{config.model.vocab_size} rows. Set config.init_resize_vocab=True and '
+        f'config.model.vocab_size to at least {len(new)} (the new rows start at the model\'s '
+        'init), or config.init_vocab_by_token=True (they start at the mean row).')
+  if any(old[i] != new[i] for i in range(min(len(old), len(new)))):
+    raise InitFromError(
+        f'config.data.vocab_file={config.data.vocab_file!r} is not the vocab of '
+        f'config.init_from={config.init_from!r}: {moved} of its {len(new)} tokens have another '
+        f'id there or none, so the checkpoint\'s rows would be read as other tokens. Set '
+        'config.init_vocab_by_token=True to give each token the checkpoint\'s rows of the same '
+        'token (a token it lacks their mean), or leave data.vocab_file empty to train with the '
+        'checkpoint\'s vocab.')
+
+
+def vocab_rows(config) -> np.ndarray | None:
+  """With config.init_vocab_by_token, the source's row of each token of the run's vocab by id
+  ([model.vocab_size] int; -1: a token the source lacks, or a row beyond the vocab); None
+  otherwise."""
+  if not config.get('init_vocab_by_token', False):
+    return None
+  tokenizer = config.data.get('tokenizer') or 'wordpiece'
+  source = {token: i for i, token in enumerate(
+      vocab_tokens(config, source_vocab(config.init_from, tokenizer)))}
+  rows = np.full((config.model.vocab_size,), -1, np.int64)
+  for i, token in enumerate(vocab_tokens(config, config.data.vocab_file)[:len(rows)]):
+    rows[i] = source.get(token, -1)
+  return rows
 
 
 def read_source(kind: str, path: str) -> tuple[dict, dict | None]:
@@ -303,7 +378,8 @@ def load_params(config, fresh_params):
     state_dict, hf_config = read_source(kind, path)
     # A missing, extra or misshaped weight: every problem in one error.
     params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
-                                  resize_vocab=config.init_resize_vocab, seed=config.seed)
+                                  resize_vocab=config.init_resize_vocab, seed=config.seed,
+                                  vocab_rows=vocab_rows(config))
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   logging.info('init_from %s: %s', config.init_from, report.summary())
@@ -321,7 +397,8 @@ def import_for_finetuning(config) -> tuple[dict, dict]:
     state_dict, hf_config = read_source(kind, path)
     state_dict, head_state = hf.split_classifier(state_dict, hf_layout.for_config(config))
     params, report = hf.import_hf(state_dict, config, hf_config=hf_config,
-                                  resize_vocab=config.init_resize_vocab, seed=config.seed)
+                                  resize_vocab=config.init_resize_vocab, seed=config.seed,
+                                  vocab_rows=vocab_rows(config))
   except (ValueError, OSError) as e:
     raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   logging.info('init_from %s: %s', config.init_from, report.summary())

@@ -442,7 +442,8 @@ _BOOKKEEPING_KEYS = frozenset({
     'train.eval_every_epoch', 'train.checkpoint_every', 'train.keep_checkpoints',
     'train.compilation_cache_dir', 'train.peak_flops'})
 # Settings added after seeds were recorded without them: such a seed ran with these values.
-SETTING_DEFAULTS = {'train.grad_accum_steps': 1, 'train.max_nonfinite_skips': 0}
+SETTING_DEFAULTS = {'train.grad_accum_steps': 1, 'train.max_nonfinite_skips': 0,
+                    'init_vocab_by_token': False}
 
 
 SETTINGS_FILE = 'settings.json'  # In each seed's directory: what its files were run with.
@@ -453,7 +454,7 @@ def seed_settings(config, rate: float) -> dict:
   (init_from), the task, the data, the model and the training settings, bookkeeping aside."""
   flat = schema.flatten(config)
   flat['train.learning_rate'] = rate
-  decides = lambda k: (k in ('init_from', 'init_resize_vocab')  # noqa: E731
+  decides = lambda k: (k in ('init_from', 'init_resize_vocab', 'init_vocab_by_token')  # noqa: E731
                        or k.startswith(('task.', 'data.', 'model.', 'train.')))
   settings = {k: v for k, v in flat.items() if decides(k) and k not in _BOOKKEEPING_KEYS}
   return json.loads(json.dumps(settings))  # As read back from the file: lists, not tuples.

@@ -8,13 +8,14 @@
 #   LIMIT=470 bash experiments/electra_warmup.sh
 # With CKPT=500 each run checkpoints every 500 steps, and the same command again on the still-warm
 # machine (runs/ stays there between calls) resumes every run from its last checkpoint: two calls
-# take the runs past the 2-4k steps where discriminators died.
+# take the runs past the 2-4k steps where discriminators died. The runs live in OUTDIR
+# (runs/electra_warmup), outside runs/issue78, which the device's carry replaces on each call.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$PWD/.site" .whl/*.whl
 export PYTHONPATH="$PWD/.site:$PWD" XLA_PYTHON_CLIENT_PREALLOCATE=false \
   BERT_JAX_DATA="$PWD/runs/issue78/data"
-W=runs/issue78/warmup
+W=${OUTDIR:-runs/electra_warmup}
 CORPUS=${CORPUS:-builtin}
 mkdir -p "$W/logs"
 COMMON=(--config.objectives=rtd --config.model.name=electra --config.model.embedding_size=128

@@ -104,3 +104,17 @@ def test_by_token_needs_a_source_vocab_and_excludes_resizing(tmp_path, source):
                      match=r"init_vocab_by_token=True needs the source's vocab beside its "
                            r'weights \(vocab.txt'):
     adopted(run_config(tmp_path, bare, NEW, init_vocab_by_token=True))
+
+
+def test_by_token_with_the_sources_own_vocab_is_the_plain_import(tmp_path, source):
+  # The config's vocab_size (128 here) is neither kept nor the source's 97 by accident: the
+  # vocab's own size, every row its own.
+  config = adopted(run_config(tmp_path, source, SPECIALS + WORDS, init_vocab_by_token=True,
+                              **{'model.vocab_size': 128}))
+  assert config.model.vocab_size == 97
+  carried = param_tree.flatten(init_from.load_params(config, hf.init_params(config)))
+  state_dict, hf_config = hf.load_hf_state_dict(str(source))
+  plain = param_tree.flatten(hf.import_hf(state_dict, adopted(run_config(
+      tmp_path, source, SPECIALS + WORDS)), hf_config=hf_config)[0])
+  for path, value in plain.items():
+    np.testing.assert_array_equal(carried[path], value, err_msg=path)

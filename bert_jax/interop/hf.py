@@ -359,6 +359,7 @@ def import_hf(state_dict: dict, config, *, hf_config: dict | None = None,
 def _carry_vocab_rows(flat, rows, report):
   """The vocab leaves in the run's vocab: row i is the source's row rows[i], or with rows[i] = -1
   (a token the source lacks) the mean of the source's rows."""
+  rows = np.where(rows < len(flat['bert/embeddings/word_embeddings']), rows, -1)  # Rows it has.
   report.vocab_rows_carried = int(np.sum(rows >= 0))
   report.vocab_rows_added = int(np.sum(rows < 0))
   report.vocab_rows_removed = 0

@@ -305,10 +305,11 @@ def _check_vocab(config, kind: str, by_token: bool) -> None:
         f'config.init_from={config.init_from!r} has none'
         + (' (export the workdir first: python -m bert_jax.convert export).'
            if kind == 'workdir' else '.'))
-  if source is None or os.path.abspath(source) == os.path.abspath(config.data.vocab_file):
+  if source is None or (not by_token
+                        and os.path.abspath(source) == os.path.abspath(config.data.vocab_file)):
     return
   old, new = vocab_tokens(config, source), vocab_tokens(config, config.data.vocab_file)
-  if by_token:
+  if by_token:  # Its size is the new vocab's, the source's own included.
     shared = len(set(new) & set(old))
     logging.info('init_from: config.model.vocab_size = %d (was %d), the new vocab\'s: %d of its '
                  'tokens take the checkpoint\'s rows of the same token, %d their mean.',

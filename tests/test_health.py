@@ -87,6 +87,22 @@ def test_a_discriminator_that_ranks_well_at_its_priors_loss_is_learning():
   assert health.eval_alarms([disc_record(100, 0.562), disc_record(200, 0.562)], 0) == []
 
 
+def test_a_discriminator_at_its_priors_loss_ranking_barely_above_chance_is_dead():
+  # The H100 run of the shipped ELECTRA-Small recipe whose discriminator died (seed 9): loss
+  # 0.3917 vs 0.3916 with AUC 0.53 at 8,000-10,000 steps, past AUC_BAND alone.
+  share = 0.1337
+  prior = health.binary_entropy(share)
+  dead = [disc_record(s, 0.53, loss=prior * 1.0003, share=share) for s in (8000, 8250)]
+  assert names(health.eval_alarms(dead, 1000)) == ['discriminator_at_prior']
+  assert 'AUC 0.5300' in health.eval_alarms(dead, 1000)[0].message
+  # The live runs' closest approach (AUC 0.56-0.58 at 1,000 steps, 1.2-2.6% under the prior),
+  # and the same weak AUC 1.7% under the prior, are not dead.
+  assert health.eval_alarms([disc_record(s, 0.563, loss=prior * 0.983, share=share)
+                             for s in (1000, 1250)], 500) == []
+  assert health.eval_alarms([disc_record(s, 0.53, loss=prior * 0.983, share=share)
+                             for s in (8000, 8250)], 1000) == []
+
+
 def test_without_an_auc_the_loss_at_the_priors_entropy_decides():
   at_prior = [dict(disc_record(s, None, loss=PRIOR * 0.99)) for s in (100, 200)]
   for record in at_prior:

@@ -12,7 +12,9 @@ evaluation can catch a passing moment, two are a state; a loss at its unigram fl
 fell by more than PRIOR_MARGIN of the floor between them is on its way down, not stuck):
   discriminator_at_prior  the replaced-token discriminator ranks replaced tokens no better than
                           a constant: its held-out AUC at most 0.5 + AUC_BAND (exact to 1e-4:
-                          objectives/rtd.py); without an AUC, its loss within PRIOR_MARGIN of
+                          objectives/rtd.py), or at most 0.5 + DEAD_AUC_BAND with its loss
+                          within DEAD_LOSS_MARGIN of the prior's; without an AUC, its loss within
+                          PRIOR_MARGIN of
                           the binary entropy of the replaced share (the loss of predicting that
                           share everywhere), which the record carries as rtd_disc_prior_loss.
   mlm_at_unigram          the MLM's loss at least (1 - PRIOR_MARGIN) x the unigram loss (that of
@@ -42,6 +44,14 @@ PRIOR_MARGIN = 0.02
 # An AUC at most 0.5 + AUC_BAND ranks replaced tokens no better than chance. A weak live
 # discriminator read 0.56 on an H200 at 1,000 steps.
 AUC_BAND = 0.02
+# A discriminator whose held-out loss sits within 0.5% of the prior's and whose AUC is at most
+# 0.55 is dead too: on an H100 the shipped ELECTRA-Small recipe's seed 9 sat at 0.3917 vs 0.3916
+# with an AUC of 0.52-0.53 over its last 4,000 of 10,000 steps (AUC_BAND alone let it go from
+# step 6,250); no live evaluation after step 500 of the 18 H100 runs there read an AUC under
+# 0.557, and those under 0.56 sat 0.9% or more under the prior
+# (benchmarks/results/h100_electra_small_*.jsonl).
+DEAD_LOSS_MARGIN = 0.005
+DEAD_AUC_BAND = 0.05
 # The held-out loss above 1.5x its lowest after warmup: diverging. ELECTRA's summed loss rises
 # legitimately as its generator improves (the discriminator's task gets harder), by ~20%.
 DIVERGENCE = 0.5
@@ -107,7 +117,8 @@ class Alarm:
 def _at_prior(record: dict) -> str | None:
   """Why the record's discriminator is at its prior, or None. The AUC decides where the record
   has one: a discriminator whose loss sits at the prior's while it ranks replaced tokens well
-  (a micro run: loss 0.433 vs 0.433, AUC 0.70) has learned a ranking, not yet its calibration.
+  (a micro run: loss 0.433 vs 0.433, AUC 0.70) has learned a ranking, not yet its calibration;
+  one at the prior's loss that ranks barely above chance (AUC <= 0.5 + DEAD_AUC_BAND) is dead.
   The loss decides without an AUC (no replaced or no original token in the held-out set)."""
   loss, share = record.get('rtd_disc_loss'), record.get('rtd_replaced_fraction')
   auc = record.get('rtd_disc_auc')
@@ -116,8 +127,9 @@ def _at_prior(record: dict) -> str | None:
   prior = binary_entropy(share)
   what = (f'held-out discriminator AUC {auc:.4f} (chance: 0.5)' if auc is not None else
           'held-out discriminator (no AUC)')
-  at_prior = (auc <= 0.5 + AUC_BAND if auc is not None
-              else prior > 0 and abs(loss - prior) <= PRIOR_MARGIN * prior)
+  calibrated_at_prior = prior > 0 and abs(loss - prior) <= DEAD_LOSS_MARGIN * prior
+  at_prior = (auc <= 0.5 + AUC_BAND or (auc <= 0.5 + DEAD_AUC_BAND and calibrated_at_prior)
+              if auc is not None else prior > 0 and abs(loss - prior) <= PRIOR_MARGIN * prior)
   if not at_prior:
     return None
   return (f'{what}, loss {loss:.4f} vs {prior:.4f} for predicting the {100 * share:.1f}% '

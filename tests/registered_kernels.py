@@ -85,12 +85,10 @@ def einsum_dropout(query, key, value, bias, *, rate, dropout_rng):
                                              rate == 0.0, query.dtype)
 
 
-PALLAS_ROWS = ops.AttentionKernel('pallas_rows', pallas_rows, dropout=False,
-                                  doc='softmax attention, one Pallas program per (row, head)')
+PALLAS_ROWS = ops.AttentionKernel('pallas_rows', pallas_rows, dropout=False)
 NO_KEY_GRADIENT = ops.AttentionKernel('pallas_rows_no_key_gradient', pallas_rows_no_key_gradient,
-                                      dropout=False, doc='pallas_rows without the keys\' gradient')
-EINSUM_DROPOUT = ops.AttentionKernel('einsum_dropout', einsum_dropout,
-                                     doc="the einsums with dropout, as 'xla'")
+                                      dropout=False)
+EINSUM_DROPOUT = ops.AttentionKernel('einsum_dropout', einsum_dropout)
 KERNELS = (PALLAS_ROWS, NO_KEY_GRADIENT, EINSUM_DROPOUT)
 
 

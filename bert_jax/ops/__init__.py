@@ -41,7 +41,6 @@ class AttentionKernel:
   # Whether attend drops probabilities at `rate`; without, validation refuses
   # model.attention_dropout_rate > 0 (it would be rate 0 without saying so).
   dropout: bool = True
-  doc: str = ''  # What it is, for the error that lists the choices.
 
   def __post_init__(self):
     if self.name in ATTENTION_IMPLS:

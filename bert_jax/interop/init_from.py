@@ -274,7 +274,7 @@ def adopt_source(config) -> None:
     except ValueError as e:
       raise InitFromError(f'config.init_from={config.init_from!r}: {e}') from e
   if not config.data.vocab_file:
-    tokenizer = config.data.get('tokenizer') or 'wordpiece'
+    tokenizer = tokenizer_kind(config)
     vocab = source_vocab(config.init_from, tokenizer)
     if vocab is None:
       raise InitFromError(
@@ -286,9 +286,14 @@ def adopt_source(config) -> None:
   _check_vocab(config, kind, by_token)
 
 
+def tokenizer_kind(config) -> str:
+  """config.data.tokenizer, WordPiece where a config leaves it empty."""
+  return config.data.get('tokenizer') or 'wordpiece'
+
+
 def vocab_tokens(config, vocab_file: str) -> list[str]:
   """The tokens of `vocab_file` by id, read with the run's tokenizer kind and casing."""
-  tokenizer = tokenizer_lib.load_tokenizer(config.data.get('tokenizer') or 'wordpiece',
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_kind(config),
                                            vocab_file, config.data.lowercase)
   return [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
 
@@ -296,7 +301,7 @@ def vocab_tokens(config, vocab_file: str) -> list[str]:
 def _check_vocab(config, kind: str, by_token: bool) -> None:
   """config.data.vocab_file against the source's vocab: the same tokens at the same ids, or
   carried by token (model.vocab_size then the new vocab's size)."""
-  tokenizer = config.data.get('tokenizer') or 'wordpiece'
+  tokenizer = tokenizer_kind(config)
   source = source_vocab(config.init_from, tokenizer)
   if by_token and (kind == 'workdir' or source is None):
     raise InitFromError(
@@ -341,7 +346,7 @@ def vocab_rows(config) -> np.ndarray | None:
   otherwise."""
   if not config.get('init_vocab_by_token', False):
     return None
-  tokenizer = config.data.get('tokenizer') or 'wordpiece'
+  tokenizer = tokenizer_kind(config)
   source = {token: i for i, token in enumerate(
       vocab_tokens(config, source_vocab(config.init_from, tokenizer)))}
   rows = np.full((config.model.vocab_size,), -1, np.int64)

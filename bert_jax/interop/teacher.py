@@ -105,7 +105,7 @@ def adopt_teacher(config) -> None:
     raise InitFromError(_error(str(e))) from e
   vocab = None
   if not config.data.vocab_file:
-    vocab = init_from.source_vocab(spec, config.data.get('tokenizer') or 'wordpiece')
+    vocab = init_from.source_vocab(spec, init_from.tokenizer_kind(config))
     if vocab is None:
       raise InitFromError(f'config.distill.teacher={spec!r} has no vocab beside its weights; '
                           'the student reads its token ids: set config.data.vocab_file.')

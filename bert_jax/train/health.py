@@ -127,9 +127,9 @@ def _at_prior(record: dict) -> str | None:
   prior = binary_entropy(share)
   what = (f'held-out discriminator AUC {auc:.4f} (chance: 0.5)' if auc is not None else
           'held-out discriminator (no AUC)')
-  calibrated_at_prior = prior > 0 and abs(loss - prior) <= DEAD_LOSS_MARGIN * prior
-  at_prior = (auc <= 0.5 + AUC_BAND or (auc <= 0.5 + DEAD_AUC_BAND and calibrated_at_prior)
-              if auc is not None else prior > 0 and abs(loss - prior) <= PRIOR_MARGIN * prior)
+  near = lambda margin: prior > 0 and abs(loss - prior) <= margin * prior  # noqa: E731
+  at_prior = (auc <= 0.5 + AUC_BAND or (auc <= 0.5 + DEAD_AUC_BAND and near(DEAD_LOSS_MARGIN))
+              if auc is not None else near(PRIOR_MARGIN))
   if not at_prior:
     return None
   return (f'{what}, loss {loss:.4f} vs {prior:.4f} for predicting the {100 * share:.1f}% '

@@ -41,8 +41,8 @@ def pytest_unconfigure(config):
   once every worker is done): not in a worker, nor in a pytest a test runs in a subprocess
   (the conformance proofs), which inherit the variables and would remove it mid-session."""
   directory = os.environ.get(SESSION_CACHE_ENV)
-  if (directory and not hasattr(config, 'workerinput')
-      and os.environ.get(SESSION_CACHE_OWNER_ENV) == str(os.getpid())):
+  del config
+  if directory and os.environ.get(SESSION_CACHE_OWNER_ENV) == str(os.getpid()):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -1,9 +1,9 @@
-"""A pytest plugin (`-p registered_kernels`) registering attention kernels from outside bert_jax, as
-a user's package would (the how-to in
-docs/ARCHITECTURE.md, "How to add a kernel"), for tests/test_kernel_registry.py.
+"""A pytest plugin (`-p registered_kernels`) registering attention kernels from outside
+bert_jax, as a user's package would (the how-to in docs/ARCHITECTURE.md, "How to add a
+kernel"), for tests/test_kernel_registry.py and tests/test_conformance_proof.py.
 
 - 'pallas_rows': a Pallas kernel, one program per (row, head) computing softmax(q k^T / sqrt(d) +
-  bias) v in float32 (interpreted off GPUs and TPUs, so it runs on any backend); its backward is
+  bias) v in float32 (always interpreted, so it runs on any backend); its backward is
   the einsums' (ops.attention.dot_product_attention), the way a kernel starts before its
   backward kernel exists. No dropout.
 - 'pallas_rows_no_key_gradient': the same forward with the keys' gradient dropped, as a backward
@@ -40,7 +40,7 @@ def _forward(query, key, value, bias):
   return pl.pallas_call(
       _forward_kernel, grid=(batch, heads), in_specs=[tile, tile, tile, bias_tile],
       out_specs=tile, out_shape=jax.ShapeDtypeStruct(query.shape, query.dtype),
-      interpret=jax.default_backend() == 'cpu')(query, key, value, bias)
+      interpret=True)(query, key, value, bias)
 
 
 def _reference(query, key, value, bias):

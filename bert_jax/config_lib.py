@@ -13,6 +13,7 @@ from bert_jax.core.errors import ConfigError  # Re-exported: config_lib.ConfigEr
 from bert_jax.core.schema import (  # noqa: F401  pylint: disable=unused-import
     ANY_SIGN, BELOW_ONE, INIT_SEED, MESH_AXIS, NON_NEGATIVE, OPEN_SHARE, POSITIVE, PROBABILITY,
     SEED, Range, flatten)
+from bert_jax.data import batch_warmup
 from bert_jax.models import architecture
 from bert_jax.models import encoder
 from configs import base
@@ -53,6 +54,7 @@ RANGES = {
     'masking.span_p': Range(lambda x: 0 < x <= 1, 'in (0, 1]'), 'masking.max_span': POSITIVE,
     'train.batch_size': POSITIVE, 'train.grad_accum_steps': POSITIVE,
     'train.num_steps': POSITIVE, 'train.phase2_fraction': BELOW_ONE,
+    'train.batch_warmup_rows': NON_NEGATIVE, 'train.batch_warmup_tokens': NON_NEGATIVE,
     'train.phase2_batch_size': NON_NEGATIVE, 'train.learning_rate': POSITIVE,
     'train.warmup_steps': NON_NEGATIVE, 'train.weight_decay': NON_NEGATIVE,
     'train.decay_steps': NON_NEGATIVE,
@@ -78,6 +80,7 @@ def validate(config) -> None:
   _check_schedule(config.train)
   _check_names(config)
   _check_accumulation(config, trained_batch_keys(config))
+  batch_warmup.check(config)
   _objectives().check(config)
   encoder.check_shape(config.model)
   _check_families(config)
@@ -249,6 +252,8 @@ def phase2_config(config):
   second.data.max_seq_length = config.data.phase2_max_seq_length
   second.data.max_predictions_per_seq = config.data.phase2_max_predictions_per_seq
   second.train.batch_size = config.train.phase2_batch_size or config.train.batch_size
+  # A batch-size warmup is phase 1's: phase 2 trains its batch from its first step.
+  second.train.batch_warmup_rows = second.train.batch_warmup_tokens = 0
   second.model.update(phase2_model(config))
   return second
 

@@ -221,6 +221,12 @@ def get_config(arg=None):
   # their gradients (a large batch on few devices); 1 = the whole batch at once.
   train.grad_accum_steps = 1
   train.num_steps = 1_000_000  # Optimizer steps.
+  # Batch-size warmup (ModernBERT's; bert_jax/data/batch_warmup.py): the first steps train
+  # batch_warmup_rows sequences, growing one micro-batch (batch_size / grad_accum_steps) at a
+  # time, each size for the same number of steps, to batch_size once the smaller sizes have
+  # trained batch_warmup_tokens tokens (rows x data.max_seq_length). 0 and 0: none.
+  train.batch_warmup_rows = 0
+  train.batch_warmup_tokens = 0
   # Share of num_steps, at the end, trained at the phase-2 shapes (the paper: 0.1 at seq 512;
   # needs data.prepared). One learning-rate schedule spans both phases.
   train.phase2_fraction = 0.0

@@ -37,6 +37,9 @@ class Stretch:
   source: Any = None  # The input, when it has close() (streams end their workers).
   phase: int = 1
   train_step: Callable | None = None  # Its own step (another model's settings); None: run's.
+  # The next stretch reads on from the same source (a batch-size warmup's next size): no save
+  # at its end, its source left open.
+  continues: bool = False
 
 
 @dataclasses.dataclass
@@ -122,7 +125,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
   interval_start, excluded = time.perf_counter(), 0.0
   for step in range(start_step + 1, num_steps + 1):
     if step > stretch.last_step:
-      if hasattr(stretch.source, 'close'):
+      if not stretch.continues and hasattr(stretch.source, 'close'):
         stretch.source.close()
       stretch, first_of_stretch = next(stretches), step
     batch, position = next(stretch.batches)
@@ -138,7 +141,8 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
     final = step == num_steps
     preempted = preemption.reached(step, checkpointer)
     save = checkpointer.should_save(
-        step, final or (hooks.save_at_end_of_stretch and step == stretch.last_step)) or preempted
+        step, final or (hooks.save_at_end_of_stretch and step == stretch.last_step
+                        and not stretch.continues)) or preempted
     if step % settings.log_every == 0 or final or save or hooks.log_at(step):
       # Every save is preceded by this check: a non-finite step is never checkpointed.
       bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)

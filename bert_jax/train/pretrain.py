@@ -11,6 +11,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 from absl import logging
 
@@ -28,6 +29,7 @@ from bert_jax import plot
 from bert_jax import sharding
 from bert_jax.train import step as steps
 from bert_jax.train import xla
+from bert_jax.data import batch_warmup
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import crosslingual
 from bert_jax.data import identity
@@ -98,8 +100,8 @@ def prepare_run_data(config, workdir: str, run_objectives: objectives.ObjectiveS
   settings = pretraining.MaskingSettings.from_config(config, tokenizer.special,
                                                      tokenizer.vocab_size,
                                                      tokenizer.is_continuation(), run_objectives)
-  stream = pipeline.PretrainingStream(train_docs, settings, config.train.batch_size, config.seed,
-                                      build)
+  stream = pipeline.PretrainingStream(train_docs, settings,
+                                      batch_warmup.stream_rows(config.train), config.seed, build)
   stream.data_sha256 = identity.digest(encoded)  # The whole corpus's ids, before the split.
   try:
     held_out = pipeline.eval_batches(eval_docs, eval_masking(settings, config),
@@ -183,7 +185,7 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
   else:
     train_docs, eval_docs = train_docs[0], eval_docs[0]
   count, index = jax.process_count(), jax.process_index()
-  settings = stream_settings(config, tokenizer, config.train.batch_size // count,
+  settings = stream_settings(config, tokenizer, batch_warmup.stream_rows(config.train) // count,
                              run_objectives)
   try:
     stream = streaming.TrainStream(train_docs, settings, config.seed, config.data.workers, index,
@@ -292,6 +294,8 @@ def preflight(config, workdir, model, tx, mesh, rules, abstract_state,
   logging.info('Mesh %s, preset %s; %s.', dict(mesh.shape), config.mesh.preset,
                describe_batch(config))
   logging.info('%s', describe_schedule(config))
+  if batch_warmup.enabled(config.train):
+    logging.info('%s', batch_warmup.describe(config.train, config.data.max_seq_length))
   _check_phase_models(config, tx, abstract_state, run_objectives)
   checkpointer = checkpoint_lib.Checkpointer(os.path.join(workdir, 'checkpoints'),
                                              config.train.checkpoint_every,
@@ -337,12 +341,21 @@ DATA_LAYOUT_KEYS = (
     'data.dupe_factor', 'masking.rate', 'masking.mask_token_fraction',
     'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word',
     'masking.max_ngram', 'data.rows', 'data.tokenizer', 'masking.spans', 'masking.span_p',
-    'masking.max_span', 'data.languages', 'data.language_alpha')
+    'masking.max_span', 'data.languages', 'data.language_alpha', 'train.batch_warmup_rows',
+    'train.batch_warmup_tokens')
 # Layout keys added after checkpoints were written without them: such a checkpoint's batches
 # were made with these values.
 LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece',
                    'masking.spans': '', 'masking.span_p': 0.2, 'masking.max_span': 10,
-                   'data.languages': '', 'data.language_alpha': 1.0}
+                   'data.languages': '', 'data.language_alpha': 1.0,
+                   'train.batch_warmup_rows': 0, 'train.batch_warmup_tokens': 0}
+
+
+def layout_keys(config) -> tuple[str, ...]:
+  """DATA_LAYOUT_KEYS, and with a batch-size warmup the accumulation count: its micro-batch is
+  the stream's batch."""
+  return DATA_LAYOUT_KEYS + (('train.grad_accum_steps',)
+                             if batch_warmup.enabled(config.train) else ())
 
 
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
@@ -350,7 +363,7 @@ def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
   layout = saved.get('layout')
   if layout is not None:
     layout = {**LAYOUT_DEFAULTS, **layout}
-  changed = guard.layout_changes(layout, guard.data_layout(config, DATA_LAYOUT_KEYS))
+  changed = guard.layout_changes(layout, guard.data_layout(config, layout_keys(config)))
   if changed:
     raise config_lib.ConfigError(
         f'The checkpoint at step {step} in {workdir} was written with another data layout: '
@@ -478,7 +491,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   if jax.process_index() == 0:
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)
-  layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
+  layout = guard.data_layout(config, layout_keys(config))
   data_source = guard.data_layout(config, DATA_SOURCE_KEYS)
   vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
   run_phases = phases(config)
@@ -570,7 +583,8 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   phase = next((p for p in run_phases if start_step < p.last_step), run_phases[-1])
 
   def enter(phase, position):
-    """The stretch of a phase, its stream read from `position`."""
+    """The stretches of a phase from start_step on, its stream read from `position`: one, or
+    with a batch-size warmup (phase 1) one per batch size, all reading the same batches."""
     phase_stream = stream if phase.index == 1 else prepare_run_streaming(
         phase.config, False, run_objectives)[0]
     if phase.index > 1:
@@ -580,20 +594,31 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
                    phase.config.data.max_seq_length,
                    phase.config.data.max_predictions_per_seq, describe_batch(phase.config),
                    ''.join(f', model.{k}={v}' for k, v in changes.items()))
-    rows = phase.config.train.batch_size
-    make_global = to_global or functools.partial(sharding.global_batch_from_local,
-                                                 global_rows=rows)
-    return loop.Stretch(phase.last_step, phase_stream.batches(position),
-                        lambda batch: make_global(batch, batch_shardings), rows,
-                        metrics_lib.model_flops_per_sequence(phase.config), phase_stream,
-                        phase.index, phase_steps[phase.index][0])
+    batches = phase_stream.batches(position)
+    flops = metrics_lib.model_flops_per_sequence(phase.config)
+    train = phase.config.train
+    sizes = batch_warmup.stages(train, phase.config.data.max_seq_length)
+    full = batch_warmup.Stage(phase.last_step, train.grad_accum_steps, train.batch_size)
+    for size in [s for s in sizes if s.last_step > start_step] + [full]:
+      if size is full:
+        train_step = phase_steps[phase.index][0]
+      else:  # A smaller batch: its own step, accumulating fewer micro-batches.
+        smaller = ml_collections.ConfigDict(phase.config.to_dict())
+        smaller.train.update(batch_size=size.rows, grad_accum_steps=size.micro_batches)
+        train_step = jitted_steps(smaller, model, f' of {size.rows} rows')[0]
+      make_global = to_global or functools.partial(sharding.global_batch_from_local,
+                                                   global_rows=size.rows)
+      yield loop.Stretch(
+          size.last_step, batch_warmup.grouped(batches, size.micro_batches) if sizes else batches,
+          functools.partial(lambda batch, make: make(batch, batch_shardings), make=make_global),
+          size.rows, flops, phase_stream, phase.index, train_step, continues=size is not full)
 
   def stretches():
     # A checkpoint saved at the last step of the phase before starts this phase afresh.
-    yield enter(phase, position if position.get('phase', 1) == phase.index
-                else {'epoch': 0, 'batch': 0})
+    yield from enter(phase, position if position.get('phase', 1) == phase.index
+                     else {'epoch': 0, 'batch': 0})
     for later in run_phases[phase.index:]:
-      yield enter(later, {'epoch': 0, 'batch': 0})
+      yield from enter(later, {'epoch': 0, 'batch': 0})
 
   def saved_fields(step, stretch, position, skipped):
     del step

@@ -1,0 +1,137 @@
+"""Batch-size warmup (data/batch_warmup.py): its sizes, its checks, and runs that read the rows of
+a run without it, in order, and resume exactly mid-size."""
+
+import json
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax.data import batch_warmup
+from bert_jax.train import pretrain
+from conftest import assert_refused, micro_config
+from test_streaming import final_params, tiny_config, write_prepared_with_vocab
+
+
+def train_keys(**values):
+  return ml_collections.ConfigDict(
+      {'batch_size': 8, 'grad_accum_steps': 4, 'batch_warmup_rows': 4,
+       'batch_warmup_tokens': 1280, **values})
+
+
+def test_the_batch_grows_one_micro_batch_at_a_time_for_equal_steps():
+  # Micro-batches of 2: sizes of 2 and 3 micro-batches (4 and 6 rows) before the full 8; 1,280
+  # tokens of 64-token rows over 4 + 6 rows a step each: 2 steps each.
+  assert batch_warmup.stages(train_keys(), 64) == [
+      batch_warmup.Stage(2, 2, 4), batch_warmup.Stage(4, 3, 6)]
+  # One token more needs a third step of each size.
+  assert [s.last_step for s in batch_warmup.stages(train_keys(batch_warmup_tokens=1281), 64)] == [
+      3, 6]
+  assert batch_warmup.stages(train_keys(batch_warmup_rows=0, batch_warmup_tokens=0), 64) == []
+  # ModernBERT-base's: 768 to 4,608 rows of 1,024 tokens over 50B tokens, micro-batches of 256
+  # (18 of them): sizes of 3..17 micro-batches, ceil(50e9 / (1024 x 256 x (3 + ... + 17))) =
+  # 1,272 steps each.
+  modern = batch_warmup.stages(
+      train_keys(batch_size=4608, grad_accum_steps=18, batch_warmup_rows=768,
+                 batch_warmup_tokens=50_000_000_000), 1024)
+  assert len(modern) == 15 and modern[0] == batch_warmup.Stage(1272, 3, 768)
+  assert modern[-1] == batch_warmup.Stage(15 * 1272, 17, 4352)
+  trained = sum(1272 * s.rows * 1024 for s in modern)
+  assert 50_000_000_000 <= trained < 50_000_000_000 + 150 * 256 * 1024
+  assert batch_warmup.describe(train_keys(), 64) == (
+      'Batch-size warmup: 4 to 8 rows, 2 more at a time, 2 steps each (steps 1-4, 1,280 '
+      'tokens).')
+
+
+def test_grouped_reads_exactly_its_count_so_the_next_size_reads_on():
+  source = iter([({'x': np.array([i])}, {'batch': i + 1}) for i in range(6)])
+  first = batch_warmup.grouped(source, 2)
+  batch, position = next(first)
+  assert batch['x'].tolist() == [0, 1] and position == {'batch': 2}
+  batch, position = next(batch_warmup.grouped(source, 3))
+  assert batch['x'].tolist() == [2, 3, 4] and position == {'batch': 5}
+  assert next(batch_warmup.grouped(source, 1))[0]['x'].tolist() == [5]
+
+
+@pytest.mark.parametrize('overrides, match', [
+    ({'train.batch_warmup_rows': 4}, r'batch_warmup_tokens=0: a batch-size warmup needs both'),
+    ({'train.batch_warmup_rows': 4, 'train.batch_warmup_tokens': 100,
+      'train.grad_accum_steps': 1},
+     r'grad_accum_steps=1 that is the whole batch of 8; .*\(e\.g\. 2: micro-batches of 4\)'),
+    ({'train.batch_warmup_rows': 3, 'train.batch_warmup_tokens': 100,
+      'train.grad_accum_steps': 4},
+     r'batch_warmup_rows=3 is not a whole number of micro-batches .* use one of 2, 4, 6\.'),
+    ({'train.batch_warmup_rows': 8, 'train.batch_warmup_tokens': 100,
+      'train.grad_accum_steps': 4}, r'batch_warmup_rows=8 is not a whole number'),
+    ({'train.batch_warmup_rows': 4, 'train.batch_warmup_tokens': 10**6,
+      'train.grad_accum_steps': 4, 'train.num_steps': 20, 'train.warmup_steps': 2},
+     # Micro-batches of 2, rows of 32: 1e6 / (32 x 2 x (2 + 3)) = 3,125 steps a size; 10 a
+     # size fit in 20 steps: 10 x 32 x 2 x 5 = 3,200 tokens.
+     r'batch_warmup_tokens=1000000 takes 6250 steps \(2 batch sizes of 3125 steps\), beyond the '
+     r'20 steps of the run \(config.train.num_steps=20\); use at most 3200 tokens\.'),
+    ({'train.batch_warmup_rows': -4}, r'batch_warmup_rows=-4'),
+])
+def test_a_warmup_that_does_not_fit_is_refused_before_anything_is_built(overrides, match):
+  assert_refused(micro_config(**overrides), match)
+
+
+def read_train_records(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return {r['step']: r for r in map(json.loads, f) if r['split'] == 'train'}
+
+
+@pytest.mark.slow
+def test_each_size_trains_on_the_rows_a_run_of_that_batch_would(tmp_path):
+  # In memory, the stream's rows and masks do not depend on its batch size: the warmup's first
+  # size (4 rows as 2 micro-batches) trains as a run of batch 4 does, step for step.
+  common = {'train.warmup_steps': 3, 'train.log_every': 1, 'train.eval_every': 100,
+            'train.checkpoint_every': 0, 'model.hidden_dropout_rate': 0.0,
+            'model.attention_dropout_rate': 0.0}
+  ramp = micro_config(tmp_path, **common, **{
+      'train.num_steps': 6, 'train.grad_accum_steps': 4, 'train.batch_warmup_rows': 4,
+      'train.batch_warmup_tokens': 2 * (4 + 6) * 32})
+  assert [s.last_step for s in batch_warmup.stages(ramp.train, 32)] == [2, 4]
+  pretrain.train_and_evaluate(ramp, str(tmp_path / 'ramp'))
+  plain = micro_config(tmp_path, **common, **{
+      'train.num_steps': 3, 'train.batch_size': 4, 'train.grad_accum_steps': 2})
+  pretrain.train_and_evaluate(plain, str(tmp_path / 'plain'))
+  ramped, reference = read_train_records(tmp_path / 'ramp'), read_train_records(tmp_path / 'plain')
+  for step in (1, 2):
+    assert ramped[step]['loss'] == reference[step]['loss']
+  assert ramped[3]['loss'] != reference[3]['loss']  # Now 6 rows against 4.
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  return write_prepared_with_vocab(tmp_path_factory.mktemp('prepared'))
+
+
+# Micro-batches of 2 (8 rows, 4 of them); 4 then 6 rows for 2 steps each, then 8.
+RAMP = {'train.grad_accum_steps': 4, 'train.batch_warmup_rows': 4,
+        'train.batch_warmup_tokens': 2 * (4 + 6) * 64, 'train.checkpoint_every': 3,
+        'train.keep_checkpoints': 5}
+
+
+@pytest.mark.slow
+def test_a_run_with_a_warmup_resumes_exactly_mid_size_and_refuses_another_warmup(prepared,
+                                                                                 tmp_path):
+  from bert_jax import config_lib  # pylint: disable=g-import-not-at-top
+  reference = str(tmp_path / 'reference')
+  pretrain.train_and_evaluate(tiny_config(prepared, **RAMP), reference)
+  # Saved every 3 steps; none at the ends of the sizes (steps 2 and 4): the stream reads on.
+  assert sorted(int(s) for s in os.listdir(os.path.join(reference, 'checkpoints'))) == [3, 6, 9,
+                                                                                         12]
+  restarted = str(tmp_path / 'restarted')
+  shutil.copytree(reference, restarted)
+  for step in ('12', '9', '6'):  # Resumed at step 3, inside the second size (steps 3-4).
+    shutil.rmtree(os.path.join(restarted, 'checkpoints', step))
+  with pytest.raises(config_lib.ConfigError, match=r'batch_warmup_rows=2 \(the checkpoint: 4\)'):
+    pretrain.train_and_evaluate(tiny_config(prepared, **{**RAMP, 'train.batch_warmup_rows': 2}),
+                                restarted)
+  pretrain.train_and_evaluate(tiny_config(prepared, **RAMP), restarted)
+  for a, b in zip(jax.tree.leaves(final_params(reference, 12)),
+                  jax.tree.leaves(final_params(restarted, 12))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -87,6 +87,8 @@ def family_config(name: str):
     set_key(config, key, value)
   # A recipe that accumulates (RoBERTa 32, ModernBERT 18 micro-batches) keeps doing so, in 2.
   config.train.grad_accum_steps = min(config.train.grad_accum_steps, 2)
+  # The step lowered is the full batch's (a batch-size warmup's smaller ones are its own).
+  config.train.batch_warmup_rows = config.train.batch_warmup_tokens = 0
   return config
 
 

@@ -138,7 +138,8 @@ def _check_ranges(flat, choices, unit_ranges) -> None:
 
 def _check_schedule(train) -> None:
   """The warmup fits in the run (past num_steps the learning rate would never reach its peak);
-  a warmup-stable-decay schedule's decay fits after it."""
+  a warmup-stable-decay schedule's decay fits after it (0: none, the peak held to the end, as a
+  stable run that decays are branched from later)."""
   if train.warmup_steps > train.num_steps:
     raise ConfigError(
         f'config.train.warmup_steps={train.warmup_steps} exceeds config.train.num_steps='
@@ -148,11 +149,12 @@ def _check_schedule(train) -> None:
   if train.schedule != 'wsd':
     return
   stable = train.num_steps - train.warmup_steps - train.decay_steps
-  if train.decay_steps < 1 or stable < 0:
+  if stable < 0:
     raise ConfigError(
         f'config.train.decay_steps={train.decay_steps} with config.train.schedule=\'wsd\': the '
-        f'decay needs 1 to {train.num_steps - train.warmup_steps} steps (config.train.num_steps='
-        f'{train.num_steps} less the warmup of {train.warmup_steps}), the stable phase the rest.')
+        f'decay takes at most {train.num_steps - train.warmup_steps} steps (config.train.num_steps='
+        f'{train.num_steps} less the warmup of {train.warmup_steps}), the stable phase the rest '
+        '(0: no decay).')
 
 
 def _check_known_keys(flat, reference, reference_file) -> None:
@@ -308,6 +310,7 @@ def validate_runtime(config, tokenizer_vocab_size: int, batch_divisor: int) -> N
   _checks().check_gpu_kernels(config)
   xla_options.check_with_xla(config)
   check_batch_divides(config, trained_batch_keys(config), batch_divisor)
+  batch_warmup.check_devices(config, batch_divisor)
 
 
 def check_batch_divides(config, keys, batch_divisor: int) -> None:

@@ -222,9 +222,10 @@ def get_config(arg=None):
   train.grad_accum_steps = 1
   train.num_steps = 1_000_000  # Optimizer steps.
   # Batch-size warmup (ModernBERT's; bert_jax/data/batch_warmup.py): the first steps train
-  # batch_warmup_rows sequences, growing one micro-batch (batch_size / grad_accum_steps) at a
-  # time, each size for the same number of steps, to batch_size once the smaller sizes have
-  # trained batch_warmup_tokens tokens (rows x data.max_seq_length). 0 and 0: none.
+  # batch_warmup_rows sequences, the batch growing by as many at a time (a divisor of
+  # batch_size, a multiple of its micro-batches), each size for the same number of steps, to
+  # batch_size once the smaller sizes have trained batch_warmup_tokens tokens (rows x
+  # data.max_seq_length). 0 and 0: none.
   train.batch_warmup_rows = 0
   train.batch_warmup_tokens = 0
   # Share of num_steps, at the end, trained at the phase-2 shapes (the paper: 0.1 at seq 512;
@@ -324,7 +325,7 @@ def apply_pretraining_arguments(config, arg) -> None:
   config's value times (seq / its seq) x (rate / its rate), rounded up, and never lower it.
   """
   data, train = config.data, config.train
-  steps, warmup = train.num_steps, train.warmup_steps
+  steps, warmup, batch_warmup = train.num_steps, train.warmup_steps, train.batch_warmup_tokens
   seq, rate = data.max_seq_length, config.masking.rate
   predictions, phase2_predictions = (data.max_predictions_per_seq,
                                      data.phase2_max_predictions_per_seq)
@@ -340,6 +341,12 @@ def apply_pretraining_arguments(config, arg) -> None:
     logging.info('Config: steps=%d with warmup %d steps (%s; this config: %d of %d).',
                  train.num_steps, train.warmup_steps,
                  'the config\'s own, warmup=paper' if paper_warmup else 'as given', warmup, steps)
+  if 'steps' in given and batch_warmup:
+    # A batch-size warmup keeps its share of the run too (its tokens scale with the steps).
+    train.batch_warmup_tokens = max(1, round(batch_warmup * train.num_steps / steps))
+    logging.info('Config: steps=%d keeps the batch-size warmup at the same share: %d tokens '
+                 '(this config: %d of %d steps).', train.num_steps, train.batch_warmup_tokens,
+                 batch_warmup, steps)
   if 'mask_rate' in given or 'seq' in given:
     data.max_predictions_per_seq = scaled_predictions(
         predictions, data.max_seq_length / seq, config.masking.rate / rate,
@@ -382,7 +389,8 @@ def shrink_to_tiny(config) -> None:
           data.max_predictions_per_seq * TINY['seq'] / data.max_seq_length - 1e-9),
       max_seq_length=TINY['seq'])
   train.update(
-      batch_size=TINY['batch'], grad_accum_steps=1, num_steps=TINY['steps'],
+      batch_size=TINY['batch'], grad_accum_steps=1, batch_warmup_rows=0, batch_warmup_tokens=0,
+      num_steps=TINY['steps'],
       warmup_steps=TINY['warmup'], learning_rate=TINY['learning_rate'], log_every=100,
       eval_every=500, eval_batches=10, checkpoint_every=500)
 

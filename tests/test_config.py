@@ -417,13 +417,15 @@ def test_phase2_model_needs_a_phase_2():
   assert_refused(config, r'needs a phase 2 \(config.train.phase2_fraction')
 
 
-@pytest.mark.parametrize('decay_steps', [0, 95])
-def test_a_wsd_decay_must_fit_after_the_warmup(decay_steps):
+def test_a_wsd_decay_must_fit_after_the_warmup():
   config = valid_config()
-  config.train.update(schedule='wsd', num_steps=100, warmup_steps=10, decay_steps=decay_steps)
+  config.train.update(schedule='wsd', num_steps=100, warmup_steps=10, decay_steps=95)
   with pytest.raises(config_lib.ConfigError, match=(
-      rf"decay_steps={decay_steps} with config.train.schedule='wsd': the decay needs 1 to 90 "
-      r'steps \(config.train.num_steps=100 less the warmup of 10\)')):
+      r"decay_steps=95 with config.train.schedule='wsd': the decay takes at most 90 "
+      r'steps \(config.train.num_steps=100 less the warmup of 10\), the stable phase the rest '
+      r'\(0: no decay\)')):
     config_lib.validate(config)
   config.train.decay_steps = 90  # No stable phase: warmup, then decay.
+  config_lib.validate(config)
+  config.train.decay_steps = 0  # No decay: a stable run that decays branch from.
   config_lib.validate(config)

@@ -2,6 +2,8 @@
 transformers' ModernBertForMaskedLM in and out with GeGLU and SwiGLU, with and without biases,
 and a window the rows reach; packed rows; the config checks of its switches."""
 
+import math
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -238,6 +240,32 @@ def test_the_recipe_validates_and_counts_the_paper_s_parameters(size, millions):
     theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**exported))
   assert ours == sum(p.numel() for p in theirs.parameters())
   assert round(ours / 1e6) in (millions, millions + 1)
+
+
+def test_the_recipe_is_the_releases_pretraining_in_steps():
+  from configs import modernbert as modernbert_config  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import batch_warmup  # pylint: disable=g-import-not-at-top
+  config = modernbert_config.get_config('size=base,corpus=builtin')
+  config_lib.validate(config)
+  train = config.train
+  assert (train.optimizer, train.schedule, train.decay_steps, train.adam_b2, train.adam_eps) == (
+      'stableadamw', 'wsd', 0, 0.98, 1e-6)
+  # The release's decay (1e-5) is not scaled by the learning rate; optax's is.
+  assert train.weight_decay * train.learning_rate == pytest.approx(1e-5)
+  # Its 3B-token warmup ends inside the first size (768 rows of 1,024): ceil(3e9 / 786,432).
+  assert train.warmup_steps == 3815
+  # The warmup's 21,195 steps train 50,005,278,720 tokens, the rest of 1,719B 4,608 x 1,024 a step.
+  assert train.num_steps == 21195 + math.ceil((1_719_000_000_000 - 50_005_278_720) / (4608 * 1024))
+  assert config.model.rope_theta == config.model.local_rope_theta == 10_000.0
+  assert (config.masking.rate, config.masking.eval) == (0.3, 'reference')
+  # steps=N keeps the batch warmup's share of the run, as the learning-rate warmup's.
+  short = modernbert_config.get_config('size=base,corpus=builtin,steps=10000')
+  config_lib.validate(short)
+  end = batch_warmup.stages(short.train, 1024)[-1].last_step
+  assert abs(end - 10000 * 21195 / train.num_steps) <= 10
+  tiny = modernbert_config.get_config('size=tiny')  # Batches of 32 from the first step.
+  config_lib.validate(tiny)
+  assert (tiny.train.batch_warmup_rows, tiny.train.optimizer) == (0, 'stableadamw')
 
 
 @pytest.mark.parametrize('feed_forward', ['geglu', 'gelu'])

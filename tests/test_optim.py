@@ -57,6 +57,12 @@ def test_warmup_stable_decay_is_its_formula_at_every_step(shape):
       float(schedule(s)) for s in range(num_steps - decay + 1)]
 
 
+def test_warmup_stable_without_a_decay_holds_the_peak_to_the_end():
+  # decay_steps=0: ModernBERT's phase 1 (its release's t_decay: 0tok), decays branched later.
+  schedule = optim.learning_rate_schedule(0.5, 10, 100, 'wsd', 0)
+  assert [float(schedule(s)) for s in (0, 5, 10, 50, 99, 100)] == [0.0, 0.25, 0.5, 0.5, 0.5, 0.5]
+
+
 def test_the_config_selects_the_schedule():
   train = train_config('adamw', 1.0)
   train.update(num_steps=100, warmup_steps=10)

@@ -1,15 +1,16 @@
 """Batch-size warmup (ModernBERT's): the first steps train on smaller batches that grow to
-train.batch_size, one micro-batch at a time. Pure integers, no jax.
+train.batch_size. Pure integers, no jax.
 
-The batch grows from train.batch_warmup_rows by one micro-batch (train.batch_size /
-train.grad_accum_steps rows) at a time, each size for the same number of steps (so the size
-grows linearly in steps, as ModernBERT's BatchSizeWarmupScheduler), until the sizes below the
-full batch have trained train.batch_warmup_tokens tokens (rows x data.max_seq_length, padding
-included: a pure function of the step, so a resume and the learning-rate schedule need no data).
-A step of n micro-batches accumulates n of them, as train.grad_accum_steps does for the full
-batch; the data stream yields micro-batches and a step reads n in a row, so a run with the
-warmup reads the rows in the order a run without it does, and its data position is always
-between micro-batches (an exact resume anywhere).
+The batch grows by train.batch_warmup_rows at a time: r, 2r, 3r, ... rows (batch_size a multiple
+of r), each size for the same number of steps, so it grows linearly in steps as ModernBERT's
+BatchSizeWarmupScheduler (768 to 4,608 rows: its 96 rows a GPU on 8 GPUs, one to six
+micro-batches), until the smaller sizes have trained train.batch_warmup_tokens tokens (rows x
+data.max_seq_length, padding included: a pure function of the step, so a resume and the
+learning-rate schedule need no data). A size's step accumulates its rows in micro-batches of the
+run's (batch_size / grad_accum_steps, which must divide r), or with grad_accum_steps=1 trains
+them as one batch. The data stream yields batches of r rows and a step reads as many as its size
+needs, so a run with the warmup reads the rows in the order a run without it does, and its data
+position is always between two of them (an exact resume anywhere, on any accumulation count).
 """
 
 import dataclasses
@@ -24,31 +25,25 @@ from bert_jax.core.errors import ConfigError
 class Stage:
   """Steps of one batch size."""
   last_step: int  # Its last step (the first is the previous stage's last + 1).
-  micro_batches: int  # Micro-batches per optimizer step.
-  rows: int  # Sequences per optimizer step: micro_batches x the micro-batch.
+  micro_batches: int  # Micro-batches per optimizer step (its grad_accum_steps).
+  rows: int  # Sequences per optimizer step.
 
 
 def enabled(train) -> bool:
   return bool(train.get('batch_warmup_rows', 0))
 
 
-def micro_rows(train) -> int:
-  """Rows of one micro-batch: what the batch grows by, and what the data stream yields."""
-  return train.batch_size // train.grad_accum_steps
-
-
 def stream_rows(train) -> int:
-  """Rows per batch of the phase-1 training stream: the micro-batch with a warmup (a step reads
-  several), else the whole batch."""
-  return micro_rows(train) if enabled(train) else train.batch_size
+  """Rows per batch of the phase-1 training stream: batch_warmup_rows with a warmup (a step
+  reads several), else the whole batch."""
+  return train.batch_warmup_rows if enabled(train) else train.batch_size
 
 
 def steps_per_size(train, seq_length: int) -> int:
   """Steps at each size below the full batch: the fewest whose sizes train at least
   batch_warmup_tokens tokens."""
-  micro = micro_rows(train)
-  sizes = range(train.batch_warmup_rows // micro, train.grad_accum_steps)
-  return max(1, math.ceil(train.batch_warmup_tokens / (seq_length * micro * sum(sizes))))
+  rows, sizes = train.batch_warmup_rows, train.batch_size // train.batch_warmup_rows
+  return max(1, math.ceil(train.batch_warmup_tokens / (seq_length * rows * sum(range(sizes)))))
 
 
 def stages(train, seq_length: int) -> list[Stage]:
@@ -56,22 +51,35 @@ def stages(train, seq_length: int) -> list[Stage]:
   after the last one train the full batch."""
   if not enabled(train):
     return []
-  micro, each = micro_rows(train), steps_per_size(train, seq_length)
-  first = train.batch_warmup_rows // micro
-  return [Stage(each * (i + 1), n, n * micro)
-          for i, n in enumerate(range(first, train.grad_accum_steps))]
+  rows, each = train.batch_warmup_rows, steps_per_size(train, seq_length)
+  micro = train.batch_size // train.grad_accum_steps
+  return [Stage(each * k, k * rows // micro if train.grad_accum_steps > 1 else 1, k * rows)
+          for k in range(1, train.batch_size // rows)]
+
+
+def steps_for_tokens(train, seq_length: int, tokens: float) -> int:
+  """The fewest steps whose rows x seq_length reach `tokens`, the warmup's smaller batches
+  counted: a schedule stated in tokens (ModernBERT's), in steps."""
+  step, trained = 0, 0
+  for stage in stages(train, seq_length):
+    per_step = stage.rows * seq_length
+    if trained + (stage.last_step - step) * per_step >= tokens:
+      return step + math.ceil((tokens - trained) / per_step)
+    trained += (stage.last_step - step) * per_step
+    step = stage.last_step
+  return step + max(0, math.ceil((tokens - trained) / (train.batch_size * seq_length)))
 
 
 def describe(train, seq_length: int) -> str:
-  """'Batch-size warmup: 4 to 8 rows, 2 more at a time, 2 steps each (steps 1-4, 1,280
+  """'Batch-size warmup: 2 to 8 rows, 2 more at a time, 2 steps each (steps 1-6, 1,536
   tokens).' ('' without a warmup)."""
   ramp = stages(train, seq_length)
   if not ramp:
     return ''
-  tokens = sum((s.last_step - p) * s.rows for s, p in
-               zip(ramp, [0] + [s.last_step for s in ramp])) * seq_length
+  each = ramp[0].last_step
+  tokens = sum(each * s.rows for s in ramp) * seq_length
   return (f'Batch-size warmup: {ramp[0].rows} to {train.batch_size} rows, '
-          f'{micro_rows(train)} more at a time, {ramp[0].last_step} steps each (steps '
+          f'{train.batch_warmup_rows} more at a time, {each} steps each (steps '
           f'1-{ramp[-1].last_step}, {tokens:,} tokens).')
 
 
@@ -82,39 +90,51 @@ def check(config) -> None:
   rows, tokens = train.get('batch_warmup_rows', 0), train.get('batch_warmup_tokens', 0)
   if not rows and not tokens:
     return
-  keys = (f'config.train.batch_warmup_rows={rows} and config.train.batch_warmup_tokens='
-          f'{tokens}')
   if not rows or not tokens:
-    raise ConfigError(f'{keys}: a batch-size warmup needs both, the first batch and the tokens '
-                      'over which it grows to train.batch_size (0 and 0: no warmup).')
+    raise ConfigError(
+        f'config.train.batch_warmup_rows={rows} and config.train.batch_warmup_tokens={tokens}: '
+        'a batch-size warmup needs both, the first batch (and what it grows by) and the tokens '
+        'over which it grows to train.batch_size (0 and 0: no warmup).')
   batch, steps = train.batch_size, train.grad_accum_steps
-  if steps == 1:
-    unit = math.gcd(batch, rows)
+  if rows >= batch or batch % rows:
+    divisors = [d for d in range(batch // 2, 0, -1) if batch % d == 0][:6]
     raise ConfigError(
-        f'config.train.batch_warmup_rows={rows}: the batch grows one micro-batch '
-        '(train.batch_size / train.grad_accum_steps rows) at a time, and with grad_accum_steps=1 '
-        f'that is the whole batch of {batch}; set config.train.grad_accum_steps to a count whose '
-        f'micro-batch divides {rows} (e.g. {batch // unit}: micro-batches of {unit}).')
-  micro = micro_rows(train)
-  if rows % micro or rows >= batch:
-    valid = ', '.join(str(n * micro) for n in range(1, min(steps, 6)))
+        f'config.train.batch_warmup_rows={rows}: the batch grows by it (r, 2r, ... rows) to '
+        f'config.train.batch_size={batch}, so it must divide batch_size and be smaller; use '
+        f'one of {", ".join(map(str, divisors))}, ... (0 and batch_warmup_tokens=0: no '
+        'warmup).')
+  micro = batch // steps
+  if steps > 1 and rows % micro:
     raise ConfigError(
-        f'config.train.batch_warmup_rows={rows} is not a whole number of micro-batches below '
-        f'config.train.batch_size={batch} (micro-batches of {micro}: batch_size / '
-        f'grad_accum_steps={steps}); use one of {valid}{", ..." if steps > 6 else ""}.')
+        f'config.train.batch_warmup_rows={rows} is not a whole number of micro-batches of '
+        f'{micro} rows (config.train.batch_size={batch} / grad_accum_steps={steps}), which '
+        'each smaller batch accumulates; use a multiple of '
+        f'{micro}, or grad_accum_steps={batch // math.gcd(batch, rows)} (micro-batches of '
+        f'{math.gcd(batch, rows)}; 0 and batch_warmup_tokens=0: no warmup).')
   seq = config.data.max_seq_length
   end = stages(train, seq)[-1].last_step
   phase1 = train.num_steps - int(round(train.get('phase2_fraction', 0.0) * train.num_steps))
   if end > phase1:
-    sizes = range(rows // micro, steps)
-    most = phase1 // len(sizes) * seq * micro * sum(sizes)
+    sizes = batch // rows - 1
+    most = phase1 // sizes * seq * rows * sum(range(sizes + 1))
     where = 'phase 1' if phase1 < train.num_steps else 'the run'
     raise ConfigError(
-        f'config.train.batch_warmup_tokens={tokens} takes {end} steps ({len(sizes)} batch sizes '
-        f'of {end // len(sizes)} steps), beyond the {phase1} steps of {where} '
+        f'config.train.batch_warmup_tokens={tokens} takes {end} steps ({sizes} batch sizes of '
+        f'{end // sizes} steps), beyond the {phase1} steps of {where} '
         f'(config.train.num_steps={train.num_steps}); '
         + (f'use at most {most} tokens.' if most else
-           f'{where} needs at least {len(sizes)} steps, one per batch size.'))
+           f'{where} needs at least {sizes} steps, one per batch size.'))
+
+
+def check_devices(config, batch_divisor: int) -> None:
+  """Without accumulation each smaller batch is one batch of its rows, split over the
+  batch_divisor devices (data x fsdp mesh axes): batch_warmup_rows must split evenly."""
+  rows = config.train.get('batch_warmup_rows', 0)
+  if rows and config.train.grad_accum_steps == 1 and rows % batch_divisor:
+    raise ConfigError(
+        f'config.train.batch_warmup_rows={rows} is not divisible by the {batch_divisor} devices '
+        f'each smaller batch is split over (mesh data x fsdp); use a multiple of '
+        f'{batch_divisor}.')
 
 
 def grouped(batches, count: int):

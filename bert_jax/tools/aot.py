@@ -131,6 +131,8 @@ def prepare_config(config, num_slices: int):
         f'config.mesh.dcn_data={config.mesh.dcn_data} contradicts --num_slices={num_slices}; '
         'set --num_slices alone.')
   config.mesh.dcn_data = num_slices
+  # The step compiled is the full batch's: a batch-size warmup's smaller ones are not.
+  config.train.batch_warmup_rows = config.train.batch_warmup_tokens = 0
   checked = copy.deepcopy(config)
   checked.data.corpus = checked.data.corpus or 'builtin'  # No corpus is read here.
   config_lib.validate(checked)

@@ -106,6 +106,8 @@ class Setup:
     from bert_jax.train import xla  # pylint: disable=g-import-not-at-top
     if not config.data.prepared:
       config.data.corpus = config.data.corpus or 'builtin'  # Not read; validation wants one.
+    # The step timed is the full batch's: a batch-size warmup's smaller ones are not.
+    config.train.batch_warmup_rows = config.train.batch_warmup_tokens = 0
     config_lib.validate(config)
     xla.apply_xla_flags(config)  # Before the mesh starts JAX's backends.
     self.config = config

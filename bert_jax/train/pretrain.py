@@ -594,8 +594,6 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
     train = phase.config.train
     sizes = batch_warmup.stages(train, phase.config.data.max_seq_length)
     full = batch_warmup.Stage(phase.last_step, train.grad_accum_steps, train.batch_size)
-    # With a warmup the stream yields batches of its first size, a step reads rows / that many.
-    per_step = (lambda rows: rows // train.batch_warmup_rows) if sizes else None
     for size in [s for s in sizes if s.last_step > start_step] + [full]:
       if size is full:
         train_step = phase_steps[phase.index][0]
@@ -606,7 +604,9 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       make_global = to_global or functools.partial(sharding.global_batch_from_local,
                                                    global_rows=size.rows)
       yield loop.Stretch(
-          size.last_step, batch_warmup.grouped(batches, per_step(size.rows)) if sizes else batches,
+          size.last_step,
+          # With a warmup the stream yields batches of its first size: a step reads several.
+          batch_warmup.grouped(batches, size.rows // train.batch_warmup_rows) if sizes else batches,
           functools.partial(lambda batch, make: make(batch, batch_shardings), make=make_global),
           size.rows, flops, phase_stream, phase.index, train_step, continues=size is not full)
 

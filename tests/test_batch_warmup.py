@@ -61,6 +61,18 @@ def test_steps_for_tokens_counts_the_smaller_batches():
   assert [batch_warmup.steps_for_tokens(plain, 64, t) for t in (512, 513)] == [1, 2]
 
 
+def test_tokens_through_a_step_count_each_size():
+  train = train_keys()  # Steps of 128, 128, 256, 256, 384, 384 tokens, then 512.
+  assert [batch_warmup.tokens_through(train, 64, s) for s in range(9)] == [
+      0, 128, 256, 512, 768, 1152, 1536, 2048, 2560]
+  for tokens in (128, 129, 1536, 2000):  # The inverse of steps_for_tokens.
+    step = batch_warmup.steps_for_tokens(train, 64, tokens)
+    assert batch_warmup.tokens_through(train, 64, step - 1) < tokens <= (
+        batch_warmup.tokens_through(train, 64, step))
+  plain = train_keys(batch_warmup_rows=0, batch_warmup_tokens=0)
+  assert batch_warmup.tokens_through(plain, 64, 3) == 3 * 8 * 64
+
+
 def test_grouped_reads_exactly_its_count_so_the_next_size_reads_on():
   source = iter([({'x': np.array([i])}, {'batch': i + 1}) for i in range(6)])
   first = batch_warmup.grouped(source, 2)
@@ -127,7 +139,10 @@ def test_each_size_trains_on_the_rows_a_run_of_that_batch_would(tmp_path):
   ramped, reference = read_train_records(tmp_path / 'ramp'), read_train_records(tmp_path / 'plain')
   for step in (1, 2):
     assert ramped[step]['loss'] == reference[step]['loss']
-  assert ramped[3]['loss'] != reference[3]['loss']  # Now 6 rows against 4.
+  assert ramped[3]['loss'] != reference[3]['loss']  # Now 8 rows against 4.
+  # The records count the tokens trained: 4 rows of 32 a step, then 8.
+  assert [ramped[s]['tokens'] for s in (1, 2, 3, 6)] == [128, 256, 512, 1280]
+  assert [reference[s]['tokens'] for s in (1, 2, 3)] == [128, 256, 384]
 
 
 @pytest.fixture(scope='module')

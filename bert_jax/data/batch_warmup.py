@@ -70,6 +70,18 @@ def steps_for_tokens(train, seq_length: int, tokens: float) -> int:
   return step + max(0, math.ceil((tokens - trained) / (train.batch_size * seq_length)))
 
 
+def tokens_through(train, seq_length: int, step: int) -> int:
+  """Tokens (rows x seq_length) trained by steps 1..`step` at train's batch sizes: the smaller
+  batches of a warmup, then the full one."""
+  tokens, done = 0, 0
+  for stage in stages(train, seq_length):
+    upto = min(step, stage.last_step)
+    if upto > done:
+      tokens += (upto - done) * stage.rows * seq_length
+    done = max(done, stage.last_step)
+  return tokens + max(0, step - done) * train.batch_size * seq_length
+
+
 def describe(train, seq_length: int) -> str:
   """'Batch-size warmup: 2 to 8 rows, 2 more at a time, 2 steps each (steps 1-6, 1,536
   tokens).' ('' without a warmup)."""

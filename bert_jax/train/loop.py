@@ -52,6 +52,8 @@ class Hooks:
   # skipped steps) -> what its checkpoint saves beside the state.
   log_line: Callable[[int, dict, float], None]  # (step, train fields, ETA in seconds).
   log_at: Callable[[int], bool] = lambda step: False  # Logs besides every log_every (epochs).
+  # Fields every train record adds for its step (pretraining: the tokens trained so far).
+  step_fields: Callable[[int], dict] = lambda step: {}
   save_at_end_of_stretch: bool = True  # So that a resume starts the next stretch afresh.
   subject: str = ''
   remedy: str = ('Lower train.learning_rate, check the data, or set train.max_nonfinite_skips '
@@ -172,7 +174,8 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       values.update(learning_rate=float(settings.schedule(step - 1)),
                     grad_norm=float(stats['grad_norm']) / max(applied, 1),
                     seq_per_s=seq_per_s,
-                    mfu=seq_per_s * stretch.flops_per_seq / settings.peak_flops)
+                    mfu=seq_per_s * stretch.flops_per_seq / settings.peak_flops,
+                    **hooks.step_fields(step))
       if max_skips:
         values['nonfinite_skips'] = skipped
       alarms = health.train_alarms(step, values['loss'], previous_train, bad,

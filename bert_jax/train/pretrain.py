@@ -538,6 +538,18 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       stop_on=stop_on,
       stop_on_setting=f'config.train.stop_on_alarms={config.train.stop_on_alarms!r}')
 
+  def tokens_at(step: int) -> dict:
+    """{'tokens': rows x seq length trained by steps 1..step}: a batch-size warmup's smaller
+    batches and phase 2's rows counted, so runs of other schedules compare by tokens."""
+    first = run_phases[0]
+    tokens = batch_warmup.tokens_through(first.config.train, first.config.data.max_seq_length,
+                                         min(step, first.last_step))
+    if step > first.last_step:
+      later = run_phases[1].config
+      tokens += ((step - first.last_step) * later.train.batch_size
+                 * later.data.max_seq_length)
+    return {'tokens': tokens}
+
   def evaluate(step, state):
     totals = None
     for batch in held_out:
@@ -550,6 +562,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       values['unigram_loss'] = unigram
     if 'rtd_replaced_fraction' in values:
       values['rtd_disc_prior_loss'] = health.binary_entropy(values['rtd_replaced_fraction'])
+    values.update(tokens_at(step))
     eval_history.append({**values, 'step': step})
     alarms = health.eval_alarms(eval_history, config.train.warmup_steps)
     if alarms:
@@ -630,6 +643,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
       evaluate=evaluate,
       evaluate_at=lambda step: step % config.train.eval_every == 0 or step == num_steps,
       saved_fields=saved_fields,
+      step_fields=tokens_at,
       log_line=lambda step, values, eta: metrics_lib.log_train_line(step, num_steps, values,
                                                                     eta))
   with checkpoint_lib.closing(checkpointer):

@@ -73,12 +73,10 @@ def steps_for_tokens(train, seq_length: int, tokens: float) -> int:
 def tokens_through(train, seq_length: int, step: int) -> int:
   """Tokens (rows x seq_length) trained by steps 1..`step` at train's batch sizes: the smaller
   batches of a warmup, then the full one."""
-  tokens, done = 0, 0
+  tokens, done = 0, 0  # done: the last step of the sizes before (they follow one another).
   for stage in stages(train, seq_length):
-    upto = min(step, stage.last_step)
-    if upto > done:
-      tokens += (upto - done) * stage.rows * seq_length
-    done = max(done, stage.last_step)
+    tokens += max(0, min(step, stage.last_step) - done) * stage.rows * seq_length
+    done = stage.last_step
   return tokens + max(0, step - done) * train.batch_size * seq_length
 
 
@@ -89,7 +87,7 @@ def describe(train, seq_length: int) -> str:
   if not ramp:
     return ''
   each = ramp[0].last_step
-  tokens = sum(each * s.rows for s in ramp) * seq_length
+  tokens = tokens_through(train, seq_length, ramp[-1].last_step)
   return (f'Batch-size warmup: {ramp[0].rows} to {train.batch_size} rows, '
           f'{train.batch_warmup_rows} more at a time, {each} steps each (steps '
           f'1-{ramp[-1].last_step}, {tokens:,} tokens).')

@@ -147,6 +147,12 @@ def _check_schedule(train) -> None:
         f'{train.learning_rate}; set warmup_steps to at most {train.num_steps} (the config '
         'argument steps=N scales the warmup with the steps).')
   if train.schedule != 'wsd':
+    if train.get('decay_steps', 0):
+      # Only wsd reads it: a linear schedule decays from the warmup's end to the last step.
+      raise ConfigError(
+          f'config.train.decay_steps={train.decay_steps} sets a warmup-stable-decay decay, but '
+          f'config.train.schedule={train.schedule!r} decays from the warmup\'s end to '
+          'num_steps; set config.train.schedule=wsd, or decay_steps=0.')
     return
   stable = train.num_steps - train.warmup_steps - train.decay_steps
   if stable < 0:

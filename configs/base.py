@@ -1,13 +1,19 @@
 """BERT-Base pretraining with the paper's recipe (Devlin et al., 2018).
 
 Arguments (comma separated, `configs/base.py:layers=6,nsp=False,mask_rate=0.3`):
-  layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, warmup, corpus, vocab.
+  layers, hidden, heads, nsp, mask_rate, wwm, seq, batch, steps, warmup, corpus, vocab,
+  tokens, warmup_tokens, decay_tokens.
 (`nsp=False` drops 'nsp' from config.objectives: single segments, MLM only.)
 Arguments carry what depends on them (`apply_pretraining_arguments`): `steps` without `warmup`
 keeps the warmup's share of the steps (here 1%, 10k of 1M; at least one step), `warmup=paper`
 keeps the config's own warmup in steps (the paper's 10k; refused if longer than the run), and `mask_rate`
 or `seq` raise data.max_predictions_per_seq (and, with `mask_rate`, the phase-2 one) in
 proportion, rounded up (the paper's 20 at seq 128 and rate 0.15 become 40 at rate 0.3).
+The schedule in tokens (rows x their length, padding, a batch-size warmup's smaller batches and
+phase 2 counted; bert_jax/data/token_budget.py): `tokens=2B` sets the steps to the fewest that
+train 2B tokens, and keeps the warmup's, the decay's and the batch-size warmup's shares of the
+config's tokens; `warmup_tokens` and `decay_tokens` set those phases in tokens (K, M, B, T
+suffixes or 1.7e12), counted after every other argument (a `seq` or `batch` given changes them).
 Everything else: `--config.KEY=VALUE`, e.g. `--config.model.num_layers=6`; such an override is
 taken as given, and derives nothing.
 """
@@ -17,6 +23,7 @@ import math
 from absl import logging
 import ml_collections
 
+from bert_jax.data import token_budget
 from bert_jax.models import architecture
 
 # Arguments accepted after the colon, and the config key each one sets.
@@ -167,6 +174,10 @@ def get_config(arg=None):
   # A corpus prepared by `python -m bert_jax.data.prepare` (a directory): streamed with Grain,
   # each process reading its own documents, instead of data.corpus read into memory.
   data.prepared = ''
+  # A mixture of data.prepared's sources, each prepared into DIR/NAME with one vocab:
+  # 'NAME:WEIGHT,...' ('wiki:3,books:1'), each epoch drawing each source's documents to its
+  # weight's share of the epoch's tokens (bert_jax/data/mixture.py). '': DIR is one corpus.
+  data.mixture = ''
   # What a row holds: 'segments', BERT's (text of one document: [CLS] A [SEP] B [SEP] pairs
   # when an objective needs them, else one segment, cut at drawn target lengths) or
   # 'full_sentences', RoBERTa's FULL-SENTENCES (whole sentences filling each row up to
@@ -330,14 +341,15 @@ def apply_pretraining_arguments(config, arg) -> None:
   predictions, phase2_predictions = (data.max_predictions_per_seq,
                                      data.phase2_max_predictions_per_seq)
   arg, paper_warmup = _take_paper_warmup(arg)
+  counts, arg = split_arguments(arg, TOKEN_ARGUMENTS)
   given = apply_arguments(config, arg) | ({'warmup'} if paper_warmup else set())
-  if 'steps' in given and 'warmup' not in given:
+  if 'steps' in given and 'warmup' not in given and 'warmup_tokens' not in counts:
     train.warmup_steps = max(1, round(warmup * train.num_steps / steps))
     logging.info(
         'Config: steps=%d keeps the warmup at %.3g%% of the steps: %d (this config: %d of %d). '
         'warmup=paper keeps %d steps; warmup=N sets it.', train.num_steps,
         100 * warmup / steps, train.warmup_steps, warmup, steps, warmup)
-  elif 'steps' in given:
+  elif 'steps' in given and 'warmup_tokens' not in counts:
     logging.info('Config: steps=%d with warmup %d steps (%s; this config: %d of %d).',
                  train.num_steps, train.warmup_steps,
                  'the config\'s own, warmup=paper' if paper_warmup else 'as given', warmup, steps)
@@ -347,6 +359,8 @@ def apply_pretraining_arguments(config, arg) -> None:
     logging.info('Config: steps=%d keeps the batch-size warmup at the same share: %d tokens '
                  '(this config: %d of %d steps).', train.num_steps, train.batch_warmup_tokens,
                  batch_warmup, steps)
+  if counts:
+    _apply_token_schedule(config, counts, given)
   if 'mask_rate' in given or 'seq' in given:
     data.max_predictions_per_seq = scaled_predictions(
         predictions, data.max_seq_length / seq, config.masking.rate / rate,
@@ -359,6 +373,49 @@ def apply_pretraining_arguments(config, arg) -> None:
     logging.info('Config: seq=%d, mask_rate=%g raise max_predictions_per_seq %d -> %d.',
                  data.max_seq_length, config.masking.rate, predictions,
                  data.max_predictions_per_seq)
+
+
+# The schedule in tokens, and the steps argument each one stands for.
+TOKEN_ARGUMENTS = {'tokens': 'steps', 'warmup_tokens': 'warmup', 'decay_tokens': ''}
+
+
+def _apply_token_schedule(config, texts: dict, given: set) -> None:
+  """tokens=, warmup_tokens=, decay_tokens= (`texts`) turned into steps at the config's
+  shapes: `tokens` without `warmup_tokens` (or `warmup`) keeps the warmup's share of the
+  config's tokens, and the same for a wsd decay and a batch-size warmup."""
+  train = config.train
+  counts = {name: token_budget.parse_count(text, name) for name, text in texts.items()}
+  for name in counts:
+    if TOKEN_ARGUMENTS[name] in given:
+      raise ValueError(f'Config arguments {TOKEN_ARGUMENTS[name]}= and {name}= both set how '
+                       f'long {"the run" if name == "tokens" else "the warmup"} is; give one.')
+  if 'tokens' in counts:
+    # The config's own run, at the shapes the other arguments left: the shares to keep.
+    total = token_budget.tokens_through(config, train.num_steps)
+    warmup = token_budget.tokens_through(config, train.warmup_steps)
+    decay = total - token_budget.tokens_through(config, train.num_steps - train.decay_steps)
+    share = counts['tokens'] / total
+    if train.batch_warmup_tokens:
+      train.batch_warmup_tokens = max(1, round(train.batch_warmup_tokens * share))
+    train.num_steps = token_budget.steps_for_tokens(config, counts['tokens'])
+    if 'warmup' not in given:
+      counts.setdefault('warmup_tokens', max(1, round(warmup * share)))
+    if train.decay_steps:
+      counts.setdefault('decay_tokens', max(1, round(decay * share)))
+  total = token_budget.tokens_through(config, train.num_steps)
+  if 'warmup_tokens' in counts:
+    train.warmup_steps = max(1, token_budget.step_reaching(config, counts['warmup_tokens']))
+  if 'decay_tokens' in counts:
+    # The decay trains at least decay_tokens: it starts after the last step within the rest.
+    stable_end = token_budget.step_reaching(config, total - counts['decay_tokens'])
+    if token_budget.tokens_through(config, stable_end) > total - counts['decay_tokens']:
+      stable_end -= 1
+    train.decay_steps = train.num_steps - max(0, stable_end)
+  logging.info('Config: %s: %d steps (%s tokens), warmup %d steps (%s tokens)%s.',
+               ', '.join(f'{name}={text}' for name, text in texts.items()), train.num_steps,
+               f'{total:,}', train.warmup_steps,
+               f'{token_budget.tokens_through(config, train.warmup_steps):,}',
+               f', decay {train.decay_steps} steps' if train.decay_steps else '')
 
 
 # size=tiny of every family config: configs/tiny.py's shape and schedule.

@@ -3,7 +3,8 @@ its release's recipe.
 
 Arguments (comma separated): `size=base|large|tiny` (default base), then configs/base.py's
 (`configs/modernbert.py:size=large,steps=10000`; `steps` without `warmup` keeps the warmup's
-share, and the batch-size warmup's). The model is 'modernbert' (models/modernbert/): pre-norm
+share, and the batch-size warmup's; `tokens=20B` does the same in tokens, `decay_tokens=2B` adds a
+decay: docs/pretraining.md). The model is 'modernbert' (models/modernbert/): pre-norm
 layers with LayerNorms without biases, no biases anywhere else, GeGLU feed-forward, rotary
 positions, every third layer global and the others attending within 128 tokens; MLM only at a
 30% masking rate; byte-level BPE rows of 1,024 tokens filled with whole sentences

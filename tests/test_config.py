@@ -429,3 +429,11 @@ def test_a_wsd_decay_must_fit_after_the_warmup():
   config_lib.validate(config)
   config.train.decay_steps = 0  # No decay: a stable run that decays branch from.
   config_lib.validate(config)
+
+
+def test_a_decay_length_without_a_wsd_schedule_is_refused():
+  # Only wsd reads decay_steps: a linear run would ignore the decay it was given.
+  config = valid_config()
+  config.train.update(schedule='linear', num_steps=100, warmup_steps=10, decay_steps=20)
+  assert_refused(config, r"config.train.decay_steps=20 sets a warmup-stable-decay decay, but "
+                         r"config.train.schedule='linear' decays from the warmup's end")

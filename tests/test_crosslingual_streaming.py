@@ -94,7 +94,7 @@ def test_streamed_rows_keep_to_one_language_and_carry_its_ids(prepared, rows, tm
 
 def test_each_epoch_draws_the_languages_to_their_smoothed_shares():
   documents = streaming.LanguageDocuments([range(900), range(100)], [10.0, 10.0])
-  order = streaming.LanguageOrder(documents, alpha=0.3, seed=0, run=16)
+  order = streaming.SourceOrder.smoothed(documents, alpha=0.3, seed=0, run=16)
   q = np.array([0.9, 0.1]) ** 0.3 / (0.9 ** 0.3 + 0.1 ** 0.3)
   np.testing.assert_array_equal(order.wanted, np.round(q * 1000))
   for epoch in (0, 1):
@@ -109,11 +109,11 @@ def test_each_epoch_draws_the_languages_to_their_smoothed_shares():
     assert len(changes) < len(ids) / 16 * 1.5
   assert order.epoch_order(0).tolist() != order.epoch_order(1).tolist()
   # A language's share of the tokens, not of the documents: longer documents, fewer drawn.
-  longer = streaming.LanguageOrder(
+  longer = streaming.SourceOrder.smoothed(
       streaming.LanguageDocuments([range(900), range(100)], [10.0, 40.0]),
       alpha=1.0, seed=0, run=16)
   assert longer.wanted.tolist() == [900, 100]
-  flat = streaming.LanguageOrder(documents, alpha=1.0, seed=0, run=16)
+  flat = streaming.SourceOrder.smoothed(documents, alpha=1.0, seed=0, run=16)
   assert sorted(flat.epoch_order(0).tolist()) == list(range(1000))
 
 

@@ -93,6 +93,7 @@ def test_one_corpus_with_two_vocabularies_is_refused(tmp_path):
     ('equal_flops', 'deberta', r"sweep.equal_flops='deberta' names no pretrained arm; the "
                                r"pretrained arms are bert, bert_mlm, roberta, albert, electra"),
     ('args', 'steps=100', r"Arm 'roberta' sets steps in its args, but sweep.equal_flops='bert'"),
+    ('args', 'tokens=2M', r"Arm 'roberta' sets tokens in its args, but sweep.equal_flops='bert'"),
 ])
 def test_bad_equal_flops_settings_are_named(tmp_path, field, value, message):
   sweep = family()

@@ -8,6 +8,7 @@ from bert_jax import objectives
 from bert_jax.core import files
 from bert_jax.core.errors import ConfigError
 from bert_jax.data import crosslingual
+from bert_jax.data import mixture
 
 
 def row_lengths(config) -> list[int]:
@@ -23,6 +24,7 @@ def check_pretraining(config) -> None:
   position table and long enough for text, masking that fits the rows (when an objective masks
   inputs), a prepared corpus that exists (phase 2 needs one), a corpus to read otherwise;
   first the cross-lingual keys, beside their reader (data/crosslingual.py)."""
+  mixture.check_config(config)
   crosslingual.check_config(config)
   data = config.data
   if data.max_seq_length > config.model.max_position_embeddings:

@@ -5,7 +5,7 @@ data/pipeline.py's stream (build_examples is its `build`). A corpus holds each l
 documents (data.corpus with '{lang}') and parallel sentence pairs (data.parallel); one vocab,
 trained on all of it, is shared by every language. At scale the MLM rows stream from a prepared
 corpus a language instead (data/prepare.py's prepare_languages, data/streaming.py's
-LanguageDocuments and LanguageOrder); translation pairs are read in memory only.
+LanguageDocuments and SourceOrder); translation pairs are read in memory only.
 - MLM rows: each language's documents make the rows a monolingual run makes (data.rows: segments
   or FULL-SENTENCES), never across languages; every token carries its language's id. With
   data.language_alpha < 1 each language's rows are resampled to q_i = p_i^alpha / sum_j p_j^alpha

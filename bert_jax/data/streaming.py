@@ -11,9 +11,11 @@
      dynamic: a fresh mask every time a document comes round; static: `dupe_factor` fixed masks)
   -> optional worker processes (Grain mp_prefetch).
 
-A cross-lingual corpus (a prepared corpus a language) streams through LanguageDocuments: each
-epoch draws the languages to their smoothed shares in runs of one language (LanguageOrder), and
-every row is one language's, with position_ids and language_ids.
+A mixture (data.mixture: a prepared corpus a source) streams through SourceDocuments: each
+epoch draws the sources to their weights' shares of its tokens (SourceOrder). A cross-lingual
+corpus (a prepared corpus a language) streams through LanguageDocuments: each epoch draws the
+languages to their smoothed shares in runs of one language, and every row is one language's,
+with position_ids and language_ids.
 
 The iterator's state (Grain's get_state) is a small JSON dict saved in each checkpoint, so a
 resumed run sees exactly the batches an uninterrupted run would have.
@@ -127,14 +129,14 @@ class SubsetDocuments:
     return self.store[self.ids[int(index)]]
 
 
-class LanguageDocuments:
-  """Several languages' documents as one collection (a cross-lingual prepared corpus, one store
-  a language): language 0's documents from index 0, then language 1's, ...; language_of(i) is
-  document i's language id."""
+class SourceDocuments:
+  """Several sources' documents as one collection (a prepared corpus a source: a mixture's, or
+  a cross-lingual corpus's languages): source 0's documents from index 0, then source 1's, ...;
+  source_of(i) is document i's source."""
 
   def __init__(self, parts, tokens_per_document=None):
-    # tokens_per_document: each language's mean document length (its share of an epoch's
-    # tokens sets how many of its documents the epoch draws); None: all equal.
+    # tokens_per_document: each source's mean document length (its share of an epoch's tokens
+    # sets how many of its documents the epoch draws); None: all equal.
     self.parts = list(parts)
     self.counts = [len(part) for part in self.parts]
     self.tokens_per_document = list(tokens_per_document or [1.0] * len(self.parts))
@@ -143,44 +145,59 @@ class LanguageDocuments:
   def __len__(self) -> int:
     return int(self._ends[-1]) if len(self._ends) else 0
 
-  def language_of(self, index: int) -> int:
+  def source_of(self, index: int) -> int:
     return int(np.searchsorted(self._ends, int(index), side='right'))
 
   def __getitem__(self, index: int):
-    language = self.language_of(index)
-    return self.parts[language][int(index) - int(self._ends[language] - self.counts[language])]
+    source = self.source_of(index)
+    return self.parts[source][int(index) - int(self._ends[source] - self.counts[source])]
+
+
+class LanguageDocuments(SourceDocuments):
+  """A cross-lingual corpus's languages as sources: language_of(i), document i's language id,
+  goes into its rows (a mixture's sources give the model nothing)."""
+
+  def language_of(self, index: int) -> int:
+    return self.source_of(index)
 
 
 # A cross-lingual epoch's order is runs of this many documents of one language per input shard.
 LANGUAGE_RUN = 16
 
 
-class LanguageOrder:
-  """Stream index -> (epoch, document id) over LanguageDocuments: every epoch, each language's
-  documents drawn to its share of the epoch's tokens smoothed by `alpha` (XLM's q_i = p_i^alpha
-  / sum_j p_j^alpha, p_i its share of the corpus's tokens; a language over its share draws a
-  fresh subset each epoch, one under it all its documents and then some again), in runs of
-  `run` documents of one language shuffled together, so that FULL-SENTENCES rows, which end
-  where a run does, keep to one language. With alpha 1 an epoch is a permutation in runs."""
+class SourceOrder:
+  """Stream index -> (epoch, document id) over SourceDocuments: every epoch, each source's
+  documents drawn to its share of the epoch's tokens (`shares`; a source over its share of the
+  corpus draws a fresh subset each epoch, one under it all its documents and then some again),
+  in runs of `run` documents of one source shuffled together (a cross-lingual corpus's: so that
+  FULL-SENTENCES rows, which end where a run does, keep to one language)."""
 
-  def __init__(self, documents: LanguageDocuments, alpha: float, seed: int, run: int):
-    from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
+  def __init__(self, documents: SourceDocuments, shares, seed: int, run: int):
     counts = np.asarray(documents.counts, np.int64)
     tokens = counts * np.asarray(documents.tokens_per_document, np.float64)
-    shares = crosslingual.language_shares(tokens.tolist(), alpha)
     mean = np.divide(tokens, counts, out=np.ones_like(tokens), where=counts > 0)
-    self.wanted = np.where(counts > 0, np.round(shares * tokens.sum() / mean), 0).astype(np.int64)
+    wanted = np.round(np.asarray(shares, np.float64) * tokens.sum() / mean)
+    self.wanted = np.where(counts > 0, wanted, 0).astype(np.int64)
     self.counts, self.seed, self.run = counts, seed, run
     self.length = max(int(self.wanted.sum()), 1)
     self._epoch, self._order = None, None
+
+  @classmethod
+  def smoothed(cls, documents: SourceDocuments, alpha: float, seed: int, run: int):
+    """Languages drawn as XLM draws them: q_i = p_i^alpha / sum_j p_j^alpha, p_i a language's
+    share of the corpus's tokens (alpha 1: an epoch is a permutation in runs)."""
+    from bert_jax.data import crosslingual  # pylint: disable=g-import-not-at-top
+    tokens = (np.asarray(documents.counts, np.float64)
+              * np.asarray(documents.tokens_per_document, np.float64))
+    return cls(documents, crosslingual.language_shares(tokens.tolist(), alpha), seed, run)
 
   def epoch_order(self, epoch: int) -> np.ndarray:
     """[length] document ids of one epoch."""
     rng = np.random.default_rng([self.seed, _ORDER_STREAM, epoch])
     runs, start = [], 0
     for count, wanted in zip(self.counts.tolist(), self.wanted.tolist()):
-      if count:
-        draws = -(-wanted // count)  # Permutations enough to cover the language's share.
+      if count and wanted:
+        draws = -(-wanted // count)  # Permutations enough to cover the source's share.
         ids = start + np.concatenate([rng.permutation(count) for _ in range(draws)])[:wanted]
         runs += [ids[k:k + self.run] for k in range(0, wanted, self.run)]
       start += count
@@ -410,9 +427,10 @@ class TrainStream:
 
   def __init__(self, documents, settings: StreamSettings, seed: int, workers: int = 0,
                process_index: int = 0, process_count: int = 1, shards: int = 0,
-               language_alpha: float = 1.0):
-    # documents: a store's (SubsetDocuments), or LanguageDocuments: each epoch then draws the
-    # languages smoothed by language_alpha, in runs of one language (LanguageOrder).
+               language_alpha: float = 1.0, shares=None):
+    # documents: a store's (SubsetDocuments), or SourceDocuments: each epoch then draws the
+    # sources to `shares` of its tokens (a mixture's), document by document; LanguageDocuments
+    # the languages smoothed by language_alpha, in runs of one language (SourceOrder).
     self.shards = shards or process_count
     self.shard_ids, rows = shard_block(self.shards, process_index, process_count,
                                        settings.batch_size)
@@ -424,9 +442,14 @@ class TrainStream:
         flags.FLAGS.mark_as_parsed()
     self._datasets = []
     for shard in self.shard_ids:
-      languages = (LanguageOrder(documents, language_alpha, seed, LANGUAGE_RUN * self.shards)
-                   if isinstance(documents, LanguageDocuments) else None)
-      order = document_order(len(documents), seed, shard, self.shards, languages)
+      if isinstance(documents, LanguageDocuments):
+        sources = SourceOrder.smoothed(documents, language_alpha, seed,
+                                       LANGUAGE_RUN * self.shards)
+      elif isinstance(documents, SourceDocuments):
+        sources = SourceOrder(documents, shares, seed, self.shards)
+      else:
+        sources = None
+      order = document_order(len(documents), seed, shard, self.shards, sources)
       dataset = PretrainingBatches(order.to_iter_dataset(read_options()), documents,
                                    shard_settings, seed)
       if workers > 0:

@@ -449,10 +449,11 @@ def _equal_flops_steps(sweep, arms: list, workdir: str) -> dict:
                                              if a.get('init', 'pretrained') == 'pretrained')
                      + '.')
   for name, arm in arms:
-    if name != reference and any(a.strip().startswith('steps=')
-                                 for a in str(arm.get('args', '') or '').split(',')):
-      raise SweepError(f'Arm {name!r} sets steps in its args, but sweep.equal_flops='
-                       f'{reference!r} chooses its steps; drop steps= from the arm.')
+    given = [a.strip().partition('=')[0] for a in str(arm.get('args', '') or '').split(',')]
+    for length in ('steps', 'tokens'):
+      if name != reference and length in given:
+        raise SweepError(f'Arm {name!r} sets {length} in its args, but sweep.equal_flops='
+                         f'{reference!r} chooses its steps; drop {length}= from the arm.')
   config = pretrain_config(sweep, named[reference], reference, workdir)[2]
   budget = config.train.num_steps * _flops_per_step(config)
   steps = {}

@@ -33,10 +33,12 @@ from bert_jax.data import batch_warmup
 from bert_jax.data import corpus as corpus_lib
 from bert_jax.data import crosslingual
 from bert_jax.data import identity
+from bert_jax.data import mixture
 from bert_jax.data import pipeline
 from bert_jax.data import pretraining
 from bert_jax.data import records
 from bert_jax.data import streaming
+from bert_jax.data import token_budget
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.core import files
 from bert_jax.core import xla_options
@@ -161,10 +163,13 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
   """prepare_streaming, with the config's objectives already resolved (a run's, once)."""
   directory = os.path.expanduser(config.data.prepared)
   languages = crosslingual.parse_languages(config.data.languages)
+  sources = mixture.parse(config.data.mixture)
   try:
-    # A cross-lingual corpus: a prepared corpus a language (DIR/{lang}), one vocab.
-    directories = [os.path.join(directory, code)
-                   for code in streaming.check_languages(directory, languages)] or [directory]
+    # A cross-lingual corpus: a prepared corpus a language (DIR/{lang}), one vocab; a mixture a
+    # prepared corpus a source (DIR/NAME).
+    directories = (mixture.directories(directory, sources) if sources else
+                   [os.path.join(directory, code)
+                    for code in streaming.check_languages(directory, languages)] or [directory])
     metadatas = [records.read_metadata(d) for d in directories]
     # Without data.vocab_file, the vocab the corpus was prepared with.
     tokenizer = streaming.prepared_tokenizer(metadatas[0], directories[0], config)
@@ -178,10 +183,14 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
   train_docs, eval_docs = (
       [streaming.SubsetDocuments(store, ids[part]) for store, ids in zip(stores, splits)]
       for part in (0, 1))
-  if languages:
-    lengths = [m.num_tokens / max(m.num_documents, 1) for m in metadatas]
-    train_docs = streaming.LanguageDocuments(train_docs, lengths)
-    eval_docs = streaming.LanguageDocuments(eval_docs, lengths)
+  if languages or sources:
+    # Shares of tokens need each source's mean document length (metadata that lacks its token
+    # count, from a hand-written corpus: shares of documents).
+    lengths = ([m.num_tokens / max(m.num_documents, 1) for m in metadatas]
+               if all(m.num_tokens for m in metadatas) else None)
+    collection = streaming.LanguageDocuments if languages else streaming.SourceDocuments
+    train_docs = collection(train_docs, lengths)
+    eval_docs = collection(eval_docs, lengths)
   else:
     train_docs, eval_docs = train_docs[0], eval_docs[0]
   count, index = jax.process_count(), jax.process_index()
@@ -189,7 +198,8 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
                              run_objectives)
   try:
     stream = streaming.TrainStream(train_docs, settings, config.seed, config.data.workers, index,
-                                   count, config.data.input_shards, config.data.language_alpha)
+                                   count, config.data.input_shards, config.data.language_alpha,
+                                   mixture.shares(sources))
     for later in phases(config)[1:]:  # Found now, not when the phase starts.
       streaming.shard_block(stream.shards, index, count, later.config.train.batch_size // count)
   except ValueError as e:
@@ -201,9 +211,11 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
       eval_docs,
       eval_masking(dataclasses.replace(settings, batch_size=config.train.batch_size), config),
       config.train.eval_batches, config.seed)
+  parts = languages or [f'{s.name} {share:.0%} of the tokens'
+                        for s, share in zip(sources, mixture.shares(sources))]
   logging.info('Prepared corpus %s%s: %d documents (%d train, %d held out), %d sentences, %d '
                'tokens; vocab %d; process %d of %d streams its share of the training '
-               'documents%s.', directory, f' ({", ".join(languages)})' if languages else '',
+               'documents%s.', directory, f' ({", ".join(parts)})' if parts else '',
                sum(map(len, stores)), len(train_docs), len(eval_docs),
                sum(m.num_sentences for m in metadatas), sum(m.num_tokens for m in metadatas),
                tokenizer.vocab_size, index + 1, count, ', packed' if config.data.packing else '')
@@ -232,7 +244,7 @@ class Phase:
 def phases(config) -> list[Phase]:
   """Phase 1, and phase 2 when config.train.phase2_fraction > 0."""
   num_steps = config.train.num_steps
-  phase2_steps = int(round(config.train.phase2_fraction * num_steps))
+  phase2_steps = token_budget.phase2_steps(config.train)
   if not phase2_steps:
     return [Phase(1, num_steps, config)]
   return [Phase(1, num_steps - phase2_steps, config),
@@ -344,13 +356,14 @@ DATA_LAYOUT_KEYS = (
     'masking.random_token_fraction', 'masking.keep_fraction', 'masking.whole_word',
     'masking.max_ngram', 'data.rows', 'data.tokenizer', 'masking.spans', 'masking.span_p',
     'masking.max_span', 'data.languages', 'data.language_alpha', 'train.batch_warmup_rows',
-    'train.batch_warmup_tokens')
+    'train.batch_warmup_tokens', 'data.mixture')
 # Layout keys added after checkpoints were written without them: such a checkpoint's batches
 # were made with these values.
 LAYOUT_DEFAULTS = {'masking.max_ngram': 1, 'data.rows': 'segments', 'data.tokenizer': 'wordpiece',
                    'masking.spans': '', 'masking.span_p': 0.2, 'masking.max_span': 10,
                    'data.languages': '', 'data.language_alpha': 1.0,
-                   'train.batch_warmup_rows': 0, 'train.batch_warmup_tokens': 0}
+                   'train.batch_warmup_rows': 0, 'train.batch_warmup_tokens': 0,
+                   'data.mixture': ''}
 
 
 def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
@@ -369,7 +382,7 @@ def _check_layout(saved: dict, config, step: int, workdir: str) -> None:
 
 # The settings that name a run's data (informative: the data's digest decides; data/identity.py).
 DATA_SOURCE_KEYS = ('data.corpus', 'data.corpus_format', 'data.lowercase', 'data.prepared',
-                    'data.tokenizer', 'data.languages', 'data.parallel')
+                    'data.tokenizer', 'data.languages', 'data.parallel', 'data.mixture')
 
 
 def _check_data(saved: dict, data_sha256: str, config, step: int, workdir: str) -> None:
@@ -541,14 +554,7 @@ def _train(config, workdir, run: Preflight, model, tx, mesh, preemption,
   def tokens_at(step: int) -> dict:
     """{'tokens': rows x seq length trained by steps 1..step}: a batch-size warmup's smaller
     batches and phase 2's rows counted, so runs of other schedules compare by tokens."""
-    first = run_phases[0]
-    tokens = batch_warmup.tokens_through(first.config.train, first.config.data.max_seq_length,
-                                         min(step, first.last_step))
-    if step > first.last_step:
-      later = run_phases[1].config
-      tokens += ((step - first.last_step) * later.train.batch_size
-                 * later.data.max_seq_length)
-    return {'tokens': tokens}
+    return {'tokens': token_budget.tokens_through(config, step)}
 
   def evaluate(step, state):
     totals = None

@@ -146,3 +146,16 @@ def test_a_mixed_run_trains_and_its_resume_keeps_the_weights(sources, tmp_path):
     pretrain.train_and_evaluate(mixed_config(sources, 'wiki:1,books:3', **longer), workdir)
   last = pretrain.train_and_evaluate(mixed_config(sources, **longer), workdir)
   assert last['tokens'] == 8 * 8 * 64
+
+
+def test_a_source_prepared_with_another_vocab_is_refused_naming_it(sources, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import records  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'mix'
+  shutil.copytree(sources, root)
+  metadata = records.read_metadata(str(root / 'books'))
+  metadata.vocab_sha256 = 'f' * 64  # As if tokenised with another vocab.
+  records.write_metadata(str(root / 'books'), metadata)
+  with pytest.raises(ConfigError, match=r"config.data.prepared='.*books' was tokenised with the "
+                                        r'vocab of sha256 ffffffffffff'):
+    pretrain.prepare_streaming(mixed_config(str(root)))

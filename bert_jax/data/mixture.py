@@ -1,9 +1,9 @@
 """A corpus mixture (data.mixture): several sources, each prepared on its own into a directory
 of data.prepared (DIR/NAME, one vocab for all), streamed together, each epoch drawing each
 source's training documents to its weight's share of the epoch's tokens ('wiki:3,books:1': three
-quarters wiki). What continued pretraining on a new domain does (Gururangan et al., 2020: the
-domain's text beside some of the original's) and what encoders since RoBERTa state their
-corpora as. Parsing and checks; the drawing is streaming.SourceOrder's.
+quarters wiki): continued pretraining on a new domain with some of the original text beside it,
+or a corpus stated as shares, as recent encoders state theirs. Parsing and checks; the drawing
+is streaming.SourceOrder's.
 
 An epoch holds each source's mean document length x its documents drawn, so that its token
 shares are the weights: a source above its natural share draws some of its documents again

@@ -86,7 +86,7 @@ def test_argument_configs_pass_validation(arg):
 
 def test_the_run_log_states_its_schedule():
   assert pretrain.describe_schedule(base.get_config('steps=3000')) == (
-      'Schedule: 3000 steps, warmup 30 (1% of them) to a peak lr of 0.0001, then linear decay '
-      'to 0.')
+      'Schedule: 3000 steps (98.3M tokens), warmup 30 (1% of them) to a peak lr of 0.0001, '
+      'then linear decay to 0.')  # 256 rows of 128 tokens a step.
   assert 'warmup 10000 (33.3% of them)' in pretrain.describe_schedule(
       base.get_config('steps=30000,warmup=paper'))

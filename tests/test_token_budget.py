@@ -60,6 +60,11 @@ def test_a_count_of_tokens_reads_its_suffix(text, count):
   assert token_budget.parse_count(text, 'tokens') == count
 
 
+def test_a_count_of_tokens_reads_back_with_three_digits():
+  assert [token_budget.readable(n) for n in (512, 98_304_000, 2 * 10**9, 1_719_000_000_000)] == [
+      '512', '98.3M', '2B', '1.72T']
+
+
 @pytest.mark.parametrize('text', ['two', '2X', '0', '-5', ''])
 def test_a_count_that_is_not_one_names_the_argument(text):
   with pytest.raises(ValueError, match=f"tokens={text!r}: expected a positive number of tokens"):

@@ -69,6 +69,14 @@ def step_reaching(config, tokens: float) -> int:
   return high
 
 
+def readable(tokens: float) -> str:
+  """98,304,000 -> '98.3M': a count of tokens as a log line gives it (3 significant digits)."""
+  for suffix, size in (('T', 10**12), ('B', 10**9), ('M', 10**6), ('K', 10**3)):
+    if tokens >= size:
+      return f'{tokens / size:.3g}{suffix}'
+  return f'{tokens:g}'
+
+
 def parse_count(text: str, name: str) -> int:
   """'2B' -> 2,000,000,000: a count of tokens, with an optional K, M, B (or G) or T suffix,
   or in e notation ('1.7e12'). ConfigError naming `name` for anything else or below 1."""

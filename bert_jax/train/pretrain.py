@@ -330,8 +330,8 @@ def describe_batch(config) -> str:
 
 
 def describe_schedule(config) -> str:
-  """'Schedule: 3000 steps, warmup 30 (1% of them) to a peak lr of 0.0005, then linear decay to
-  0.': what the run's optimizer does, said once at the start (the papers fix the warmup in
+  """'Schedule: 3000 steps (98.3M tokens), warmup 30 (1% of them) to a peak lr of 0.0005, then
+  linear decay to 0.': what the run's optimizer does, said once at the start (the papers fix the warmup in
   steps; configs' `steps=N` keeps its share unless `warmup=` is given)."""
   train = config.train
   share = 100 * train.warmup_steps / max(train.num_steps, 1)
@@ -341,8 +341,9 @@ def describe_schedule(config) -> str:
   elif train.schedule == 'wsd':
     then = (f'held to step {train.num_steps - train.decay_steps}, then {train.decay_shape} decay '
             f'to 0 over the last {train.decay_steps} steps')
-  return (f'Schedule: {train.num_steps} steps, warmup {train.warmup_steps} ({share:.3g}% of '
-          f'them) to a peak lr of {train.learning_rate:g}, {then}.')
+  tokens = token_budget.readable(token_budget.tokens_through(config, train.num_steps))
+  return (f'Schedule: {train.num_steps} steps ({tokens} tokens), warmup {train.warmup_steps} '
+          f'({share:.3g}% of them) to a peak lr of {train.learning_rate:g}, {then}.')
 
 
 # What decides which examples make each batch: a resume with another value would repeat or skip

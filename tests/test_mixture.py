@@ -70,19 +70,21 @@ def test_each_epoch_draws_each_source_to_its_share_of_the_tokens():
   assert not hasattr(documents, 'language_of')
 
 
-def test_a_mixed_stream_draws_its_shares_and_resumes_exactly(sources, tmp_path, monkeypatch):
-  config = mixed_config(sources)
+@pytest.mark.parametrize('shards', [0, 2])
+def test_a_mixed_stream_draws_its_shares_and_resumes_exactly(sources, monkeypatch, shards):
+  config = mixed_config(sources, **{'data.input_shards': shards})
   config_lib.validate(config)
   built = []
   original = streaming.SourceOrder.__init__
 
   def record(self, documents, shares, seed, run):
-    built.append((list(documents.counts), list(shares)))
+    built.append((list(documents.counts), list(shares), run))
     original(self, documents, shares, seed, run)
   monkeypatch.setattr(streaming.SourceOrder, '__init__', record)
   stream, held_out, _ = pretrain.prepare_streaming(config)
-  # Each source's training documents (eval_fraction 0.1 held out of each), drawn at 3:1.
-  assert built == [([81, 54], [0.75, 0.25])]
+  # Each source's training documents (eval_fraction 0.1 held out of each), drawn at 3:1: one
+  # order per input stream, in runs of one document per stream (each takes every n-th).
+  assert built == [([81, 54], [0.75, 0.25], max(shards, 1))] * max(shards, 1)
   assert len(held_out) == config.train.eval_batches
   batches = stream.batches({'epoch': 0, 'batch': 0})
   for _ in range(4):

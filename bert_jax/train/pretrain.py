@@ -163,7 +163,7 @@ def prepare_run_streaming(config, with_eval: bool, run_objectives: objectives.Ob
   """prepare_streaming, with the config's objectives already resolved (a run's, once)."""
   directory = os.path.expanduser(config.data.prepared)
   languages = crosslingual.parse_languages(config.data.languages)
-  sources = mixture.parse(config.data.mixture)
+  sources = mixture.parse(config.data.get('mixture', ''))
   try:
     # A cross-lingual corpus: a prepared corpus a language (DIR/{lang}), one vocab; a mixture a
     # prepared corpus a source (DIR/NAME).
@@ -331,8 +331,8 @@ def describe_batch(config) -> str:
 
 def describe_schedule(config) -> str:
   """'Schedule: 3000 steps (98.3M tokens), warmup 30 (1% of them) to a peak lr of 0.0005, then
-  linear decay to 0.': what the run's optimizer does, said once at the start (the papers fix the warmup in
-  steps; configs' `steps=N` keeps its share unless `warmup=` is given)."""
+  linear decay to 0.': what the run's optimizer does, said once at the start (the papers fix
+  the warmup in steps; configs' `steps=N` keeps its share unless `warmup=` is given)."""
   train = config.train
   share = 100 * train.warmup_steps / max(train.num_steps, 1)
   then = 'then linear decay to 0'

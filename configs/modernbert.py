@@ -25,7 +25,7 @@ no dropout after the attention output (the release's yaml drops 10% there; trans
 ModernBERT has no such dropout).
 """
 
-from bert_jax.data import batch_warmup
+from bert_jax.data import token_budget
 from configs import base
 from configs import roberta
 
@@ -66,8 +66,8 @@ def get_config(arg=None):
       # 6 keeps the batch warmup's 768 rows whole micro-batches).
       grad_accum_steps=18)
   # The release states its schedule in tokens; in steps, the warmup's smaller batches counted.
-  train.update(num_steps=batch_warmup.steps_for_tokens(train, 1024, TOKENS),
-               warmup_steps=batch_warmup.steps_for_tokens(train, 1024, warmup))
+  train.num_steps = token_budget.steps_for_tokens(config, TOKENS)
+  train.warmup_steps = token_budget.step_reaching(config, warmup)
   if size == 'tiny':
     base.shrink_to_tiny(config)
   if arg:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import batch_warmup
+from bert_jax.data import token_budget
 from bert_jax.train import pretrain
 from conftest import assert_refused, micro_config
 from test_streaming import final_params, tiny_config, write_prepared_with_vocab
@@ -20,6 +21,15 @@ def train_keys(**values):
   return ml_collections.ConfigDict(
       {'batch_size': 8, 'grad_accum_steps': 4, 'batch_warmup_rows': 2,
        'batch_warmup_tokens': 1536, **values})
+
+
+def run_of(train, seq_length):
+  """A config of phase 1 alone, long enough for any count here, with `train`'s warmup keys."""
+  config = ml_collections.ConfigDict({
+      'train': {**train.to_dict(), 'num_steps': 10**7, 'phase2_fraction': 0.0,
+                'phase2_batch_size': 0},
+      'data': {'max_seq_length': seq_length, 'phase2_max_seq_length': seq_length}})
+  return config
 
 
 def test_the_batch_grows_by_its_first_size_for_equal_steps():
@@ -50,23 +60,23 @@ def test_modernberts_warmup_is_its_release_schedule():
   trained = sum(4239 * s.rows * 1024 for s in modern)
   assert 50_000_000_000 <= trained < 50_000_000_000 + 15 * 768 * 1024
   # Its 3B-token learning-rate warmup ends inside the first size: ceil(3e9 / (768 x 1024)).
-  assert batch_warmup.steps_for_tokens(train, 1024, 3e9) == 3815
+  assert token_budget.step_reaching(run_of(train, 1024), 3e9) == 3815
 
 
-def test_steps_for_tokens_counts_the_smaller_batches():
+def test_a_step_stated_in_tokens_counts_the_smaller_batches():
   train = train_keys()  # Steps of 128, 128, 256, 256, 384, 384 tokens, then 512.
   expected = {128: 1, 129: 2, 256: 2, 257: 3, 1536: 6, 1537: 7, 1536 + 1024: 8}
-  assert {t: batch_warmup.steps_for_tokens(train, 64, t) for t in expected} == expected
-  plain = train_keys(batch_warmup_rows=0, batch_warmup_tokens=0)
-  assert [batch_warmup.steps_for_tokens(plain, 64, t) for t in (512, 513)] == [1, 2]
+  assert {t: token_budget.step_reaching(run_of(train, 64), t) for t in expected} == expected
+  plain = run_of(train_keys(batch_warmup_rows=0, batch_warmup_tokens=0), 64)
+  assert [token_budget.step_reaching(plain, t) for t in (512, 513)] == [1, 2]
 
 
 def test_tokens_through_a_step_count_each_size():
   train = train_keys()  # Steps of 128, 128, 256, 256, 384, 384 tokens, then 512.
   assert [batch_warmup.tokens_through(train, 64, s) for s in range(9)] == [
       0, 128, 256, 512, 768, 1152, 1536, 2048, 2560]
-  for tokens in (128, 129, 1536, 2000):  # The inverse of steps_for_tokens.
-    step = batch_warmup.steps_for_tokens(train, 64, tokens)
+  for tokens in (128, 129, 1536, 2000):  # The inverse of token_budget.step_reaching.
+    step = token_budget.step_reaching(run_of(train, 64), tokens)
     assert batch_warmup.tokens_through(train, 64, step - 1) < tokens <= (
         batch_warmup.tokens_through(train, 64, step))
   plain = train_keys(batch_warmup_rows=0, batch_warmup_tokens=0)

@@ -143,8 +143,10 @@ COMMANDS = {
     '.venv/bin/python -m bert_jax.sweep run --sweep=sweeps/table5.py --sweep.size=tiny '
     '--workdir=runs/t5_tiny': Run(
         # Its pretraining runs, 2 steps each (134 of the base's 20,000 at size tiny's 300 for
-        # 20,000); test_sweep.py fine-tunes every shipped sweep at size tiny.
-        'sweep_tiny', needs_data=True, append=('--sweep.steps=134', '--sweep.finetune.tasks='),
+        # 20,000), evaluated before and after; test_sweep.py fine-tunes every shipped sweep at
+        # size tiny.
+        'sweep_tiny', needs_data=True,
+        append=('--sweep.steps=134', '--sweep.evaluations=1', '--sweep.finetune.tasks='),
         files=('runs/t5_tiny/report.md', 'runs/t5_tiny/pretrain/ltr/checkpoints/2'),
         prints=('[sweep] prepare: started', 'done in', '(the sweep at size tiny)')),
     # Fine-tune.

@@ -57,19 +57,6 @@ def stages(train, seq_length: int) -> list[Stage]:
           for k in range(1, train.batch_size // rows)]
 
 
-def steps_for_tokens(train, seq_length: int, tokens: float) -> int:
-  """The fewest steps whose rows x seq_length reach `tokens`, the warmup's smaller batches
-  counted: a schedule stated in tokens (ModernBERT's), in steps."""
-  step, trained = 0, 0
-  for stage in stages(train, seq_length):
-    per_step = stage.rows * seq_length
-    if trained + (stage.last_step - step) * per_step >= tokens:
-      return step + math.ceil((tokens - trained) / per_step)
-    trained += (stage.last_step - step) * per_step
-    step = stage.last_step
-  return step + max(0, math.ceil((tokens - trained) / (train.batch_size * seq_length)))
-
-
 def tokens_through(train, seq_length: int, step: int) -> int:
   """Tokens (rows x seq_length) trained by steps 1..`step` at train's batch sizes: the smaller
   batches of a warmup, then the full one."""

@@ -37,36 +37,38 @@ def tokens_through(config, step: int, num_steps: int | None = None) -> int:
   return tokens
 
 
-def steps_for_tokens(config, tokens: float) -> int:
-  """The fewest steps of a run of `config`'s shapes that trains at least `tokens` (its phases'
-  split follows the steps, so the run's length is searched, not divided)."""
-  low, high = 0, 1
-  while tokens_through(config, high, high) < tokens:
-    low, high = high, 2 * high
-  while high - low > 1:  # tokens(low) < tokens <= tokens(high); a longer run trains more.
+def _first_reaching(trained, tokens: float, low: int, high: int) -> int:
+  """The fewest steps in (low, high] with trained(steps) >= tokens, given trained(low) < tokens
+  <= trained(high) and trained growing with the steps (bisection)."""
+  while high - low > 1:
     middle = (low + high) // 2
-    if tokens_through(config, middle, middle) < tokens:
+    if trained(middle) < tokens:
       low = middle
     else:
       high = middle
   return high
+
+
+def steps_for_tokens(config, tokens: float) -> int:
+  """The fewest steps of a run of `config`'s shapes that trains at least `tokens` (its phases'
+  split follows the steps, so the run's length is searched, not divided)."""
+  def run_of(steps):
+    return tokens_through(config, steps, steps)
+  low, high = 0, 1
+  while run_of(high) < tokens:
+    low, high = high, 2 * high
+  return _first_reaching(run_of, tokens, low, high)
 
 
 def step_reaching(config, tokens: float) -> int:
   """The first step of `config`'s run by which `tokens` are trained (0 for none): a warmup or
   decay stated in tokens, within a run of train.num_steps."""
-  low, high = 0, config.train.num_steps
   if tokens <= 0:
     return 0
-  if tokens_through(config, high) < tokens:
-    return high + 1  # Past the run: validation says so for the key it sets.
-  while high - low > 1:
-    middle = (low + high) // 2
-    if tokens_through(config, middle) < tokens:
-      low = middle
-    else:
-      high = middle
-  return high
+  last = config.train.num_steps
+  if tokens_through(config, last) < tokens:
+    return last + 1  # Past the run: validation says so for the key it sets.
+  return _first_reaching(lambda step: tokens_through(config, step), tokens, 0, last)
 
 
 def readable(tokens: float) -> str:

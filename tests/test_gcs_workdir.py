@@ -26,6 +26,7 @@ from gcp_storage_emulator.handlers import objects as emulator_objects
 import numpy as np
 import pytest
 
+from bert_jax.train import metrics
 from conftest import assert_refused, MICRO, micro_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +223,7 @@ SHORT = {'train.num_steps': 12, 'train.log_every': 2, 'train.eval_every': 6,
 
 
 def without_timing(records):
-  return [{k: v for k, v in r.items() if k not in ('seq_per_s', 'mfu')} for r in records]
+  return [{k: v for k, v in r.items() if k not in metrics.TIMING_FIELDS} for r in records]
 
 
 def read_metrics(workdir):

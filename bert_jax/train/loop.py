@@ -125,14 +125,20 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
   # and saves are excluded from the interval's time.
   accumulated, finite_flags, timed_steps = None, [], 0
   interval_start, excluded = time.perf_counter(), 0.0
+  # The host's time making and sending the interval's batches: the device waits for it unless
+  # the steps it queued take longer (JAX dispatches a step without waiting for the last).
+  input_seconds = 0.0
   for step in range(start_step + 1, num_steps + 1):
     if step > stretch.last_step:
       if not stretch.continues and hasattr(stretch.source, 'close'):
         stretch.source.close()
       stretch, first_of_stretch = next(stretches), step
+    input_start = time.perf_counter()
     batch, position = next(stretch.batches)
+    global_batch = stretch.to_global(batch)
     step_start = time.perf_counter()
-    state, stats = (stretch.train_step or train_step)(state, stretch.to_global(batch))
+    input_seconds += step_start - input_start
+    state, stats = (stretch.train_step or train_step)(state, global_batch)
     if step == first_of_stretch:  # Compiles.
       jax.block_until_ready(add_stats(stats, stats))  # Compiles the adding too.
       excluded += time.perf_counter() - step_start
@@ -175,6 +181,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
                     grad_norm=float(stats['grad_norm']) / max(applied, 1),
                     seq_per_s=seq_per_s,
                     mfu=seq_per_s * stretch.flops_per_seq / settings.peak_flops,
+                    input_share=min(1.0, input_seconds / elapsed) if elapsed > 0 else 0.0,
                     **hooks.step_fields(step))
       if max_skips:
         values['nonfinite_skips'] = skipped
@@ -187,7 +194,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       eta = (num_steps - step) * stretch.rows / seq_per_s if seq_per_s else 0.0
       hooks.log_line(step, values, eta)
       raise_alarms(alarms, settings, writer, checkpointer)
-      accumulated, finite_flags, timed_steps = None, [], 0
+      accumulated, finite_flags, timed_steps, input_seconds = None, [], 0, 0.0
       interval_start, excluded = time.perf_counter(), 0.0
     pause_start = time.perf_counter()
     if hooks.evaluate_at(step) and not preempted:

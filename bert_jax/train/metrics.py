@@ -244,11 +244,22 @@ def objective_parts(values: dict) -> list[str]:
   return parts
 
 
+# Fields of a train record that measure the machine, not the training: they differ between
+# two runs that train identically (a resumed run and an uninterrupted one).
+TIMING_FIELDS = ('seq_per_s', 'mfu', 'input_share')
+# A train line shows the share of the interval's time the host spent making and sending batches
+# from this share on (below it the input is not what bounds the step).
+INPUT_SHARE_SHOWN = 0.1
+
+
 def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float,
                    prefix: str = '') -> None:
   """'step 100/1000 | loss ... | ETA 1m40s'; prefix names the run ('seed 2 ') where several share
   a log."""
   parts = [f'{prefix}step {step}/{num_steps}', f'loss {values["loss"]:.4f}', *objective_parts(values)]
   parts += [f'lr {values["learning_rate"]:.2e}', f'{values["seq_per_s"]:.1f} seq/s',
-            f'mfu {100 * values["mfu"]:.1f}%', f'ETA {format_duration(eta_seconds)}']
+            f'mfu {100 * values["mfu"]:.1f}%']
+  if values.get('input_share', 0.0) >= INPUT_SHARE_SHOWN:
+    parts.append(f'input {100 * values["input_share"]:.0f}%')
+  parts.append(f'ETA {format_duration(eta_seconds)}')
   logging.info(' | '.join(parts))

@@ -1,4 +1,7 @@
-"""The in-memory stream: deterministic epochs, exact resume from a position, a fixed eval set."""
+"""The in-memory stream: deterministic epochs, exact resume from a position, a fixed eval set,
+the next epoch built beside the current one."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -53,6 +56,60 @@ def test_resume_from_a_position_gives_the_uninterrupted_batches():
   resumed = take(pipeline.PretrainingStream(docs, settings(), 7, seed=3).batches(position),
                  40 - stop)
   assert_same_batches(uninterrupted[stop:], resumed)
+
+
+def recording_build(built: list, fail_epochs: int | None = None):
+  """build_examples, noting (epoch count so far, thread name) as each epoch is built; the
+  epoch `fail_epochs` raises instead."""
+  def build(documents, rng, settings):
+    if len(built) == fail_epochs:
+      built.append(('failed', threading.current_thread().name))
+      raise errors.ConfigError('the third epoch does not build')
+    built.append((len(built), threading.current_thread().name))
+    return pipeline.build_examples(documents, rng, settings)
+  return build
+
+
+def test_the_next_epoch_is_built_in_a_thread_and_its_batches_are_the_same():
+  docs = synthetic_documents()  # 40 documents: 15-17 batches of 7 an epoch.
+  built = []
+  stream = pipeline.PretrainingStream(docs, settings(), 7, seed=3, build=recording_build(built))
+  batches = take(stream.batches({'epoch': 0, 'batch': 0}), 56)  # Into the fourth epoch.
+  assert [position['epoch'] for _, position in batches][-1] == 3
+  # Epoch 0 is built where the stream starts; each later one in its own thread, started once
+  # BUILD_AHEAD_AFTER batches of the epoch before had been read.
+  assert built[0] == (0, threading.current_thread().name)
+  assert [name for _, name in built[1:]] == ['epoch-1', 'epoch-2', 'epoch-3', 'epoch-4']
+  # The same batches as epochs built one by one in this thread.
+  plain = pipeline.PretrainingStream(docs, settings(), 7, seed=3)
+  build = plain._build_epoch  # pylint: disable=protected-access
+  rows = {epoch: build(epoch) for epoch in range(4)}
+  for batch, position in batches:
+    window = slice(7 * (position['batch'] - 1), 7 * position['batch'])
+    for key, values in batch.items():
+      np.testing.assert_array_equal(values, rows[position['epoch']][key][window])
+
+
+def test_a_run_that_stops_within_its_first_batches_builds_no_epoch_ahead():
+  built = []
+  stream = pipeline.PretrainingStream(synthetic_documents(), settings(), 7, seed=3,
+                                      build=recording_build(built))
+  take(stream.batches({'epoch': 0, 'batch': 0}), pipeline.BUILD_AHEAD_AFTER - 1)
+  assert len(built) == 1
+
+
+def test_an_epoch_built_ahead_that_fails_raises_where_the_stream_reaches_it():
+  built = []
+  stream = pipeline.PretrainingStream(synthetic_documents(), settings(), 7, seed=3,
+                                      build=recording_build(built, fail_epochs=2))
+  batches = stream.batches({'epoch': 0, 'batch': 0})
+  read = []
+  with pytest.raises(errors.ConfigError, match='the third epoch does not build'):
+    while True:
+      read.append(next(batches)[1])
+  # Every batch of epochs 0 and 1 was read before the error.
+  assert read[-1]['epoch'] == 1 and read[-1]['batch'] == stream.batches_per_epoch(1)
+  assert built[-1] == ('failed', 'epoch-2')
 
 
 def test_epochs_differ_and_seeds_differ_but_each_is_reproducible():

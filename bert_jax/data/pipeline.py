@@ -7,12 +7,17 @@ resumed run sees exactly the batches an uninterrupted one would. The paper-scale
 pipeline reuses the same pure functions from data/pretraining.py.
 """
 
+import threading
+
 import numpy as np
 
 from bert_jax.core import errors
 from bert_jax.data import pretraining
 
 _TRAIN_STREAM, _EVAL_STREAM, _SPLIT_STREAM = 1, 2, 3
+# Batches of an epoch read before the next epoch starts building beside them: a run that stops
+# within its first few batches (a smoke test, a short resume) builds no epoch it will not read.
+BUILD_AHEAD_AFTER = 8
 
 
 def split_documents(documents, eval_fraction: float, seed: int):
@@ -81,14 +86,31 @@ class PretrainingStream:
     self.build = build
     self._epoch = None
     self._examples = None
+    self._ahead = None  # _EpochAhead: the next epoch, building in a thread.
+
+  def _build_epoch(self, epoch: int):
+    rng = np.random.default_rng([self.seed, _TRAIN_STREAM, epoch])
+    return self.build(self.documents, rng, self.settings)
 
   def epoch_examples(self, epoch: int):
-    """All examples of `epoch` (cached for the current epoch)."""
+    """All examples of `epoch` (cached for the current epoch; the one built ahead if it is)."""
     if self._epoch != epoch:
-      rng = np.random.default_rng([self.seed, _TRAIN_STREAM, epoch])
-      self._examples = self.build(self.documents, rng, self.settings)
+      ahead, self._ahead = self._ahead, None
+      self._examples = ahead.result() if ahead and ahead.epoch == epoch else self._build_epoch(
+          epoch)
       self._epoch = epoch
     return self._examples
+
+  def build_ahead(self, epoch: int) -> None:
+    """Starts building `epoch` in a thread, for epoch_examples to take when it gets there.
+
+    An epoch is a pure function of (documents, seed, epoch), so it is the same built here or
+    there; built while the device trains on the epoch before, its seconds (pairing and masking
+    every document) no longer stop the steps at each epoch's start. Meanwhile two epochs are in
+    memory."""
+    if self._epoch == epoch or (self._ahead and self._ahead.epoch == epoch):
+      return
+    self._ahead = _EpochAhead(epoch, lambda: self._build_epoch(epoch))
 
   def batches_per_epoch(self, epoch: int) -> int:
     examples = self.epoch_examples(epoch)
@@ -108,8 +130,34 @@ class PretrainingStream:
         examples = self.epoch_examples(epoch)
         window = slice(index * self.batch_size, (index + 1) * self.batch_size)
         index += 1
+        if index == min(BUILD_AHEAD_AFTER, num_batches):
+          self.build_ahead(epoch + 1)
         yield ({k: v[window] for k, v in examples.items()}, {'epoch': epoch, 'batch': index})
       epoch, index = epoch + 1, 0
+
+
+class _EpochAhead:
+  """An epoch's examples built in a daemon thread (a run that ends first does not wait for it);
+  result() waits for them and raises what the build raised, where the stream reads them."""
+
+  def __init__(self, epoch: int, build):
+    self.epoch = epoch
+    self._outcome = None
+
+    def run():
+      try:
+        self._outcome = (build(), None)
+      except BaseException as e:  # pylint: disable=broad-except
+        self._outcome = (None, e)
+    self._thread = threading.Thread(target=run, name=f'epoch-{epoch}', daemon=True)
+    self._thread.start()
+
+  def result(self):
+    self._thread.join()
+    examples, error = self._outcome
+    if error is not None:
+      raise error
+    return examples
 
 
 def eval_batches(documents, settings: pretraining.MaskingSettings, batch_size: int,

@@ -92,6 +92,10 @@ def test_a_run_waiting_on_its_batches_says_so_in_its_records_and_lines(caplog):
   assert len(slow) == 3 and all(0.5 < r['input_share'] <= 1.0 for r in slow), slow
   lines = [m for m in caplog.messages if m.startswith('step ')]
   assert len(lines) == 3 and all(' | input ' in line for line in lines), lines
+  # Said once, from the second interval (the first holds the stream's start), with the remedy.
+  said = [m for m in caplog.messages if m.startswith('The input bounds the steps')]
+  assert len(said) == 1 and 'of steps 5-8 making and sending batches' in said[0], said
+  assert 'data.workers=N' in said[0]
 
 
 def test_a_run_whose_batches_are_ready_shows_no_input_share(caplog):
@@ -101,6 +105,7 @@ def test_a_run_whose_batches_are_ready_shows_no_input_share(caplog):
   assert all(0 <= r['input_share'] < metrics.INPUT_SHARE_SHOWN for r in fast[1:]), fast
   lines = [m for m in caplog.messages if m.startswith('step ')]
   assert lines and not any(' | input ' in line for line in lines[1:]), lines
+  assert not any('The input bounds the steps' in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize('field', metrics.TIMING_FIELDS)

@@ -20,6 +20,7 @@ from absl import logging
 
 from bert_jax.train import guard
 from bert_jax.train import health
+from bert_jax.train import metrics
 
 # The logging interval's running sums of the step's stats: one dispatch a step, however many
 # leaves the objectives report (ELECTRA's AUC histograms are two of them).
@@ -128,6 +129,7 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
   # The host's time making and sending the interval's batches: the device waits for it unless
   # the steps it queued take longer (JAX dispatches a step without waiting for the last).
   input_seconds = 0.0
+  input_bound_said = False
   for step in range(start_step + 1, num_steps + 1):
     if step > stretch.last_step:
       if not stretch.continues and hasattr(stretch.source, 'close'):
@@ -193,6 +195,17 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       writer.write(step, 'train', values)
       eta = (num_steps - step) * stretch.rows / seq_per_s if seq_per_s else 0.0
       hooks.log_line(step, values, eta)
+      first = step - len(finite_flags) + 1
+      # A stretch's first interval holds its stream's start (worker processes, a first epoch).
+      if (not input_bound_said and first > first_of_stretch
+          and values['input_share'] >= metrics.INPUT_BOUND_SHARE):
+        input_bound_said = True
+        logging.warning(
+            '%sThe input bounds the steps: the host spent %.0f%% of steps %d-%d making and '
+            'sending batches, while the device waited. With a prepared corpus '
+            '(data.prepared), data.workers=N makes them in N worker processes; a data.corpus '
+            'run makes each epoch at once in a thread beside the steps (docs/pretraining.md).',
+            who, 100 * values['input_share'], first, step)
       raise_alarms(alarms, settings, writer, checkpointer)
       accumulated, finite_flags, timed_steps, input_seconds = None, [], 0, 0.0
       interval_start, excluded = time.perf_counter(), 0.0

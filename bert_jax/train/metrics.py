@@ -250,6 +250,9 @@ TIMING_FIELDS = ('seq_per_s', 'mfu', 'input_share')
 # A train line shows the share of the interval's time the host spent making and sending batches
 # from this share on (below it the input is not what bounds the step).
 INPUT_SHARE_SHOWN = 0.1
+# From this share on the device spent most of an interval waiting for the host's batches: the
+# run says so once (train/loop.py).
+INPUT_BOUND_SHARE = 0.5
 
 
 def log_train_line(step: int, num_steps: int, values: dict, eta_seconds: float,

@@ -154,8 +154,9 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
         step, final or (hooks.save_at_end_of_stretch and step == stretch.last_step
                         and not stretch.continues)) or preempted
     if step % settings.log_every == 0 or final or save or hooks.log_at(step):
+      first = step - len(finite_flags) + 1  # The interval's first step.
       # Every save is preceded by this check: a non-finite step is never checkpointed.
-      bad = _nonfinite_steps(finite_flags, step - len(finite_flags) + 1)
+      bad = _nonfinite_steps(finite_flags, first)
       if bad and (skipped + len(bad) > max_skips):
         raise guard.NonFiniteLossError(
             f'{who}The loss or the gradients were NaN or inf at step {bad[0]}'
@@ -195,7 +196,6 @@ def run(state, train_step, stretches: Iterator[Stretch], *, start_step: int, set
       writer.write(step, 'train', values)
       eta = (num_steps - step) * stretch.rows / seq_per_s if seq_per_s else 0.0
       hooks.log_line(step, values, eta)
-      first = step - len(finite_flags) + 1
       # A stretch's first interval holds its stream's start (worker processes, a first epoch).
       if (not input_bound_said and first > first_of_stretch
           and values['input_share'] >= metrics.INPUT_BOUND_SHARE):
